@@ -1,0 +1,8 @@
+module github.com/kvbm/kvbm
+
+go 1.26
+
+require (
+	github.com/stretchr/testify v1.12.1 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+)
