@@ -1,0 +1,206 @@
+package layout
+
+import "fmt"
+
+// Kind says how a layout arranges its blocks in memory.
+type Kind uint8
+
+const (
+	// FullyContiguous is one region [block][layer][outer][page][inner].
+	FullyContiguous Kind = 1
+	// LayerSeparate is one region per layer, ordered by BlockDim.
+	LayerSeparate Kind = 2
+)
+
+func (k Kind) String() string {
+	switch k {
+	case FullyContiguous:
+		return "FullyContiguous"
+	case LayerSeparate:
+		return "LayerSeparate"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// BlockDim is the position of the block dimension inside each per-layer
+// region of a LayerSeparate layout.
+type BlockDim uint8
+
+const (
+	// BlockIsFirstDim is [block][outer][page][inner] per layer.
+	BlockIsFirstDim BlockDim = 0
+	// BlockIsSecondDim is [outer][block][page][inner] per layer: vLLM's
+	// FlashAttention cache [2, num_blocks, block_size, heads, head_size].
+	BlockIsSecondDim BlockDim = 1
+)
+
+func (d BlockDim) String() string {
+	switch d {
+	case BlockIsFirstDim:
+		return "BlockIsFirstDim"
+	case BlockIsSecondDim:
+		return "BlockIsSecondDim"
+	}
+	return fmt.Sprintf("BlockDim(%d)", uint8(d))
+}
+
+// Layout maps (block, layer, outer) to an address inside its regions. It is
+// an immutable value; the memory behind the addresses is owned elsewhere.
+type Layout struct {
+	cfg      Config
+	kind     Kind
+	blockDim BlockDim
+	bases    []uint64 // one per region
+}
+
+// Region is a range of addresses.
+type Region struct {
+	Addr uint64
+	Size uint64
+}
+
+// End is the first address after the region.
+func (r Region) End() uint64 { return r.Addr + r.Size }
+
+// RegionSizes returns the bytes each region of such a layout must have, in
+// region order: one for FullyContiguous, NumLayers for LayerSeparate.
+func RegionSizes(cfg Config, kind Kind, dim BlockDim) ([]uint64, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	switch kind {
+	case FullyContiguous:
+		return []uint64{uint64(cfg.NumBlocks) * cfg.align(uint64(cfg.BlockSize()))}, nil
+	case LayerSeparate:
+		var size uint64
+		switch dim {
+		case BlockIsFirstDim:
+			size = uint64(cfg.NumBlocks) * cfg.align(uint64(cfg.OuterDim*cfg.FragmentSize()))
+		case BlockIsSecondDim:
+			size = uint64(cfg.OuterDim) * cfg.align(uint64(cfg.NumBlocks*cfg.FragmentSize()))
+		default:
+			return nil, fmt.Errorf("layout: BlockDim must be 0 (first) or 1 (second), got %d", dim)
+		}
+		sizes := make([]uint64, cfg.NumLayers)
+		for i := range sizes {
+			sizes[i] = size
+		}
+		return sizes, nil
+	}
+	return nil, fmt.Errorf("layout: Kind must be 1 (FullyContiguous) or 2 (LayerSeparate), got %d", kind)
+}
+
+// New makes a layout over regions starting at bases. The number of bases must
+// match the kind (1 for FullyContiguous, NumLayers for LayerSeparate); dim is
+// ignored for FullyContiguous.
+func New(cfg Config, kind Kind, dim BlockDim, bases []uint64) (*Layout, error) {
+	sizes, err := RegionSizes(cfg, kind, dim)
+	if err != nil {
+		return nil, err
+	}
+	if len(bases) != len(sizes) {
+		return nil, fmt.Errorf("layout: %v needs %d region bases, got %d", kind, len(sizes), len(bases))
+	}
+	for i, b := range bases {
+		if b+sizes[i] < b {
+			return nil, fmt.Errorf("layout: region %d at %#x with size %d overflows the address space", i, b, sizes[i])
+		}
+	}
+	if kind == FullyContiguous {
+		dim = BlockIsFirstDim
+	}
+	return &Layout{cfg: cfg, kind: kind, blockDim: dim, bases: append([]uint64(nil), bases...)}, nil
+}
+
+// NewFullyContiguous makes a FullyContiguous layout over one region at base.
+func NewFullyContiguous(cfg Config, base uint64) (*Layout, error) {
+	return New(cfg, FullyContiguous, BlockIsFirstDim, []uint64{base})
+}
+
+// NewLayerSeparate makes a LayerSeparate layout over one region per layer.
+func NewLayerSeparate(cfg Config, dim BlockDim, bases []uint64) (*Layout, error) {
+	return New(cfg, LayerSeparate, dim, bases)
+}
+
+// Config returns the layout's shape.
+func (l *Layout) Config() Config { return l.cfg }
+
+// Kind returns how the layout arranges blocks.
+func (l *Layout) Kind() Kind { return l.kind }
+
+// BlockDim returns the block dimension of a LayerSeparate layout.
+func (l *Layout) BlockDim() BlockDim { return l.blockDim }
+
+// NumRegions is 1 for FullyContiguous, NumLayers for LayerSeparate.
+func (l *Layout) NumRegions() int { return len(l.bases) }
+
+// Regions returns every region (base and size) in order.
+func (l *Layout) Regions() []Region {
+	sizes, _ := RegionSizes(l.cfg, l.kind, l.blockDim) // validated in New
+	out := make([]Region, len(sizes))
+	for i, s := range sizes {
+		out[i] = Region{Addr: l.bases[i], Size: s}
+	}
+	return out
+}
+
+// IsBlockContiguous reports whether each block's bytes (all layers, all
+// outers) form one range, so that whole blocks can be copied at once.
+func (l *Layout) IsBlockContiguous() bool { return l.kind == FullyContiguous }
+
+// BlockRegion is the range of a whole block. It fails unless the layout is
+// FullyContiguous.
+func (l *Layout) BlockRegion(block int) (Region, error) {
+	if l.kind != FullyContiguous {
+		return Region{}, fmt.Errorf("layout: BlockRegion needs a FullyContiguous layout, this one is %v", l.kind)
+	}
+	if block < 0 || block >= l.cfg.NumBlocks {
+		return Region{}, fmt.Errorf("layout: block %d out of range [0, %d)", block, l.cfg.NumBlocks)
+	}
+	stride := l.cfg.align(uint64(l.cfg.BlockSize()))
+	return Region{Addr: l.bases[0] + uint64(block)*stride, Size: uint64(l.cfg.BlockSize())}, nil
+}
+
+// MemoryRegion is the range of one (block, layer, outer) fragment, with every
+// index checked against the config.
+func (l *Layout) MemoryRegion(block, layer, outer int) (Region, error) {
+	switch {
+	case block < 0 || block >= l.cfg.NumBlocks:
+		return Region{}, fmt.Errorf("layout: block %d out of range [0, %d)", block, l.cfg.NumBlocks)
+	case layer < 0 || layer >= l.cfg.NumLayers:
+		return Region{}, fmt.Errorf("layout: layer %d out of range [0, %d)", layer, l.cfg.NumLayers)
+	case outer < 0 || outer >= l.cfg.OuterDim:
+		return Region{}, fmt.Errorf("layout: outer %d out of range [0, %d)", outer, l.cfg.OuterDim)
+	}
+	return l.Fragment(block, layer, outer), nil
+}
+
+// Fragment is MemoryRegion without the bounds checks, for loops whose
+// indices were validated once up front.
+func (l *Layout) Fragment(block, layer, outer int) Region {
+	c := l.cfg
+	frag := uint64(c.FragmentSize())
+	var addr uint64
+	switch {
+	case l.kind == FullyContiguous:
+		stride := c.align(uint64(c.BlockSize()))
+		addr = l.bases[0] + uint64(block)*stride + (uint64(layer*c.OuterDim+outer))*frag
+	case l.blockDim == BlockIsFirstDim:
+		stride := c.align(uint64(c.OuterDim) * frag)
+		addr = l.bases[layer] + uint64(block)*stride + uint64(outer)*frag
+	default:
+		stride := c.align(uint64(c.NumBlocks) * frag)
+		addr = l.bases[layer] + uint64(outer)*stride + uint64(block)*frag
+	}
+	return Region{Addr: addr, Size: frag}
+}
+
+// String is a one-line summary for logs and errors.
+func (l *Layout) String() string {
+	if l.kind == FullyContiguous {
+		return fmt.Sprintf("%v{blocks %d, layers %d, outer %d, block %d B}",
+			l.kind, l.cfg.NumBlocks, l.cfg.NumLayers, l.cfg.OuterDim, l.cfg.BlockSize())
+	}
+	return fmt.Sprintf("%v/%v{blocks %d, layers %d, outer %d, fragment %d B}",
+		l.kind, l.blockDim, l.cfg.NumBlocks, l.cfg.NumLayers, l.cfg.OuterDim, l.cfg.FragmentSize())
+}
