@@ -1,0 +1,161 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+)
+
+// DirectIOAlignment is the alignment O_DIRECT needs of buffer addresses, file
+// offsets and lengths.
+const DirectIOAlignment = 4096
+
+var bufferedFallbackOnce sync.Once
+
+// DiskFile is one file holding one layout (G3). Reads and writes whose
+// buffer, offset and length are all 4 KiB-aligned go through an O_DIRECT
+// descriptor, so that they bypass the page cache; others, or all of them
+// where the filesystem refuses O_DIRECT (tmpfs), through a buffered one.
+// The file is removed on Close.
+type DiskFile struct {
+	path     string
+	size     uint64
+	direct   *os.File // nil when O_DIRECT is unavailable
+	buffered *os.File
+
+	// fault, when set (tests), is called before each read or write and
+	// fails it with the returned error.
+	fault func(op string, off int64, n int) error
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// CreateDiskFile creates a new file of size bytes in dir (which must exist)
+// and reserves its space with fallocate, falling back to writing zeros
+// where the filesystem does not support it.
+func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("create disk layout: directory must be set")
+	}
+	if size == 0 {
+		return nil, fmt.Errorf("create disk layout: size must be > 0")
+	}
+	f, err := os.CreateTemp(dir, "kvbm-layout-*.g3")
+	if err != nil {
+		return nil, fmt.Errorf("create disk layout in %q: %w", dir, err)
+	}
+	d := &DiskFile{path: f.Name(), size: size, buffered: f}
+	if err := reserve(f, size); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("reserve %d bytes for %q: %w", size, d.path, err)
+	}
+	direct, err := os.OpenFile(d.path, os.O_RDWR|syscall.O_DIRECT, 0)
+	if err != nil {
+		bufferedFallbackOnce.Do(func() {
+			slog.Warn("kvbm: O_DIRECT unavailable, disk tier uses buffered I/O", "dir", dir, "err", err)
+		})
+	} else {
+		d.direct = direct
+	}
+	return d, nil
+}
+
+// reserve allocates the file's blocks so that a full disk fails now, not in
+// the middle of an offload.
+func reserve(f *os.File, size uint64) error {
+	err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(size))
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, syscall.EOPNOTSUPP) && !errors.Is(err, syscall.ENOSYS) {
+		return fmt.Errorf("fallocate: %w", err)
+	}
+	zeros := make([]byte, 1<<20)
+	for off := uint64(0); off < size; off += uint64(len(zeros)) {
+		n := min(uint64(len(zeros)), size-off)
+		if _, err := f.WriteAt(zeros[:n], int64(off)); err != nil {
+			return fmt.Errorf("zero-fill at offset %d: %w", off, err)
+		}
+	}
+	return f.Sync()
+}
+
+// Path is the file's path.
+func (d *DiskFile) Path() string { return d.path }
+
+// Size is the file's length in bytes.
+func (d *DiskFile) Size() uint64 { return d.size }
+
+// Direct reports whether aligned I/O bypasses the page cache.
+func (d *DiskFile) Direct() bool { return d.direct != nil }
+
+// SetFaultInjector makes every later read and write call fn first; a non-nil
+// result fails that I/O. For tests of the failure paths.
+func (d *DiskFile) SetFaultInjector(fn func(op string, off int64, n int) error) { d.fault = fn }
+
+func (d *DiskFile) pick(p []byte, off uint64) *os.File {
+	if d.direct != nil && off%DirectIOAlignment == 0 && len(p)%DirectIOAlignment == 0 &&
+		addrOf(p)%DirectIOAlignment == 0 {
+		return d.direct
+	}
+	return d.buffered
+}
+
+func (d *DiskFile) check(op string, p []byte, off uint64) error {
+	if off+uint64(len(p)) > d.size || off+uint64(len(p)) < off {
+		return fmt.Errorf("%s %q: range [%d, %d) beyond the file's %d bytes", op, d.path, off, off+uint64(len(p)), d.size)
+	}
+	if d.fault != nil {
+		if err := d.fault(op, int64(off), len(p)); err != nil {
+			return fmt.Errorf("%s %q at offset %d: %w", op, d.path, off, err)
+		}
+	}
+	return nil
+}
+
+// ReadAt fills p from offset off.
+func (d *DiskFile) ReadAt(p []byte, off uint64) error {
+	if err := d.check("read", p, off); err != nil {
+		return err
+	}
+	n, err := d.pick(p, off).ReadAt(p, int64(off))
+	if err == io.EOF && n == len(p) {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %q at offset %d (%d bytes): %w", d.path, off, len(p), err)
+	}
+	return nil
+}
+
+// WriteAt writes p at offset off.
+func (d *DiskFile) WriteAt(p []byte, off uint64) error {
+	if err := d.check("write", p, off); err != nil {
+		return err
+	}
+	if _, err := d.pick(p, off).WriteAt(p, int64(off)); err != nil {
+		return fmt.Errorf("write %q at offset %d (%d bytes): %w", d.path, off, len(p), err)
+	}
+	return nil
+}
+
+// Close closes the descriptors and removes the file.
+func (d *DiskFile) Close() error {
+	d.closeOnce.Do(func() {
+		var errs []error
+		if d.direct != nil {
+			errs = append(errs, d.direct.Close())
+		}
+		errs = append(errs, d.buffered.Close())
+		if err := os.Remove(d.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		d.closeErr = errors.Join(errs...)
+	})
+	return d.closeErr
+}

@@ -1,0 +1,75 @@
+package storage
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSystemMemory(t *testing.T) {
+	m, err := AllocSystem(1 << 20)
+	require.NoError(t, err)
+	b, err := m.Bytes()
+	require.NoError(t, err)
+	require.Len(t, b, 1<<20)
+	require.Zero(t, m.Addr()%4096, "mmap'd memory is page-aligned")
+	b[0], b[len(b)-1] = 1, 2
+	require.Equal(t, byte(2), HostBytes(m.Addr(), m.Size())[m.Size()-1])
+	require.NoError(t, m.Close())
+	require.NoError(t, m.Close(), "Close is idempotent")
+	_, err = AllocSystem(0)
+	require.Error(t, err)
+}
+
+func TestDiskFileRoundTripAndRemoval(t *testing.T) {
+	dir := t.TempDir()
+	d, err := CreateDiskFile(dir, 64<<10)
+	require.NoError(t, err)
+	require.Equal(t, dir, filepath.Dir(d.Path()))
+
+	m, err := AllocSystem(64 << 10)
+	require.NoError(t, err)
+	defer m.Close()
+	src, _ := m.Bytes()
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	// Aligned (direct when available) and unaligned (buffered) I/O.
+	require.NoError(t, d.WriteAt(src[:8192], 0))
+	require.NoError(t, d.WriteAt(src[8192:8192+100], 8192))
+	got := make([]byte, 8192+100)
+	require.NoError(t, d.ReadAt(got, 0))
+	require.Equal(t, src[:8192+100], got)
+
+	err = d.WriteAt(src[:10], 64<<10-5)
+	require.ErrorContains(t, err, "beyond the file's")
+
+	require.NoError(t, d.Close())
+	_, err = os.Stat(d.Path())
+	require.True(t, os.IsNotExist(err), "the file is removed on close")
+	require.NoError(t, d.Close())
+}
+
+func TestDiskFileErrors(t *testing.T) {
+	_, err := CreateDiskFile("", 4096)
+	require.ErrorContains(t, err, "directory must be set")
+	_, err = CreateDiskFile(filepath.Join(t.TempDir(), "missing"), 4096)
+	require.ErrorContains(t, err, "missing")
+
+	d, err := CreateDiskFile(t.TempDir(), 4096)
+	require.NoError(t, err)
+	defer d.Close()
+	boom := errors.New("injected EIO")
+	d.SetFaultInjector(func(op string, off int64, n int) error {
+		if op == "write" {
+			return boom
+		}
+		return nil
+	})
+	err = d.WriteAt(make([]byte, 4096), 0)
+	require.ErrorIs(t, err, boom)
+	require.NoError(t, d.ReadAt(make([]byte, 4096), 0))
+}

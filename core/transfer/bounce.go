@@ -1,0 +1,185 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
+)
+
+// bouncePool keeps pinned staging layouts for two-hop transfers that bring
+// no bounce buffer of their own, one free list per block shape.
+type bouncePool struct {
+	m    *Manager
+	mu   sync.Mutex
+	free map[bounceShape][]*entry
+	all  []*entry
+}
+
+type bounceShape struct{ layers, outer, fragment int }
+
+func (b *bouncePool) get(cfg layout.Config) (*entry, error) {
+	shape := bounceShape{cfg.NumLayers, cfg.OuterDim, cfg.FragmentSize()}
+	b.mu.Lock()
+	if list := b.free[shape]; len(list) > 0 {
+		e := list[len(list)-1]
+		b.free[shape] = list[:len(list)-1]
+		b.mu.Unlock()
+		return e, nil
+	}
+	b.mu.Unlock()
+
+	bcfg := layout.Config{NumBlocks: b.m.cfg.BounceBlocks, NumLayers: cfg.NumLayers, OuterDim: cfg.OuterDim,
+		PageSize: 1, InnerDim: cfg.FragmentSize(), DtypeWidth: 1, Alignment: storage.DirectIOAlignment}
+	sizes, err := layout.RegionSizes(bcfg, layout.FullyContiguous, 0)
+	if err != nil {
+		return nil, fmt.Errorf("bounce buffer: %w", err)
+	}
+	mem, err := storage.AllocPinned(b.m.drv, b.m.cfg.Device, sizes[0])
+	if err != nil {
+		return nil, fmt.Errorf("bounce buffer: %w", err)
+	}
+	l, err := layout.NewFullyContiguous(bcfg, mem.Addr())
+	if err != nil {
+		return nil, errors.Join(err, mem.Close())
+	}
+	e := &entry{layout: l, kind: storage.Pinned, device: b.m.cfg.Device, owned: []io.Closer{mem}}
+	b.mu.Lock()
+	b.all = append(b.all, e)
+	b.mu.Unlock()
+	return e, nil
+}
+
+func (b *bouncePool) put(e *entry) {
+	c := e.layout.Config()
+	shape := bounceShape{c.NumLayers, c.OuterDim, c.FragmentSize()}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.free == nil {
+		b.free = map[bounceShape][]*entry{}
+	}
+	b.free[shape] = append(b.free[shape], e)
+}
+
+func (b *bouncePool) close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for _, e := range b.all {
+		errs = append(errs, e.release())
+	}
+	b.all, b.free = nil, nil
+	return errors.Join(errs...)
+}
+
+// bounceFor validates the caller's bounce buffer, or takes one from the
+// pool; release returns a pooled one.
+func (m *Manager) bounceFor(p *plan, opts Options) (e *entry, ids []int, release func(), err error) {
+	if opts.Bounce == nil {
+		e, err := m.bounce.get(p.src.layout.Config())
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		ids := make([]int, e.layout.Config().NumBlocks)
+		for i := range ids {
+			ids[i] = i
+		}
+		return e, ids, func() { m.bounce.put(e) }, nil
+	}
+	b := opts.Bounce
+	if b.Handle == p.src.handle || b.Handle == p.dst.handle {
+		return nil, nil, nil, fmt.Errorf("%w: bounce layout %v is the source or destination", ErrInvalidArgument, b.Handle)
+	}
+	e, err = m.lookup(b.Handle)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("bounce: %w", err)
+	}
+	if e.kind != storage.Pinned {
+		return nil, nil, nil, fmt.Errorf("%w: bounce layout %v is %v memory, it must be pinned", ErrInvalidArgument, b.Handle, e.kind)
+	}
+	if err := p.src.layout.Config().Compatible(e.layout.Config()); err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: bounce layout %v: %w", ErrInvalidArgument, b.Handle, err)
+	}
+	if len(b.BlockIDs) == 0 {
+		return nil, nil, nil, fmt.Errorf("%w: bounce buffer has no block ids", ErrInvalidArgument)
+	}
+	if err := checkIDs("bounce", b.BlockIDs, e.layout.Config().NumBlocks, true); err != nil {
+		return nil, nil, nil, err
+	}
+	return e, b.BlockIDs, func() {}, nil
+}
+
+// twoHop moves a plan through a bounce buffer, as many blocks at a time as
+// the buffer holds: source → bounce, then bounce → destination.
+func (m *Manager) twoHop(p *plan, opts Options) error {
+	b, ids, release, err := m.bounceFor(p, opts)
+	if err != nil {
+		return err
+	}
+	defer release()
+	var failed []int
+	var first error
+	fail := func(lo, hi int, err error) {
+		var bf *blockFailure
+		if errors.As(err, &bf) {
+			for _, i := range bf.indices {
+				failed = append(failed, lo+i)
+			}
+		} else {
+			for i := lo; i < hi; i++ {
+				failed = append(failed, i)
+			}
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	hop1Opts := Options{Precondition: opts.Precondition}
+	for lo := 0; lo < len(p.srcIDs); lo += len(ids) {
+		hi := min(lo+len(ids), len(p.srcIDs))
+		staged := ids[:hi-lo]
+		if err := m.runHop(subPlan(p.src, b, p.srcIDs[lo:hi], staged, p.layers), hop1Opts); err != nil {
+			fail(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
+		}
+		hop1Opts.Precondition = 0
+		if err := m.runHop(subPlan(b, p.dst, staged, p.dstIDs[lo:hi], p.layers), Options{}); err != nil {
+			fail(lo, hi, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	return &blockFailure{indices: failed, err: first}
+}
+
+// runHop executes one single-hop plan and waits for it.
+func (m *Manager) runHop(p *plan, opts Options) error {
+	strat, kind, err := strategyFor(p.src.kind, p.dst.kind)
+	if err != nil {
+		return err
+	}
+	if strat == deviceCopy {
+		wait, err := m.enqueueDevice(p, kind, opts)
+		if err != nil {
+			return err
+		}
+		return wait()
+	}
+	if opts.Precondition != 0 {
+		if err := m.drv.EventSynchronize(opts.Precondition); err != nil {
+			return fmt.Errorf("wait for precondition event: %w", err)
+		}
+	}
+	switch strat {
+	case hostCopy:
+		return m.copyHost(p)
+	case diskWrite:
+		return m.writeDisk(p)
+	case diskRead:
+		return m.readDisk(p)
+	}
+	return fmt.Errorf("%w: %v is not a single hop", ErrUnsupported, strat)
+}

@@ -1,0 +1,111 @@
+package transfer
+
+import (
+	"fmt"
+	"hash/crc32"
+	"sync/atomic"
+
+	"github.com/kvbm/kvbm/core/storage"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checksums holds a CRC32C for every (block, layer) of a disk layout: the
+// checksum of the layer's outer fragments in order, as written. A block
+// fails on read when any of its layers does not match.
+type checksums struct {
+	layers int
+	// bit 32 set = written; low 32 bits = CRC32C.
+	v []atomic.Uint64
+}
+
+func newChecksums(blocks, layers int) *checksums {
+	return &checksums{layers: layers, v: make([]atomic.Uint64, blocks*layers)}
+}
+
+func (c *checksums) set(block, layer int, crc uint32) {
+	c.v[block*c.layers+layer].Store(1<<32 | uint64(crc))
+}
+
+func (c *checksums) get(block, layer int) (uint32, bool) {
+	v := c.v[block*c.layers+layer].Load()
+	return uint32(v), v&(1<<32) != 0
+}
+
+// layerCRC is the CRC32C of one block's layer in a host layout.
+func layerCRC(e *entry, block, layer int) uint32 {
+	var crc uint32
+	for outer := 0; outer < e.layout.Config().OuterDim; outer++ {
+		r := e.layout.Fragment(block, layer, outer)
+		crc = crc32.Update(crc, castagnoli, storage.HostBytes(r.Addr, r.Size))
+	}
+	return crc
+}
+
+// writeDisk writes host blocks to a disk layout and records their checksums.
+func (m *Manager) writeDisk(p *plan) error {
+	disk := p.dst
+	return m.forEachChunk(p, func(lo, hi int) ([]int, error) {
+		var failed []int
+		var first error
+		for i := lo; i < hi; i++ {
+			if err := m.writeDiskBlock(p, i); err != nil {
+				failed = append(failed, i)
+				if first == nil {
+					first = err
+				}
+				continue
+			}
+			for layer := p.layers.Start; layer < p.layers.End; layer++ {
+				disk.crc.set(p.dstIDs[i], layer, layerCRC(p.src, p.srcIDs[i], layer))
+			}
+		}
+		return failed, first
+	})
+}
+
+func (m *Manager) writeDiskBlock(p *plan, i int) error {
+	for _, op := range p.blockCopies(i) {
+		if err := p.dst.disk.WriteAt(storage.HostBytes(op.src, op.size), op.dst); err != nil {
+			return fmt.Errorf("disk block %d: %w", p.dstIDs[i], err)
+		}
+	}
+	return nil
+}
+
+// readDisk reads disk blocks into a host layout and checks every layer
+// read against the checksum recorded when it was written.
+func (m *Manager) readDisk(p *plan) error {
+	disk := p.src
+	return m.forEachChunk(p, func(lo, hi int) ([]int, error) {
+		var failed []int
+		var first error
+		fail := func(i int, err error) {
+			failed = append(failed, i)
+			if first == nil {
+				first = err
+			}
+		}
+	blocks:
+		for i := lo; i < hi; i++ {
+			for _, op := range p.blockCopies(i) {
+				if err := disk.disk.ReadAt(storage.HostBytes(op.dst, op.size), op.src); err != nil {
+					fail(i, fmt.Errorf("disk block %d: %w", p.srcIDs[i], err))
+					continue blocks
+				}
+			}
+			for layer := p.layers.Start; layer < p.layers.End; layer++ {
+				want, written := disk.crc.get(p.srcIDs[i], layer)
+				if !written {
+					continue // never written: zeros, nothing to check
+				}
+				if got := layerCRC(p.dst, p.dstIDs[i], layer); got != want {
+					fail(i, fmt.Errorf("%w: disk block %d layer %d: crc32c %08x, written as %08x",
+						ErrCorrupt, p.srcIDs[i], layer, got, want))
+					continue blocks
+				}
+			}
+		}
+		return failed, first
+	})
+}

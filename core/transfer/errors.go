@@ -1,0 +1,45 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors, for errors.Is; the C ABI maps them to status codes.
+var (
+	// ErrInvalidArgument: the request is malformed (lengths, ids, ranges).
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrNotFound: no layout is registered under the handle.
+	ErrNotFound = errors.New("not found")
+	// ErrUnsupported: no strategy moves data between the two kinds.
+	ErrUnsupported = errors.New("unsupported")
+	// ErrCorrupt: data read back does not match its checksum.
+	ErrCorrupt = errors.New("data corruption")
+	// ErrTimeout: a wait ended before the transfer completed.
+	ErrTimeout = errors.New("timeout")
+	// ErrClosed: the manager was closed.
+	ErrClosed = errors.New("transfer manager closed")
+)
+
+// Error is a failed transfer: what failed, between which layouts, and which
+// destination blocks did not receive their data.
+type Error struct {
+	Src, Dst LayoutHandle
+	// FailedBlocks are destination block ids whose data is not valid.
+	FailedBlocks []int
+	Err          error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("transfer %v -> %v failed for %d block(s) %v: %v",
+		e.Src, e.Dst, len(e.FailedBlocks), abbreviate(e.FailedBlocks), e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func abbreviate(ids []int) string {
+	if len(ids) <= 8 {
+		return fmt.Sprint(ids)
+	}
+	return fmt.Sprintf("%v…", ids[:8])
+}

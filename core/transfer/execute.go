@@ -1,0 +1,67 @@
+package transfer
+
+import (
+	"github.com/kvbm/kvbm/core/storage"
+)
+
+// ExecuteTransfer copies blocks srcIDs of layout src into blocks dstIDs of
+// layout dst. The request is validated before any byte moves; a bad request
+// returns an error and no notification. Otherwise the returned notification
+// completes once the data is in place, or with an Error naming the failed
+// destination blocks.
+//
+// Device copies are enqueued before ExecuteTransfer returns (on
+// opts.Stream when set); other paths run in the background.
+func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHandle, dstIDs []int, opts Options) (*Notification, error) {
+	p, err := m.prepare(src, dst, srcIDs, dstIDs, opts)
+	if err != nil {
+		return nil, err
+	}
+	strat, kind, err := strategyFor(p.src.kind, p.dst.kind)
+	if err != nil {
+		return nil, err
+	}
+	if strat == twoHop && opts.Bounce != nil {
+		// Validate the bounce now, so a bad one is a request error.
+		if _, _, _, err := m.bounceFor(p, opts); err != nil {
+			return nil, err
+		}
+	}
+	if len(srcIDs) == 0 {
+		return completed(nil), nil
+	}
+	if err := m.begin(); err != nil {
+		return nil, err
+	}
+	n := newNotification()
+	if strat == deviceCopy {
+		wait, err := m.enqueueDevice(p, kind, opts)
+		if err != nil {
+			m.inflight.Done()
+			return nil, err
+		}
+		go func() {
+			defer m.inflight.Done()
+			n.complete(p.result(wait()))
+		}()
+		return n, nil
+	}
+	go func() {
+		defer m.inflight.Done()
+		if strat == twoHop {
+			n.complete(p.result(m.twoHop(p, opts)))
+			return
+		}
+		n.complete(p.result(m.runHop(p, opts)))
+	}()
+	return n, nil
+}
+
+// Kind is the storage kind of a registered layout.
+func (m *Manager) Kind(h LayoutHandle) (storage.Kind, error) {
+	e, err := m.lookup(h)
+	if err != nil {
+		return 0, err
+	}
+	return e.kind, nil
+}

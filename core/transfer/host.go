@@ -1,0 +1,98 @@
+package transfer
+
+import (
+	"sync"
+
+	"github.com/kvbm/kvbm/core/storage"
+)
+
+// hostPool runs host copies and disk I/O on a fixed number of goroutines,
+// so that however many transfers are in flight, CPU and disk work stays
+// bounded.
+type hostPool struct {
+	tasks chan func()
+	wg    sync.WaitGroup
+}
+
+func newHostPool(workers int) *hostPool {
+	p := &hostPool{tasks: make(chan func())}
+	p.wg.Add(workers)
+	for range workers {
+		go func() {
+			defer p.wg.Done()
+			for task := range p.tasks {
+				task()
+			}
+		}()
+	}
+	return p
+}
+
+// run calls fn(0) … fn(n-1) on the pool and waits for all of them.
+func (p *hostPool) run(n int, fn func(i int)) {
+	if n == 1 {
+		fn(0)
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for i := range n {
+		p.tasks <- func() { defer wg.Done(); fn(i) }
+	}
+	wg.Wait()
+}
+
+func (p *hostPool) close() {
+	close(p.tasks)
+	p.wg.Wait()
+}
+
+// chunkBytes is the work one pool task takes: large enough to amortize the
+// hand-off, small enough to spread a transfer over every worker.
+const chunkBytes = 4 << 20
+
+// forEachChunk splits a plan's blocks into chunks of about chunkBytes and
+// runs fn over each chunk on the pool; fn returns the indices of blocks that
+// failed and why. The failures are merged into one blockFailure.
+func (m *Manager) forEachChunk(p *plan, fn func(lo, hi int) ([]int, error)) error {
+	n := len(p.srcIDs)
+	if n == 0 {
+		return nil
+	}
+	perBlock := max(p.bytes()/uint64(n), 1)
+	blocksPerChunk := int(max(chunkBytes/perBlock, 1))
+	chunks := (n + blocksPerChunk - 1) / blocksPerChunk
+	var mu sync.Mutex
+	var failed []int
+	var first error
+	m.host.run(chunks, func(c int) {
+		lo := c * blocksPerChunk
+		hi := min(lo+blocksPerChunk, n)
+		bad, err := fn(lo, hi)
+		if err == nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		failed = append(failed, bad...)
+		if first == nil {
+			first = err
+		}
+	})
+	if first == nil {
+		return nil
+	}
+	return &blockFailure{indices: failed, err: first}
+}
+
+// copyHost moves a plan between two host layouts with memcpy.
+func (m *Manager) copyHost(p *plan) error {
+	return m.forEachChunk(p, func(lo, hi int) ([]int, error) {
+		for i := lo; i < hi; i++ {
+			for _, op := range p.blockCopies(i) {
+				copy(storage.HostBytes(op.dst, op.size), storage.HostBytes(op.src, op.size))
+			}
+		}
+		return nil, nil
+	})
+}

@@ -1,0 +1,218 @@
+// Package transfer moves blocks between registered layouts: the layout
+// registry, the strategy for each pair of storage kinds, the executors
+// (host memcpy pool, device streams, disk I/O, two-hop bounce) and the
+// notifications that report each transfer's completion.
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// WorkerID is the 64-bit id in every handle this manager issues.
+	WorkerID uint64
+	// Device is the CUDA device ordinal of this worker.
+	Device int
+	// Driver does all device work; required.
+	Driver cuda.Driver
+	// DiskDir is where disk layouts create their files; required for
+	// disk layouts, never defaulted.
+	DiskDir string
+	// HostWorkers bounds the goroutines doing host copies and disk I/O
+	// (default GOMAXPROCS, at least 2).
+	HostWorkers int
+	// StreamsPerDirection is the size of each device stream pool (default 4).
+	StreamsPerDirection int
+	// BounceBlocks is the number of blocks in each internal bounce buffer
+	// used for two-hop transfers without a caller bounce (default 16).
+	BounceBlocks int
+}
+
+// entry is one registered layout and the storage behind it.
+type entry struct {
+	handle LayoutHandle
+	layout *layout.Layout
+	kind   storage.Kind
+	device int
+	disk   *storage.DiskFile // kind Disk
+	crc    *checksums        // kind Disk
+	owned  []io.Closer       // released on Unregister (not for imported layouts)
+}
+
+// Manager is the transfer manager of one worker. Safe for concurrent use.
+type Manager struct {
+	cfg  Config
+	drv  cuda.Driver
+	host *hostPool
+	h2d  *streamPool
+	d2h  *streamPool
+	d2d  *streamPool
+
+	mu      sync.RWMutex
+	entries map[LayoutHandle]*entry
+	nextID  uint16
+	closed  bool
+
+	bounce   bouncePool
+	inflight sync.WaitGroup
+}
+
+// NewManager starts a manager; Close stops it.
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.Driver == nil {
+		return nil, fmt.Errorf("%w: transfer manager needs a cuda.Driver", ErrInvalidArgument)
+	}
+	if cfg.HostWorkers <= 0 {
+		cfg.HostWorkers = max(2, runtime.GOMAXPROCS(0))
+	}
+	if cfg.StreamsPerDirection <= 0 {
+		cfg.StreamsPerDirection = 4
+	}
+	if cfg.BounceBlocks <= 0 {
+		cfg.BounceBlocks = 16
+	}
+	m := &Manager{
+		cfg:     cfg,
+		drv:     cfg.Driver,
+		host:    newHostPool(cfg.HostWorkers),
+		entries: make(map[LayoutHandle]*entry),
+		nextID:  1,
+	}
+	m.h2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
+	m.d2h = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
+	m.d2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
+	m.bounce.m = m
+	return m, nil
+}
+
+// WorkerID is the worker id in this manager's handles.
+func (m *Manager) WorkerID() uint64 { return m.cfg.WorkerID }
+
+// Device is this manager's device ordinal.
+func (m *Manager) Device() int { return m.cfg.Device }
+
+// Driver is the device driver this manager uses.
+func (m *Manager) Driver() cuda.Driver { return m.drv }
+
+// AcquireH2DStream returns one of the manager's host-to-device streams.
+func (m *Manager) AcquireH2DStream() (cuda.Stream, error) { return m.h2d.next() }
+
+// Close waits for transfers in flight, then releases every layout this
+// manager allocated, its streams and its workers.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	entries := m.entries
+	m.entries = map[LayoutHandle]*entry{}
+	m.mu.Unlock()
+
+	m.inflight.Wait()
+	var errs []error
+	for _, e := range entries {
+		errs = append(errs, e.release())
+	}
+	errs = append(errs, m.bounce.close(), m.h2d.close(), m.d2h.close(), m.d2d.close())
+	m.host.close()
+	return errors.Join(errs...)
+}
+
+func (e *entry) release() error {
+	var errs []error
+	for i := len(e.owned) - 1; i >= 0; i-- {
+		errs = append(errs, e.owned[i].Close())
+	}
+	return errors.Join(errs...)
+}
+
+// begin marks a transfer in flight; it fails once the manager is closed.
+func (m *Manager) begin() error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return ErrClosed
+	}
+	m.inflight.Add(1)
+	return nil
+}
+
+func (m *Manager) lookup(h LayoutHandle) (*entry, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	e, ok := m.entries[h]
+	if !ok {
+		return nil, fmt.Errorf("%w: no layout registered for handle %v", ErrNotFound, h)
+	}
+	return e, nil
+}
+
+// insert registers e under a fresh handle of this worker.
+func (m *Manager) insert(e *entry) (LayoutHandle, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return LayoutHandle{}, ErrClosed
+	}
+	for range 1 << 16 {
+		id := m.nextID
+		m.nextID++
+		if m.nextID == 0 {
+			m.nextID = 1
+		}
+		h := LayoutHandle{Worker: m.cfg.WorkerID, Layout: id}
+		if _, taken := m.entries[h]; !taken {
+			e.handle = h
+			m.entries[h] = e
+			return h, nil
+		}
+	}
+	return LayoutHandle{}, fmt.Errorf("worker %x has no free layout id (65535 registered)", m.cfg.WorkerID)
+}
+
+// Layout returns the layout and storage kind registered under h.
+func (m *Manager) Layout(h LayoutHandle) (*layout.Layout, storage.Kind, error) {
+	e, err := m.lookup(h)
+	if err != nil {
+		return nil, 0, err
+	}
+	return e.layout, e.kind, nil
+}
+
+// Handles lists every registered handle, local and imported.
+func (m *Manager) Handles() []LayoutHandle {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]LayoutHandle, 0, len(m.entries))
+	for h := range m.entries {
+		out = append(out, h)
+	}
+	return out
+}
+
+// Unregister removes a layout and releases what the manager allocated for
+// it. The caller makes sure no transfer uses it.
+func (m *Manager) Unregister(h LayoutHandle) error {
+	m.mu.Lock()
+	e, ok := m.entries[h]
+	delete(m.entries, h)
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: no layout registered for handle %v", ErrNotFound, h)
+	}
+	return e.release()
+}

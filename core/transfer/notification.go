@@ -1,0 +1,118 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Notification is the completion of one transfer. It completes exactly once,
+// with success or an error naming what failed; it is never dropped, and a
+// failed transfer is never reported as done. Safe for concurrent use.
+type Notification struct {
+	done   chan struct{}
+	once   sync.Once
+	err    error
+	failed []int
+}
+
+func newNotification() *Notification { return &Notification{done: make(chan struct{})} }
+
+// completed returns a notification that is already complete.
+func completed(err error) *Notification {
+	n := newNotification()
+	n.complete(err)
+	return n
+}
+
+// complete records the result; only the first call counts.
+func (n *Notification) complete(err error) {
+	n.once.Do(func() {
+		n.err = err
+		var te *Error
+		if errors.As(err, &te) {
+			n.failed = slices.Clone(te.FailedBlocks)
+			slices.Sort(n.failed)
+			n.failed = slices.Compact(n.failed)
+		}
+		close(n.done)
+	})
+}
+
+// Done is closed when the transfer completes.
+func (n *Notification) Done() <-chan struct{} { return n.done }
+
+// Poll reports whether the transfer completed and, if so, its result.
+func (n *Notification) Poll() (bool, error) {
+	select {
+	case <-n.done:
+		return true, n.err
+	default:
+		return false, nil
+	}
+}
+
+// Wait blocks until the transfer completes or ctx ends. A context that ends
+// first returns an error wrapping ErrTimeout and ctx.Err(); the transfer
+// goes on and can be waited for again.
+func (n *Notification) Wait(ctx context.Context) error {
+	select {
+	case <-n.done:
+		return n.err
+	case <-ctx.Done():
+		return fmt.Errorf("%w waiting for transfer: %w", ErrTimeout, ctx.Err())
+	}
+}
+
+// WaitTimeout is Wait with a timeout; a negative timeout waits forever.
+func (n *Notification) WaitTimeout(timeout time.Duration) error {
+	if timeout < 0 {
+		<-n.done
+		return n.err
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-n.done:
+		return n.err
+	case <-t.C:
+		return fmt.Errorf("%w: transfer not complete after %v", ErrTimeout, timeout)
+	}
+}
+
+// FailedBlocks are the destination block ids whose data is not valid, sorted;
+// empty while pending or on success.
+func (n *Notification) FailedBlocks() []int {
+	select {
+	case <-n.done:
+		return slices.Clone(n.failed)
+	default:
+		return nil
+	}
+}
+
+// Aggregate completes when all of ns have, with the errors of those that
+// failed joined and their failed blocks merged.
+func Aggregate(ns ...*Notification) *Notification {
+	out := newNotification()
+	go func() {
+		var errs []error
+		var failed []int
+		for _, n := range ns {
+			<-n.done
+			if n.err != nil {
+				errs = append(errs, n.err)
+				failed = append(failed, n.failed...)
+			}
+		}
+		if len(errs) == 0 {
+			out.complete(nil)
+			return
+		}
+		out.complete(&Error{FailedBlocks: failed, Err: errors.Join(errs...)})
+	}()
+	return out
+}

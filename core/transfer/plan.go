@@ -1,0 +1,175 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// copyOp is one contiguous copy between two layouts' address spaces.
+type copyOp struct {
+	src, dst uint64
+	size     uint64
+}
+
+// plan is a validated transfer: which blocks move where, as contiguous
+// copies grouped by block.
+type plan struct {
+	src, dst       *entry
+	srcIDs, dstIDs []int
+	layers         LayerRange
+	ops            []copyOp
+	// blockOps[i] is the index in ops of block i's first copy; block i's
+	// copies are ops[blockOps[i]:blockOps[i+1]].
+	blockOps []int
+}
+
+// prepare validates a request before any byte moves, naming the argument
+// and the value that is wrong.
+func (m *Manager) prepare(src, dst LayoutHandle, srcIDs, dstIDs []int, opts Options) (*plan, error) {
+	se, err := m.lookup(src)
+	if err != nil {
+		return nil, fmt.Errorf("source: %w", err)
+	}
+	de, err := m.lookup(dst)
+	if err != nil {
+		return nil, fmt.Errorf("destination: %w", err)
+	}
+	if len(srcIDs) != len(dstIDs) {
+		return nil, fmt.Errorf("%w: %d source block ids but %d destination block ids", ErrInvalidArgument, len(srcIDs), len(dstIDs))
+	}
+	sc, dc := se.layout.Config(), de.layout.Config()
+	if err := sc.Compatible(dc); err != nil {
+		return nil, fmt.Errorf("%w: %v -> %v: %w", ErrInvalidArgument, src, dst, err)
+	}
+	layers, err := opts.Layers.resolve(sc.NumLayers)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkIDs("source", srcIDs, sc.NumBlocks, false); err != nil {
+		return nil, err
+	}
+	if err := checkIDs("destination", dstIDs, dc.NumBlocks, true); err != nil {
+		return nil, err
+	}
+	if src == dst {
+		in := make(map[int]struct{}, len(srcIDs))
+		for _, id := range srcIDs {
+			in[id] = struct{}{}
+		}
+		for _, id := range dstIDs {
+			if _, ok := in[id]; ok {
+				return nil, fmt.Errorf("%w: block %d is both a source and a destination in layout %v", ErrInvalidArgument, id, src)
+			}
+		}
+	}
+	p := &plan{src: se, dst: de, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers}
+	p.build()
+	return p, nil
+}
+
+func checkIDs(what string, ids []int, numBlocks int, unique bool) error {
+	var seen map[int]int
+	if unique {
+		seen = make(map[int]int, len(ids))
+	}
+	for i, id := range ids {
+		if id < 0 || id >= numBlocks {
+			return fmt.Errorf("%w: %s block id %d (index %d) out of range [0, %d)", ErrInvalidArgument, what, id, i, numBlocks)
+		}
+		if unique {
+			if j, dup := seen[id]; dup {
+				return fmt.Errorf("%w: %s block id %d appears twice (indices %d and %d)", ErrInvalidArgument, what, id, j, i)
+			}
+			seen[id] = i
+		}
+	}
+	return nil
+}
+
+// build lists the copies: whole blocks when both layouts are fully
+// contiguous and every layer moves, otherwise one copy per (block, layer,
+// outer) fragment, merged where both sides are adjacent.
+func (p *plan) build() {
+	sl, dl := p.src.layout, p.dst.layout
+	cfg := sl.Config()
+	whole := sl.IsBlockContiguous() && dl.IsBlockContiguous() && p.layers.Start == 0 && p.layers.End == cfg.NumLayers
+	perBlock := 1
+	if !whole {
+		perBlock = (p.layers.End - p.layers.Start) * cfg.OuterDim
+	}
+	p.ops = make([]copyOp, 0, len(p.srcIDs)*perBlock)
+	p.blockOps = make([]int, len(p.srcIDs)+1)
+	for i := range p.srcIDs {
+		p.blockOps[i] = len(p.ops)
+		if whole {
+			s, _ := sl.BlockRegion(p.srcIDs[i])
+			d, _ := dl.BlockRegion(p.dstIDs[i])
+			p.ops = append(p.ops, copyOp{src: s.Addr, dst: d.Addr, size: s.Size})
+			continue
+		}
+		first := len(p.ops)
+		for layer := p.layers.Start; layer < p.layers.End; layer++ {
+			for outer := 0; outer < cfg.OuterDim; outer++ {
+				s := sl.Fragment(p.srcIDs[i], layer, outer)
+				d := dl.Fragment(p.dstIDs[i], layer, outer)
+				if n := len(p.ops); n > first {
+					last := &p.ops[n-1]
+					if last.src+last.size == s.Addr && last.dst+last.size == d.Addr {
+						last.size += s.Size
+						continue
+					}
+				}
+				p.ops = append(p.ops, copyOp{src: s.Addr, dst: d.Addr, size: s.Size})
+			}
+		}
+	}
+	p.blockOps[len(p.srcIDs)] = len(p.ops)
+}
+
+// blockCopies returns block i's copies.
+func (p *plan) blockCopies(i int) []copyOp { return p.ops[p.blockOps[i]:p.blockOps[i+1]] }
+
+// bytes is the number of bytes the plan moves.
+func (p *plan) bytes() uint64 {
+	var n uint64
+	for _, op := range p.ops {
+		n += op.size
+	}
+	return n
+}
+
+// blockFailure marks the blocks (indices into the plan's id lists) that an
+// executor could not move.
+type blockFailure struct {
+	indices []int
+	err     error
+}
+
+func (f *blockFailure) Error() string { return f.err.Error() }
+func (f *blockFailure) Unwrap() error { return f.err }
+
+// result turns an executor's error into the notification's: every
+// destination block fails unless the executor said which.
+func (p *plan) result(err error) error {
+	if err == nil {
+		return nil
+	}
+	var failed []int
+	var bf *blockFailure
+	if errors.As(err, &bf) {
+		for _, i := range bf.indices {
+			failed = append(failed, p.dstIDs[i])
+		}
+	} else {
+		failed = append(failed, p.dstIDs...)
+	}
+	return &Error{Src: p.src.handle, Dst: p.dst.handle, FailedBlocks: failed, Err: err}
+}
+
+// subPlan plans one hop of a two-hop transfer, between entries the caller
+// has already validated.
+func subPlan(src, dst *entry, srcIDs, dstIDs []int, layers LayerRange) *plan {
+	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers}
+	p.build()
+	return p
+}

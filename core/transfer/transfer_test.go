@@ -1,0 +1,351 @@
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/cuda"
+	"github.com/stretchr/testify/require"
+)
+
+// Every (shape, kind) pair to every (shape, kind) pair: moved blocks arrive
+// byte for byte, and the guard blocks around them stay untouched.
+func TestRoundTripMatrix(t *testing.T) {
+	f := newFixture(t)
+	const blocks = 8
+	cfg := smallConfig(blocks)
+	srcIDs := []int{1, 3, 5, 6}
+	dstIDs := []int{6, 2, 0, 4}
+	for srcName, srcShape := range shapes {
+		for _, srcKind := range kinds {
+			src := f.alloc(srcKind, cfg, srcShape)
+			f.fill(src, 100)
+			for dstName, dstShape := range shapes {
+				for _, dstKind := range kinds {
+					name := fmt.Sprintf("%s-%v/%s-%v", srcName, srcKind, dstName, dstKind)
+					t.Run(name, func(t *testing.T) {
+						dst := f.alloc(dstKind, cfg, dstShape)
+						defer f.m.Unregister(dst)
+						f.fill(dst, 900)
+						n, err := f.m.ExecuteTransfer(src, srcIDs, dst, dstIDs, Options{})
+						if (srcKind == storage.System && dstKind == storage.Device) ||
+							(srcKind == storage.Device && dstKind == storage.System) {
+							require.ErrorIs(t, err, ErrUnsupported)
+							require.ErrorContains(t, err, "pinned")
+							return
+						}
+						require.NoError(t, err)
+						require.NoError(t, n.WaitTimeout(10*time.Second))
+						moved := map[int]int{}
+						for i, d := range dstIDs {
+							moved[d] = srcIDs[i]
+						}
+						for id := range blocks {
+							want := pattern(cfg.BlockSize(), 900+uint64(id))
+							if s, ok := moved[id]; ok {
+								want = pattern(cfg.BlockSize(), 100+uint64(s))
+							}
+							require.True(t, bytes.Equal(want, f.readBlock(dst, id)), "block %d", id)
+						}
+					})
+				}
+			}
+			require.NoError(t, f.m.Unregister(src))
+		}
+	}
+}
+
+// A layer range moves only those layers; the others keep their bytes.
+func TestPartialLayerRange(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(4)
+	frag := cfg.FragmentSize() * cfg.OuterDim // one layer of one block
+	for _, pair := range [][2]storage.Kind{
+		{storage.Pinned, storage.Device}, {storage.Device, storage.Pinned}, {storage.System, storage.Disk},
+		{storage.Disk, storage.Pinned}, {storage.Disk, storage.Device}, {storage.Device, storage.Device},
+	} {
+		t.Run(fmt.Sprintf("%v-%v", pair[0], pair[1]), func(t *testing.T) {
+			src := f.alloc(pair[0], cfg, shapes["ls-second"])
+			dst := f.alloc(pair[1], cfg, FullyContiguous)
+			f.fill(src, 10)
+			f.fill(dst, 50)
+			require.NoError(t, f.transfer(src, []int{0, 2}, dst, []int{3, 1}, Options{Layers: Layers(1, 3)}))
+			for _, c := range []struct{ s, d int }{{0, 3}, {2, 1}} {
+				got := f.readBlock(dst, c.d)
+				from := pattern(cfg.BlockSize(), 10+uint64(c.s))
+				keep := pattern(cfg.BlockSize(), 50+uint64(c.d))
+				for layer := range cfg.NumLayers {
+					want := keep
+					if layer >= 1 && layer < 3 {
+						want = from
+					}
+					lo, hi := layer*frag, (layer+1)*frag
+					require.Equal(t, want[lo:hi], got[lo:hi], "dst %d layer %d", c.d, layer)
+				}
+			}
+			require.Equal(t, pattern(cfg.BlockSize(), 50), f.readBlock(dst, 0))
+		})
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(4)
+	a := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	b := f.alloc(storage.Device, cfg, FullyContiguous)
+	other := cfg
+	other.NumLayers = 3
+	c := f.alloc(storage.Pinned, other, FullyContiguous)
+	missing := LayoutHandle{Worker: 0xA1, Layout: 999}
+	cases := []struct {
+		name     string
+		src      LayoutHandle
+		srcIDs   []int
+		dst      LayoutHandle
+		dstIDs   []int
+		opts     Options
+		is       error
+		contains string
+	}{
+		{"lengths", a, []int{0, 1}, b, []int{0}, Options{}, ErrInvalidArgument, "2 source block ids but 1 destination"},
+		{"src range", a, []int{4}, b, []int{0}, Options{}, ErrInvalidArgument, "source block id 4 (index 0) out of range [0, 4)"},
+		{"dst negative", a, []int{0}, b, []int{-1}, Options{}, ErrInvalidArgument, "destination block id -1"},
+		{"dst duplicate", a, []int{0, 1}, b, []int{2, 2}, Options{}, ErrInvalidArgument, "destination block id 2 appears twice"},
+		{"overlap", a, []int{0, 1}, a, []int{1, 2}, Options{}, ErrInvalidArgument, "block 1 is both a source and a destination"},
+		{"incompatible", a, []int{0}, c, []int{0}, Options{}, ErrInvalidArgument, "NumLayers 4 vs 3"},
+		{"layer range", a, []int{0}, b, []int{0}, Options{Layers: Layers(2, 5)}, ErrInvalidArgument, "layer range [2, 5)"},
+		{"empty layer range", a, []int{0}, b, []int{0}, Options{Layers: Layers(2, 2)}, ErrInvalidArgument, "layer range [2, 2)"},
+		{"missing src", missing, []int{0}, b, []int{0}, Options{}, ErrNotFound, "source: not found: no layout registered for handle a1/999"},
+		{"missing dst", a, []int{0}, missing, []int{0}, Options{}, ErrNotFound, "destination"},
+	}
+	f.fill(b, 7)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			n, err := f.m.ExecuteTransfer(tc.src, tc.srcIDs, tc.dst, tc.dstIDs, tc.opts)
+			require.Nil(t, n)
+			require.ErrorIs(t, err, tc.is)
+			require.ErrorContains(t, err, tc.contains)
+		})
+	}
+	// Nothing moved.
+	for id := range 4 {
+		require.Equal(t, pattern(cfg.BlockSize(), 7+uint64(id)), f.readBlock(b, id))
+	}
+	// An empty transfer is a completed success.
+	n, err := f.m.ExecuteTransfer(a, nil, b, nil, Options{})
+	require.NoError(t, err)
+	done, err := n.Poll()
+	require.True(t, done)
+	require.NoError(t, err)
+}
+
+func TestDiskAllocationErrors(t *testing.T) {
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	m, err := NewManager(Config{WorkerID: 1, Driver: emu})
+	require.NoError(t, err)
+	defer m.Close()
+	_, err = m.AllocateLayout(storage.Disk, smallConfig(2), FullyContiguous)
+	require.ErrorContains(t, err, "no disk directory configured")
+
+	file := t.TempDir() + "/not-a-dir"
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	m2, err := NewManager(Config{WorkerID: 2, Driver: emu, DiskDir: file})
+	require.NoError(t, err)
+	defer m2.Close()
+	_, err = m2.AllocateLayout(storage.Disk, smallConfig(2), FullyContiguous)
+	require.ErrorContains(t, err, "not-a-dir")
+
+	bad := smallConfig(2)
+	bad.PageSize = 3
+	_, err = m2.AllocateLayout(storage.Pinned, bad, FullyContiguous)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "PageSize must be a power of two, got 3")
+}
+
+func diskOf(t *testing.T, m *Manager, h LayoutHandle) *storage.DiskFile {
+	e, err := m.lookup(h)
+	require.NoError(t, err)
+	require.NotNil(t, e.disk)
+	return e.disk
+}
+
+// An I/O error (a full disk here) fails the transfer and names the blocks;
+// it is never reported as success.
+func TestDiskWriteFailureSurfaces(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(8)
+	src := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	disk := f.alloc(storage.Disk, cfg, FullyContiguous)
+	dev := f.alloc(storage.Device, cfg, FullyContiguous)
+	f.fill(src, 1)
+	blockBytes := uint64(4096) // disk blocks are 4 KiB-aligned: block b at b*4096
+	diskOf(t, f.m, disk).SetFaultInjector(func(op string, off int64, n int) error {
+		if op == "write" && uint64(off)/blockBytes == 5 {
+			return syscall.ENOSPC
+		}
+		return nil
+	})
+	err := f.transfer(src, []int{0, 1, 2}, disk, []int{4, 5, 6}, Options{})
+	var te *Error
+	require.ErrorAs(t, err, &te)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.Equal(t, []int{5}, te.FailedBlocks)
+
+	// Two hops: device -> disk fails the same way.
+	f.fill(dev, 1)
+	err = f.transfer(dev, []int{0, 1}, disk, []int{5, 7}, Options{})
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	n, _ := f.m.ExecuteTransfer(dev, []int{0, 1}, disk, []int{5, 7}, Options{})
+	require.Error(t, n.WaitTimeout(-1))
+	require.Equal(t, []int{5}, n.FailedBlocks())
+}
+
+// A byte changed on disk after the write fails that block on read, and only
+// that block.
+func TestDiskCorruptionDetected(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(4)
+	for name, shape := range shapes {
+		t.Run(name, func(t *testing.T) {
+			src := f.alloc(storage.Pinned, cfg, shape)
+			disk := f.alloc(storage.Disk, cfg, shape)
+			dst := f.alloc(storage.Device, cfg, FullyContiguous)
+			f.fill(src, 3)
+			require.NoError(t, f.transfer(src, []int{0, 1, 2, 3}, disk, []int{0, 1, 2, 3}, Options{}))
+			l, _, _ := f.m.Layout(disk)
+			r := l.Fragment(2, 3, 1)
+			fh, err := os.OpenFile(diskOf(t, f.m, disk).Path(), os.O_RDWR, 0)
+			require.NoError(t, err)
+			_, err = fh.WriteAt([]byte{0xFF}, int64(r.Addr+7))
+			require.NoError(t, err)
+			require.NoError(t, fh.Close())
+
+			n, err := f.m.ExecuteTransfer(disk, []int{0, 1, 2, 3}, dst, []int{3, 2, 1, 0}, Options{})
+			require.NoError(t, err)
+			err = n.WaitTimeout(-1)
+			require.ErrorIs(t, err, ErrCorrupt)
+			require.ErrorContains(t, err, "disk block 2 layer 3")
+			require.Equal(t, []int{1}, n.FailedBlocks())
+			for _, c := range [][2]int{{0, 3}, {1, 2}, {3, 0}} {
+				require.Equal(t, pattern(cfg.BlockSize(), 3+uint64(c[0])), f.readBlock(dst, c[1]))
+			}
+		})
+	}
+}
+
+// A device copy that fails (an injected fault) fails the notification.
+func TestDeviceFaultSurfaces(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(4)
+	src := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	dst := f.alloc(storage.Device, cfg, FullyContiguous)
+	boom := errors.New("injected ECC error")
+	f.emu.InjectCopyFault(func(kind cuda.CopyKind, c cuda.Copy) error {
+		if kind == cuda.HostToDevice {
+			return boom
+		}
+		return nil
+	})
+	defer f.emu.InjectCopyFault(nil)
+	n, err := f.m.ExecuteTransfer(src, []int{0, 1}, dst, []int{2, 3}, Options{})
+	require.NoError(t, err)
+	err = n.WaitTimeout(-1)
+	require.ErrorContains(t, err, "injected ECC error")
+	require.Equal(t, []int{2, 3}, n.FailedBlocks())
+}
+
+// Two hops through a caller's bounce buffer smaller than the transfer.
+func TestCallerBounceBuffer(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(8)
+	disk := f.alloc(storage.Disk, cfg, shapes["ls-first"])
+	dev := f.alloc(storage.Device, cfg, shapes["ls-second"])
+	bounce := f.alloc(storage.Pinned, smallConfig(3), FullyContiguous)
+	sys := f.alloc(storage.System, smallConfig(3), FullyContiguous)
+	f.fill(disk, 40)
+	ids := []int{0, 1, 2, 3, 4, 5, 6}
+	dst := []int{7, 6, 5, 4, 3, 2, 1}
+	require.NoError(t, f.transfer(disk, ids, dev, dst, Options{Bounce: &Bounce{Handle: bounce, BlockIDs: []int{2, 0}}}))
+	for i := range ids {
+		require.Equal(t, pattern(cfg.BlockSize(), 40+uint64(ids[i])), f.readBlock(dev, dst[i]))
+	}
+	// Disk to disk through the same bounce.
+	disk2 := f.alloc(storage.Disk, cfg, FullyContiguous)
+	require.NoError(t, f.transfer(disk, ids, disk2, dst, Options{Bounce: &Bounce{Handle: bounce, BlockIDs: []int{1}}}))
+	require.Equal(t, pattern(cfg.BlockSize(), 46), f.readBlock(disk2, 1))
+
+	_, err := f.m.ExecuteTransfer(disk, ids, dev, dst, Options{Bounce: &Bounce{Handle: sys, BlockIDs: []int{0}}})
+	require.ErrorContains(t, err, "must be pinned")
+	_, err = f.m.ExecuteTransfer(disk, ids, dev, dst, Options{Bounce: &Bounce{Handle: bounce, BlockIDs: []int{3}}})
+	require.ErrorContains(t, err, "bounce block id 3 (index 0) out of range [0, 3)")
+	_, err = f.m.ExecuteTransfer(disk, ids, dev, dst, Options{Bounce: &Bounce{Handle: bounce}})
+	require.ErrorContains(t, err, "no block ids")
+}
+
+// Many transfers in flight at once, each with its own notification; none is
+// dropped, every block arrives.
+func TestThousandsInFlight(t *testing.T) {
+	f := newFixture(t)
+	const blocks = 1200
+	cfg := smallConfig(blocks)
+	host := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	dev := f.alloc(storage.Device, cfg, shapes["ls-second"])
+	back := f.alloc(storage.System, cfg, FullyContiguous)
+	hb, _ := f.m.lookup(host)
+	mem := storage.HostBytes(hb.layout.Regions()[0].Addr, hb.layout.Regions()[0].Size)
+	for id := range blocks {
+		copy(mem[id*cfg.BlockSize():], pattern(cfg.BlockSize(), uint64(id)))
+	}
+	var ns []*Notification
+	for id := range blocks {
+		n, err := f.m.ExecuteTransfer(host, []int{id}, dev, []int{blocks - 1 - id}, Options{})
+		require.NoError(t, err)
+		ns = append(ns, n)
+	}
+	require.NoError(t, Aggregate(ns...).WaitTimeout(-1))
+	ns = ns[:0]
+	pinnedBack := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	for id := range blocks {
+		n, err := f.m.ExecuteTransfer(dev, []int{id}, pinnedBack, []int{id}, Options{})
+		require.NoError(t, err)
+		ns = append(ns, n)
+	}
+	require.NoError(t, Aggregate(ns...).WaitTimeout(-1))
+	all := make([]int, blocks)
+	for i := range all {
+		all[i] = i
+	}
+	require.NoError(t, f.transfer(pinnedBack, all, back, all, Options{}))
+	be, _ := f.m.lookup(back)
+	out := storage.HostBytes(be.layout.Regions()[0].Addr, be.layout.Regions()[0].Size)
+	for id := range blocks {
+		require.True(t, bytes.Equal(pattern(cfg.BlockSize(), uint64(blocks-1-id)), out[id*cfg.BlockSize():(id+1)*cfg.BlockSize()]), "block %d", id)
+	}
+}
+
+func TestNotificationWaitTimeoutAndAggregateErrors(t *testing.T) {
+	n := newNotification()
+	err := n.WaitTimeout(time.Millisecond)
+	require.ErrorIs(t, err, ErrTimeout)
+	done, err := n.Poll()
+	require.False(t, done)
+	require.NoError(t, err)
+	a := newNotification()
+	agg := Aggregate(n, a)
+	n.complete(&Error{FailedBlocks: []int{4, 2}, Err: errors.New("x")})
+	n.complete(nil) // only the first completion counts
+	a.complete(nil)
+	require.ErrorContains(t, agg.WaitTimeout(-1), "x")
+	require.Equal(t, []int{2, 4}, agg.FailedBlocks())
+	require.Error(t, n.WaitTimeout(0))
+}
+
+var _ = layout.FullyContiguous
