@@ -43,3 +43,9 @@ func abbreviate(ids []int) string {
 	}
 	return fmt.Sprintf("%v…", ids[:8])
 }
+
+// Failed builds the Error for a transfer between src and dst whose listed
+// destination blocks failed.
+func Failed(src, dst LayoutHandle, failedBlocks []int, err error) *Error {
+	return &Error{Src: src, Dst: dst, FailedBlocks: failedBlocks, Err: err}
+}

@@ -116,3 +116,12 @@ func Aggregate(ns ...*Notification) *Notification {
 	}()
 	return out
 }
+
+// Go runs fn in the background and returns a notification that completes
+// with its result; an *Error from fn carries its failed blocks. Workers use
+// it for paths outside the manager, such as object store I/O.
+func Go(fn func() error) *Notification {
+	n := newNotification()
+	go func() { n.complete(fn()) }()
+	return n
+}

@@ -1,0 +1,99 @@
+package object
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// checkBatch validates a put or get batch before any byte moves. role names
+// the layout in errors ("source" or "destination"); a destination must not
+// repeat a block id, since two objects landing in one block would leave it
+// holding whichever finished last.
+func checkBatch(keys []Key, blocks BlockIO, blockIDs []int, role string) error {
+	if blocks == nil {
+		return fmt.Errorf("%w: %s layout is nil", ErrInvalidArgument, role)
+	}
+	if len(keys) != len(blockIDs) {
+		return fmt.Errorf("%w: %d keys but %d %s block ids", ErrInvalidArgument, len(keys), len(blockIDs), role)
+	}
+	if bs := blocks.BlockSize(); bs <= 0 {
+		return fmt.Errorf("%w: %s block size %d", ErrInvalidArgument, role, bs)
+	}
+	n := blocks.NumBlocks()
+	var seen map[int]int
+	if role == roleDestination {
+		seen = make(map[int]int, len(blockIDs))
+	}
+	for i, id := range blockIDs {
+		if err := keys[i].valid(); err != nil {
+			return fmt.Errorf("%w: key at index %d: %v", ErrInvalidArgument, i, err)
+		}
+		if id < 0 || id >= n {
+			return fmt.Errorf("%w: %s block id %d at index %d out of range [0, %d)", ErrInvalidArgument, role, id, i, n)
+		}
+		if seen != nil {
+			if j, dup := seen[id]; dup {
+				return fmt.Errorf("%w: duplicate %s block id %d at indexes %d and %d", ErrInvalidArgument, role, id, j, i)
+			}
+			seen[id] = i
+		}
+	}
+	return nil
+}
+
+const (
+	roleSource      = "source"
+	roleDestination = "destination"
+)
+
+// failAll returns one failed result per key, all carrying err.
+func failAll(keys []Key, err error) []Result {
+	results := make([]Result, len(keys))
+	for i, k := range keys {
+		results[i] = Result{Key: k, Err: err}
+	}
+	return results
+}
+
+// anySucceeded reports whether at least one block of a batch succeeded.
+func anySucceeded(results []Result) bool {
+	for _, r := range results {
+		if r.Err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// forEach runs the blocks 0 to n-1 on at most limit goroutines and returns
+// when all are done, so no goroutine outlives the call. Each goroutine gets
+// its own do from newWorker (to own a buffer for its lifetime). Once ctx is
+// done, blocks that have not started are handed to skip with ctx.Err()
+// instead; blocks already running finish.
+func forEach(ctx context.Context, n, limit int, newWorker func() func(i int), skip func(i int, err error)) {
+	workers := min(limit, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			var do func(int)
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := ctx.Err(); err != nil {
+					skip(i, err)
+					continue
+				}
+				if do == nil {
+					do = newWorker()
+				}
+				do(i)
+			}
+		})
+	}
+	wg.Wait()
+}

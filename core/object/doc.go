@@ -1,0 +1,17 @@
+// Package object is the G4 tier: block stores addressed by key rather than by
+// block id, such as a shared filesystem or (later) S3.
+//
+// A Store moves whole blocks between a resolved layout (a BlockIO) and
+// objects named by Keys. Every call is a batch: each block succeeds or fails
+// on its own, and results come back in the order of the input keys, so a
+// worker can report exactly which blocks failed to load.
+//
+// Workers hold the logical-handle variants (put G2 blocks 3, 7, 9 under these
+// keys): they resolve the tier to a BlockIO and call the Store. Keys are
+// prefixed by the worker's rank inside the store, so SPMD workers that share
+// a bucket or mount never collide.
+//
+// Every object carries a small header with a magic, a format version, the
+// payload length and a CRC32C of the payload (format.go); Get verifies all of
+// them before a byte reaches the destination.
+package object

@@ -1,0 +1,129 @@
+package object
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// An object is a fixed header followed by the payload (one block's bytes):
+//
+//	offset size
+//	     0    4  magic "KVG4"
+//	     4    2  format version (1), little endian
+//	     6    2  reserved, zero
+//	     8    8  payload length in bytes
+//	    16    4  CRC32C (Castagnoli) of the payload
+//	    20    4  CRC32C of bytes 0 to 19, so that a flipped length or
+//	             checksum bit reads as a damaged header, not a damaged payload
+//	    24       payload
+//
+// A header rather than a trailer lets HasBlocks learn the payload size and
+// check the magic by reading 24 bytes, and lets Get reject a foreign or
+// mismatched object before reading its payload.
+const (
+	headerSize    = 24
+	formatVersion = 1
+	objectMagic   = "KVG4"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// header is the decoded form of an object's header.
+type header struct {
+	length uint64 // payload bytes
+	crc    uint32 // CRC32C of the payload
+}
+
+// corruptError is a verification failure; it matches ErrCorrupt under
+// errors.Is while reading as just its message ("crc32c mismatch: …").
+type corruptError struct{ msg string }
+
+func (e *corruptError) Error() string        { return e.msg }
+func (e *corruptError) Is(target error) bool { return target == ErrCorrupt }
+
+func corruptf(format string, args ...any) error {
+	return &corruptError{msg: fmt.Sprintf(format, args...)}
+}
+
+// payloadCRC returns the CRC32C of a payload.
+func payloadCRC(payload []byte) uint32 { return crc32.Checksum(payload, castagnoli) }
+
+// putHeader writes the header of payload into dst[:headerSize].
+func putHeader(dst []byte, payload []byte) {
+	_ = dst[headerSize-1]
+	copy(dst[0:4], objectMagic)
+	binary.LittleEndian.PutUint16(dst[4:6], formatVersion)
+	binary.LittleEndian.PutUint16(dst[6:8], 0)
+	binary.LittleEndian.PutUint64(dst[8:16], uint64(len(payload)))
+	binary.LittleEndian.PutUint32(dst[16:20], payloadCRC(payload))
+	binary.LittleEndian.PutUint32(dst[20:24], crc32.Checksum(dst[0:20], castagnoli))
+}
+
+// encodeObject returns the whole object for payload.
+func encodeObject(payload []byte) []byte {
+	obj := make([]byte, headerSize+len(payload))
+	putHeader(obj, payload)
+	copy(obj[headerSize:], payload)
+	return obj
+}
+
+// decodeHeader parses and checks the first headerSize bytes of b. It returns
+// an error matching ErrCorrupt for any damaged or foreign header and never
+// panics, whatever b holds.
+func decodeHeader(b []byte) (header, error) {
+	if len(b) < headerSize {
+		return header{}, corruptf("truncated header: %d of %d bytes", len(b), headerSize)
+	}
+	if string(b[0:4]) != objectMagic {
+		return header{}, corruptf("bad magic %q, want %q", b[0:4], objectMagic)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:6]); v != formatVersion {
+		return header{}, corruptf("unsupported format version %d, want %d", v, formatVersion)
+	}
+	stored := binary.LittleEndian.Uint32(b[20:24])
+	if computed := crc32.Checksum(b[0:20], castagnoli); stored != computed {
+		return header{}, corruptf("header crc32c mismatch: stored 0x%08x computed 0x%08x", stored, computed)
+	}
+	if r := binary.LittleEndian.Uint16(b[6:8]); r != 0 {
+		return header{}, corruptf("reserved header field is 0x%04x, want 0", r)
+	}
+	return header{
+		length: binary.LittleEndian.Uint64(b[8:16]),
+		crc:    binary.LittleEndian.Uint32(b[16:20]),
+	}, nil
+}
+
+// checkHeldLength checks that an object holding held payload bytes (its
+// size less the header) is as long as its header records.
+func (h header) checkHeldLength(held int64) error {
+	if held < 0 || uint64(held) != h.length {
+		return corruptf("length mismatch: header records %d payload bytes, object holds %d", h.length, max(held, 0))
+	}
+	return nil
+}
+
+// checkPayload checks the payload's checksum against the header's.
+func (h header) checkPayload(payload []byte) error {
+	if computed := payloadCRC(payload); computed != h.crc {
+		return corruptf("crc32c mismatch: stored 0x%08x computed 0x%08x", h.crc, computed)
+	}
+	return nil
+}
+
+// decodeObject verifies a whole object and returns its payload, a view into
+// b. Errors match ErrCorrupt; it never panics.
+func decodeObject(b []byte) ([]byte, error) {
+	h, err := decodeHeader(b)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.checkHeldLength(int64(len(b) - headerSize)); err != nil {
+		return nil, err
+	}
+	payload := b[headerSize:]
+	if err := h.checkPayload(payload); err != nil {
+		return nil, err
+	}
+	return payload, nil
+}

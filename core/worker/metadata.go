@@ -1,0 +1,152 @@
+package worker
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// Metadata is what a worker exports so that peers can address its layouts:
+// the worker's id and one descriptor per registered tier.
+type Metadata struct {
+	WorkerID uint64
+	Layouts  []LogicalDescriptor
+}
+
+// LogicalDescriptor is a layout descriptor with the tier it serves as.
+type LogicalDescriptor struct {
+	Tier Tier
+	transfer.Descriptor
+}
+
+// The binary form, little endian:
+//
+//	magic "KVBM" | version u16 | count u16 | worker u64
+//	count × { tier u8 | storage kind u8 | layout kind u8 | block dim u8 |
+//	          device i32 | handle worker u64 | handle layout u16 |
+//	          config 7 × u64 | region count u16 | bases region count × u64 }
+//	crc32c u32 of everything before it
+const (
+	metadataMagic   = "KVBM"
+	metadataVersion = 1
+	headerLen       = 4 + 2 + 2 + 8
+	fixedLayoutLen  = 4 + 4 + 8 + 2 + 7*8 + 2
+	maxRegions      = 1 << 12
+)
+
+// ErrBadMetadata is wrapped by every decoding error.
+var ErrBadMetadata = errors.New("bad layout metadata")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Encode returns the versioned, checksummed binary form.
+func (md Metadata) Encode() ([]byte, error) {
+	if len(md.Layouts) > 0xFFFF {
+		return nil, fmt.Errorf("encode metadata: %d layouts, at most 65535", len(md.Layouts))
+	}
+	b := make([]byte, 0, headerLen+len(md.Layouts)*(fixedLayoutLen+8)+4)
+	b = append(b, metadataMagic...)
+	b = binary.LittleEndian.AppendUint16(b, metadataVersion)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(md.Layouts)))
+	b = binary.LittleEndian.AppendUint64(b, md.WorkerID)
+	for _, l := range md.Layouts {
+		if len(l.Bases) > maxRegions {
+			return nil, fmt.Errorf("encode metadata: layout %v has %d regions, at most %d", l.Handle, len(l.Bases), maxRegions)
+		}
+		b = append(b, byte(l.Tier), byte(l.Kind), byte(l.Shape.Kind), byte(l.Shape.BlockDim))
+		b = binary.LittleEndian.AppendUint32(b, uint32(int32(l.Device)))
+		b = binary.LittleEndian.AppendUint64(b, l.Handle.Worker)
+		b = binary.LittleEndian.AppendUint16(b, l.Handle.Layout)
+		c := l.Config
+		for _, v := range []int{c.NumBlocks, c.NumLayers, c.OuterDim, c.PageSize, c.InnerDim, c.DtypeWidth, c.Alignment} {
+			b = binary.LittleEndian.AppendUint64(b, uint64(v))
+		}
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(l.Bases)))
+		for _, base := range l.Bases {
+			b = binary.LittleEndian.AppendUint64(b, base)
+		}
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+}
+
+// DecodeMetadata parses and checks the binary form. Truncated, corrupt or
+// inconsistent input returns an error wrapping ErrBadMetadata, never panics.
+func DecodeMetadata(b []byte) (Metadata, error) {
+	bad := func(format string, args ...any) (Metadata, error) {
+		return Metadata{}, fmt.Errorf("%w: %s", ErrBadMetadata, fmt.Sprintf(format, args...))
+	}
+	if len(b) < headerLen+4 {
+		return bad("%d bytes is shorter than the %d-byte header and checksum", len(b), headerLen+4)
+	}
+	if string(b[:4]) != metadataMagic {
+		return bad("magic %q, want %q", b[:4], metadataMagic)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != metadataVersion {
+		return bad("version %d, this library reads version %d", v, metadataVersion)
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if got := crc32.Checksum(body, castagnoli); got != sum {
+		return bad("checksum %08x, computed %08x", sum, got)
+	}
+	count := int(binary.LittleEndian.Uint16(b[6:]))
+	md := Metadata{WorkerID: binary.LittleEndian.Uint64(b[8:]), Layouts: make([]LogicalDescriptor, 0, min(count, 16))}
+	r := body[headerLen:]
+	for i := range count {
+		if len(r) < fixedLayoutLen {
+			return bad("layout %d: truncated (%d bytes left, need %d)", i, len(r), fixedLayoutLen)
+		}
+		var l LogicalDescriptor
+		l.Tier = Tier(r[0])
+		l.Kind = storage.Kind(r[1])
+		l.Shape = transfer.Shape{Kind: layout.Kind(r[2]), BlockDim: layout.BlockDim(r[3])}
+		l.Device = int(int32(binary.LittleEndian.Uint32(r[4:])))
+		l.Handle = transfer.LayoutHandle{Worker: binary.LittleEndian.Uint64(r[8:]), Layout: binary.LittleEndian.Uint16(r[16:])}
+		var v [7]int
+		for j := range v {
+			x := binary.LittleEndian.Uint64(r[18+8*j:])
+			if x > 1<<40 {
+				return bad("layout %d: config field %d is %d, out of range", i, j, x)
+			}
+			v[j] = int(x)
+		}
+		l.Config = layout.Config{NumBlocks: v[0], NumLayers: v[1], OuterDim: v[2], PageSize: v[3], InnerDim: v[4], DtypeWidth: v[5], Alignment: v[6]}
+		n := int(binary.LittleEndian.Uint16(r[fixedLayoutLen-2:]))
+		r = r[fixedLayoutLen:]
+		if n > maxRegions || len(r) < 8*n {
+			return bad("layout %d: %d region bases do not fit in the %d bytes left", i, n, len(r))
+		}
+		l.Bases = make([]uint64, n)
+		for j := range l.Bases {
+			l.Bases[j] = binary.LittleEndian.Uint64(r[8*j:])
+		}
+		r = r[8*n:]
+		if !l.Tier.valid() {
+			return bad("layout %d: tier %d is not G1, G2 or G3", i, l.Tier)
+		}
+		if l.Kind < storage.System || l.Kind > storage.Disk {
+			return bad("layout %d: storage kind %d is unknown", i, l.Kind)
+		}
+		if _, err := layout.New(l.Config, l.Shape.Kind, l.Shape.BlockDim, l.Bases); err != nil {
+			return bad("layout %d: %v", i, err)
+		}
+		md.Layouts = append(md.Layouts, l)
+	}
+	if len(r) != 0 {
+		return bad("%d bytes after the last layout", len(r))
+	}
+	return md, nil
+}
+
+// descriptors returns the transfer descriptors, without tiers.
+func (md Metadata) descriptors() []transfer.Descriptor {
+	out := make([]transfer.Descriptor, len(md.Layouts))
+	for i, l := range md.Layouts {
+		out[i] = l.Descriptor
+	}
+	return out
+}

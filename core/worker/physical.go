@@ -1,0 +1,383 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// PhysicalConfig configures a PhysicalWorker.
+type PhysicalConfig struct {
+	// Manager executes the transfers; required.
+	Manager *transfer.Manager
+	// Handles of tiers already registered with Manager (optional; tiers
+	// can also be registered later, once each).
+	Handles Handles
+	// Rank is the worker's rank under its leader, for object keys.
+	Rank int
+	// Objects is the G4 store, or nil.
+	Objects object.Store
+	// Transport reaches other workers' layouts (nil: none).
+	Transport transfer.Transport
+}
+
+// PhysicalWorker executes transfers with its own transfer manager. Safe
+// for concurrent use.
+type PhysicalWorker struct {
+	m         *transfer.Manager
+	rank      int
+	objects   object.Store
+	transport transfer.Transport
+
+	mu      sync.RWMutex
+	handles Handles
+	// remote maps (instance, tier) to the instance's handle, from
+	// ConnectRemote.
+	remote map[remoteTier]transfer.LayoutHandle
+}
+
+type remoteTier struct {
+	instance InstanceID
+	tier     Tier
+}
+
+var _ Worker = (*PhysicalWorker)(nil)
+
+// NewPhysical makes a worker over a transfer manager.
+func NewPhysical(cfg PhysicalConfig) (*PhysicalWorker, error) {
+	if cfg.Manager == nil {
+		return nil, fmt.Errorf("physical worker: a transfer manager is required")
+	}
+	w := &PhysicalWorker{m: cfg.Manager, rank: cfg.Rank, objects: cfg.Objects, transport: cfg.Transport,
+		remote: map[remoteTier]transfer.LayoutHandle{}}
+	for _, t := range []Tier{G1, G2, G3} {
+		if h := cfg.Handles.get(t); h != nil {
+			if err := w.SetHandle(t, *h); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return w, nil
+}
+
+// Manager is the worker's transfer manager.
+func (w *PhysicalWorker) Manager() *transfer.Manager { return w.m }
+
+// Rank is the worker's rank.
+func (w *PhysicalWorker) Rank() int { return w.rank }
+
+// Handles returns the registered tiers' handles.
+func (w *PhysicalWorker) Handles() Handles {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.handles
+}
+
+// SetHandle names the layout that serves as tier t; each tier is set once.
+func (w *PhysicalWorker) SetHandle(t Tier, h transfer.LayoutHandle) error {
+	if !t.valid() {
+		return fmt.Errorf("%w: tier %v has no layout", transfer.ErrInvalidArgument, t)
+	}
+	if _, _, err := w.m.Layout(h); err != nil {
+		return fmt.Errorf("set %v: %w", t, err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	slot := w.handles.slot(t)
+	if *slot != nil {
+		return fmt.Errorf("%w: %v is already registered as %v", ErrAlreadyExists, t, **slot)
+	}
+	*slot = &h
+	return nil
+}
+
+// ErrAlreadyExists is returned when a tier or handle is set twice.
+var ErrAlreadyExists = errors.New("already exists")
+
+// RegisterG1 registers the engine's KV cache tensors (device pointers, one
+// per layer for LayerSeparate, one for FullyContiguous) as G1.
+func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	return w.register(G1, func() (transfer.LayoutHandle, error) {
+		return w.m.RegisterExternal(storage.Device, cfg, shape, ptrs)
+	})
+}
+
+// AllocateG2 allocates pinned host memory for G2.
+func (w *PhysicalWorker) AllocateG2(cfg layout.Config, shape transfer.Shape) (transfer.LayoutHandle, error) {
+	return w.register(G2, func() (transfer.LayoutHandle, error) {
+		return w.m.AllocateLayout(storage.Pinned, cfg, shape)
+	})
+}
+
+// AllocateG3 allocates a disk file for G3.
+func (w *PhysicalWorker) AllocateG3(cfg layout.Config, shape transfer.Shape) (transfer.LayoutHandle, error) {
+	return w.register(G3, func() (transfer.LayoutHandle, error) {
+		return w.m.AllocateLayout(storage.Disk, cfg, shape)
+	})
+}
+
+func (w *PhysicalWorker) register(t Tier, make func() (transfer.LayoutHandle, error)) (transfer.LayoutHandle, error) {
+	if h := w.Handles().get(t); h != nil {
+		return transfer.LayoutHandle{}, fmt.Errorf("%w: %v is already registered as %v", ErrAlreadyExists, t, *h)
+	}
+	h, err := make()
+	if err != nil {
+		return transfer.LayoutHandle{}, fmt.Errorf("register %v: %w", t, err)
+	}
+	if err := w.SetHandle(t, h); err != nil {
+		return transfer.LayoutHandle{}, errors.Join(err, w.m.Unregister(h))
+	}
+	return h, nil
+}
+
+// handle resolves a tier to its handle; role names it in errors.
+func (w *PhysicalWorker) handle(t Tier, role string) (transfer.LayoutHandle, error) {
+	if t == G4 {
+		return transfer.LayoutHandle{}, fmt.Errorf("%w: %s tier G4 is object storage, not a layout; use the object operations",
+			transfer.ErrUnsupported, role)
+	}
+	h := w.Handles().get(t)
+	if h == nil {
+		return transfer.LayoutHandle{}, fmt.Errorf("%w: %s layout %v is not registered", transfer.ErrNotFound, role, t)
+	}
+	return *h, nil
+}
+
+// ExportMetadata encodes every registered tier's layout with its tier.
+func (w *PhysicalWorker) ExportMetadata() ([]byte, error) {
+	md := Metadata{WorkerID: w.m.WorkerID()}
+	hs := w.Handles()
+	for _, t := range []Tier{G1, G2, G3} {
+		if h := hs.get(t); h != nil {
+			d, err := w.m.Describe(*h)
+			if err != nil {
+				return nil, fmt.Errorf("export %v: %w", t, err)
+			}
+			md.Layouts = append(md.Layouts, LogicalDescriptor{Tier: t, Descriptor: d})
+		}
+	}
+	return md.Encode()
+}
+
+// ImportMetadata decodes another worker's metadata and makes its layouts
+// reachable through the worker's transport.
+func (w *PhysicalWorker) ImportMetadata(b []byte) ([]transfer.LayoutHandle, error) {
+	md, err := DecodeMetadata(b)
+	if err != nil {
+		return nil, err
+	}
+	return w.importDecoded(md)
+}
+
+func (w *PhysicalWorker) importDecoded(md Metadata) ([]transfer.LayoutHandle, error) {
+	if md.WorkerID == w.m.WorkerID() {
+		return nil, fmt.Errorf("%w: metadata of worker %x is this worker's own", transfer.ErrInvalidArgument, md.WorkerID)
+	}
+	if w.transport == nil {
+		return nil, fmt.Errorf("%w: import metadata: the worker has no transport to reach worker %x",
+			transfer.ErrUnsupported, md.WorkerID)
+	}
+	return w.m.Import(w.transport, md.descriptors())
+}
+
+// ExecuteLocalTransfer copies blocks between two of this worker's tiers.
+func (w *PhysicalWorker) ExecuteLocalTransfer(src, dst Tier, srcIDs, dstIDs []int, opts transfer.Options) (*transfer.Notification, error) {
+	sh, err := w.handle(src, "source")
+	if err != nil {
+		return nil, err
+	}
+	dh, err := w.handle(dst, "destination")
+	if err != nil {
+		return nil, err
+	}
+	return w.m.ExecuteTransfer(sh, srcIDs, dh, dstIDs, opts)
+}
+
+// ExecuteLayerwiseOnboard copies G2 blocks to G1 one layer at a time on one
+// stream, recording events[L] after layer L (seed 001's layer-wise
+// onboard). len(events) must equal the number of layers.
+func (w *PhysicalWorker) ExecuteLayerwiseOnboard(srcIDs, dstIDs []int, events []cuda.Event, stream *cuda.Stream) (*transfer.Notification, error) {
+	if len(srcIDs) != len(dstIDs) {
+		return nil, fmt.Errorf("%w: block id length mismatch: src=%d, dst=%d", transfer.ErrInvalidArgument, len(srcIDs), len(dstIDs))
+	}
+	g2, err := w.handle(G2, "source")
+	if err != nil {
+		return nil, err
+	}
+	g1, err := w.handle(G1, "destination")
+	if err != nil {
+		return nil, err
+	}
+	return w.m.ExecuteLayerwiseOnboard(g2, srcIDs, g1, dstIDs, events, stream)
+}
+
+// ExecuteRemoteOnboard pulls a remote layout's blocks, or objects, into
+// tier dst.
+func (w *PhysicalWorker) ExecuteRemoteOnboard(src RemoteDescriptor, dst Tier, dstIDs []int, opts transfer.Options) (*transfer.Notification, error) {
+	dh, err := w.handle(dst, "destination")
+	if err != nil {
+		return nil, err
+	}
+	if src.Handle != nil {
+		return w.m.ExecuteTransfer(*src.Handle, src.BlockIDs, dh, dstIDs, opts)
+	}
+	return w.objectTransfer(src.Keys, dst, dh, dstIDs, false)
+}
+
+// ExecuteRemoteOffload pushes blocks of tier src to a remote layout or to
+// objects.
+func (w *PhysicalWorker) ExecuteRemoteOffload(src Tier, srcIDs []int, dst RemoteDescriptor, opts transfer.Options) (*transfer.Notification, error) {
+	sh, err := w.handle(src, "source")
+	if err != nil {
+		return nil, err
+	}
+	if dst.Handle != nil {
+		return w.m.ExecuteTransfer(sh, srcIDs, *dst.Handle, dst.BlockIDs, opts)
+	}
+	return w.objectTransfer(dst.Keys, src, sh, srcIDs, true)
+}
+
+// objectTransfer runs a put (offload) or get (onboard) in the background;
+// the notification fails with the block ids whose objects failed.
+func (w *PhysicalWorker) objectTransfer(keys []object.Key, t Tier, h transfer.LayoutHandle, ids []int, put bool) (*transfer.Notification, error) {
+	if w.objects == nil {
+		return nil, fmt.Errorf("%w: no object store configured", transfer.ErrUnsupported)
+	}
+	if len(keys) != len(ids) {
+		return nil, fmt.Errorf("%w: %d object keys but %d block ids", transfer.ErrInvalidArgument, len(keys), len(ids))
+	}
+	bio, err := w.m.BlockIO(h)
+	if err != nil {
+		return nil, err
+	}
+	return transfer.Go(func() error {
+		var results []object.Result
+		if put {
+			results = w.objects.PutBlocksWithLayout(context.Background(), keys, bio, ids)
+		} else {
+			results = w.objects.GetBlocksWithLayout(context.Background(), keys, bio, ids)
+		}
+		return objectFailure(h, ids, results, put)
+	}), nil
+}
+
+func objectFailure(h transfer.LayoutHandle, ids []int, results []object.Result, put bool) error {
+	var failed []int
+	var errs []error
+	for i, r := range results {
+		if r.Err != nil {
+			failed = append(failed, ids[i])
+			errs = append(errs, r.Err)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	verb := "download"
+	if put {
+		verb = "upload"
+	}
+	err := fmt.Errorf("%d of %d blocks failed to %s: %w", len(failed), len(results), verb, errors.Join(errs...))
+	return transfer.Failed(transfer.LayoutHandle{}, h, failed, err)
+}
+
+// ConnectRemote imports an instance's metadata — exactly one item — and
+// remembers its handles by tier.
+func (w *PhysicalWorker) ConnectRemote(instance InstanceID, metadata [][]byte) error {
+	if len(metadata) != 1 {
+		return fmt.Errorf("%w: a physical worker connects with exactly 1 metadata item, got %d",
+			transfer.ErrInvalidArgument, len(metadata))
+	}
+	md, err := DecodeMetadata(metadata[0])
+	if err != nil {
+		return err
+	}
+	if _, err := w.importDecoded(md); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range md.Layouts {
+		w.remote[remoteTier{instance, l.Tier}] = l.Handle
+	}
+	return nil
+}
+
+// HasRemoteMetadata reports whether the instance was connected.
+func (w *PhysicalWorker) HasRemoteMetadata(instance InstanceID) bool {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	for k := range w.remote {
+		if k.instance == instance {
+			return true
+		}
+	}
+	return false
+}
+
+// ExecuteRemoteOnboardForInstance pulls blocks of a connected instance's
+// tier into local tier dst.
+func (w *PhysicalWorker) ExecuteRemoteOnboardForInstance(instance InstanceID, remote Tier, srcIDs []int, dst Tier, dstIDs []int,
+	opts transfer.Options) (*transfer.Notification, error) {
+	w.mu.RLock()
+	h, ok := w.remote[remoteTier{instance, remote}]
+	w.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: no remote %v handle for instance %x", transfer.ErrNotFound, remote, uint64(instance))
+	}
+	return w.ExecuteRemoteOnboard(RemoteLayout(h, srcIDs), dst, dstIDs, opts)
+}
+
+// HasBlocks asks the object store; without one, nothing is found.
+func (w *PhysicalWorker) HasBlocks(ctx context.Context, keys []object.Key) []object.Presence {
+	if w.objects == nil {
+		out := make([]object.Presence, len(keys))
+		for i, k := range keys {
+			out[i] = object.Presence{Key: k}
+		}
+		return out
+	}
+	return w.objects.HasBlocks(ctx, keys)
+}
+
+// PutBlocks stores blocks of tier src under keys.
+func (w *PhysicalWorker) PutBlocks(ctx context.Context, keys []object.Key, src Tier, blockIDs []int) []object.Result {
+	return w.objectBlocks(ctx, keys, src, blockIDs, true)
+}
+
+// GetBlocks loads objects into blocks of tier dst.
+func (w *PhysicalWorker) GetBlocks(ctx context.Context, keys []object.Key, dst Tier, blockIDs []int) []object.Result {
+	return w.objectBlocks(ctx, keys, dst, blockIDs, false)
+}
+
+func (w *PhysicalWorker) objectBlocks(ctx context.Context, keys []object.Key, t Tier, ids []int, put bool) []object.Result {
+	fail := func(err error) []object.Result {
+		out := make([]object.Result, len(keys))
+		for i, k := range keys {
+			out[i] = object.Result{Key: k, Err: err}
+		}
+		return out
+	}
+	if w.objects == nil {
+		return fail(fmt.Errorf("%w: no object store configured", transfer.ErrUnsupported))
+	}
+	h, err := w.handle(t, "object")
+	if err != nil {
+		return fail(err)
+	}
+	bio, err := w.m.BlockIO(h)
+	if err != nil {
+		return fail(err)
+	}
+	if put {
+		return w.objects.PutBlocksWithLayout(ctx, keys, bio, ids)
+	}
+	return w.objects.GetBlocksWithLayout(ctx, keys, bio, ids)
+}
