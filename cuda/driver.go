@@ -141,18 +141,18 @@ func (e *Error) Error() string {
 
 // CUresult codes used by both drivers.
 const (
-	ErrCodeInvalidValue   = 1
-	ErrCodeOutOfMemory    = 2
-	ErrCodeNotInitialized = 3
-	ErrCodeNoDevice       = 100
-	ErrCodeInvalidDevice  = 101
-	ErrCodeInvalidHandle  = 400
-	ErrCodeNotReady       = 600
-	ErrCodeIllegalAddress = 700
+	ErrCodeInvalidValue                = 1
+	ErrCodeOutOfMemory                 = 2
+	ErrCodeNotInitialized              = 3
+	ErrCodeNoDevice                    = 100
+	ErrCodeInvalidDevice               = 101
+	ErrCodeInvalidHandle               = 400
+	ErrCodeNotReady                    = 600
+	ErrCodeIllegalAddress              = 700
 	ErrCodeHostMemoryAlreadyRegistered = 712
 	ErrCodeHostMemoryNotRegistered     = 713
-	ErrCodeNotSupported   = 801
-	ErrCodeUnknown        = 999
+	ErrCodeNotSupported                = 801
+	ErrCodeUnknown                     = 999
 )
 
 var codeNames = map[int]string{

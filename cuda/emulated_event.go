@@ -1,0 +1,130 @@
+package cuda
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Events of the emulated device. A record puts a marker in the stream's
+// queue; the event refers to its newest marker.
+
+type event struct {
+	handle Event
+	device int
+
+	mu  sync.Mutex
+	rec *marker // newest record; nil until recorded
+}
+
+// capture is the event's newest record, or nil if it was never recorded.
+func (ev *event) capture() *marker {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	return ev.rec
+}
+
+func (e *Emulated) lookupEvent(op string, h Event) (*event, error) {
+	e.mu.RLock()
+	closed := e.closed
+	ev, ok := e.events[h]
+	e.mu.RUnlock()
+	switch {
+	case closed:
+		return nil, errClosed(op)
+	case !ok:
+		return nil, NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
+	}
+	return ev, nil
+}
+
+// EventCreate makes an event on device.
+func (e *Emulated) EventCreate(device int) (Event, error) {
+	const op = "cuEventCreate"
+	if err := e.checkDevice(op, device); err != nil {
+		return 0, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return 0, errClosed(op)
+	}
+	h := Event(e.newHandle())
+	e.events[h] = &event{handle: h, device: device}
+	return h, nil
+}
+
+// EventDestroy releases an event. Waits already enqueued on its records are
+// unaffected.
+func (e *Emulated) EventDestroy(h Event) error {
+	const op = "cuEventDestroy"
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errClosed(op)
+	}
+	if _, ok := e.events[h]; !ok {
+		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
+	}
+	delete(e.events, h)
+	return nil
+}
+
+// EventRecord captures the work queued on s so far, replacing the event's
+// previous capture. As with CUDA, the event and a created stream must
+// belong to the same device (the legacy default stream takes any event).
+func (e *Emulated) EventRecord(h Event, sh Stream) error {
+	const op = "cuEventRecord"
+	ev, err := e.lookupEvent(op, h)
+	if err != nil {
+		return err
+	}
+	s, err := e.lookupStream(op, sh)
+	if err != nil {
+		return err
+	}
+	if s.device >= 0 && s.device != ev.device {
+		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf(
+			"event %d is on device %d but stream %d is on device %d", h, ev.device, sh, s.device))
+	}
+	m := newMarker()
+	// Enqueue and publish under ev.mu, so that of two concurrent records the
+	// one enqueued last is the event's capture.
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if err := s.push(op, item{op: opMarker, m: m}); err != nil {
+		return err
+	}
+	ev.rec = m
+	return nil
+}
+
+// EventQuery reports whether the event's captured work is complete:
+// (false, nil) while it is pending, (true, nil) when it succeeded, and
+// (true, err) when it, or earlier work on its stream, failed. An event never
+// recorded is complete.
+func (e *Emulated) EventQuery(h Event) (bool, error) {
+	ev, err := e.lookupEvent("cuEventQuery", h)
+	if err != nil {
+		return false, err
+	}
+	m := ev.capture()
+	if m == nil {
+		return true, nil
+	}
+	return m.complete()
+}
+
+// EventSynchronize blocks until the event's captured work is complete and
+// returns its error, as EventQuery would then.
+func (e *Emulated) EventSynchronize(h Event) error {
+	ev, err := e.lookupEvent("cuEventSynchronize", h)
+	if err != nil {
+		return err
+	}
+	m := ev.capture()
+	if m == nil {
+		return nil
+	}
+	<-m.done
+	return m.err
+}
