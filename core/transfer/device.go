@@ -39,6 +39,22 @@ func (p *streamPool) next() (cuda.Stream, error) {
 	return s, nil
 }
 
+// replace swaps a stream whose work failed — its error is sticky — for a
+// fresh one, so that later transfers do not inherit the failure.
+func (p *streamPool) replace(old cuda.Stream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, s := range p.streams {
+		if s == old {
+			if fresh, err := p.drv.StreamCreate(p.device); err == nil {
+				p.streams[i] = fresh
+				p.drv.StreamDestroy(old)
+			}
+			return
+		}
+	}
+}
+
 func (p *streamPool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -60,50 +76,84 @@ func (m *Manager) streamsFor(kind cuda.CopyKind) *streamPool {
 	return m.d2d
 }
 
-// enqueueDevice enqueues a plan's copies on a stream — the caller's, or one
-// of the pool's — after the precondition event, and returns a function that
-// waits for them. Enqueueing happens before it returns, so an event the
-// caller records on its stream afterwards covers these copies.
+// splitBytes is the least a transfer moves per stream when it is spread
+// over several of the pool's streams (copy engines, or host cores for the
+// emulated device).
+const splitBytes = 16 << 20
+
+// enqueueDevice enqueues a plan's copies after the precondition event and
+// returns a function that waits for them. On the caller's stream the copies
+// go in order, before enqueueDevice returns, so that an event the caller
+// records afterwards covers them; without one, a large plan is spread over
+// several of the pool's streams.
 func (m *Manager) enqueueDevice(p *plan, kind cuda.CopyKind, opts Options) (wait func() error, err error) {
-	var stream cuda.Stream
+	var streams []cuda.Stream
+	var parts [][]copyOp
 	if opts.Stream != nil {
-		stream = *opts.Stream
-	} else if stream, err = m.streamsFor(kind).next(); err != nil {
-		return nil, err
+		streams, parts = []cuda.Stream{*opts.Stream}, [][]copyOp{p.ops}
+	} else {
+		k := int(min(uint64(m.cfg.StreamsPerDirection), max(p.bytes()/splitBytes, 1)))
+		k = min(k, max(len(p.ops), 1))
+		per := (len(p.ops) + k - 1) / k
+		for i := 0; i < k; i++ {
+			s, err := m.streamsFor(kind).next()
+			if err != nil {
+				return nil, err
+			}
+			streams = append(streams, s)
+			parts = append(parts, p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))])
+		}
 	}
-	if err := m.enqueueCopies(p, kind, stream, opts.Precondition); err != nil {
-		return nil, err
+	events := make([]cuda.Event, 0, len(streams))
+	release := func() {
+		for _, ev := range events {
+			m.drv.EventDestroy(ev)
+		}
 	}
-	ev, err := m.drv.EventCreate(m.cfg.Device)
-	if err != nil {
-		return nil, fmt.Errorf("create completion event: %w", err)
-	}
-	if err := m.drv.EventRecord(ev, stream); err != nil {
-		m.drv.EventDestroy(ev)
-		return nil, fmt.Errorf("record completion event: %w", err)
+	for i, s := range streams {
+		if err := m.enqueueCopies(parts[i], kind, s, opts.Precondition); err != nil {
+			release()
+			return nil, err
+		}
+		ev, err := m.drv.EventCreate(m.cfg.Device)
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("create completion event: %w", err)
+		}
+		events = append(events, ev)
+		if err := m.drv.EventRecord(ev, s); err != nil {
+			release()
+			return nil, fmt.Errorf("record completion event: %w", err)
+		}
 	}
 	return func() error {
-		err := m.drv.EventSynchronize(ev)
-		if derr := m.drv.EventDestroy(ev); err == nil && derr != nil {
-			err = derr
+		var errs []error
+		for i, ev := range events {
+			if err := m.drv.EventSynchronize(ev); err != nil {
+				errs = append(errs, err)
+				if opts.Stream == nil {
+					m.streamsFor(kind).replace(streams[i])
+				}
+			}
 		}
-		if err != nil {
+		release()
+		if err := errors.Join(errs...); err != nil {
 			return fmt.Errorf("%v copies failed: %w", kind, err)
 		}
 		return nil
 	}, nil
 }
 
-// enqueueCopies puts a plan's copies on stream, behind precondition when
+// enqueueCopies puts copies on stream, behind precondition when
 // it is set.
-func (m *Manager) enqueueCopies(p *plan, kind cuda.CopyKind, stream cuda.Stream, precondition cuda.Event) error {
+func (m *Manager) enqueueCopies(ops []copyOp, kind cuda.CopyKind, stream cuda.Stream, precondition cuda.Event) error {
 	if precondition != 0 {
 		if err := m.drv.StreamWaitEvent(stream, precondition); err != nil {
 			return fmt.Errorf("wait for precondition event: %w", err)
 		}
 	}
-	copies := make([]cuda.Copy, len(p.ops))
-	for i, op := range p.ops {
+	copies := make([]cuda.Copy, len(ops))
+	for i, op := range ops {
 		copies[i] = cuda.Copy{Dst: op.dst, Src: op.src, Size: op.size}
 	}
 	if err := m.drv.MemcpyBatchAsync(kind, copies, stream); err != nil {

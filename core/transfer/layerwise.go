@@ -57,7 +57,7 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 	defer m.inflight.Done()
 	for layer := range numLayers {
 		lp := subPlan(p.src, p.dst, srcIDs, dstIDs, LayerRange{layer, layer + 1})
-		if err := m.enqueueCopies(lp, kind, s, 0); err != nil {
+		if err := m.enqueueCopies(lp.ops, kind, s, 0); err != nil {
 			return nil, fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
 		}
 		if err := m.drv.EventRecord(events[layer], s); err != nil {

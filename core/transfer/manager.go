@@ -28,7 +28,7 @@ type Config struct {
 	// disk layouts, never defaulted.
 	DiskDir string
 	// HostWorkers bounds the goroutines doing host copies and disk I/O
-	// (default GOMAXPROCS, at least 2).
+	// (default GOMAXPROCS, at least 4: disk requests overlap).
 	HostWorkers int
 	// StreamsPerDirection is the size of each device stream pool (default 4).
 	StreamsPerDirection int
@@ -72,7 +72,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("%w: transfer manager needs a cuda.Driver", ErrInvalidArgument)
 	}
 	if cfg.HostWorkers <= 0 {
-		cfg.HostWorkers = max(2, runtime.GOMAXPROCS(0))
+		cfg.HostWorkers = max(4, runtime.GOMAXPROCS(0))
 	}
 	if cfg.StreamsPerDirection <= 0 {
 		cfg.StreamsPerDirection = 4

@@ -170,7 +170,7 @@ func TestDiskAllocationErrors(t *testing.T) {
 	require.ErrorContains(t, err, "PageSize must be a power of two, got 3")
 }
 
-func diskOf(t *testing.T, m *Manager, h LayoutHandle) *storage.DiskFile {
+func diskOf(t testing.TB, m *Manager, h LayoutHandle) *storage.DiskFile {
 	e, err := m.lookup(h)
 	require.NoError(t, err)
 	require.NotNil(t, e.disk)
@@ -260,6 +260,13 @@ func TestDeviceFaultSurfaces(t *testing.T) {
 	err = n.WaitTimeout(-1)
 	require.ErrorContains(t, err, "injected ECC error")
 	require.Equal(t, []int{2, 3}, n.FailedBlocks())
+
+	// The failed stream's error is sticky; the pool replaces it, so the
+	// next transfers succeed.
+	f.emu.InjectCopyFault(nil)
+	for range 8 {
+		require.NoError(t, f.transfer(src, []int{0, 1}, dst, []int{2, 3}, Options{}))
+	}
 }
 
 // Two hops through a caller's bounce buffer smaller than the transfer.

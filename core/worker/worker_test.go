@@ -51,7 +51,7 @@ func newWorker(t *testing.T, drv *cuda.Emulated, id uint64, loop *transfer.Loopb
 	tw := &testWorker{PhysicalWorker: w}
 	var ptrs []uint64
 	for _, s := range sizes {
-		mem, err := storage.AllocSystem(s) // the engine's tensors (host memory stands in under emulation)
+		mem, err := storage.AllocDevice(drv, 0, s) // the engine's cudaMalloc'd tensors
 		require.NoError(t, err)
 		tw.g1mem = append(tw.g1mem, mem)
 		ptrs = append(ptrs, mem.Addr())

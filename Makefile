@@ -1,0 +1,44 @@
+# kvbm — build, test, demo and benchmarks. Every target installs what it
+# needs through the ordinary clients (Go modules, Debian and Python packages).
+
+GO        ?= go
+BUILD     := build
+GOFLAGS_TEST ?= -race -count=1
+export GOFLAGS := -mod=mod
+
+.PHONY: all deps test test-go vet fmt-check fuzz bench bench-go demo clean
+
+all: vet
+
+deps:
+	$(GO) mod download
+
+vet: deps
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+# All tests. Runs on a machine without a GPU (emulated device).
+test: vet test-go
+
+test-go: deps
+	$(GO) test $(GOFLAGS_TEST) ./...
+
+# Fuzz every decoder for a while (not part of `make test`).
+FUZZTIME ?= 30s
+fuzz: deps
+	$(GO) test -run '^$$' -fuzz FuzzDecodeMetadata -fuzztime $(FUZZTIME) ./core/worker
+	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
+
+# Benchmarks: every figure beside the limit measured in the same run.
+bench: bench-go
+
+bench-go: deps
+	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda
+	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff
+
+demo: deps
+	$(GO) run ./cmd/kvbm-demo -dir $(BUILD)/demo
+
+clean:
+	rm -rf $(BUILD)

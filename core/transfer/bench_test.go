@@ -1,0 +1,218 @@
+package transfer
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/cuda"
+	"github.com/stretchr/testify/require"
+)
+
+// Llama-3-8B blocks: 32 layers, K and V, 16 tokens, 8 KV heads × 128 dims,
+// bf16 — 2 MiB per block in 64 fragments of 32 KiB.
+func llamaConfig(blocks int) layout.Config {
+	return layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 8 * 128, DtypeWidth: 2}
+}
+
+const benchBlocks = 256
+
+func benchIDs() []int {
+	ids := make([]int, benchBlocks)
+	for i := range ids {
+		ids[i] = i
+	}
+	return ids
+}
+
+// reportRatio prints the transfer's throughput beside the limit measured in
+// the same run: ratio = limit time / transfer time (1.0 = as fast as the
+// limit).
+func reportRatio(b *testing.B, bytes uint64, took, limit time.Duration, limitName string) {
+	gbps := func(d time.Duration) float64 { return float64(bytes) * float64(b.N) / d.Seconds() / 1e9 }
+	b.ReportMetric(gbps(took), "GB/s")
+	b.ReportMetric(gbps(limit), limitName+"-GB/s")
+	b.ReportMetric(limit.Seconds()/took.Seconds(), "x-"+limitName)
+	b.ReportMetric(0, "ns/op") // the figures above are the ones that mean something
+}
+
+// BenchmarkDevice moves 256 Llama-3-8B blocks between pinned host memory
+// (G2) and the emulated device (G1), beside a plain memcpy of the same
+// bytes between two buffers in the same run.
+func BenchmarkDevice(b *testing.B) {
+	cfg := llamaConfig(benchBlocks)
+	for _, tc := range []struct {
+		name   string
+		g1     Shape
+		onload bool
+	}{
+		{"G2-G1/whole-blocks", FullyContiguous, true},
+		{"G1-G2/whole-blocks", FullyContiguous, false},
+		{"G2-G1/fragments-32KiB", Shape{Kind: layout.LayerSeparate, BlockDim: layout.BlockIsSecondDim}, true},
+		{"G1-G2/fragments-32KiB", Shape{Kind: layout.LayerSeparate, BlockDim: layout.BlockIsSecondDim}, false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			emu := cuda.NewEmulated(1)
+			defer emu.Close()
+			m, err := NewManager(Config{WorkerID: 1, Driver: emu})
+			require.NoError(b, err)
+			defer m.Close()
+			g1, err := m.AllocateLayout(storage.Device, cfg, tc.g1)
+			require.NoError(b, err)
+			g2, err := m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
+			require.NoError(b, err)
+			touch(b, emu, m, g1)
+			touch(b, emu, m, g2)
+			src, dst := g2, g1
+			if !tc.onload {
+				src, dst = g1, g2
+			}
+			bytes := uint64(benchBlocks * cfg.BlockSize())
+			a, err := storage.AllocSystem(bytes)
+			require.NoError(b, err)
+			defer a.Close()
+			c, err := storage.AllocSystem(bytes)
+			require.NoError(b, err)
+			defer c.Close()
+			ab, _ := a.Bytes()
+			cb, _ := c.Bytes()
+			copy(ab, cb) // fault the pages in
+			copy(cb, ab)
+			ids := benchIDs()
+			n, err := m.ExecuteTransfer(src, ids, dst, ids, Options{}) // warm up
+			require.NoError(b, err)
+			require.NoError(b, n.WaitTimeout(-1))
+			var took, limit time.Duration
+			b.ResetTimer()
+			for range b.N {
+				start := time.Now()
+				n, err := m.ExecuteTransfer(src, ids, dst, ids, Options{})
+				require.NoError(b, err)
+				require.NoError(b, n.WaitTimeout(-1))
+				took += time.Since(start)
+				start = time.Now()
+				copy(cb, ab)
+				limit += time.Since(start)
+			}
+			reportRatio(b, bytes, took, limit, "memcpy")
+		})
+	}
+}
+
+// BenchmarkDisk moves 256 Llama-3-8B blocks between pinned host memory
+// (G2) and disk (G3), checksums included, beside a plain aligned O_DIRECT
+// write and read of one file of the same size in the same directory, in
+// the same run.
+func BenchmarkDisk(b *testing.B) {
+	cfg := llamaConfig(benchBlocks)
+	dir := os.Getenv("KVBM_BENCH_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	m, err := NewManager(Config{WorkerID: 1, Driver: emu, DiskDir: dir})
+	require.NoError(b, err)
+	defer m.Close()
+	g2, err := m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
+	require.NoError(b, err)
+	g3, err := m.AllocateLayout(storage.Disk, cfg, FullyContiguous)
+	require.NoError(b, err)
+	touch(b, emu, m, g2)
+	if !diskOf(b, m, g3).Direct() {
+		b.Logf("O_DIRECT is unavailable in %s: both sides use buffered I/O", dir)
+	}
+	bytes := uint64(benchBlocks * cfg.BlockSize())
+	buf, err := storage.AllocSystem(bytes)
+	require.NoError(b, err)
+	defer buf.Close()
+	bb, _ := buf.Bytes()
+	for i := range bb {
+		bb[i] = byte(i)
+	}
+	plain, err := newPlainDirectFile(filepath.Join(dir, "plain-odirect.bin"), bytes)
+	require.NoError(b, err)
+	defer plain.close()
+	ids := benchIDs()
+	for _, write := range []bool{true, false} {
+		name := "G2-G3/write"
+		src, dst := g2, g3
+		if !write {
+			name, src, dst = "G3-G2/read", g3, g2
+		}
+		b.Run(name, func(b *testing.B) {
+			var took, limit time.Duration
+			for range b.N {
+				start := time.Now()
+				n, err := m.ExecuteTransfer(src, ids, dst, ids, Options{})
+				require.NoError(b, err)
+				require.NoError(b, n.WaitTimeout(-1))
+				took += time.Since(start)
+				start = time.Now()
+				require.NoError(b, plain.io(bb, write))
+				limit += time.Since(start)
+			}
+			reportRatio(b, bytes, took, limit, "odirect")
+		})
+	}
+}
+
+// touch writes every byte of a layout's memory, so that no side of a
+// benchmark reads the kernel's shared zero page.
+func touch(b *testing.B, emu *cuda.Emulated, m *Manager, h LayoutHandle) {
+	e, err := m.lookup(h)
+	require.NoError(b, err)
+	for _, r := range e.layout.Regions() {
+		mem, err := emu.Bytes(r.Addr, r.Size)
+		if err != nil {
+			mem = storage.HostBytes(r.Addr, r.Size)
+		}
+		for i := range mem {
+			mem[i] = byte(i)
+		}
+	}
+}
+
+// plainDirectFile is the limit for disk figures: one preallocated file
+// written or read sequentially with O_DIRECT in 2 MiB requests.
+type plainDirectFile struct{ f *os.File }
+
+func newPlainDirectFile(path string, size uint64) (*plainDirectFile, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_DIRECT, 0o600)
+	if err != nil {
+		if f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("fallocate: %w", err)
+	}
+	return &plainDirectFile{f: f}, nil
+}
+
+func (p *plainDirectFile) io(buf []byte, write bool) error {
+	const req = 2 << 20
+	for off := 0; off < len(buf); off += req {
+		var err error
+		if write {
+			_, err = p.f.WriteAt(buf[off:off+req], int64(off))
+		} else {
+			_, err = p.f.ReadAt(buf[off:off+req], int64(off))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *plainDirectFile) close() {
+	p.f.Close()
+	os.Remove(p.f.Name())
+}
