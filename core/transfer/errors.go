@@ -31,8 +31,13 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("transfer %v -> %v failed for %d block(s) %v: %v",
-		e.Src, e.Dst, len(e.FailedBlocks), abbreviate(e.FailedBlocks), e.Err)
+	what := fmt.Sprintf("transfer %v -> %v", e.Src, e.Dst)
+	if e.Src == (LayoutHandle{}) && e.Dst == (LayoutHandle{}) {
+		what = "transfers" // an aggregate
+	} else if e.Src == (LayoutHandle{}) {
+		what = fmt.Sprintf("transfer into %v", e.Dst)
+	}
+	return fmt.Sprintf("%s failed for %d block(s) %v: %v", what, len(e.FailedBlocks), abbreviate(e.FailedBlocks), e.Err)
 }
 
 func (e *Error) Unwrap() error { return e.Err }

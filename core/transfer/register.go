@@ -74,15 +74,7 @@ func (m *Manager) AllocateLayout(kind storage.Kind, cfg layout.Config, shape Sha
 	for i, off := range offsets {
 		bases[i] = base + off
 	}
-	l, err := layout.New(cfg, shape.Kind, shape.BlockDim, bases)
-	if err == nil {
-		e.layout = l
-		var h LayoutHandle
-		if h, err = m.insert(e); err == nil {
-			return h, nil
-		}
-	}
-	return LayoutHandle{}, errors.Join(err, e.release())
+	return m.register(e, cfg, shape, bases)
 }
 
 // RegisterExternal registers memory the caller owns — the engine's KV cache
@@ -122,7 +114,13 @@ func (m *Manager) RegisterExternal(kind storage.Kind, cfg layout.Config, shape S
 			e.owned = append(e.owned, mem)
 		}
 	}
-	l, err := layout.New(cfg, shape.Kind, shape.BlockDim, ptrs)
+	return m.register(e, cfg, shape, ptrs)
+}
+
+// register lays the layout over its regions and enters it in the
+// registry; on failure it releases what e owns.
+func (m *Manager) register(e *entry, cfg layout.Config, shape Shape, bases []uint64) (LayoutHandle, error) {
+	l, err := layout.New(cfg, shape.Kind, shape.BlockDim, bases)
 	if err == nil {
 		e.layout = l
 		var h LayoutHandle
