@@ -143,8 +143,8 @@ func (c *Coordinator) Start(out []Action) []Action {
 }
 
 // Step applies fact f and appends the actions it allows to out, returning
-// the extended slice. A repeated fact (the first one wins) and any fact once
-// cleanup has begun append nothing; FactFailed, FactTimedOut and FactCanceled
+// the extended slice. A repeated fact (the first one wins) and any valid fact
+// once cleanup has begun append nothing; FactFailed, FactTimedOut and FactCanceled
 // begin cleanup.
 //
 // The error wraps ErrForeignHandoff when f is for another hand-off,

@@ -50,8 +50,8 @@
 //     (CompletionSuccess) or every side that started was canceled
 //     (CompletionCanceled).
 //     Release whatever you keep for the hand-off and drop the coordinator.
-//     From then on every call returns nothing (a fact for another hand-off is
-//     still an error).
+//     From then on every call returns nothing (a fact for another hand-off,
+//     or of an unknown kind, is still an error).
 //
 // An error means the input was wrong — a fact for another hand-off, a fact
 // that cannot have happened yet, an outcome that does not fit its action — and
