@@ -6,9 +6,11 @@ BUILD     := build
 GOFLAGS_TEST ?= -race -count=1
 export GOFLAGS := -mod=mod
 
-.PHONY: all deps test test-go vet fmt-check fuzz bench bench-go demo clean
+.PHONY: all deps deps-c test test-go vet fuzz bench bench-go demo clean
 
-all: vet
+all: lib
+
+include capi.mk
 
 deps:
 	$(GO) mod download
@@ -18,8 +20,14 @@ vet: deps
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
+# The C toolchain for the C examples (present on our machines; installed
+# from Debian's packages where it is not).
+deps-c:
+	@command -v cmake >/dev/null && command -v cc >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends cmake gcc libc6-dev)
+
 # All tests. Runs on a machine without a GPU (emulated device).
-test: vet test-go
+test: vet test-go deps-c test-c
 
 test-go: deps
 	$(GO) test $(GOFLAGS_TEST) ./...
@@ -31,7 +39,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
 
 # Benchmarks: every figure beside the limit measured in the same run.
-bench: bench-go
+bench: bench-go bench-c
 
 bench-go: deps
 	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda

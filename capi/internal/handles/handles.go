@@ -1,0 +1,132 @@
+// Package handles is the generation-checked handle table behind the C ABI's
+// opaque handles.
+//
+// A handle is a pointer-sized integer that encodes a slot index and the
+// slot's generation, under a fixed tag in the top byte. Freeing a handle bumps
+// its slot's generation, so a freed, stale or never-issued handle — or a
+// handle of another kind — is refused instead of reaching the wrong object.
+// The tag keeps every valid handle far from 0 and outside any address a
+// process maps, so a handle is never mistaken for a pointer.
+package handles
+
+import "sync"
+
+// Kind is the type of object a handle names; a handle of one kind is
+// invalid where another is expected.
+type Kind uint8
+
+// Handle is the value C sees. Zero is never a valid handle.
+type Handle uint64
+
+const (
+	tag      = uint64(0x6b) << 56 // 'k'
+	tagMask  = uint64(0xff) << 56
+	genBits  = 24
+	genMask  = uint64(1)<<genBits - 1
+	idxMask  = uint64(1)<<32 - 1
+	firstIdx = 1 // slot 0 is never used, so index 0 never appears
+)
+
+type slot struct {
+	gen  uint32 // current generation; 1..genMask
+	kind Kind   // 0 when free
+	val  any
+}
+
+// Table maps handles to values. Safe for concurrent use.
+type Table struct {
+	mu    sync.Mutex
+	slots []slot
+	free  []uint32
+	live  int
+}
+
+// New returns an empty table.
+func New() *Table {
+	return &Table{slots: make([]slot, firstIdx)}
+}
+
+func encode(idx, gen uint32) Handle {
+	return Handle(tag | uint64(gen)<<32 | uint64(idx))
+}
+
+func decode(h Handle) (idx, gen uint32, ok bool) {
+	v := uint64(h)
+	if v&tagMask != tag {
+		return 0, 0, false
+	}
+	return uint32(v & idxMask), uint32(v >> 32 & genMask), true
+}
+
+// Add stores v under a new handle of kind k (k must not be 0).
+func (t *Table) Add(k Kind, v any) Handle {
+	if k == 0 {
+		panic("handles: kind 0 is reserved for free slots")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var idx uint32
+	if n := len(t.free); n > 0 {
+		idx = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		idx = uint32(len(t.slots))
+		t.slots = append(t.slots, slot{gen: 1})
+	}
+	s := &t.slots[idx]
+	s.kind, s.val = k, v
+	t.live++
+	return encode(idx, s.gen)
+}
+
+// lookup returns the live slot h names, if h is current and of kind k.
+func (t *Table) lookup(h Handle, k Kind) (*slot, uint32, bool) {
+	idx, gen, ok := decode(h)
+	if !ok || idx < firstIdx || int(idx) >= len(t.slots) {
+		return nil, 0, false
+	}
+	s := &t.slots[idx]
+	if s.kind == 0 || s.kind != k || s.gen != gen {
+		return nil, 0, false
+	}
+	return s, idx, true
+}
+
+// Get returns the value under h if h is a live handle of kind k.
+func (t *Table) Get(h Handle, k Kind) (any, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, _, ok := t.lookup(h, k)
+	if !ok {
+		return nil, false
+	}
+	return s.val, true
+}
+
+// Remove deletes h and returns its value if h is a live handle of kind k.
+// The slot's generation moves on, so h (and copies of it) stay invalid
+// after the slot is reused.
+func (t *Table) Remove(h Handle, k Kind) (any, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, idx, ok := t.lookup(h, k)
+	if !ok {
+		return nil, false
+	}
+	v := s.val
+	s.kind, s.val = 0, nil
+	s.gen++
+	if uint64(s.gen) > genMask {
+		s.gen = 1
+	}
+	t.free = append(t.free, idx)
+	t.live--
+	return v, true
+}
+
+// Len is the number of live handles.
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.live
+}

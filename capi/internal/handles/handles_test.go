@@ -1,0 +1,117 @@
+package handles
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	kindA Kind = 1
+	kindB Kind = 2
+)
+
+func TestAddGetRemove(t *testing.T) {
+	tb := New()
+	h := tb.Add(kindA, "a")
+	require.NotZero(t, h)
+	require.GreaterOrEqual(t, uint64(h), uint64(1)<<32, "handles stay away from small values")
+	v, ok := tb.Get(h, kindA)
+	require.True(t, ok)
+	require.Equal(t, "a", v)
+	require.Equal(t, 1, tb.Len())
+
+	v, ok = tb.Remove(h, kindA)
+	require.True(t, ok)
+	require.Equal(t, "a", v)
+	require.Equal(t, 0, tb.Len())
+}
+
+func TestStaleHandleRefusedAfterReuse(t *testing.T) {
+	tb := New()
+	old := tb.Add(kindA, 1)
+	_, ok := tb.Remove(old, kindA)
+	require.True(t, ok)
+
+	// The slot is reused with a new generation.
+	fresh := tb.Add(kindA, 2)
+	require.NotEqual(t, old, fresh)
+	_, ok = tb.Get(old, kindA)
+	require.False(t, ok, "stale handle")
+	_, ok = tb.Remove(old, kindA)
+	require.False(t, ok, "double free of a stale handle")
+	v, ok := tb.Get(fresh, kindA)
+	require.True(t, ok)
+	require.Equal(t, 2, v)
+}
+
+func TestDoubleFree(t *testing.T) {
+	tb := New()
+	h := tb.Add(kindA, 1)
+	_, ok := tb.Remove(h, kindA)
+	require.True(t, ok)
+	_, ok = tb.Remove(h, kindA)
+	require.False(t, ok)
+	require.Equal(t, 0, tb.Len())
+}
+
+func TestWrongKindRefused(t *testing.T) {
+	tb := New()
+	h := tb.Add(kindA, 1)
+	_, ok := tb.Get(h, kindB)
+	require.False(t, ok)
+	_, ok = tb.Remove(h, kindB)
+	require.False(t, ok)
+	require.Equal(t, 1, tb.Len(), "a refused remove leaves the handle live")
+}
+
+func TestNeverIssuedRefused(t *testing.T) {
+	tb := New()
+	h := tb.Add(kindA, 1)
+	for _, bad := range []Handle{0, 1, 4096, h + 1, h ^ Handle(1)<<32, Handle(uint64(h) &^ (0xff << 56)), ^Handle(0)} {
+		_, ok := tb.Get(bad, kindA)
+		require.False(t, ok, "handle %#x", uint64(bad))
+		_, ok = tb.Remove(bad, kindA)
+		require.False(t, ok, "handle %#x", uint64(bad))
+	}
+}
+
+func TestGenerationWraps(t *testing.T) {
+	tb := New()
+	h := tb.Add(kindA, 0)
+	tb.slots[1].gen = uint32(genMask)
+	tb.slots[1].kind = 0
+	tb.free = append(tb.free, 1)
+	tb.live--
+	_ = h
+	h2 := tb.Add(kindA, 1)
+	_, ok := tb.Remove(h2, kindA)
+	require.True(t, ok)
+	require.Equal(t, uint32(1), tb.slots[1].gen, "generation wraps past 0")
+}
+
+func TestEmptyAfterConcurrentUse(t *testing.T) {
+	tb := New()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				h := tb.Add(kindA, g*1000+i)
+				v, ok := tb.Get(h, kindA)
+				if !ok || v != g*1000+i {
+					t.Errorf("lost handle %#x", uint64(h))
+					return
+				}
+				if _, ok := tb.Remove(h, kindA); !ok {
+					t.Errorf("remove %#x failed", uint64(h))
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 0, tb.Len())
+}

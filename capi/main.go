@@ -1,0 +1,203 @@
+// Command capi is libkvbm: the C ABI of kvbm, built with
+// -buildmode=c-shared. It holds no logic of its own — only argument checks,
+// the handle table and the mapping of Go errors to kvbm_status_t. The
+// contract is include/kvbm.h, written by hand.
+//
+// Each public kvbm_* function is defined in C (shim.c) and forwards to a Go
+// export named kvbmgo_*, so that a child process after fork() is refused
+// before it enters the Go runtime.
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include -Wall
+#include <stdlib.h>
+#include "kvbm.h"
+
+// Defined in shim.c: stores the calling thread's last error message.
+void kvbm_capi_set_error(const char *msg, size_t len);
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"runtime/debug"
+	"syscall"
+	"unsafe"
+
+	_ "github.com/ianlancetaylor/cgosymbolizer" // symbolize C frames in Go tracebacks
+
+	"github.com/kvbm/kvbm/capi/internal/handles"
+	"github.com/kvbm/kvbm/core/handoff"
+	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/core/worker"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+func main() {}
+
+// Statuses, mirrored from kvbm.h.
+const (
+	statusOK              = C.kvbm_status_t(C.KVBM_OK)
+	statusInProgress      = C.kvbm_status_t(C.KVBM_IN_PROGRESS)
+	errInvalidArgument    = C.kvbm_status_t(C.KVBM_ERR_INVALID_ARGUMENT)
+	errInvalidHandle      = C.kvbm_status_t(C.KVBM_ERR_INVALID_HANDLE)
+	errNotFound           = C.kvbm_status_t(C.KVBM_ERR_NOT_FOUND)
+	errAlreadyExists      = C.kvbm_status_t(C.KVBM_ERR_ALREADY_EXISTS)
+	errFailedPrecondition = C.kvbm_status_t(C.KVBM_ERR_FAILED_PRECONDITION)
+	errBufferTooSmall     = C.kvbm_status_t(C.KVBM_ERR_BUFFER_TOO_SMALL)
+	errIO                 = C.kvbm_status_t(C.KVBM_ERR_IO)
+	errCUDA               = C.kvbm_status_t(C.KVBM_ERR_CUDA)
+	errTimeout            = C.kvbm_status_t(C.KVBM_ERR_TIMEOUT)
+	errCanceled           = C.kvbm_status_t(C.KVBM_ERR_CANCELED)
+	errUnsupported        = C.kvbm_status_t(C.KVBM_ERR_UNSUPPORTED)
+	errDataCorruption     = C.kvbm_status_t(C.KVBM_ERR_DATA_CORRUPTION)
+	errInternal           = C.kvbm_status_t(C.KVBM_ERR_INTERNAL)
+)
+
+// Handle kinds.
+const (
+	kindWorker handles.Kind = iota + 1
+	kindCoordinated
+	kindNotification
+	kindHandoff
+)
+
+// table holds every handle the library has issued.
+var table = handles.New()
+
+// loopback is the in-process transport every worker joins, so that workers
+// of one process can transfer from each other.
+var loopback = transfer.NewLoopback()
+
+// setError stores msg as the calling thread's last error. Exports run on
+// the calling C thread, so the C thread-local is the caller's.
+func setError(msg string) {
+	if msg == "" {
+		C.kvbm_capi_set_error(nil, 0)
+		return
+	}
+	C.kvbm_capi_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// fail records a message and returns st.
+func fail(st C.kvbm_status_t, format string, args ...any) C.kvbm_status_t {
+	setError("kvbm: " + fmt.Sprintf(format, args...))
+	return st
+}
+
+// failErr records err's message and returns its status.
+func failErr(err error) C.kvbm_status_t {
+	setError(err.Error())
+	return statusOf(err)
+}
+
+// recoverStatus turns a panic in an export into KVBM_ERR_INTERNAL; every
+// export defers it.
+func recoverStatus(st *C.kvbm_status_t) {
+	if r := recover(); r != nil {
+		*st = fail(errInternal, "internal error (panic): %v\n%s", r, debug.Stack())
+	}
+}
+
+// statusOf maps an error to its status through the core's sentinel errors.
+func statusOf(err error) C.kvbm_status_t {
+	var cudaErr *cuda.Error
+	var pathErr *fs.PathError
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return statusOK
+	case errors.Is(err, transfer.ErrInvalidArgument), errors.Is(err, object.ErrInvalidArgument),
+		errors.Is(err, handoff.ErrInvalidConfig), errors.Is(err, handoff.ErrUnsupportedEngine),
+		errors.Is(err, handoff.ErrForeignHandoff), errors.Is(err, handoff.ErrInvalidFact),
+		errors.Is(err, handoff.ErrInvalidTiming), errors.Is(err, handoff.ErrInvalidOutcome):
+		return errInvalidArgument
+	case errors.Is(err, transfer.ErrNotFound), errors.Is(err, object.ErrNotFound),
+		errors.Is(err, handoff.ErrUnknownAction):
+		return errNotFound
+	case errors.Is(err, worker.ErrAlreadyExists), errors.Is(err, handoff.ErrConflictingOutcome):
+		return errAlreadyExists
+	case errors.Is(err, handoff.ErrFactOutOfOrder), errors.Is(err, handoff.ErrCleanupFailed):
+		return errFailedPrecondition
+	case errors.Is(err, transfer.ErrCorrupt), errors.Is(err, object.ErrCorrupt),
+		errors.Is(err, worker.ErrBadMetadata):
+		return errDataCorruption
+	case errors.Is(err, transfer.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return errTimeout
+	case errors.Is(err, transfer.ErrClosed), errors.Is(err, context.Canceled):
+		return errCanceled
+	case errors.Is(err, transfer.ErrUnsupported), errors.Is(err, cuda.ErrCUDAUnavailable):
+		return errUnsupported
+	case errors.As(err, &cudaErr):
+		return errCUDA
+	case errors.As(err, &pathErr), errors.As(err, &errno):
+		return errIO
+	}
+	return errInternal
+}
+
+// get returns the value of a live handle of kind k.
+func get[T any](h C.uintptr_t, k handles.Kind) (T, bool) {
+	v, ok := table.Get(handles.Handle(h), k)
+	if !ok {
+		var zero T
+		return zero, false
+	}
+	t, ok := v.(T)
+	return t, ok
+}
+
+// badHandle is the status of a handle that is not live.
+func badHandle(what string, h C.uintptr_t) C.kvbm_status_t {
+	return fail(errInvalidHandle, "%s handle %#x is not a live handle (freed, stale, never issued or of another kind)",
+		what, uint64(h))
+}
+
+//export kvbmgo_handle_count
+func kvbmgo_handle_count(count *C.size_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	if count == nil {
+		return fail(errInvalidArgument, "handle_count: count is NULL")
+	}
+	*count = C.size_t(table.Len())
+	return statusOK
+}
+
+//export kvbmgo_info
+func kvbmgo_info(info *C.kvbm_info_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	if info == nil {
+		return fail(errInvalidArgument, "info: info is NULL")
+	}
+	if info.struct_size < C.sizeof_kvbm_info_t {
+		return fail(errInvalidArgument, "info: struct_size %d is less than %d (use KVBM_INFO_INIT)",
+			info.struct_size, C.sizeof_kvbm_info_t)
+	}
+	drv, err := cuda.Default()
+	if err != nil {
+		return failErr(err)
+	}
+	n, err := drv.DeviceCount()
+	if err != nil {
+		return failErr(err)
+	}
+	info.version = C.kvbm_version()
+	info.abi_version = C.KVBM_ABI_VERSION
+	name := drv.Name()
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(&info.device_backend[0])), len(info.device_backend))
+	clear(buf)
+	copy(buf[:len(buf)-1], name)
+	info.device_count = C.int32_t(n)
+	return statusOK
+}
+
+// status is kvbm_status_t, named for the package's tests (test files cannot
+// refer to C types).
+type status = C.kvbm_status_t
+
+// uintptrOf is a handle as exports receive it.
+func uintptrOf(h handles.Handle) C.uintptr_t { return C.uintptr_t(h) }

@@ -1,0 +1,592 @@
+/*
+ * kvbm.h — the C ABI of libkvbm, a KV-cache block manager for LLM inference
+ * engines. Written by hand; this file is the contract.
+ *
+ * Conventions
+ *   - Every function that can fail returns a kvbm_status_t: KVBM_OK (0),
+ *     KVBM_IN_PROGRESS (1, not an error) or a negative KVBM_ERR_* code.
+ *     kvbm_status_string() names a code; kvbm_last_error() returns the
+ *     calling thread's message for the last error it got.
+ *   - Handles are opaque and typed. They are entries of a generation-checked
+ *     table: a freed, stale, never-issued or wrong-kind handle returns
+ *     KVBM_ERR_INVALID_HANDLE and never crashes. Every create has a destroy.
+ *   - Outputs are passed by pointer, last. A NULL required pointer, a
+ *     required array with a zero or mismatched length, or a config whose
+ *     struct_size is too small returns KVBM_ERR_INVALID_ARGUMENT.
+ *   - Config structs start with struct_size; initialise them with their
+ *     KVBM_..._INIT macro, so that older callers keep working when a later
+ *     version appends fields.
+ *   - The library never takes ownership of caller memory unless a comment
+ *     says so, and never keeps a caller pointer past the call except memory
+ *     registered as G1.
+ *   - Functions are safe to call from any thread unless the comment says
+ *     otherwise. The Go runtime lives in-process: the library must never be
+ *     dlclose()d. After fork(), a child gets KVBM_ERR_FAILED_PRECONDITION
+ *     from every status-returning call (use the library in the parent, or
+ *     exec a fresh process).
+ *
+ * Environment (defaults only): KVBM_DEVICE=auto|cuda|emulated picks the
+ * device backend at first use; KVBM_LOG sets the log level (stderr only).
+ */
+#ifndef KVBM_H
+#define KVBM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define KVBM_VERSION_MAJOR 0
+#define KVBM_VERSION_MINOR 1
+#define KVBM_VERSION_PATCH 0
+/* KVBM_VERSION_CODE(0, 1, 0) == 100. */
+#define KVBM_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+/* Bumped whenever a declaration in this file changes incompatibly. */
+#define KVBM_ABI_VERSION 1
+
+/* The library's version as KVBM_VERSION_CODE(major, minor, patch). Compare
+ * with the header's to detect a mismatched library. Never fails; usable
+ * after fork(). */
+uint32_t kvbm_version(void);
+
+/* The library's KVBM_ABI_VERSION. Never fails; usable after fork(). */
+uint32_t kvbm_abi_version(void);
+
+/* ----------------------------------------------------------------- status */
+
+typedef int32_t kvbm_status_t;
+
+enum {
+    KVBM_OK = 0,
+    /* Not an error: the operation has not completed yet (notification poll,
+     * event query). */
+    KVBM_IN_PROGRESS = 1,
+    KVBM_ERR_INVALID_ARGUMENT = -1,  /* NULL pointer, bad length, bad value */
+    KVBM_ERR_INVALID_HANDLE = -2,    /* freed, stale, never issued or wrong kind */
+    KVBM_ERR_NOT_FOUND = -3,         /* no such layout, tier, object or remote */
+    KVBM_ERR_ALREADY_EXISTS = -4,    /* a tier or handle set twice */
+    KVBM_ERR_FAILED_PRECONDITION = -5, /* wrong state (e.g. used after fork()) */
+    KVBM_ERR_OUT_OF_RANGE = -6,      /* an index beyond its bound */
+    KVBM_ERR_BUFFER_TOO_SMALL = -7,  /* the size needed is written to an out param */
+    KVBM_ERR_IO = -8,                /* file system or disk */
+    KVBM_ERR_CUDA = -9,              /* the device driver failed */
+    KVBM_ERR_TIMEOUT = -10,          /* a wait ended first; the work goes on */
+    KVBM_ERR_CANCELED = -11,         /* the worker was destroyed */
+    KVBM_ERR_UNSUPPORTED = -12,      /* no such path between tiers or backend */
+    KVBM_ERR_DATA_CORRUPTION = -13,  /* a checksum or format check failed */
+    KVBM_ERR_INTERNAL = -14          /* a bug; the message says where */
+};
+
+/* A static, never-NULL name for a status ("KVBM_ERR_INVALID_HANDLE"); an
+ * unknown value gives "KVBM_ERR_UNKNOWN". Never fails; any thread. */
+const char *kvbm_status_string(kvbm_status_t status);
+
+/* The message of the last error returned to the calling thread ("" if none).
+ * The string belongs to the library and stays valid until the thread's next
+ * kvbm_* call; copy it to keep it. Each thread has its own. Never fails. */
+const char *kvbm_last_error(void);
+
+/* ---------------------------------------------------------------- handles */
+
+typedef struct kvbm_worker_s *kvbm_worker_t;
+typedef struct kvbm_coordinated_s *kvbm_coordinated_t;
+typedef struct kvbm_notification_s *kvbm_notification_t;
+typedef struct kvbm_handoff_s *kvbm_handoff_t;
+/* Streams and events are the device driver's own handles: a CUstream /
+ * CUevent under the real driver (cast an engine's cudaEvent_t, e.g.
+ * torch.cuda.Event().cuda_event, to kvbm_event_t), or handles made by
+ * kvbm_stream_create / kvbm_event_create, which work under every backend
+ * and are the only ones under the emulated device. The driver validates
+ * them: an unknown one returns KVBM_ERR_CUDA. A NULL stream in options means
+ * the library's own streams. */
+typedef struct kvbm_stream_s *kvbm_stream_t;
+typedef struct kvbm_event_s *kvbm_event_t;
+
+/* Number of live handles of every kind (workers, coordinated workers,
+ * notifications, handoff coordinators), for leak checks: it is 0 once
+ * everything created has been destroyed.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (count NULL),
+ * KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+kvbm_status_t kvbm_handle_count(size_t *count);
+
+/* ------------------------------------------------------------------- info */
+
+typedef struct kvbm_info {
+    size_t struct_size;
+    uint32_t version;         /* as kvbm_version() */
+    uint32_t abi_version;     /* as kvbm_abi_version() */
+    char device_backend[16];  /* "emulated" or "cuda", NUL-terminated */
+    int32_t device_count;     /* devices the backend sees */
+} kvbm_info_t;
+#define KVBM_INFO_INIT {sizeof(kvbm_info_t), 0, 0, {0}, 0}
+
+/* Fills *info; opens the device backend (KVBM_DEVICE) if not yet open.
+ * info is the caller's. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL or
+ * struct_size too small), KVBM_ERR_UNSUPPORTED or KVBM_ERR_CUDA (the chosen
+ * backend cannot open), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+kvbm_status_t kvbm_info(kvbm_info_t *info);
+
+/* ----------------------------------------------------- streams and events */
+
+/* Creates a non-blocking stream on a device of the active backend and
+ * writes it to *stream. The caller releases it with kvbm_stream_destroy.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (stream NULL), KVBM_ERR_CUDA,
+ * KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+kvbm_status_t kvbm_stream_create(int32_t device, kvbm_stream_t *stream);
+/* Releases a stream from kvbm_stream_create; queued work still runs.
+ * Returns KVBM_OK, KVBM_ERR_CUDA (unknown stream),
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_stream_destroy(kvbm_stream_t stream);
+/* Blocks until the work queued on stream is done. Returns KVBM_OK,
+ * KVBM_ERR_CUDA (unknown stream, or the queued work failed),
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_stream_synchronize(kvbm_stream_t stream);
+/* Makes work queued on stream after this call wait for event's capture.
+ * Returns KVBM_OK, KVBM_ERR_CUDA, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_stream_wait_event(kvbm_stream_t stream, kvbm_event_t event);
+
+/* Creates an event (timing disabled) on a device and writes it to *event;
+ * the caller releases it with kvbm_event_destroy. Returns KVBM_OK,
+ * KVBM_ERR_INVALID_ARGUMENT (event NULL), KVBM_ERR_CUDA,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_event_create(int32_t device, kvbm_event_t *event);
+/* Releases an event. Returns KVBM_OK, KVBM_ERR_CUDA (unknown event),
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_event_destroy(kvbm_event_t event);
+/* Captures the work queued on stream so far (stream NULL: the legacy
+ * default stream). Returns KVBM_OK, KVBM_ERR_CUDA,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_event_record(kvbm_event_t event, kvbm_stream_t stream);
+/* KVBM_OK when the captured work is done (or the event was never
+ * recorded), KVBM_IN_PROGRESS while it is pending, KVBM_ERR_CUDA when it
+ * failed or the event is unknown, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_event_query(kvbm_event_t event);
+/* Blocks until the captured work is done. Returns KVBM_OK, KVBM_ERR_CUDA,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_event_synchronize(kvbm_event_t event);
+
+/* ----------------------------------------------------------------- layout */
+
+typedef enum kvbm_tier {
+    KVBM_TIER_G1 = 1, /* the engine's KV cache in device memory */
+    KVBM_TIER_G2 = 2, /* pinned host memory, allocated by kvbm */
+    KVBM_TIER_G3 = 3  /* local disk, allocated by kvbm */
+} kvbm_tier_t;
+
+typedef enum kvbm_layout_kind {
+    /* One region [block][layer][outer][page][inner]. */
+    KVBM_LAYOUT_FULLY_CONTIGUOUS = 1,
+    /* One region per layer, arranged by block_dim. */
+    KVBM_LAYOUT_LAYER_SEPARATE = 2
+} kvbm_layout_kind_t;
+
+typedef enum kvbm_block_dim {
+    /* [block][outer][page][inner] per layer. */
+    KVBM_BLOCK_DIM_FIRST = 0,
+    /* [outer][block][page][inner] per layer (vLLM FlashAttention). */
+    KVBM_BLOCK_DIM_SECOND = 1
+} kvbm_block_dim_t;
+
+/* The shape of one tier's KV cache. A block is
+ * num_layers * outer_dim * page_size * inner_dim * dtype_width bytes. */
+typedef struct kvbm_layout_config {
+    size_t struct_size;
+    uint32_t num_blocks;
+    uint32_t num_layers;
+    uint32_t outer_dim;   /* 2: separate K and V; 1: MLA */
+    uint32_t page_size;   /* tokens per block, a power of two */
+    uint32_t inner_dim;   /* heads * head size */
+    uint32_t dtype_width; /* bytes per element: 1, 2, 4 or 8 */
+    int32_t layout_kind;  /* kvbm_layout_kind_t */
+    int32_t block_dim;    /* kvbm_block_dim_t, for LAYER_SEPARATE */
+} kvbm_layout_config_t;
+#define KVBM_LAYOUT_CONFIG_INIT {sizeof(kvbm_layout_config_t), 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* A registered layout, valid across instances: the owning worker's id and
+ * the layout's id within it. */
+typedef struct kvbm_layout_handle {
+    uint64_t worker;
+    uint64_t layout; /* fits in 16 bits */
+} kvbm_layout_handle_t;
+
+/* ----------------------------------------------------------------- worker */
+
+typedef struct kvbm_worker_config {
+    size_t struct_size;
+    int32_t device_id;      /* device ordinal of the active backend */
+    int32_t rank;           /* rank under its leader; prefixes object keys */
+    uint64_t worker_id;     /* unique in the process and across instances */
+    const char *disk_dir;   /* directory for G3 files; NULL: no G3 */
+    const char *object_dir; /* G4 filesystem store; NULL: no object store */
+} kvbm_worker_config_t;
+#define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL}
+
+/* Creates a worker with its own transfer manager on the active device
+ * backend, and joins it to the process-wide in-process transport so that
+ * other workers of this process can import its metadata. The strings are
+ * copied. The caller destroys the worker with kvbm_worker_destroy, after
+ * the workers that imported its layouts stop using them.
+ * Thread safety: a worker may be used from many threads at once.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size),
+ * KVBM_ERR_INTERNAL (worker_id already used in this process),
+ * KVBM_ERR_IO (object_dir cannot be created), KVBM_ERR_UNSUPPORTED /
+ * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+kvbm_status_t kvbm_worker_create(const kvbm_worker_config_t *config, kvbm_worker_t *worker);
+
+/* Waits for transfers in flight, releases G2 and G3 and every other
+ * resource, and invalidates the handle. Notifications of the worker stay
+ * valid handles (free them as usual). Registered G1 memory stays the
+ * caller's. Returns KVBM_OK, KVBM_ERR_INVALID_HANDLE (also on double free),
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_destroy(kvbm_worker_t worker);
+
+/* Registers the engine's KV cache as G1: ptrs are device pointers, one per
+ * layer for KVBM_LAYOUT_LAYER_SEPARATE (num_ptrs == num_layers), one for
+ * KVBM_LAYOUT_FULLY_CONTIGUOUS. Under the emulated device, host memory
+ * (e.g. from aligned_alloc) registered here becomes emulated device memory:
+ * this is how C tests and engines without a GPU provide G1, reading and
+ * writing it directly once transfers into it completed.
+ * Ownership: the memory stays the caller's and must outlive the worker;
+ * config and ptrs are read during the call only. handle may be NULL.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, counts, config),
+ * KVBM_ERR_ALREADY_EXISTS (G1 already registered), KVBM_ERR_CUDA,
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_register_g1(kvbm_worker_t worker, const kvbm_layout_config_t *config,
+                                      const uint64_t *ptrs, size_t num_ptrs,
+                                      kvbm_layout_handle_t *handle);
+
+/* Allocates G2 (pinned host memory, owned by the worker). handle may be
+ * NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_ALREADY_EXISTS,
+ * KVBM_ERR_CUDA (allocation), KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_allocate_g2(kvbm_worker_t worker, const kvbm_layout_config_t *config,
+                                      kvbm_layout_handle_t *handle);
+
+/* Allocates G3 (one file in the worker's disk_dir, owned by the worker).
+ * handle may be NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (also: no
+ * disk_dir), KVBM_ERR_ALREADY_EXISTS, KVBM_ERR_IO, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_allocate_g3(kvbm_worker_t worker, const kvbm_layout_config_t *config,
+                                      kvbm_layout_handle_t *handle);
+
+/* Options of one transfer. */
+typedef struct kvbm_transfer_options {
+    size_t struct_size;
+    /* Half-open layer range [layer_start, layer_end); both 0: all layers. */
+    uint32_t layer_start;
+    uint32_t layer_end;
+    /* Stream the device copies are enqueued on (single-hop device copies
+     * only); NULL: the library's own streams. */
+    kvbm_stream_t stream;
+    /* Event the copy waits for before it reads (the engine's compute
+     * event: "offload after this event"); NULL: none. */
+    kvbm_event_t precondition;
+} kvbm_transfer_options_t;
+#define KVBM_TRANSFER_OPTIONS_INIT {sizeof(kvbm_transfer_options_t), 0, 0, NULL, NULL}
+
+/* Copies blocks src_ids of tier src into blocks dst_ids of tier dst (both
+ * arrays num_blocks long). The request is validated before any byte moves;
+ * on success *notification tracks completion and the caller frees it with
+ * kvbm_notification_free. options may be NULL (defaults). Arrays are read
+ * during the call only.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, ids out of
+ * range or repeated, bad layer range), KVBM_ERR_NOT_FOUND (tier not
+ * registered), KVBM_ERR_UNSUPPORTED (no path between the tiers),
+ * KVBM_ERR_CUDA, KVBM_ERR_CANCELED (worker closing),
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_transfer(kvbm_worker_t worker, int32_t src, const uint32_t *src_ids,
+                                   int32_t dst, const uint32_t *dst_ids, size_t num_blocks,
+                                   const kvbm_transfer_options_t *options,
+                                   kvbm_notification_t *notification);
+
+/* Layer-wise onboard G2 -> G1: copies one layer at a time on one stream and
+ * records events[L] right after layer L's copies, so the engine can make
+ * its compute stream wait on layer L's event before attention of layer L.
+ * num_events must equal the number of layers. The events stay the
+ * caller's (recorded, never destroyed). stream NULL: one of the library's.
+ * Returns as kvbm_worker_transfer. */
+kvbm_status_t kvbm_worker_onboard_layerwise(kvbm_worker_t worker, const uint32_t *src_ids,
+                                            const uint32_t *dst_ids, size_t num_blocks,
+                                            const kvbm_event_t *events, size_t num_events,
+                                            kvbm_stream_t stream,
+                                            kvbm_notification_t *notification);
+
+/* Writes the worker's layout metadata (every registered tier) into buf.
+ * *size is set to the bytes needed in every case where the worker could
+ * encode it; if capacity is smaller, nothing is written and
+ * KVBM_ERR_BUFFER_TOO_SMALL is returned (call again with *size bytes).
+ * buf may be NULL when capacity is 0.
+ * Returns KVBM_OK, KVBM_ERR_BUFFER_TOO_SMALL, KVBM_ERR_INVALID_ARGUMENT
+ * (size NULL, buf NULL with capacity > 0), KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, size_t capacity,
+                                          size_t *size);
+
+/* Imports another worker's metadata so its layouts can be transfer
+ * sources. The exporting worker must live in this process (in-process
+ * transport) and outlive the use of its layouts. Returns KVBM_OK,
+ * KVBM_ERR_INVALID_ARGUMENT (NULL, len 0, own metadata),
+ * KVBM_ERR_DATA_CORRUPTION (bytes fail decoding), KVBM_ERR_NOT_FOUND (the
+ * exporting worker is gone), KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t worker, const uint8_t *metadata, size_t len);
+
+/* As import, and remembers the remote's layouts under instance, for
+ * kvbm_worker_transfer_from_instance. Returns as import. */
+kvbm_status_t kvbm_worker_connect_remote(kvbm_worker_t worker, uint64_t instance,
+                                         const uint8_t *metadata, size_t len);
+
+/* Pulls blocks of a connected instance's tier src into local tier dst.
+ * Returns as kvbm_worker_transfer, and KVBM_ERR_NOT_FOUND when instance
+ * was not connected or has no such tier. */
+kvbm_status_t kvbm_worker_transfer_from_instance(kvbm_worker_t worker, uint64_t instance,
+                                                 int32_t src, const uint32_t *src_ids,
+                                                 int32_t dst, const uint32_t *dst_ids,
+                                                 size_t num_blocks,
+                                                 const kvbm_transfer_options_t *options,
+                                                 kvbm_notification_t *notification);
+
+/* ---------------------------------------------------- object store (G4) */
+
+/* Keys are byte strings of 1 to KVBM_MAX_KEY_LEN bytes: keys[i] points to
+ * key_lens[i] bytes. All arrays have num_keys entries and are read during
+ * the call only. The calls block until done. */
+#define KVBM_MAX_KEY_LEN 64
+
+/* Writes found[i] = 1 when a well-formed object exists under keys[i],
+ * else 0. Without an object store nothing is found. Returns KVBM_OK,
+ * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_object_has(kvbm_worker_t worker, const uint8_t *const *keys,
+                                     const size_t *key_lens, size_t num_keys, uint8_t *found);
+
+/* Stores blocks block_ids of tier under keys. statuses (may be NULL)
+ * receives each block's status. Returns KVBM_OK when every block was
+ * stored, else the status of the first failed block (KVBM_ERR_NOT_FOUND,
+ * KVBM_ERR_IO, KVBM_ERR_UNSUPPORTED without an object store, ...), or
+ * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_object_put(kvbm_worker_t worker, const uint8_t *const *keys,
+                                     const size_t *key_lens, size_t num_keys, int32_t tier,
+                                     const uint32_t *block_ids, kvbm_status_t *statuses);
+
+/* Loads objects into blocks block_ids of tier. As put; a missing object is
+ * KVBM_ERR_NOT_FOUND, a corrupt one KVBM_ERR_DATA_CORRUPTION. */
+kvbm_status_t kvbm_worker_object_get(kvbm_worker_t worker, const uint8_t *const *keys,
+                                     const size_t *key_lens, size_t num_keys, int32_t tier,
+                                     const uint32_t *block_ids, kvbm_status_t *statuses);
+
+/* ----------------------------------------------------------- notification */
+
+/* KVBM_OK when the transfer completed successfully, KVBM_IN_PROGRESS while
+ * it runs, or the transfer's error status (KVBM_ERR_CUDA, KVBM_ERR_IO,
+ * KVBM_ERR_DATA_CORRUPTION, ...; the message names what failed). Also
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. Any thread. */
+kvbm_status_t kvbm_notification_poll(kvbm_notification_t notification);
+
+/* Blocks until the transfer completes or timeout_ms passes (negative:
+ * forever). Returns as poll, with KVBM_ERR_TIMEOUT instead of
+ * KVBM_IN_PROGRESS; after a timeout the transfer goes on and can be waited
+ * for again. */
+kvbm_status_t kvbm_notification_wait(kvbm_notification_t notification, int64_t timeout_ms);
+
+/* Writes the destination block ids whose data is not valid (sorted; none
+ * while pending or on success) into ids and their number into *count.
+ * If capacity < the number, nothing is written, *count is the number
+ * needed and KVBM_ERR_BUFFER_TOO_SMALL is returned. ids may be NULL when
+ * capacity is 0. Returns KVBM_OK, KVBM_ERR_BUFFER_TOO_SMALL,
+ * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_notification_failed_blocks(kvbm_notification_t notification, uint32_t *ids,
+                                              size_t capacity, size_t *count);
+
+/* Releases the handle. A transfer still running goes on to completion.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_HANDLE (also on double free),
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_notification_free(kvbm_notification_t notification);
+
+/* ----------------------------------------------------- coordinated worker */
+
+/* The leader's view of a worker: which handles it has, and the handles of
+ * remote workers, by (remote leader instance, rank), it can pull from.
+ * Creates one over inner (not owned; destroy the coordinated worker first).
+ * Thread safety: any thread. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT,
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_coordinated_create(kvbm_worker_t inner, int32_t rank, uint64_t host_instance,
+                                      kvbm_coordinated_t *coordinated);
+/* Releases the handle (not the inner worker). Returns KVBM_OK,
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_coordinated_destroy(kvbm_coordinated_t coordinated);
+/* Records the handle of a local tier. Returns KVBM_OK,
+ * KVBM_ERR_INVALID_ARGUMENT (bad tier or handle), KVBM_ERR_ALREADY_EXISTS,
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_coordinated_set_local(kvbm_coordinated_t coordinated, int32_t tier,
+                                         const kvbm_layout_handle_t *handle);
+/* Records the local handles named in the metadata the worker exported
+ * (kvbm_worker_export_metadata). Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT,
+ * KVBM_ERR_DATA_CORRUPTION, KVBM_ERR_ALREADY_EXISTS (a tier set to another
+ * handle; nothing applied), KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_coordinated_apply_layout_response(kvbm_coordinated_t coordinated,
+                                                     const uint8_t *metadata, size_t len);
+/* Imports the metadata of worker rank of remote leader into the inner
+ * worker and records its handles. Returns as kvbm_worker_import_metadata. */
+kvbm_status_t kvbm_coordinated_import_remote_metadata(kvbm_coordinated_t coordinated,
+                                                      uint64_t leader, int32_t rank,
+                                                      const uint8_t *metadata, size_t len);
+/* Writes the handle of tier of remote (leader, rank) to *handle. Returns
+ * KVBM_OK, KVBM_ERR_NOT_FOUND, KVBM_ERR_INVALID_ARGUMENT,
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_coordinated_resolve_remote_handle(kvbm_coordinated_t coordinated,
+                                                     uint64_t leader, int32_t rank, int32_t tier,
+                                                     kvbm_layout_handle_t *handle);
+/* Pulls blocks of remote (leader, rank) tier src into local tier dst.
+ * Returns as kvbm_worker_transfer, and KVBM_ERR_NOT_FOUND for an unknown
+ * remote or tier. */
+kvbm_status_t kvbm_coordinated_transfer_from_remote(kvbm_coordinated_t coordinated,
+                                                    uint64_t leader, int32_t rank, int32_t src,
+                                                    const uint32_t *src_ids, int32_t dst,
+                                                    const uint32_t *dst_ids, size_t num_blocks,
+                                                    const kvbm_transfer_options_t *options,
+                                                    kvbm_notification_t *notification);
+
+/* ---------------------------------------------------------------- handoff */
+
+/* One prefill->decode hand-off, as a pure state machine: facts and action
+ * outcomes in, actions out (see core/handoff's package documentation for
+ * the driver's loop). Numeric values below are stable. */
+
+#define KVBM_HANDOFF_MAX_ACTIONS 2 /* most actions one call returns */
+
+typedef enum kvbm_handoff_order {
+    KVBM_HANDOFF_SOURCE_FIRST = 1,     /* vLLM */
+    KVBM_HANDOFF_DESTINATION_FIRST = 2 /* SGLang */
+} kvbm_handoff_order_t;
+
+typedef enum kvbm_handoff_fact_kind {
+    KVBM_FACT_SOURCE_HELD = 1,
+    KVBM_FACT_DESTINATION_RESERVED = 2,
+    KVBM_FACT_TRANSFER_COMPLETED = 3,
+    KVBM_FACT_FAILED = 4,
+    KVBM_FACT_TIMED_OUT = 5,
+    KVBM_FACT_CANCELED = 6
+} kvbm_handoff_fact_kind_t;
+
+typedef enum kvbm_handoff_timing_mode {
+    KVBM_TIMING_FULL_PROMPT = 1,
+    KVBM_TIMING_DESTINATION_MISSING = 2
+} kvbm_handoff_timing_mode_t;
+
+typedef enum kvbm_handoff_action_kind {
+    KVBM_ACTION_SUBMIT_PREFILL = 1,       /* report SUBMITTED or FAILED */
+    KVBM_ACTION_RESERVE_DESTINATION = 2,  /* report ACCEPTED or FAILED */
+    KVBM_ACTION_START_TRANSFER = 3,       /* report SCHEDULED or FAILED */
+    KVBM_ACTION_ACTIVATE_DESTINATION = 4, /* report APPLIED or FAILED */
+    KVBM_ACTION_RELEASE_SOURCE = 5,       /* report APPLIED, NOOP or FAILED */
+    KVBM_ACTION_CANCEL_SOURCE = 6,        /* report APPLIED or NOOP */
+    KVBM_ACTION_CANCEL_DESTINATION = 7,   /* report APPLIED or NOOP */
+    KVBM_ACTION_COMPLETE = 8              /* over; see completion */
+} kvbm_handoff_action_kind_t;
+
+typedef enum kvbm_handoff_outcome_kind {
+    KVBM_OUTCOME_SUBMITTED = 1,
+    KVBM_OUTCOME_ACCEPTED = 2,
+    KVBM_OUTCOME_SCHEDULED = 3,
+    KVBM_OUTCOME_APPLIED = 4,
+    KVBM_OUTCOME_NOOP = 5,
+    KVBM_OUTCOME_FAILED = 6
+} kvbm_handoff_outcome_kind_t;
+
+typedef enum kvbm_handoff_completion {
+    KVBM_COMPLETION_NONE = 0,
+    KVBM_COMPLETION_SUCCESS = 1,
+    KVBM_COMPLETION_CANCELED = 2
+} kvbm_handoff_completion_t;
+
+/* Something the driver learned. Only the fields of its kind are read:
+ * timing_* for SOURCE_HELD, transferable_tokens for DESTINATION_RESERVED. */
+typedef struct kvbm_handoff_fact {
+    size_t struct_size;
+    int32_t kind;          /* kvbm_handoff_fact_kind_t */
+    uint8_t handoff_id[16];
+    int32_t timing_mode;   /* kvbm_handoff_timing_mode_t */
+    uint64_t full_prompt_tokens;
+    uint64_t kv_bytes_per_token;  /* read when has_kv_bytes_per_token */
+    uint8_t has_kv_bytes_per_token;
+    uint8_t has_bandwidth_gbs;
+    double bandwidth_gbs;         /* read when has_bandwidth_gbs */
+    uint64_t transferable_tokens;
+} kvbm_handoff_fact_t;
+#define KVBM_HANDOFF_FACT_INIT {sizeof(kvbm_handoff_fact_t), 0, {0}, KVBM_TIMING_FULL_PROMPT, 0, 0, 0, 0, 0.0, 0}
+
+/* An action for the driver, written by the library. */
+typedef struct kvbm_handoff_action {
+    uint64_t id;        /* report its outcome under this id (never 0) */
+    int32_t kind;       /* kvbm_handoff_action_kind_t */
+    int32_t completion; /* kvbm_handoff_completion_t, for COMPLETE */
+    double delay_ms;    /* for START_TRANSFER */
+    uint8_t handoff_id[16];
+} kvbm_handoff_action_t;
+
+/* Creates the coordinator of hand-off id (16 bytes, copied) in order;
+ * fallback_delay_ms (finite, >= 0) is the START_TRANSFER delay when the
+ * timing gives none. The caller frees it with kvbm_handoff_free.
+ * Thread safety: calls on one coordinator are serialised by the library;
+ * the driver still decides their order.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, unknown order, bad
+ * delay), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+kvbm_status_t kvbm_handoff_new(const uint8_t id[16], int32_t order, double fallback_delay_ms,
+                               kvbm_handoff_t *handoff);
+
+/* The calls below write the actions to execute, in order, into actions
+ * (capacity entries, at least KVBM_HANDOFF_MAX_ACTIONS, else
+ * KVBM_ERR_BUFFER_TOO_SMALL and nothing is applied) and their number into
+ * *count. On an error the coordinator is unchanged and *count is 0. */
+
+/* Starts the hand-off. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT,
+ * KVBM_ERR_BUFFER_TOO_SMALL, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_handoff_start(kvbm_handoff_t handoff, kvbm_handoff_action_t *actions,
+                                 size_t capacity, size_t *count);
+
+/* Applies a fact. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (a fact for
+ * another hand-off, an unknown kind, an invalid timing),
+ * KVBM_ERR_FAILED_PRECONDITION (a fact out of order),
+ * KVBM_ERR_BUFFER_TOO_SMALL, KVBM_ERR_INVALID_HANDLE. */
+kvbm_status_t kvbm_handoff_on_fact(kvbm_handoff_t handoff, const kvbm_handoff_fact_t *fact,
+                                   kvbm_handoff_action_t *actions, size_t capacity,
+                                   size_t *count);
+
+/* Reports how action action_id went; message (may be NULL, copied) says
+ * why a KVBM_OUTCOME_FAILED failed. Returns KVBM_OK, KVBM_ERR_NOT_FOUND (no
+ * such action), KVBM_ERR_ALREADY_EXISTS (a different outcome was
+ * reported), KVBM_ERR_INVALID_ARGUMENT (an outcome the action does not
+ * take), KVBM_ERR_FAILED_PRECONDITION (a cancel reported FAILED: retry it),
+ * KVBM_ERR_BUFFER_TOO_SMALL, KVBM_ERR_INVALID_HANDLE. */
+kvbm_status_t kvbm_handoff_on_outcome(kvbm_handoff_t handoff, uint64_t action_id,
+                                      int32_t outcome, const char *message,
+                                      kvbm_handoff_action_t *actions, size_t capacity,
+                                      size_t *count);
+
+/* *complete = 1 once a KVBM_ACTION_COMPLETE was issued, else 0. Returns
+ * KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_handoff_is_complete(kvbm_handoff_t handoff, int32_t *complete);
+
+/* *completion = how the hand-off ended (KVBM_COMPLETION_NONE while not).
+ * Returns as kvbm_handoff_is_complete. */
+kvbm_status_t kvbm_handoff_completion(kvbm_handoff_t handoff, int32_t *completion);
+
+/* Releases the coordinator. Returns KVBM_OK, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_handoff_free(kvbm_handoff_t handoff);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVBM_H */
