@@ -12,11 +12,7 @@ import (
 )
 
 func getCoordinated(h C.uintptr_t) (*worker.CoordinatedWorker, C.kvbm_status_t) {
-	c, ok := get[*worker.CoordinatedWorker](h, kindCoordinated)
-	if !ok {
-		return nil, badHandle("coordinated worker", h)
-	}
-	return c, statusOK
+	return lookup[*worker.CoordinatedWorker](h, kindCoordinated, "coordinated worker")
 }
 
 //export kvbmgo_coordinated_create
@@ -58,10 +54,7 @@ func kvbmgo_coordinated_set_local(h C.uintptr_t, t C.int32_t, lh *C.kvbm_layout_
 	if err != nil {
 		return failErr(err)
 	}
-	if err := c.SetLocal(tr, layoutHandle); err != nil {
-		return failErr(err)
-	}
-	return statusOK
+	return result(c.SetLocal(tr, layoutHandle))
 }
 
 //export kvbmgo_coordinated_apply_layout_response
@@ -75,10 +68,7 @@ func kvbmgo_coordinated_apply_layout_response(h C.uintptr_t, p *C.uint8_t, n C.s
 	if st != statusOK {
 		return st
 	}
-	if err := c.ApplyLayoutResponse(md); err != nil {
-		return failErr(err)
-	}
-	return statusOK
+	return result(c.ApplyLayoutResponse(md))
 }
 
 //export kvbmgo_coordinated_import_remote_metadata
@@ -93,10 +83,7 @@ func kvbmgo_coordinated_import_remote_metadata(h C.uintptr_t, leader C.uint64_t,
 	if st != statusOK {
 		return st
 	}
-	if err := c.ImportRemoteMetadata(worker.InstanceID(leader), int(rank), md); err != nil {
-		return failErr(err)
-	}
-	return statusOK
+	return result(c.ImportRemoteMetadata(worker.InstanceID(leader), int(rank), md))
 }
 
 //export kvbmgo_coordinated_resolve_remote_handle

@@ -16,12 +16,13 @@ func driver() (cuda.Driver, C.kvbm_status_t) {
 	return drv, statusOK
 }
 
-// driverStatus maps a driver call's result.
-func driverStatus(err error) C.kvbm_status_t {
-	if err != nil {
-		return failErr(err)
+// withDriver runs one driver call and maps its result.
+func withDriver(call func(cuda.Driver) error) C.kvbm_status_t {
+	drv, st := driver()
+	if st != statusOK {
+		return st
 	}
-	return statusOK
+	return result(call(drv))
 }
 
 //export kvbmgo_stream_create
@@ -30,16 +31,13 @@ func kvbmgo_stream_create(device C.int32_t, out *C.uintptr_t) (st C.kvbm_status_
 	if out == nil {
 		return fail(errInvalidArgument, "stream_create: stream is NULL")
 	}
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	s, err := drv.StreamCreate(int(device))
-	if err != nil {
-		return failErr(err)
-	}
-	*out = C.uintptr_t(s)
-	return statusOK
+	return withDriver(func(drv cuda.Driver) error {
+		s, err := drv.StreamCreate(int(device))
+		if err == nil {
+			*out = C.uintptr_t(s)
+		}
+		return err
+	})
 }
 
 //export kvbmgo_stream_destroy
@@ -48,31 +46,19 @@ func kvbmgo_stream_destroy(s C.uintptr_t) (st C.kvbm_status_t) {
 	if s == 0 {
 		return fail(errInvalidArgument, "stream_destroy: the legacy default stream (NULL) cannot be destroyed")
 	}
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	return driverStatus(drv.StreamDestroy(cuda.Stream(s)))
+	return withDriver(func(drv cuda.Driver) error { return drv.StreamDestroy(cuda.Stream(s)) })
 }
 
 //export kvbmgo_stream_synchronize
 func kvbmgo_stream_synchronize(s C.uintptr_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	return driverStatus(drv.StreamSynchronize(cuda.Stream(s)))
+	return withDriver(func(drv cuda.Driver) error { return drv.StreamSynchronize(cuda.Stream(s)) })
 }
 
 //export kvbmgo_stream_wait_event
 func kvbmgo_stream_wait_event(s, e C.uintptr_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	return driverStatus(drv.StreamWaitEvent(cuda.Stream(s), cuda.Event(e)))
+	return withDriver(func(drv cuda.Driver) error { return drv.StreamWaitEvent(cuda.Stream(s), cuda.Event(e)) })
 }
 
 //export kvbmgo_event_create
@@ -81,48 +67,36 @@ func kvbmgo_event_create(device C.int32_t, out *C.uintptr_t) (st C.kvbm_status_t
 	if out == nil {
 		return fail(errInvalidArgument, "event_create: event is NULL")
 	}
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	e, err := drv.EventCreate(int(device))
-	if err != nil {
-		return failErr(err)
-	}
-	*out = C.uintptr_t(e)
-	return statusOK
+	return withDriver(func(drv cuda.Driver) error {
+		e, err := drv.EventCreate(int(device))
+		if err == nil {
+			*out = C.uintptr_t(e)
+		}
+		return err
+	})
 }
 
 //export kvbmgo_event_destroy
 func kvbmgo_event_destroy(e C.uintptr_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	return driverStatus(drv.EventDestroy(cuda.Event(e)))
+	return withDriver(func(drv cuda.Driver) error { return drv.EventDestroy(cuda.Event(e)) })
 }
 
 //export kvbmgo_event_record
 func kvbmgo_event_record(e, s C.uintptr_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	return driverStatus(drv.EventRecord(cuda.Event(e), cuda.Stream(s)))
+	return withDriver(func(drv cuda.Driver) error { return drv.EventRecord(cuda.Event(e), cuda.Stream(s)) })
 }
 
 //export kvbmgo_event_query
 func kvbmgo_event_query(e C.uintptr_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
-	drv, st := driver()
-	if st != statusOK {
+	done := false
+	if st := withDriver(func(drv cuda.Driver) (err error) {
+		done, err = drv.EventQuery(cuda.Event(e))
+		return err
+	}); st != statusOK {
 		return st
-	}
-	done, err := drv.EventQuery(cuda.Event(e))
-	if err != nil {
-		return failErr(err)
 	}
 	if !done {
 		return statusInProgress
@@ -133,9 +107,5 @@ func kvbmgo_event_query(e C.uintptr_t) (st C.kvbm_status_t) {
 //export kvbmgo_event_synchronize
 func kvbmgo_event_synchronize(e C.uintptr_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
-	drv, st := driver()
-	if st != statusOK {
-		return st
-	}
-	return driverStatus(drv.EventSynchronize(cuda.Event(e)))
+	return withDriver(func(drv cuda.Driver) error { return drv.EventSynchronize(cuda.Event(e)) })
 }

@@ -22,11 +22,7 @@ type handoffEntry struct {
 }
 
 func getHandoff(h C.uintptr_t) (*handoffEntry, C.kvbm_status_t) {
-	e, ok := get[*handoffEntry](h, kindHandoff)
-	if !ok {
-		return nil, badHandle("handoff", h)
-	}
-	return e, statusOK
+	return lookup[*handoffEntry](h, kindHandoff, "handoff")
 }
 
 //export kvbmgo_handoff_new

@@ -14,11 +14,7 @@ import (
 )
 
 func getNotification(h C.uintptr_t) (*transfer.Notification, C.kvbm_status_t) {
-	n, ok := get[*transfer.Notification](h, kindNotification)
-	if !ok {
-		return nil, badHandle("notification", h)
-	}
-	return n, statusOK
+	return lookup[*transfer.Notification](h, kindNotification, "notification")
 }
 
 //export kvbmgo_notification_poll
@@ -49,10 +45,7 @@ func kvbmgo_notification_wait(h C.uintptr_t, timeoutMs C.int64_t) (st C.kvbm_sta
 	if timeoutMs >= 0 {
 		timeout = time.Duration(timeoutMs) * time.Millisecond
 	}
-	if err := n.WaitTimeout(timeout); err != nil {
-		return failErr(err)
-	}
-	return statusOK
+	return result(n.WaitTimeout(timeout))
 }
 
 //export kvbmgo_notification_failed_blocks

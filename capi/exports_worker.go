@@ -26,11 +26,7 @@ type workerEntry struct {
 }
 
 func getWorker(h C.uintptr_t) (*workerEntry, C.kvbm_status_t) {
-	e, ok := get[*workerEntry](h, kindWorker)
-	if !ok {
-		return nil, badHandle("worker", h)
-	}
-	return e, statusOK
+	return lookup[*workerEntry](h, kindWorker, "worker")
 }
 
 // blockIDs copies a C array of n block ids.
@@ -157,10 +153,7 @@ func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {
 	}
 	e := v.(*workerEntry)
 	loopback.Remove(e.m)
-	if err := e.m.Close(); err != nil {
-		return failErr(err)
-	}
-	return statusOK
+	return result(e.m.Close())
 }
 
 //export kvbmgo_worker_register_g1
@@ -335,10 +328,7 @@ func kvbmgo_worker_connect_remote(h C.uintptr_t, instance C.uint64_t, p *C.uint8
 	if st != statusOK {
 		return st
 	}
-	if err := e.w.ConnectRemote(worker.InstanceID(instance), [][]byte{md}); err != nil {
-		return failErr(err)
-	}
-	return statusOK
+	return result(e.w.ConnectRemote(worker.InstanceID(instance), [][]byte{md}))
 }
 
 //export kvbmgo_worker_transfer_from_instance

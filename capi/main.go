@@ -97,6 +97,14 @@ func failErr(err error) C.kvbm_status_t {
 
 // recoverStatus turns a panic in an export into KVBM_ERR_INTERNAL; every
 // export defers it.
+// result is KVBM_OK for a nil error, else the error's status (and message).
+func result(err error) C.kvbm_status_t {
+	if err != nil {
+		return failErr(err)
+	}
+	return statusOK
+}
+
 func recoverStatus(st *C.kvbm_status_t) {
 	if r := recover(); r != nil {
 		*st = fail(errInternal, "internal error (panic): %v\n%s", r, debug.Stack())
@@ -149,6 +157,16 @@ func get[T any](h C.uintptr_t, k handles.Kind) (T, bool) {
 	}
 	t, ok := v.(T)
 	return t, ok
+}
+
+// lookup is get with the status of a handle that is not live; what names
+// the handle's kind in the message.
+func lookup[T any](h C.uintptr_t, k handles.Kind, what string) (T, C.kvbm_status_t) {
+	v, ok := get[T](h, k)
+	if !ok {
+		return v, badHandle(what, h)
+	}
+	return v, statusOK
 }
 
 // badHandle is the status of a handle that is not live.

@@ -75,47 +75,51 @@ func (b *bouncePool) close() error {
 	return errors.Join(errs...)
 }
 
-// bounceFor validates the caller's bounce buffer, or takes one from the
-// pool; release returns a pooled one.
-func (m *Manager) bounceFor(p *plan, opts Options) (e *entry, ids []int, release func(), err error) {
-	if opts.Bounce == nil {
-		e, err := m.bounce.get(p.src.layout.Config())
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		ids := make([]int, e.layout.Config().NumBlocks)
-		for i := range ids {
-			ids[i] = i
-		}
-		return e, ids, func() { m.bounce.put(e) }, nil
+// bounceFor returns the bounce buffer of a two-hop plan: the caller's,
+// validated in ExecuteTransfer, or one from the pool, which release returns.
+func (m *Manager) bounceFor(p *plan) (e *entry, ids []int, release func(), err error) {
+	if p.bounce != nil {
+		return p.bounce, p.bounceIDs, func() {}, nil
 	}
-	b := opts.Bounce
-	if b.Handle == p.src.handle || b.Handle == p.dst.handle {
-		return nil, nil, nil, fmt.Errorf("%w: bounce layout %v is the source or destination", ErrInvalidArgument, b.Handle)
-	}
-	e, err = m.lookup(b.Handle)
+	e, err = m.bounce.get(p.src.layout.Config())
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("bounce: %w", err)
-	}
-	if e.kind != storage.Pinned {
-		return nil, nil, nil, fmt.Errorf("%w: bounce layout %v is %v memory, it must be pinned", ErrInvalidArgument, b.Handle, e.kind)
-	}
-	if err := p.src.layout.Config().Compatible(e.layout.Config()); err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: bounce layout %v: %w", ErrInvalidArgument, b.Handle, err)
-	}
-	if len(b.BlockIDs) == 0 {
-		return nil, nil, nil, fmt.Errorf("%w: bounce buffer has no block ids", ErrInvalidArgument)
-	}
-	if err := checkIDs("bounce", b.BlockIDs, e.layout.Config().NumBlocks, true); err != nil {
 		return nil, nil, nil, err
 	}
-	return e, b.BlockIDs, func() {}, nil
+	ids = make([]int, e.layout.Config().NumBlocks)
+	for i := range ids {
+		ids[i] = i
+	}
+	return e, ids, func() { m.bounce.put(e) }, nil
+}
+
+// callerBounce validates a bounce buffer the caller named.
+func (m *Manager) callerBounce(p *plan, b *Bounce) (*entry, []int, error) {
+	if b.Handle == p.src.handle || b.Handle == p.dst.handle {
+		return nil, nil, fmt.Errorf("%w: bounce layout %v is the source or destination", ErrInvalidArgument, b.Handle)
+	}
+	e, err := m.lookup(b.Handle)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bounce: %w", err)
+	}
+	if e.kind != storage.Pinned {
+		return nil, nil, fmt.Errorf("%w: bounce layout %v is %v memory, it must be pinned", ErrInvalidArgument, b.Handle, e.kind)
+	}
+	if err := p.src.layout.Config().Compatible(e.layout.Config()); err != nil {
+		return nil, nil, fmt.Errorf("%w: bounce layout %v: %w", ErrInvalidArgument, b.Handle, err)
+	}
+	if len(b.BlockIDs) == 0 {
+		return nil, nil, fmt.Errorf("%w: bounce buffer has no block ids", ErrInvalidArgument)
+	}
+	if err := checkIDs("bounce", b.BlockIDs, e.layout.Config().NumBlocks, true); err != nil {
+		return nil, nil, err
+	}
+	return e, b.BlockIDs, nil
 }
 
 // twoHop moves a plan through a bounce buffer, as many blocks at a time as
 // the buffer holds: source → bounce, then bounce → destination.
 func (m *Manager) twoHop(p *plan, opts Options) error {
-	b, ids, release, err := m.bounceFor(p, opts)
+	b, ids, release, err := m.bounceFor(p)
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,5 @@
 package transfer
 
-import (
-	"github.com/kvbm/kvbm/core/storage"
-)
-
 // ExecuteTransfer copies blocks srcIDs of layout src into blocks dstIDs of
 // layout dst. The request is validated before any byte moves; a bad request
 // returns an error and no notification. Otherwise the returned notification
@@ -23,7 +19,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	}
 	if strat == twoHop && opts.Bounce != nil {
 		// Validate the bounce now, so a bad one is a request error.
-		if _, _, _, err := m.bounceFor(p, opts); err != nil {
+		if p.bounce, p.bounceIDs, err = m.callerBounce(p, opts.Bounce); err != nil {
 			return nil, err
 		}
 	}
@@ -55,13 +51,4 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		n.complete(p.result(m.runHop(p, opts)))
 	}()
 	return n, nil
-}
-
-// Kind is the storage kind of a registered layout.
-func (m *Manager) Kind(h LayoutHandle) (storage.Kind, error) {
-	e, err := m.lookup(h)
-	if err != nil {
-		return 0, err
-	}
-	return e.kind, nil
 }

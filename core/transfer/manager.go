@@ -97,15 +97,6 @@ func NewManager(cfg Config) (*Manager, error) {
 // WorkerID is the worker id in this manager's handles.
 func (m *Manager) WorkerID() uint64 { return m.cfg.WorkerID }
 
-// Device is this manager's device ordinal.
-func (m *Manager) Device() int { return m.cfg.Device }
-
-// Driver is the device driver this manager uses.
-func (m *Manager) Driver() cuda.Driver { return m.drv }
-
-// AcquireH2DStream returns one of the manager's host-to-device streams.
-func (m *Manager) AcquireH2DStream() (cuda.Stream, error) { return m.h2d.next() }
-
 // Close waits for transfers in flight, then releases every layout this
 // manager allocated, its streams and its workers.
 func (m *Manager) Close() error {

@@ -21,6 +21,10 @@ type plan struct {
 	// blockOps[i] is the index in ops of block i's first copy; block i's
 	// copies are ops[blockOps[i]:blockOps[i+1]].
 	blockOps []int
+	// bounce and bounceIDs are the caller's bounce buffer of a two-hop
+	// plan, once validated.
+	bounce    *entry
+	bounceIDs []int
 }
 
 // prepare validates a request before any byte moves, naming the argument

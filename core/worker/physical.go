@@ -258,13 +258,7 @@ func (w *PhysicalWorker) objectTransfer(keys []object.Key, t Tier, h transfer.La
 		return nil, err
 	}
 	return transfer.Go(func() error {
-		var results []object.Result
-		if put {
-			results = w.objects.PutBlocksWithLayout(context.Background(), keys, bio, ids)
-		} else {
-			results = w.objects.GetBlocksWithLayout(context.Background(), keys, bio, ids)
-		}
-		return objectFailure(h, ids, results, put)
+		return objectFailure(h, ids, w.storeBlocks(context.Background(), keys, bio, ids, put), put)
 	}), nil
 }
 
@@ -376,6 +370,11 @@ func (w *PhysicalWorker) objectBlocks(ctx context.Context, keys []object.Key, t 
 	if err != nil {
 		return fail(err)
 	}
+	return w.storeBlocks(ctx, keys, bio, ids, put)
+}
+
+// storeBlocks puts blocks of bio under keys, or gets them into bio.
+func (w *PhysicalWorker) storeBlocks(ctx context.Context, keys []object.Key, bio object.BlockIO, ids []int, put bool) []object.Result {
 	if put {
 		return w.objects.PutBlocksWithLayout(ctx, keys, bio, ids)
 	}
