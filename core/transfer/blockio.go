@@ -44,7 +44,7 @@ func (b *BlockIO) WriteBlock(id int, src []byte) error {
 func (b *BlockIO) move(id int, buf []byte, write bool) error {
 	cfg := b.e.layout.Config()
 	if id < 0 || id >= cfg.NumBlocks {
-		return fmt.Errorf("%w: block id %d out of range [0, %d)", ErrInvalidArgument, id, cfg.NumBlocks)
+		return fmt.Errorf("%w: block id %d out of range [0, %d)", ErrOutOfRange, id, cfg.NumBlocks)
 	}
 	if len(buf) != cfg.BlockSize() {
 		return fmt.Errorf("%w: block buffer is %d bytes, a block is %d", ErrInvalidArgument, len(buf), cfg.BlockSize())

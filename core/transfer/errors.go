@@ -9,6 +9,11 @@ import (
 var (
 	// ErrInvalidArgument: the request is malformed (lengths, ids, ranges).
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrOutOfRange: an id or index beyond its bound. It is also an
+	// ErrInvalidArgument, and reads as one.
+	ErrOutOfRange error = outOfRange{}
+	// ErrAlreadyExists: something that is set once was set again.
+	ErrAlreadyExists = errors.New("already exists")
 	// ErrNotFound: no layout is registered under the handle.
 	ErrNotFound = errors.New("not found")
 	// ErrUnsupported: no strategy moves data between the two kinds.
@@ -20,6 +25,11 @@ var (
 	// ErrClosed: the manager was closed.
 	ErrClosed = errors.New("transfer manager closed")
 )
+
+type outOfRange struct{}
+
+func (outOfRange) Error() string        { return ErrInvalidArgument.Error() }
+func (outOfRange) Is(target error) bool { return target == ErrInvalidArgument }
 
 // Error is a failed transfer: what failed, between which layouts, and which
 // destination blocks did not receive their data.

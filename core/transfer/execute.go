@@ -1,5 +1,7 @@
 package transfer
 
+import "time"
+
 // ExecuteTransfer copies blocks srcIDs of layout src into blocks dstIDs of
 // layout dst. The request is validated before any byte moves; a bad request
 // returns an error and no notification. Otherwise the returned notification
@@ -29,6 +31,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	if err := m.begin(); err != nil {
 		return nil, err
 	}
+	start, path := time.Now(), pathOf(strat, kind)
 	n := newNotification()
 	if strat == deviceCopy {
 		wait, err := m.enqueueDevice(p, kind, opts)
@@ -38,17 +41,17 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		}
 		go func() {
 			defer m.inflight.Done()
-			n.complete(p.result(wait()))
+			m.finish(n, p, path, start, wait())
 		}()
 		return n, nil
 	}
 	go func() {
 		defer m.inflight.Done()
 		if strat == twoHop {
-			n.complete(p.result(m.twoHop(p, opts)))
+			m.finish(n, p, path, start, m.twoHop(p, opts))
 			return
 		}
-		n.complete(p.result(m.runHop(p, opts)))
+		m.finish(n, p, path, start, m.runHop(p, opts))
 	}()
 	return n, nil
 }

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/kvbm/kvbm/cuda"
 )
@@ -55,6 +56,7 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 		return nil, err
 	}
 	defer m.inflight.Done()
+	start := time.Now()
 	for layer := range numLayers {
 		lp := subPlan(p.src, p.dst, srcIDs, dstIDs, LayerRange{layer, layer + 1})
 		if err := m.enqueueCopies(lp.ops, kind, s, 0); err != nil {
@@ -73,7 +75,7 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 	m.inflight.Add(1)
 	go func() {
 		defer m.inflight.Done()
-		n.complete(p.result(done()))
+		m.finish(n, p, PathH2D, start, done())
 	}()
 	return n, nil
 }

@@ -64,6 +64,7 @@ type Manager struct {
 
 	bounce   bouncePool
 	inflight sync.WaitGroup
+	counters counters
 }
 
 // NewManager starts a manager; Close stops it.

@@ -46,7 +46,7 @@ func (r *LayerRange) resolve(numLayers int) (LayerRange, error) {
 	}
 	if r.Start < 0 || r.End > numLayers || r.Start >= r.End {
 		return LayerRange{}, fmt.Errorf("%w: layer range [%d, %d) is not within [0, %d) or is empty",
-			ErrInvalidArgument, r.Start, r.End, numLayers)
+			ErrOutOfRange, r.Start, r.End, numLayers)
 	}
 	return *r, nil
 }

@@ -78,7 +78,7 @@ func checkIDs(what string, ids []int, numBlocks int, unique bool) error {
 	}
 	for i, id := range ids {
 		if id < 0 || id >= numBlocks {
-			return fmt.Errorf("%w: %s block id %d (index %d) out of range [0, %d)", ErrInvalidArgument, what, id, i, numBlocks)
+			return fmt.Errorf("%w: %s block id %d (index %d) out of range [0, %d)", ErrOutOfRange, what, id, i, numBlocks)
 		}
 		if unique {
 			if j, dup := seen[id]; dup {

@@ -108,7 +108,7 @@ func (l *Loopback) Add(m *Manager) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, dup := l.managers[m.WorkerID()]; dup {
-		return fmt.Errorf("loopback: worker %x is already attached", m.WorkerID())
+		return fmt.Errorf("%w: loopback: worker %x is already attached", ErrAlreadyExists, m.WorkerID())
 	}
 	l.managers[m.WorkerID()] = m
 	return nil

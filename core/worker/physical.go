@@ -99,7 +99,7 @@ func (w *PhysicalWorker) SetHandle(t Tier, h transfer.LayoutHandle) error {
 }
 
 // ErrAlreadyExists is returned when a tier or handle is set twice.
-var ErrAlreadyExists = errors.New("already exists")
+var ErrAlreadyExists = transfer.ErrAlreadyExists
 
 // RegisterG1 registers the engine's KV cache tensors (device pointers, one
 // per layer for LayerSeparate, one for FullyContiguous) as G1.

@@ -1,0 +1,93 @@
+package transfer
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// Path is one way blocks move, for counters.
+type Path uint8
+
+// The paths, in the order Counters reports them. The values are stable:
+// the C ABI mirrors them.
+const (
+	PathHostCopy  Path = iota // host ↔ host memcpy
+	PathH2D                   // pinned → device
+	PathD2H                   // device → pinned
+	PathD2D                   // device → device
+	PathDiskWrite             // host → disk
+	PathDiskRead              // disk → host
+	PathTwoHop                // disk ↔ device, disk ↔ disk through a bounce buffer
+	NumPaths
+)
+
+func (p Path) String() string {
+	names := [...]string{"host-copy", "h2d", "d2h", "d2d", "disk-write", "disk-read", "two-hop"}
+	if int(p) < len(names) {
+		return names[p]
+	}
+	return fmt.Sprintf("Path(%d)", uint8(p))
+}
+
+// PathCounters are the totals of one path since the manager started.
+type PathCounters struct {
+	// Transfers is the number of completed transfers, failed or not.
+	Transfers uint64
+	// Blocks and Bytes are what completed transfers moved or tried to.
+	Blocks, Bytes uint64
+	// FailedBlocks is the number of destination blocks reported failed.
+	FailedBlocks uint64
+	// Nanoseconds is the time transfers spent in flight, from the call to
+	// completion, summed.
+	Nanoseconds uint64
+}
+
+type pathCounters struct{ transfers, blocks, bytes, failed, ns atomic.Uint64 }
+
+// counters counts every path; updated once per completed transfer.
+type counters [NumPaths]pathCounters
+
+func pathOf(s strategy, kind cuda.CopyKind) Path {
+	switch s {
+	case hostCopy:
+		return PathHostCopy
+	case diskWrite:
+		return PathDiskWrite
+	case diskRead:
+		return PathDiskRead
+	case twoHop:
+		return PathTwoHop
+	}
+	switch kind {
+	case cuda.HostToDevice:
+		return PathH2D
+	case cuda.DeviceToHost:
+		return PathD2H
+	}
+	return PathD2D
+}
+
+// finish completes n with the plan's result and counts it.
+func (m *Manager) finish(n *Notification, p *plan, path Path, start time.Time, err error) {
+	n.complete(p.result(err))
+	c := &m.counters[path]
+	c.transfers.Add(1)
+	c.blocks.Add(uint64(len(p.srcIDs)))
+	c.bytes.Add(p.bytes())
+	c.failed.Add(uint64(len(n.failed)))
+	c.ns.Add(uint64(time.Since(start)))
+}
+
+// Counters returns the totals of every path, indexed by Path.
+func (m *Manager) Counters() [NumPaths]PathCounters {
+	var out [NumPaths]PathCounters
+	for i := range m.counters {
+		c := &m.counters[i]
+		out[i] = PathCounters{Transfers: c.transfers.Load(), Blocks: c.blocks.Load(), Bytes: c.bytes.Load(),
+			FailedBlocks: c.failed.Load(), Nanoseconds: c.ns.Load()}
+	}
+	return out
+}
