@@ -8,7 +8,6 @@ import "C"
 
 import (
 	"context"
-	"errors"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
@@ -22,7 +21,6 @@ import (
 // workerEntry is what a kvbm_worker_t names.
 type workerEntry struct {
 	w *worker.PhysicalWorker
-	m *transfer.Manager
 }
 
 func getWorker(h C.uintptr_t) (*workerEntry, C.kvbm_status_t) {
@@ -115,32 +113,19 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if st != statusOK {
 		return st
 	}
-	var diskDir string
+	sc := worker.StandaloneConfig{WorkerID: uint64(cfg.worker_id), Device: int(cfg.device_id), Rank: int(cfg.rank),
+		Driver: drv, Loopback: loopback}
 	if cfg.disk_dir != nil {
-		diskDir = C.GoString(cfg.disk_dir)
+		sc.DiskDir = C.GoString(cfg.disk_dir)
 	}
-	m, err := transfer.NewManager(transfer.Config{
-		WorkerID: uint64(cfg.worker_id), Device: int(cfg.device_id), Driver: drv, DiskDir: diskDir,
-	})
+	if cfg.object_dir != nil {
+		sc.ObjectDir = C.GoString(cfg.object_dir)
+	}
+	w, err := worker.NewStandalone(sc)
 	if err != nil {
 		return failErr(err)
 	}
-	pc := worker.PhysicalConfig{Manager: m, Rank: int(cfg.rank), Transport: loopback}
-	if cfg.object_dir != nil {
-		store, err := object.NewFSStore(object.FSConfig{Dir: C.GoString(cfg.object_dir), HasRank: true, Rank: int(cfg.rank)})
-		if err != nil {
-			return failErr(errors.Join(err, m.Close()))
-		}
-		pc.Objects = store
-	}
-	w, err := worker.NewPhysical(pc)
-	if err != nil {
-		return failErr(errors.Join(err, m.Close()))
-	}
-	if err := loopback.Add(m); err != nil {
-		return failErr(errors.Join(err, m.Close()))
-	}
-	*out = C.uintptr_t(table.Add(kindWorker, &workerEntry{w: w, m: m}))
+	*out = C.uintptr_t(table.Add(kindWorker, &workerEntry{w: w}))
 	return statusOK
 }
 
@@ -151,9 +136,7 @@ func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {
 	if !ok {
 		return badHandle("worker", h)
 	}
-	e := v.(*workerEntry)
-	loopback.Remove(e.m)
-	return result(e.m.Close())
+	return result(v.(*workerEntry).w.Close())
 }
 
 //export kvbmgo_worker_register_g1

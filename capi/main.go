@@ -31,6 +31,7 @@ import (
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
 	"github.com/kvbm/kvbm/core/handoff"
+	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
@@ -38,6 +39,8 @@ import (
 )
 
 func main() {}
+
+func init() { logging.Configure() }
 
 // Statuses, mirrored from kvbm.h.
 const (
@@ -48,6 +51,7 @@ const (
 	errNotFound           = C.kvbm_status_t(C.KVBM_ERR_NOT_FOUND)
 	errAlreadyExists      = C.kvbm_status_t(C.KVBM_ERR_ALREADY_EXISTS)
 	errFailedPrecondition = C.kvbm_status_t(C.KVBM_ERR_FAILED_PRECONDITION)
+	errOutOfRange         = C.kvbm_status_t(C.KVBM_ERR_OUT_OF_RANGE)
 	errBufferTooSmall     = C.kvbm_status_t(C.KVBM_ERR_BUFFER_TOO_SMALL)
 	errIO                 = C.kvbm_status_t(C.KVBM_ERR_IO)
 	errCUDA               = C.kvbm_status_t(C.KVBM_ERR_CUDA)
@@ -95,8 +99,6 @@ func failErr(err error) C.kvbm_status_t {
 	return statusOf(err)
 }
 
-// recoverStatus turns a panic in an export into KVBM_ERR_INTERNAL; every
-// export defers it.
 // result is KVBM_OK for a nil error, else the error's status (and message).
 func result(err error) C.kvbm_status_t {
 	if err != nil {
@@ -105,6 +107,8 @@ func result(err error) C.kvbm_status_t {
 	return statusOK
 }
 
+// recoverStatus turns a panic in an export into KVBM_ERR_INTERNAL; every
+// export defers it.
 func recoverStatus(st *C.kvbm_status_t) {
 	if r := recover(); r != nil {
 		*st = fail(errInternal, "internal error (panic): %v\n%s", r, debug.Stack())
@@ -119,6 +123,8 @@ func statusOf(err error) C.kvbm_status_t {
 	switch {
 	case err == nil:
 		return statusOK
+	case errors.Is(err, transfer.ErrOutOfRange):
+		return errOutOfRange
 	case errors.Is(err, transfer.ErrInvalidArgument), errors.Is(err, object.ErrInvalidArgument),
 		errors.Is(err, handoff.ErrInvalidConfig), errors.Is(err, handoff.ErrUnsupportedEngine),
 		errors.Is(err, handoff.ErrForeignHandoff), errors.Is(err, handoff.ErrInvalidFact),
@@ -127,7 +133,7 @@ func statusOf(err error) C.kvbm_status_t {
 	case errors.Is(err, transfer.ErrNotFound), errors.Is(err, object.ErrNotFound),
 		errors.Is(err, handoff.ErrUnknownAction):
 		return errNotFound
-	case errors.Is(err, worker.ErrAlreadyExists), errors.Is(err, handoff.ErrConflictingOutcome):
+	case errors.Is(err, transfer.ErrAlreadyExists), errors.Is(err, handoff.ErrConflictingOutcome):
 		return errAlreadyExists
 	case errors.Is(err, handoff.ErrFactOutOfOrder), errors.Is(err, handoff.ErrCleanupFailed):
 		return errFailedPrecondition

@@ -168,6 +168,42 @@ kvbm_status_t kvbm_worker_transfer_from_instance(kvbm_worker_t w, uint64_t insta
                                                  (kvbm_transfer_options_t *)options,
                                                  (uintptr_t *)notification));
 }
+kvbm_status_t kvbm_worker_transfer_from_remote(kvbm_worker_t w, const kvbm_layout_handle_t *remote,
+                                               const uint32_t *src_ids, int32_t dst,
+                                               const uint32_t *dst_ids, size_t num_blocks,
+                                               const kvbm_transfer_options_t *options,
+                                               kvbm_notification_t *notification) {
+    FORWARD(kvbmgo_worker_transfer_remote(H(w), 0, (kvbm_layout_handle_t *)remote, dst,
+                                          (uint32_t *)src_ids, (uint32_t *)dst_ids, num_blocks,
+                                          (kvbm_transfer_options_t *)options,
+                                          (uintptr_t *)notification));
+}
+kvbm_status_t kvbm_worker_transfer_to_remote(kvbm_worker_t w, int32_t src, const uint32_t *src_ids,
+                                             const kvbm_layout_handle_t *remote,
+                                             const uint32_t *dst_ids, size_t num_blocks,
+                                             const kvbm_transfer_options_t *options,
+                                             kvbm_notification_t *notification) {
+    FORWARD(kvbmgo_worker_transfer_remote(H(w), 1, (kvbm_layout_handle_t *)remote, src,
+                                          (uint32_t *)src_ids, (uint32_t *)dst_ids, num_blocks,
+                                          (kvbm_transfer_options_t *)options,
+                                          (uintptr_t *)notification));
+}
+kvbm_status_t kvbm_worker_counters(kvbm_worker_t w, kvbm_counters_t *counters) {
+    FORWARD(kvbmgo_worker_counters(H(w), counters));
+}
+kvbm_status_t kvbm_worker_onboard_objects(kvbm_worker_t w, const uint8_t *const *keys,
+                                          const size_t *key_lens, size_t num_keys, int32_t dst,
+                                          const uint32_t *dst_ids,
+                                          kvbm_notification_t *notification) {
+    FORWARD(kvbmgo_worker_objects_async(H(w), 0, (uint8_t **)keys, (size_t *)key_lens, num_keys, dst,
+                                        (uint32_t *)dst_ids, (uintptr_t *)notification));
+}
+kvbm_status_t kvbm_worker_offload_objects(kvbm_worker_t w, int32_t src, const uint32_t *src_ids,
+                                          const uint8_t *const *keys, const size_t *key_lens,
+                                          size_t num_keys, kvbm_notification_t *notification) {
+    FORWARD(kvbmgo_worker_objects_async(H(w), 1, (uint8_t **)keys, (size_t *)key_lens, num_keys, src,
+                                        (uint32_t *)src_ids, (uintptr_t *)notification));
+}
 kvbm_status_t kvbm_worker_object_has(kvbm_worker_t w, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, uint8_t *found) {
     FORWARD(kvbmgo_worker_object_has(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys, found));

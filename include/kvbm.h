@@ -232,7 +232,7 @@ typedef struct kvbm_worker_config {
  * the workers that imported its layouts stop using them.
  * Thread safety: a worker may be used from many threads at once.
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size),
- * KVBM_ERR_INTERNAL (worker_id already used in this process),
+ * KVBM_ERR_ALREADY_EXISTS (worker_id already used in this process),
  * KVBM_ERR_IO (object_dir cannot be created), KVBM_ERR_UNSUPPORTED /
  * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
 kvbm_status_t kvbm_worker_create(const kvbm_worker_config_t *config, kvbm_worker_t *worker);
@@ -293,8 +293,9 @@ typedef struct kvbm_transfer_options {
  * on success *notification tracks completion and the caller frees it with
  * kvbm_notification_free. options may be NULL (defaults). Arrays are read
  * during the call only.
- * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, ids out of
- * range or repeated, bad layer range), KVBM_ERR_NOT_FOUND (tier not
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, ids
+ * repeated), KVBM_ERR_OUT_OF_RANGE (a block id or the layer range beyond
+ * the layout), KVBM_ERR_NOT_FOUND (tier not
  * registered), KVBM_ERR_UNSUPPORTED (no path between the tiers),
  * KVBM_ERR_CUDA, KVBM_ERR_CANCELED (worker closing),
  * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
@@ -350,6 +351,64 @@ kvbm_status_t kvbm_worker_transfer_from_instance(kvbm_worker_t worker, uint64_t 
                                                  const kvbm_transfer_options_t *options,
                                                  kvbm_notification_t *notification);
 
+/* Pulls blocks src_ids of another worker's layout remote (from its
+ * metadata, imported with kvbm_worker_import_metadata) into local tier dst.
+ * Returns as kvbm_worker_transfer; KVBM_ERR_NOT_FOUND when remote was not
+ * imported. */
+kvbm_status_t kvbm_worker_transfer_from_remote(kvbm_worker_t worker,
+                                               const kvbm_layout_handle_t *remote,
+                                               const uint32_t *src_ids, int32_t dst,
+                                               const uint32_t *dst_ids, size_t num_blocks,
+                                               const kvbm_transfer_options_t *options,
+                                               kvbm_notification_t *notification);
+
+/* Pushes blocks src_ids of local tier src into blocks dst_ids of another
+ * worker's layout remote (imported as above): offload to a peer.
+ * Returns as kvbm_worker_transfer_from_remote. */
+kvbm_status_t kvbm_worker_transfer_to_remote(kvbm_worker_t worker, int32_t src,
+                                             const uint32_t *src_ids,
+                                             const kvbm_layout_handle_t *remote,
+                                             const uint32_t *dst_ids, size_t num_blocks,
+                                             const kvbm_transfer_options_t *options,
+                                             kvbm_notification_t *notification);
+
+/* ------------------------------------------------------------- counters */
+
+/* The paths blocks move along; stable values, indices of
+ * kvbm_counters_t.paths. */
+typedef enum kvbm_path {
+    KVBM_PATH_HOST_COPY = 0,  /* host <-> host memcpy */
+    KVBM_PATH_H2D = 1,        /* pinned -> device (layer-wise onboard too) */
+    KVBM_PATH_D2H = 2,        /* device -> pinned */
+    KVBM_PATH_D2D = 3,        /* device -> device */
+    KVBM_PATH_DISK_WRITE = 4, /* host -> disk */
+    KVBM_PATH_DISK_READ = 5,  /* disk -> host */
+    KVBM_PATH_TWO_HOP = 6,    /* disk <-> device, disk <-> disk via a bounce buffer */
+    KVBM_PATH_COUNT = 7
+} kvbm_path_t;
+
+/* Totals of one path since the worker was created. Object store calls are
+ * not counted here. */
+typedef struct kvbm_path_counters {
+    uint64_t transfers;     /* completed transfers, failed or not */
+    uint64_t blocks;        /* blocks those transfers moved or tried to */
+    uint64_t bytes;
+    uint64_t failed_blocks; /* destination blocks reported failed */
+    uint64_t nanoseconds;   /* time in flight, call to completion, summed */
+} kvbm_path_counters_t;
+
+typedef struct kvbm_counters {
+    size_t struct_size;
+    kvbm_path_counters_t paths[KVBM_PATH_COUNT];
+} kvbm_counters_t;
+#define KVBM_COUNTERS_INIT {sizeof(kvbm_counters_t), {{0, 0, 0, 0, 0}}}
+
+/* Reads the worker's counters per path, so that an engine can export them
+ * to its metrics system. Cheap (atomic loads); any thread. counters is the
+ * caller's. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size),
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_counters(kvbm_worker_t worker, kvbm_counters_t *counters);
+
 /* ---------------------------------------------------- object store (G4) */
 
 /* Keys are byte strings of 1 to KVBM_MAX_KEY_LEN bytes: keys[i] points to
@@ -379,6 +438,22 @@ kvbm_status_t kvbm_worker_object_put(kvbm_worker_t worker, const uint8_t *const 
 kvbm_status_t kvbm_worker_object_get(kvbm_worker_t worker, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, int32_t tier,
                                      const uint32_t *block_ids, kvbm_status_t *statuses);
+
+/* As kvbm_worker_object_get and _put, but in the background: the calls
+ * return at once with a notification that completes when every block is
+ * done, failing with the destination (onboard) or source (offload) block
+ * ids whose objects failed (kvbm_notification_failed_blocks). The arrays
+ * are copied during the call. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT,
+ * KVBM_ERR_NOT_FOUND (tier not registered), KVBM_ERR_UNSUPPORTED (no
+ * object store), KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_onboard_objects(kvbm_worker_t worker, const uint8_t *const *keys,
+                                          const size_t *key_lens, size_t num_keys, int32_t dst,
+                                          const uint32_t *dst_ids,
+                                          kvbm_notification_t *notification);
+kvbm_status_t kvbm_worker_offload_objects(kvbm_worker_t worker, int32_t src,
+                                          const uint32_t *src_ids, const uint8_t *const *keys,
+                                          const size_t *key_lens, size_t num_keys,
+                                          kvbm_notification_t *notification);
 
 /* ----------------------------------------------------------- notification */
 

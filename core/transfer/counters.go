@@ -70,15 +70,17 @@ func pathOf(s strategy, kind cuda.CopyKind) Path {
 	return PathD2D
 }
 
-// finish completes n with the plan's result and counts it.
+// finish counts a transfer, then completes n with the plan's result, so
+// that whoever waits on n sees the counters include it.
 func (m *Manager) finish(n *Notification, p *plan, path Path, start time.Time, err error) {
-	n.complete(p.result(err))
+	res := p.result(err)
 	c := &m.counters[path]
 	c.transfers.Add(1)
 	c.blocks.Add(uint64(len(p.srcIDs)))
 	c.bytes.Add(p.bytes())
-	c.failed.Add(uint64(len(n.failed)))
+	c.failed.Add(uint64(len(failedBlocks(res))))
 	c.ns.Add(uint64(time.Since(start)))
+	n.complete(res)
 }
 
 // Counters returns the totals of every path, indexed by Path.

@@ -17,7 +17,7 @@ func (h LayoutHandle) Pack() (hi, lo uint64) { return h.Worker, uint64(h.Layout)
 // UnpackHandle is the inverse of Pack; lo must fit in 16 bits.
 func UnpackHandle(hi, lo uint64) (LayoutHandle, error) {
 	if lo > 0xFFFF {
-		return LayoutHandle{}, fmt.Errorf("layout handle: layout id %#x does not fit in 16 bits", lo)
+		return LayoutHandle{}, fmt.Errorf("%w: layout handle: layout id %#x does not fit in 16 bits", ErrOutOfRange, lo)
 	}
 	return LayoutHandle{Worker: hi, Layout: uint16(lo)}, nil
 }

@@ -32,14 +32,20 @@ func completed(err error) *Notification {
 func (n *Notification) complete(err error) {
 	n.once.Do(func() {
 		n.err = err
-		var te *Error
-		if errors.As(err, &te) {
-			n.failed = slices.Clone(te.FailedBlocks)
-			slices.Sort(n.failed)
-			n.failed = slices.Compact(n.failed)
-		}
+		n.failed = failedBlocks(err)
 		close(n.done)
 	})
+}
+
+// failedBlocks is the sorted, distinct failed blocks of an *Error in err.
+func failedBlocks(err error) []int {
+	var te *Error
+	if !errors.As(err, &te) {
+		return nil
+	}
+	failed := slices.Clone(te.FailedBlocks)
+	slices.Sort(failed)
+	return slices.Compact(failed)
 }
 
 // Done is closed when the transfer completes.

@@ -41,6 +41,10 @@ type PhysicalWorker struct {
 	// remote maps (instance, tier) to the instance's handle, from
 	// ConnectRemote.
 	remote map[remoteTier]transfer.LayoutHandle
+
+	// owned is set by NewStandalone: Close closes m and leaves loopback.
+	owned    bool
+	loopback *transfer.Loopback
 }
 
 type remoteTier struct {

@@ -108,7 +108,7 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids, 2, NULL, &n),
                   KVBM_ERR_NOT_FOUND); /* G1 never registered */
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, far, 2, NULL, &n),
-                  KVBM_ERR_INVALID_ARGUMENT);
+                  KVBM_ERR_OUT_OF_RANGE);
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, dup, 2, NULL, &n),
                   KVBM_ERR_INVALID_ARGUMENT);
     kvbm_transfer_options_t opts = KVBM_TRANSFER_OPTIONS_INIT;
@@ -150,6 +150,23 @@ static void handles(void) {
     EXPECT(per_block[0] == KVBM_ERR_UNSUPPORTED);
     size_t too_long[1] = {KVBM_MAX_KEY_LEN + 1};
     EXPECT_STATUS(kvbm_worker_object_has(w, keys, too_long, 1, found), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_offload_objects(w, KVBM_TIER_G2, ids, keys, key_lens, 1, &n),
+                  KVBM_ERR_UNSUPPORTED);
+    EXPECT_STATUS(kvbm_worker_onboard_objects(w, keys, key_lens, 1, KVBM_TIER_G2, ids, NULL),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_onboard_objects(w, NULL, key_lens, 1, KVBM_TIER_G2, ids, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+
+    /* Remote transfers by handle: NULL, unknown, own-worker id out of range. */
+    kvbm_layout_handle_t nobody = {0x9999, 1};
+    EXPECT_STATUS(kvbm_worker_transfer_from_remote(w, NULL, ids, KVBM_TIER_G2, ids, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_transfer_from_remote(w, &nobody, ids, KVBM_TIER_G2, ids, 2, NULL, &n),
+                  KVBM_ERR_NOT_FOUND);
+    kvbm_layout_handle_t wide = {0x9999, 1u << 20};
+    EXPECT_STATUS(kvbm_worker_transfer_to_remote(w, KVBM_TIER_G2, ids, &wide, ids, 2, NULL, &n),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_counters(w, NULL), KVBM_ERR_INVALID_ARGUMENT);
 
     /* Notifications: short buffer, double free, use after free. */
     CHECK(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, (uint32_t[]){2, 3}, 2, NULL, &n));
@@ -179,6 +196,10 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, ids, 2, NULL, &n),
                   KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_coordinated_create(w, 0, 1, &cw), KVBM_ERR_INVALID_HANDLE);
+    kvbm_counters_t ctr = KVBM_COUNTERS_INIT;
+    EXPECT_STATUS(kvbm_worker_counters(w, &ctr), KVBM_ERR_INVALID_HANDLE);
+    EXPECT_STATUS(kvbm_worker_onboard_objects(w, keys, key_lens, 1, KVBM_TIER_G2, ids, &n),
+                  KVBM_ERR_INVALID_HANDLE);
     /* A stale handle stays invalid after its slot is reused. */
     kvbm_worker_t w2;
     wc.worker_id = 0x5002;
@@ -187,7 +208,7 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_destroy(w), KVBM_ERR_INVALID_HANDLE);
     /* The same worker id twice in one process. */
     kvbm_worker_t w3;
-    EXPECT_STATUS(kvbm_worker_create(&wc, &w3), KVBM_ERR_INTERNAL);
+    EXPECT_STATUS(kvbm_worker_create(&wc, &w3), KVBM_ERR_ALREADY_EXISTS);
     CHECK(kvbm_worker_destroy(w2));
 
     CHECK(kvbm_coordinated_destroy(cw));

@@ -171,6 +171,24 @@ int main(void) {
     CHECK(kvbm_worker_object_get(w, keys, key_lens, NUM_BLOCKS, KVBM_TIER_G1, ids, per_block));
     for (int l = 0; l < NUM_LAYERS; l++) verify_layer(layers, l, "G1 -> G4 -> G1");
 
+    /* The same in the background, with notifications: G1 -> G4 under new
+     * keys, then back; a missing object fails only its own block. */
+    for (int i = 0; i < NUM_BLOCKS; i++) keybuf[i][0] = 'H';
+    CHECK(kvbm_worker_offload_objects(w, KVBM_TIER_G1, ids, keys, key_lens, NUM_BLOCKS, &n));
+    wait_ok(n);
+    clear(layers);
+    CHECK(kvbm_worker_onboard_objects(w, keys, key_lens, NUM_BLOCKS, KVBM_TIER_G1, ids, &n));
+    wait_ok(n);
+    for (int l = 0; l < NUM_LAYERS; l++) verify_layer(layers, l, "G1 -> G4 -> G1 (async)");
+    keybuf[1][0] = 'X'; /* never stored */
+    CHECK(kvbm_worker_onboard_objects(w, keys, key_lens, NUM_BLOCKS, KVBM_TIER_G1, ids, &n));
+    EXPECT(kvbm_notification_wait(n, 10000) == KVBM_ERR_NOT_FOUND);
+    uint32_t failed[NUM_BLOCKS];
+    size_t nfailed = 0;
+    CHECK(kvbm_notification_failed_blocks(n, failed, NUM_BLOCKS, &nfailed));
+    EXPECT(nfailed == 1 && failed[0] == ids[1]);
+    CHECK(kvbm_notification_free(n));
+
     for (int l = 0; l < NUM_LAYERS; l++) CHECK(kvbm_event_destroy(layer_done[l]));
     CHECK(kvbm_event_destroy(computed));
     CHECK(kvbm_stream_destroy(compute));

@@ -121,6 +121,36 @@ int main(void) {
     wait_ok(n);
     verify(g1a, "pull G1 of B via the coordinated worker");
 
+    /* By handle: pull B's G1 into A's G1 directly, then push A's G1 (the
+     * pattern) into B's G2 reversed and check it through B. */
+    memset(g1a, 0, TOTAL);
+    CHECK(kvbm_worker_transfer_from_remote(a, &remote_g1, ids, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n));
+    wait_ok(n);
+    verify(g1a, "pull G1 of B by handle");
+    kvbm_layout_handle_t remote_g2;
+    CHECK(kvbm_coordinated_resolve_remote_handle(c, INSTANCE_B, 0, KVBM_TIER_G2, &remote_g2));
+    CHECK(kvbm_worker_transfer_to_remote(a, KVBM_TIER_G1, ids, &remote_g2, rev, NUM_BLOCKS, NULL, &n));
+    wait_ok(n);
+    memset(g1b, 0, TOTAL);
+    CHECK(kvbm_worker_transfer(b, KVBM_TIER_G2, rev, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n));
+    wait_ok(n);
+    verify(g1b, "push A's G1 into B's G2 by handle");
+    kvbm_layout_handle_t unknown = {WORKER_B, 999};
+    EXPECT(kvbm_worker_transfer_from_remote(a, &unknown, ids, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n) ==
+           KVBM_ERR_NOT_FOUND);
+    EXPECT(kvbm_worker_transfer_to_remote(a, KVBM_TIER_G1, ids, NULL, ids, NUM_BLOCKS, NULL, &n) ==
+           KVBM_ERR_INVALID_ARGUMENT);
+
+    /* The counters saw A's device-to-device and host paths. */
+    kvbm_counters_t ctr = KVBM_COUNTERS_INIT;
+    CHECK(kvbm_worker_counters(a, &ctr));
+    EXPECT(ctr.paths[KVBM_PATH_D2D].transfers >= 1);
+    EXPECT(ctr.paths[KVBM_PATH_D2D].bytes >= (uint64_t)TOTAL);
+    EXPECT(ctr.paths[KVBM_PATH_D2D].failed_blocks == 0);
+    EXPECT(ctr.paths[KVBM_PATH_H2D].blocks >= NUM_BLOCKS);
+    ctr.struct_size = 8;
+    EXPECT(kvbm_worker_counters(a, &ctr) == KVBM_ERR_INVALID_ARGUMENT);
+
     /* An unknown remote is NOT_FOUND, with a message. */
     EXPECT(kvbm_coordinated_transfer_from_remote(c, 0xDEAD, 0, KVBM_TIER_G1, ids, KVBM_TIER_G2, ids,
                                                  NUM_BLOCKS, NULL, &n) == KVBM_ERR_NOT_FOUND);

@@ -1,0 +1,71 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// StandaloneConfig configures a worker that owns its transfer manager and
+// object store: what an engine process creates through the C ABI.
+type StandaloneConfig struct {
+	WorkerID uint64
+	Device   int
+	Rank     int
+	Driver   cuda.Driver
+	// DiskDir is where G3 files go ("": no G3).
+	DiskDir string
+	// ObjectDir is the filesystem object store's directory ("": no G4).
+	ObjectDir string
+	// Loopback, when set, is joined so that other workers of the process
+	// can import this one's layouts, and used to reach theirs.
+	Loopback *transfer.Loopback
+}
+
+// NewStandalone makes a worker with its own transfer manager; Close
+// releases both.
+func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
+	m, err := transfer.NewManager(transfer.Config{WorkerID: cfg.WorkerID, Device: cfg.Device, Driver: cfg.Driver, DiskDir: cfg.DiskDir})
+	if err != nil {
+		return nil, err
+	}
+	pc := PhysicalConfig{Manager: m, Rank: cfg.Rank}
+	if cfg.ObjectDir != "" {
+		store, err := object.NewFSStore(object.FSConfig{Dir: cfg.ObjectDir, HasRank: true, Rank: cfg.Rank})
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("object store: %w", err), m.Close())
+		}
+		pc.Objects = store
+	}
+	if cfg.Loopback != nil {
+		pc.Transport = cfg.Loopback
+		if err := cfg.Loopback.Add(m); err != nil {
+			return nil, errors.Join(err, m.Close())
+		}
+	}
+	w, err := NewPhysical(pc)
+	if err != nil {
+		if cfg.Loopback != nil {
+			cfg.Loopback.Remove(m)
+		}
+		return nil, errors.Join(err, m.Close())
+	}
+	w.owned = true
+	w.loopback = cfg.Loopback
+	return w, nil
+}
+
+// Close waits for transfers in flight and releases the manager of a worker
+// made by NewStandalone (a worker over a caller's manager leaves it open).
+func (w *PhysicalWorker) Close() error {
+	if !w.owned {
+		return nil
+	}
+	if w.loopback != nil {
+		w.loopback.Remove(w.m)
+	}
+	return w.m.Close()
+}
