@@ -45,7 +45,7 @@ func layerCRC(e *entry, block, layer int) uint32 {
 // writeDisk writes host blocks to a disk layout and records their checksums.
 func (m *Manager) writeDisk(p *plan) error {
 	disk := p.dst
-	return m.forEachChunk(p, func(lo, hi int) ([]int, error) {
+	return forEachChunk(m.disk, p, func(lo, hi int) ([]int, error) {
 		var failed []int
 		var first error
 		for i := lo; i < hi; i++ {
@@ -77,7 +77,7 @@ func (m *Manager) writeDiskBlock(p *plan, i int) error {
 // read against the checksum recorded when it was written.
 func (m *Manager) readDisk(p *plan) error {
 	disk := p.src
-	return m.forEachChunk(p, func(lo, hi int) ([]int, error) {
+	return forEachChunk(m.disk, p, func(lo, hi int) ([]int, error) {
 		var failed []int
 		var first error
 		fail := func(i int, err error) {

@@ -6,7 +6,7 @@ import (
 	"github.com/kvbm/kvbm/core/storage"
 )
 
-// hostPool runs host copies and disk I/O on a fixed number of goroutines,
+// hostPool runs host copies, or disk I/O, on a fixed number of goroutines,
 // so that however many transfers are in flight, CPU and disk work stays
 // bounded.
 type hostPool struct {
@@ -52,9 +52,9 @@ func (p *hostPool) close() {
 const chunkBytes = 4 << 20
 
 // forEachChunk splits a plan's blocks into chunks of about chunkBytes and
-// runs fn over each chunk on the pool; fn returns the indices of blocks that
+// runs fn over each chunk on pool; fn returns the indices of blocks that
 // failed and why. The failures are merged into one blockFailure.
-func (m *Manager) forEachChunk(p *plan, fn func(lo, hi int) ([]int, error)) error {
+func forEachChunk(pool *hostPool, p *plan, fn func(lo, hi int) ([]int, error)) error {
 	n := len(p.srcIDs)
 	if n == 0 {
 		return nil
@@ -65,7 +65,7 @@ func (m *Manager) forEachChunk(p *plan, fn func(lo, hi int) ([]int, error)) erro
 	var mu sync.Mutex
 	var failed []int
 	var first error
-	m.host.run(chunks, func(c int) {
+	pool.run(chunks, func(c int) {
 		lo := c * blocksPerChunk
 		hi := min(lo+blocksPerChunk, n)
 		bad, err := fn(lo, hi)
@@ -87,7 +87,7 @@ func (m *Manager) forEachChunk(p *plan, fn func(lo, hi int) ([]int, error)) erro
 
 // copyHost moves a plan between two host layouts with memcpy.
 func (m *Manager) copyHost(p *plan) error {
-	return m.forEachChunk(p, func(lo, hi int) ([]int, error) {
+	return forEachChunk(m.host, p, func(lo, hi int) ([]int, error) {
 		for i := lo; i < hi; i++ {
 			for _, op := range p.blockCopies(i) {
 				copy(storage.HostBytes(op.dst, op.size), storage.HostBytes(op.src, op.size))

@@ -27,9 +27,12 @@ type Config struct {
 	// DiskDir is where disk layouts create their files; required for
 	// disk layouts, never defaulted.
 	DiskDir string
-	// HostWorkers bounds the goroutines doing host copies and disk I/O
-	// (default GOMAXPROCS, at least 4: disk requests overlap).
+	// HostWorkers bounds the goroutines doing host memcpy (default
+	// GOMAXPROCS, at least 2).
 	HostWorkers int
+	// DiskWorkers bounds the disk requests in flight (default 8): disk
+	// I/O waits on the device, and NVMe wants a queue deep enough.
+	DiskWorkers int
 	// StreamsPerDirection is the size of each device stream pool (default 4).
 	StreamsPerDirection int
 	// BounceBlocks is the number of blocks in each internal bounce buffer
@@ -52,7 +55,8 @@ type entry struct {
 type Manager struct {
 	cfg  Config
 	drv  cuda.Driver
-	host *hostPool
+	host *hostPool // memcpy
+	disk *hostPool // disk requests
 	h2d  *streamPool
 	d2h  *streamPool
 	d2d  *streamPool
@@ -73,7 +77,10 @@ func NewManager(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("%w: transfer manager needs a cuda.Driver", ErrInvalidArgument)
 	}
 	if cfg.HostWorkers <= 0 {
-		cfg.HostWorkers = max(4, runtime.GOMAXPROCS(0))
+		cfg.HostWorkers = max(2, runtime.GOMAXPROCS(0))
+	}
+	if cfg.DiskWorkers <= 0 {
+		cfg.DiskWorkers = 8
 	}
 	if cfg.StreamsPerDirection <= 0 {
 		cfg.StreamsPerDirection = 4
@@ -85,6 +92,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		cfg:     cfg,
 		drv:     cfg.Driver,
 		host:    newHostPool(cfg.HostWorkers),
+		disk:    newHostPool(cfg.DiskWorkers),
 		entries: make(map[LayoutHandle]*entry),
 		nextID:  1,
 	}
@@ -118,6 +126,7 @@ func (m *Manager) Close() error {
 	}
 	errs = append(errs, m.bounce.close(), m.h2d.close(), m.d2h.close(), m.d2d.close())
 	m.host.close()
+	m.disk.close()
 	return errors.Join(errs...)
 }
 
