@@ -10,7 +10,8 @@ import (
 // contiguous bytes, in [layer][outer][page][inner] order: the form blocks
 // take in an object store. Host layouts are gathered and scattered
 // directly; device and disk layouts go through a pinned bounce buffer (disk
-// reads verify checksums). Safe for concurrent use on distinct blocks.
+// reads verify checksums). Safe for concurrent use on distinct blocks; the
+// manager's Close waits for calls in progress and later calls fail.
 type BlockIO struct {
 	m *Manager
 	e *entry
@@ -42,6 +43,10 @@ func (b *BlockIO) WriteBlock(id int, src []byte) error {
 }
 
 func (b *BlockIO) move(id int, buf []byte, write bool) error {
+	if err := b.m.begin(); err != nil {
+		return err
+	}
+	defer b.m.inflight.Done()
 	cfg := b.e.layout.Config()
 	if id < 0 || id >= cfg.NumBlocks {
 		return fmt.Errorf("%w: block id %d out of range [0, %d)", ErrOutOfRange, id, cfg.NumBlocks)

@@ -3,6 +3,7 @@ package transfer
 import (
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/cuda"
@@ -59,4 +60,35 @@ func TestOutOfRangeAndAlreadyExistsSentinels(t *testing.T) {
 	loop := NewLoopback()
 	require.NoError(t, loop.Add(f.m))
 	require.ErrorIs(t, loop.Add(m2), ErrAlreadyExists)
+}
+
+// Work outside ExecuteTransfer (object I/O) is waited for by Close and
+// refused after it.
+func TestManagerGoAndBlockIOAfterClose(t *testing.T) {
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	m, err := NewManager(Config{WorkerID: 5, Driver: emu})
+	require.NoError(t, err)
+	h, err := m.AllocateLayout(storage.Pinned, smallConfig(2), FullyContiguous)
+	require.NoError(t, err)
+	bio, err := m.BlockIO(h)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	finished := false
+	n, err := m.Go(func() error { <-release; finished = true; return nil })
+	require.NoError(t, err)
+	closed := make(chan error)
+	go func() { closed <- m.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while work was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-closed)
+	require.True(t, finished, "Close waited for the work in flight")
+	require.NoError(t, n.WaitTimeout(-1))
+	_, err = m.Go(func() error { return nil })
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, bio.ReadBlock(0, make([]byte, bio.BlockSize())), ErrClosed)
 }

@@ -124,10 +124,24 @@ func Aggregate(ns ...*Notification) *Notification {
 }
 
 // Go runs fn in the background and returns a notification that completes
-// with its result; an *Error from fn carries its failed blocks. Workers use
-// it for paths outside the manager, such as object store I/O.
+// with its result; an *Error from fn carries its failed blocks.
 func Go(fn func() error) *Notification {
 	n := newNotification()
 	go func() { n.complete(fn()) }()
 	return n
+}
+
+// Go is the package's Go for work on this manager's layouts outside
+// ExecuteTransfer (object store I/O): Close waits for it, and once the
+// manager is closed it is refused.
+func (m *Manager) Go(fn func() error) (*Notification, error) {
+	if err := m.begin(); err != nil {
+		return nil, err
+	}
+	n := newNotification()
+	go func() {
+		defer m.inflight.Done()
+		n.complete(fn())
+	}()
+	return n, nil
 }

@@ -261,9 +261,9 @@ func (w *PhysicalWorker) objectTransfer(keys []object.Key, t Tier, h transfer.La
 	if err != nil {
 		return nil, err
 	}
-	return transfer.Go(func() error {
+	return w.m.Go(func() error {
 		return objectFailure(h, ids, w.storeBlocks(context.Background(), keys, bio, ids, put), put)
-	}), nil
+	})
 }
 
 func objectFailure(h transfer.LayoutHandle, ids []int, results []object.Result, put bool) error {
