@@ -11,6 +11,7 @@ export GOFLAGS := -mod=mod
 all: lib
 
 include capi.mk
+include python.mk
 
 deps:
 	$(GO) mod download
@@ -27,7 +28,7 @@ deps-c:
 	  (apt-get update && apt-get install -y --no-install-recommends cmake gcc libc6-dev)
 
 # All tests. Runs on a machine without a GPU (emulated device).
-test: vet test-go deps-c test-c
+test: vet test-go deps-c test-c test-py
 
 test-go: deps
 	$(GO) test $(GOFLAGS_TEST) ./...
@@ -39,7 +40,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
 
 # Benchmarks: every figure beside the limit measured in the same run.
-bench: bench-go bench-c
+bench: bench-go bench-c bench-py
 
 bench-go: deps
 	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda

@@ -293,7 +293,7 @@ typedef struct kvbm_transfer_options {
  * on success *notification tracks completion and the caller frees it with
  * kvbm_notification_free. options may be NULL (defaults). Arrays are read
  * during the call only.
- * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, ids
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, destination ids
  * repeated), KVBM_ERR_OUT_OF_RANGE (a block id or the layer range beyond
  * the layout), KVBM_ERR_NOT_FOUND (tier not
  * registered), KVBM_ERR_UNSUPPORTED (no path between the tiers),

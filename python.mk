@@ -1,0 +1,39 @@
+# Python targets; included from the top Makefile (`include python.mk`), or run
+# alone with `make -f Makefile -f python.mk <target>`.
+#
+#   py-lib      lib, then copy build/libkvbm.so beside the package
+#               (python/kvbmgo/libkvbm.so, git-ignored)
+#   py-venv     build/pyvenv with numpy and pytest, kvbmgo installed editable
+#   test-py     the pytest suite under python/tests
+#   bench-py    Python-side overhead per call, beside a bare ctypes call
+#   install-py  pip install ./python into $(PY)'s environment
+
+PY      ?= python3
+PYVENV  ?= $(BUILD)/pyvenv
+PYBIN   := $(PYVENV)/bin/python
+
+.PHONY: py-lib py-venv test-py bench-py install-py
+
+py-lib: lib
+	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
+	mv -f python/kvbmgo/.libkvbm.so.tmp python/kvbmgo/libkvbm.so
+
+$(PYVENV)/.ready: python/pyproject.toml python/setup.py
+	@$(PY) -m venv $(PYVENV) 2>/dev/null || { \
+	  command -v apt-get >/dev/null && apt-get update && \
+	  apt-get install -y --no-install-recommends python3-venv && $(PY) -m venv $(PYVENV); }
+	$(PYBIN) -m pip install -q --upgrade pip
+	$(PYBIN) -m pip install -q numpy pytest
+	touch $@
+
+py-venv: py-lib $(PYVENV)/.ready
+	$(PYBIN) -m pip install -q --no-deps -e ./python
+
+test-py: py-venv
+	cd python && ../$(PYBIN) -m pytest -q tests
+
+bench-py: py-venv
+	$(PYBIN) python/bench/bench.py
+
+install-py: lib
+	$(PY) -m pip install ./python

@@ -1,0 +1,56 @@
+"""Puts libkvbm.so beside the package when building it (pip install ./python).
+
+Where from, first found: $KVBM_LIBRARY; python/kvbmgo/libkvbm.so (copied there
+by `make -f Makefile -f python.mk py-lib`); the checkout's build/libkvbm.so;
+else `go build -buildmode=c-shared ./capi` in the checkout when Go is on PATH.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def find_or_build_library() -> Path:
+    env = os.environ.get("KVBM_LIBRARY")
+    if env:
+        return Path(env)
+    for p in (HERE / "kvbmgo" / "libkvbm.so", REPO / "build" / "libkvbm.so"):
+        if p.is_file():
+            return p
+    go = shutil.which(os.environ.get("GO", "go"))
+    if go and (REPO / "capi").is_dir():
+        out = REPO / "build" / "libkvbm.so"
+        out.parent.mkdir(exist_ok=True)
+        subprocess.check_call([go, "build", "-buildmode=c-shared",
+                               "-ldflags=-extldflags=-Wl,-soname,libkvbm.so", "-o", str(out),
+                               "./capi"], cwd=REPO)
+        (REPO / "build" / "libkvbm.h").unlink(missing_ok=True)
+        return out
+    raise SystemExit("kvbmgo: libkvbm.so not found and Go is not available to build it; "
+                     "set KVBM_LIBRARY or run `make lib` first")
+
+
+class BuildPyWithLibrary(build_py):
+    def run(self) -> None:
+        super().run()
+        lib = find_or_build_library()
+        dest = Path(self.build_lib) / "kvbmgo" / "libkvbm.so"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if lib.resolve() != dest.resolve():
+            shutil.copy2(lib, dest)
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self) -> bool:  # a platform wheel: it carries libkvbm.so
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithLibrary}, distclass=BinaryDistribution)

@@ -1,0 +1,246 @@
+"""Error paths: closed objects, bad handles, lengths, dtypes, contiguity, the ABI check."""
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import kvbmgo
+from kvbmgo import (Event, HandoffCoordinator, HandoffOrder, LayoutConfig, Notification, Stream,
+                    Tier, Worker, errors)
+from kvbmgo._lib import lib
+
+from conftest import NUM_BLOCKS, new_worker_id, wait_ok
+
+IDS = list(range(NUM_BLOCKS))
+
+
+def test_one_class_per_status():
+    classes = {errors.error_class(s) for s in range(-14, 0)}
+    assert len(classes) == 14
+    for s in range(-14, 0):
+        cls = errors.error_class(s)
+        assert issubclass(cls, errors.KvbmError) and cls.status == s
+        assert cls.status_name == kvbmgo.status_string(s)
+    assert errors.error_class(-99) is errors.UnknownStatusError
+
+
+def test_use_after_close(worker):
+    w, _ = worker
+    n = w.transfer(Tier.G1, IDS, Tier.G2, IDS)
+    n.wait()
+    n.close()
+    n.close()  # a second close does nothing
+    with pytest.raises(errors.KvbmClosedError, match="Notification is closed"):
+        n.poll()
+    for obj, call in [(Event(), lambda o: o.query()), (Stream(), lambda o: o.synchronize()),
+                      (HandoffCoordinator(bytes(16), HandoffOrder.SOURCE_FIRST),
+                       lambda o: o.start()),
+                      (Worker(new_worker_id()), lambda o: o.export_metadata())]:
+        obj.close()
+        with pytest.raises(errors.KvbmClosedError, match=type(obj).__name__):
+            call(obj)
+        assert "closed" in repr(obj)
+
+
+def test_stale_handle_raises_with_message(worker):
+    w, _ = worker
+    n = w.transfer(Tier.G1, IDS, Tier.G2, IDS)
+    raw = n.handle
+    n.close()
+    with pytest.raises(errors.InvalidHandleError) as e:
+        lib.kvbm_notification_poll(raw)
+    assert e.value.status == -2 and e.value.function == "kvbm_notification_poll"
+    assert e.value.message  # kvbm_last_error() of this thread
+    with pytest.raises(errors.InvalidHandleError):
+        lib.kvbm_worker_destroy(12345)
+
+
+def test_errors_carry_messages_per_thread(worker):
+    w, _ = worker
+    got = {}
+
+    def bad(i):
+        try:
+            w.transfer(Tier.G1, [NUM_BLOCKS + i], Tier.G2, [0])
+        except (errors.InvalidArgumentError, errors.OutOfRangeError) as e:
+            got[i] = e.message
+
+    ts = [threading.Thread(target=bad, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sorted(got) == list(range(8)) and all(got.values())
+
+
+def test_transfer_argument_errors(worker):
+    w, _ = worker
+    with pytest.raises(ValueError, match="as long"):
+        w.transfer(Tier.G1, [0, 1], Tier.G2, [0])
+    with pytest.raises(errors.InvalidArgumentError):
+        w.transfer(Tier.G1, [], Tier.G2, [])
+    with pytest.raises(errors.InvalidArgumentError):
+        w.transfer(Tier.G1, [0, 1], Tier.G2, [1, 1])  # a destination repeated
+    with pytest.raises((errors.InvalidArgumentError, errors.OutOfRangeError)):
+        w.transfer(Tier.G1, [NUM_BLOCKS], Tier.G2, [0])
+    with pytest.raises(ValueError, match="outside"):
+        w.transfer(Tier.G1, [-1], Tier.G2, [0])
+    with pytest.raises(ValueError, match="outside"):
+        w.transfer(Tier.G1, [2**32], Tier.G2, [0])
+    with pytest.raises(TypeError, match="integer"):
+        w.transfer(Tier.G1, np.zeros(1), Tier.G2, [0])
+    with pytest.raises(TypeError):
+        w.transfer(Tier.G1, [0.5], Tier.G2, [0])
+    with pytest.raises((errors.InvalidArgumentError, errors.OutOfRangeError)):
+        w.transfer(Tier.G1, IDS, Tier.G2, IDS, layers=(3, 1))
+    with pytest.raises(TypeError, match="precondition"):
+        w.transfer(Tier.G1, IDS, Tier.G2, IDS, precondition="event")
+    with pytest.raises(errors.CudaError):
+        w.transfer(Tier.G1, IDS, Tier.G2, IDS, precondition=0xBAD)
+    with pytest.raises(errors.InvalidArgumentError):
+        w.onboard_layerwise(IDS, IDS, [Event()])  # one event for four layers
+    gc.collect()
+
+
+def test_register_g1_errors(g1_config):
+    layer = (NUM_BLOCKS, 2, 4, 64)
+    ok = lambda: [np.zeros(layer, np.uint16) for _ in range(4)]  # noqa: E731
+    with Worker(new_worker_id()) as w:
+        with pytest.raises(ValueError, match="3 buffers"):
+            w.register_g1(g1_config, ok()[:3])
+        with pytest.raises(TypeError, match="element size 4"):
+            w.register_g1(g1_config, [np.zeros(layer, np.float32) for _ in range(4)])
+        with pytest.raises(TypeError, match="not numeric"):
+            w.register_g1(g1_config, [np.empty(layer, object) for _ in range(4)])
+        with pytest.raises(ValueError, match="bytes"):
+            w.register_g1(g1_config, [np.zeros((NUM_BLOCKS - 1,) + layer[1:], np.uint16)] * 4)
+        with pytest.raises(ValueError, match="C-contiguous"):
+            w.register_g1(g1_config, [np.zeros(layer[::-1], np.uint16).T for _ in range(4)])
+        ro = ok()
+        ro[2].flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            w.register_g1(g1_config, ro)
+        with pytest.raises(TypeError, match="list"):
+            w.register_g1(g1_config, [[0] * 10] * 4)
+        h = w.register_g1(g1_config, ok())
+        assert h.worker == w.worker_id
+        with pytest.raises(errors.AlreadyExistsError):
+            w.register_g1(g1_config, ok())
+        with pytest.raises(errors.InvalidArgumentError):
+            w.allocate_g3(g1_config)  # no disk_dir
+        with pytest.raises(errors.NotFoundError):
+            w.transfer(Tier.G1, [0], Tier.G2, [0])  # no G2
+
+
+def test_bytearray_buffer_is_accepted():
+    cfg = LayoutConfig(num_blocks=2, num_layers=1, outer_dim=1, page_size=4, inner_dim=8,
+                       dtype_width=1)
+    buf = bytearray(cfg.total_bytes)
+    with Worker(new_worker_id()) as w:
+        w.register_g1(cfg, buf)
+        w.allocate_g2(cfg)
+        buf[:] = bytes(range(64))
+        wait_ok(w.transfer(Tier.G1, [0, 1], Tier.G2, [1, 0]))
+        buf[:] = bytes(64)
+        wait_ok(w.transfer(Tier.G2, [1, 0], Tier.G1, [0, 1]))
+        assert bytes(buf) == bytes(range(64))
+
+
+def test_worker_keeps_g1_alive():
+    cfg = LayoutConfig(num_blocks=2, num_layers=1, outer_dim=1, page_size=4, inner_dim=8,
+                       dtype_width=4)
+    arr = np.zeros(64, np.float32)
+    ref = weakref.ref(arr)
+    w = Worker(new_worker_id())
+    w.register_g1(cfg, arr)
+    del arr
+    gc.collect()
+    assert ref() is not None
+    w.close()
+    gc.collect()
+    assert ref() is None
+
+
+def test_finalizer_frees_forgotten_handles(worker):
+    w, _ = worker
+    before = kvbmgo.handle_count()
+    n = w.transfer(Tier.G1, IDS, Tier.G2, IDS)
+    n.wait()
+    h = HandoffCoordinator(bytes(16), HandoffOrder.DESTINATION_FIRST)
+    w2 = Worker(new_worker_id())
+    assert kvbmgo.handle_count() == before + 3
+    refs = [weakref.ref(o) for o in (n, h, w2)]
+    del n, h, w2
+    # No cycle through the finalizer: plain reference counting frees them.
+    assert all(r() is None for r in refs)
+    assert kvbmgo.handle_count() == before
+
+
+def test_abi_mismatch_names_both_versions(monkeypatch):
+    kvbmgo.check_abi_version(kvbmgo.ABI_VERSION)
+    with pytest.raises(errors.AbiMismatchError, match=r"ABI version 7.*ABI version 1"):
+        kvbmgo.check_abi_version(7)
+
+
+def test_abi_mismatch_at_load(monkeypatch):
+    """Loading a library that reports another ABI version fails before the table."""
+    from kvbmgo import _lib
+
+    real = _lib.check_abi_version
+    monkeypatch.setattr(_lib, "check_abi_version",
+                        lambda reported, **kw: real(reported + 1, **kw))
+    with pytest.raises(errors.AbiMismatchError, match=r"ABI version 2.*ABI version 1"):
+        _lib._Lib(_lib.find_library())
+
+
+def test_library_path_override(monkeypatch, tmp_path):
+    from kvbmgo import _lib
+    monkeypatch.setenv("KVBM_LIBRARY", str(tmp_path / "nope.so"))
+    with pytest.raises(ImportError, match="KVBM_LIBRARY"):
+        _lib.find_library()
+    monkeypatch.setenv("KVBM_LIBRARY", lib.path)
+    assert _lib.find_library() == lib.path
+
+
+class FakeTensor:
+    """Duck-typed like torch.Tensor (torch is not required by the suite)."""
+    __module__ = "torch"
+
+    def __init__(self, arr, contiguous=True):
+        self.arr, self.contiguous, self.shape = arr, contiguous, arr.shape
+        self.device = type("device", (), {"type": "cpu", "index": None})()
+
+    def data_ptr(self):
+        return self.arr.__array_interface__["data"][0]
+
+    def element_size(self):
+        return self.arr.itemsize
+
+    def numel(self):
+        return self.arr.size
+
+    def is_contiguous(self):
+        return self.contiguous
+
+
+def test_torch_like_tensors():
+    caches = [FakeTensor(np.zeros((2, 4, 16, 8), np.float16)) for _ in range(2)]
+    with Worker(new_worker_id()) as w:
+        cfg, _ = w.register_kv_caches(caches)
+        assert (cfg.num_blocks, cfg.num_layers, cfg.dtype_width) == (4, 2, 2)
+        w.allocate_g2(cfg.replace(layout="fully_contiguous"))
+        caches[1].arr[...] = 3
+        wait_ok(w.transfer(Tier.G1, [0, 1, 2, 3], Tier.G2, [0, 1, 2, 3]))
+        caches[1].arr[...] = 0
+        wait_ok(w.transfer(Tier.G2, [0, 1, 2, 3], Tier.G1, [0, 1, 2, 3]))
+        assert (caches[1].arr == 3).all()
+    with Worker(new_worker_id()) as w:
+        bad = [FakeTensor(np.zeros((2, 4, 16, 8), np.float16), contiguous=False)]
+        with pytest.raises(ValueError, match="not contiguous"):
+            w.register_kv_caches(bad)
+
+
+def test_notification_type():
+    assert issubclass(Notification, object)

@@ -1,0 +1,90 @@
+"""Two workers in one process (mirrors examples/c/remote.c)."""
+import numpy as np
+import pytest
+
+from kvbmgo import CoordinatedWorker, LayoutConfig, LayoutHandle, Tier, TransferPath, Worker
+from kvbmgo.errors import AlreadyExistsError, NotFoundError
+
+from conftest import new_worker_id, wait_ok
+
+NB = 6
+CFG = LayoutConfig(num_blocks=NB, num_layers=3, outer_dim=2, page_size=8, inner_dim=32,
+                   dtype_width=2, layout="fully_contiguous")
+IDS = list(range(NB))
+INSTANCE_B = 0xB0B0
+
+
+def make_worker():
+    g1 = np.zeros(CFG.total_bytes // 2, dtype=np.float16)
+    w = Worker(new_worker_id())
+    w.register_g1(CFG, g1)
+    w.allocate_g2(CFG)
+    return w, g1
+
+
+def test_remote_pull():
+    a, g1a = make_worker()
+    b, g1b = make_worker()
+    with a, b:
+        want = np.random.default_rng(2).standard_normal(g1b.shape).astype(np.float16)
+        g1b[:] = want
+        wait_ok(b.transfer(Tier.G1, IDS, Tier.G2, IDS))
+        md_b = b.export_metadata()
+        md_a = a.export_metadata()
+        assert isinstance(md_b, bytes) and md_b
+
+        # Worker path.
+        a.connect_remote(INSTANCE_B, md_b)
+        wait_ok(a.transfer_from_instance(INSTANCE_B, Tier.G2, IDS, Tier.G1, IDS))
+        np.testing.assert_array_equal(g1a, want)
+
+        # Leader path.
+        g1a[:] = 0
+        with CoordinatedWorker(a, 0, 0xA0A0) as c:
+            c.apply_layout_response(md_a)
+            c.import_remote_metadata(INSTANCE_B, 0, md_b)
+            remote_g1 = c.resolve_remote_handle(INSTANCE_B, 0, Tier.G1)
+            assert remote_g1.worker == b.worker_id
+            with pytest.raises(NotFoundError):
+                c.resolve_remote_handle(INSTANCE_B, 7, Tier.G1)
+            with pytest.raises(AlreadyExistsError):
+                c.set_local(Tier.G1, remote_g1)
+            rev = IDS[::-1]
+            wait_ok(c.transfer_from_remote(INSTANCE_B, 0, Tier.G1, IDS, Tier.G2, rev))
+            wait_ok(a.transfer(Tier.G2, rev, Tier.G1, IDS))
+            np.testing.assert_array_equal(g1a, want)
+            with pytest.raises(NotFoundError) as e:
+                c.transfer_from_remote(0xDEAD, 0, Tier.G1, IDS, Tier.G2, IDS)
+            assert e.value.message
+
+
+def test_closing_worker_closes_its_coordinated_workers():
+    a, _ = make_worker()
+    c = CoordinatedWorker(a, 0, 1)
+    a.close()
+    assert c.closed
+
+
+def test_transfer_to_and_from_remote_layout():
+    a, g1a = make_worker()
+    b, g1b = make_worker()
+    with a, b:
+        want = np.arange(g1a.size, dtype=np.float16)
+        g1a[:] = want
+        a.import_metadata(b)  # the Worker itself: a keeps b alive while it lives
+        with CoordinatedWorker(a, 0, 1) as c:
+            c.import_remote_metadata(7, 0, b.export_metadata())
+            remote_g2 = c.resolve_remote_handle(7, 0, Tier.G2)
+        # Offload A's G1 into B's G2 (a peer), then pull it back into A's G1.
+        wait_ok(a.transfer_to_remote(Tier.G1, IDS, remote_g2, IDS[::-1]))
+        wait_ok(b.transfer(Tier.G2, IDS[::-1], Tier.G1, IDS))
+        np.testing.assert_array_equal(g1b, want)
+        g1a[:] = 0
+        wait_ok(a.transfer_from_remote(remote_g2, IDS[::-1], Tier.G1, IDS))
+        np.testing.assert_array_equal(g1a, want)
+        with pytest.raises(NotFoundError):
+            a.transfer_from_remote(LayoutHandle(0xDEAD, 0), IDS, Tier.G1, IDS)
+        counters = a.counters()
+        assert set(counters) == set(TransferPath)
+        assert sum(p.transfers for p in counters.values()) >= 2
+        assert sum(p.bytes for p in counters.values()) >= 2 * CFG.total_bytes
