@@ -12,6 +12,7 @@ all: lib
 
 include capi.mk
 include python.mk
+include cuda.mk
 
 deps:
 	$(GO) mod download

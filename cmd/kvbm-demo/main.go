@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
@@ -30,6 +31,7 @@ func main() {
 	dir := flag.String("dir", "", "directory for the disk tier (G3) and the object store (G4); created if missing, what is created is removed at the end (required)")
 	blocks := flag.Int("blocks", 256, "number of 2 MiB blocks moved on every path")
 	flag.Parse()
+	logging.Configure()
 	if err := run(os.Stdout, *dir, *blocks); err != nil {
 		fmt.Fprintf(os.Stderr, "kvbm-demo: FAILED: %v\n", err)
 		os.Exit(1)

@@ -1,0 +1,90 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// openRealOrSkip opens the real driver, or skips the test with the reason
+// when libcuda.so.1 cannot be opened or has no device (every machine
+// without a GPU, CI included).
+func openRealOrSkip(t *testing.T) *Real {
+	t.Helper()
+	r, err := OpenReal()
+	if err != nil {
+		t.Skipf("no CUDA driver: %v", err)
+	}
+	if n, _ := r.DeviceCount(); n == 0 {
+		require.NoError(t, r.Close())
+		t.Skip("the CUDA driver has no device")
+	}
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	return r
+}
+
+func TestRealConformance(t *testing.T) {
+	r := openRealOrSkip(t)
+	testDriverConformance(t, r)
+}
+
+func TestRealConformanceBatchAPI(t *testing.T) {
+	r := openRealOrSkip(t)
+	if !r.batchOK {
+		t.Skipf("cuMemcpyBatchAsync not resolved or not enabled (%s=1)", EnvMemcpyBatch)
+	}
+	testDriverConformance(t, r)
+}
+
+func TestRealWithoutDriver(t *testing.T) {
+	r, err := OpenReal()
+	if err == nil {
+		require.NoError(t, r.Close())
+		t.Skip("this machine has a CUDA driver")
+	}
+	if IsCode(err, ErrCodeNoDevice) {
+		t.Skip("this machine has a CUDA driver without a device")
+	}
+	require.ErrorIs(t, err, ErrCUDAUnavailable)
+	require.ErrorContains(t, err, "libcuda.so.1")
+	// The load is tried once per process; a second open says the same.
+	_, err2 := OpenReal()
+	require.Equal(t, err.Error(), err2.Error())
+}
+
+func TestRealDevice(t *testing.T) {
+	r := openRealOrSkip(t)
+	info, err := r.Device(0)
+	require.NoError(t, err)
+	t.Logf("device 0: %+v; batch API %d (enabled %v); NUMA nodes %d", info, batchVersion(), r.batchOK, numaNodes())
+	require.NotEmpty(t, info.PCIBusID)
+	require.Equal(t, "cuda", r.Name())
+}
+
+func TestRealKernelPath(t *testing.T) {
+	r := openRealOrSkip(t)
+	_, err := r.loadKernel(0)
+	require.NoError(t, err, "the embedded PTX must load on the test GPU")
+	// The conformance test's 32 KiB fragments went through the kernel
+	// when run first; here one batch through it, and its tables reused.
+	testDriverConformance(t, r)
+	require.GreaterOrEqual(t, r.kernelTableSets(0), 1)
+}
+
+func TestRealEngineOwnedHandles(t *testing.T) {
+	r := openRealOrSkip(t)
+	// Handles made outside our tables (as PyTorch's are) are used as they
+	// are: a stream and event we create but then only pass by value.
+	s, err := r.StreamCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.StreamDestroy(s)) }()
+	ev, err := r.EventCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.EventDestroy(ev)) }()
+	require.Equal(t, 0, r.streamDevice(s))
+	require.NoError(t, r.EventRecord(ev, s))
+	require.NoError(t, r.StreamWaitEvent(0, ev))
+	require.NoError(t, r.EventSynchronize(ev))
+}

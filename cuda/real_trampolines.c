@@ -1,0 +1,511 @@
+//go:build cgo
+
+// See real_trampolines.h. The CUDA types are declared here by hand (as
+// integers and void pointers, the driver ABI) so that building needs no
+// CUDA headers.
+
+#define _GNU_SOURCE
+#include "real_trampolines.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef unsigned long long CUdeviceptr;
+
+// CUmemLocation and CUmemcpyAttributes as in cuda.h (CUDA 12.8 and later).
+typedef struct {
+	int type; // CUmemLocationType
+	int id;
+} kv_CUmemLocation;
+typedef struct {
+	int srcAccessOrder; // CUmemcpySrcAccessOrder
+	kv_CUmemLocation srcLocHint;
+	kv_CUmemLocation dstLocHint;
+	unsigned int flags;
+} kv_CUmemcpyAttributes;
+
+enum {
+	CU_MEM_LOCATION_TYPE_DEVICE = 1,
+	CU_MEM_LOCATION_TYPE_HOST = 2,
+	CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
+	CUDA_ERROR_INVALID_VALUE = 1,
+	CUDA_ERROR_NOT_INITIALIZED = 3,
+	CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+// The function table. Names follow the exported symbol, _v2 where the
+// driver versions it.
+static struct {
+	void *lib;
+	CUresult (*cuGetErrorName)(CUresult, const char **);
+	CUresult (*cuGetErrorString)(CUresult, const char **);
+	CUresult (*cuInit)(unsigned);
+	CUresult (*cuDriverGetVersion)(int *);
+	CUresult (*cuDeviceGetCount)(int *);
+	CUresult (*cuDeviceGet)(CUdevice *, int);
+	CUresult (*cuDeviceGetName)(char *, int, CUdevice);
+	CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
+	CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+	CUresult (*cuDeviceGetPCIBusId)(char *, int, CUdevice);
+	CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
+	CUresult (*cuCtxGetCurrent)(CUcontext *);
+	CUresult (*cuCtxSetCurrent)(CUcontext);
+	CUresult (*cuStreamCreate)(CUstream *, unsigned);
+	CUresult (*cuStreamDestroy_v2)(CUstream);
+	CUresult (*cuStreamQuery)(CUstream);
+	CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
+	CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+	CUresult (*cuEventCreate)(CUevent *, unsigned);
+	CUresult (*cuEventDestroy_v2)(CUevent);
+	CUresult (*cuEventRecord)(CUevent, CUstream);
+	CUresult (*cuEventQuery)(CUevent);
+	CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr, const void *, size_t, CUstream);
+	CUresult (*cuMemcpyDtoHAsync_v2)(void *, CUdeviceptr, size_t, CUstream);
+	CUresult (*cuMemcpyDtoDAsync_v2)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+	CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+	CUresult (*cuMemFree_v2)(CUdeviceptr);
+	CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+	CUresult (*cuMemFreeHost)(void *);
+	CUresult (*cuMemHostRegister_v2)(void *, size_t, unsigned);
+	CUresult (*cuMemHostUnregister)(void *);
+	CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
+	CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+	CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+	CUresult (*cuModuleUnload)(CUmodule);
+	CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+	                           unsigned, unsigned, CUstream, void **, void **);
+	// Optional (CUDA 12.8+): one of the two, see kv_cuda_batch_version.
+	CUresult (*cuMemcpyBatchAsync)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+	                               kv_CUmemcpyAttributes *, size_t *, size_t, size_t *, CUstream);
+	CUresult (*cuMemcpyBatchAsync_v2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+	                                  kv_CUmemcpyAttributes *, size_t *, size_t, CUstream);
+} cu;
+
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+static const char *cu_path;
+static int cu_status = -1;
+static char cu_err[512];
+
+#define REQUIRE(name)                                                                      \
+	do {                                                                                   \
+		*(void **)(&cu.name) = dlsym(cu.lib, #name);                                       \
+		if (!cu.name) {                                                                    \
+			snprintf(cu_err, sizeof cu_err, "%s has no symbol %s", cu_path, #name);        \
+			return;                                                                        \
+		}                                                                                  \
+	} while (0)
+#define OPTIONAL(name) (*(void **)(&cu.name) = dlsym(cu.lib, #name))
+
+static void cu_load_once(void) {
+	// RTLD_LOCAL: libcuda's symbols stay out of the global namespace.
+	cu.lib = dlopen(cu_path, RTLD_NOW | RTLD_LOCAL);
+	if (!cu.lib) {
+		const char *e = dlerror();
+		snprintf(cu_err, sizeof cu_err, "%s", e ? e : "dlopen failed");
+		return;
+	}
+	REQUIRE(cuGetErrorName);
+	REQUIRE(cuGetErrorString);
+	REQUIRE(cuInit);
+	REQUIRE(cuDriverGetVersion);
+	REQUIRE(cuDeviceGetCount);
+	REQUIRE(cuDeviceGet);
+	REQUIRE(cuDeviceGetName);
+	REQUIRE(cuDeviceTotalMem_v2);
+	REQUIRE(cuDeviceGetAttribute);
+	REQUIRE(cuDeviceGetPCIBusId);
+	REQUIRE(cuDevicePrimaryCtxRetain);
+	REQUIRE(cuDevicePrimaryCtxRelease_v2);
+	REQUIRE(cuCtxGetCurrent);
+	REQUIRE(cuCtxSetCurrent);
+	REQUIRE(cuStreamCreate);
+	REQUIRE(cuStreamDestroy_v2);
+	REQUIRE(cuStreamQuery);
+	REQUIRE(cuStreamWaitEvent);
+	REQUIRE(cuStreamGetCtx);
+	REQUIRE(cuEventCreate);
+	REQUIRE(cuEventDestroy_v2);
+	REQUIRE(cuEventRecord);
+	REQUIRE(cuEventQuery);
+	REQUIRE(cuMemcpyHtoDAsync_v2);
+	REQUIRE(cuMemcpyDtoHAsync_v2);
+	REQUIRE(cuMemcpyDtoDAsync_v2);
+	REQUIRE(cuMemAlloc_v2);
+	REQUIRE(cuMemFree_v2);
+	REQUIRE(cuMemHostAlloc);
+	REQUIRE(cuMemFreeHost);
+	REQUIRE(cuMemHostRegister_v2);
+	REQUIRE(cuMemHostUnregister);
+	REQUIRE(cuPointerGetAttribute);
+	REQUIRE(cuModuleLoadData);
+	REQUIRE(cuModuleGetFunction);
+	REQUIRE(cuModuleUnload);
+	REQUIRE(cuLaunchKernel);
+	OPTIONAL(cuMemcpyBatchAsync_v2);
+	if (!cu.cuMemcpyBatchAsync_v2)
+		OPTIONAL(cuMemcpyBatchAsync);
+	cu_status = 0;
+}
+
+int kv_cuda_load(const char *path, char *err, size_t errlen) {
+	cu_path = path; // only the first caller's path is used
+	pthread_once(&cu_once, cu_load_once);
+	if (cu_status != 0)
+		snprintf(err, errlen, "%s", cu_err);
+	return cu_status;
+}
+
+int kv_cuda_batch_version(void) {
+	if (cu.cuMemcpyBatchAsync_v2)
+		return 2;
+	return cu.cuMemcpyBatchAsync ? 1 : 0;
+}
+
+#define LOADED_OR_FAIL() \
+	do {                 \
+		if (cu_status)   \
+			return CUDA_ERROR_NOT_INITIALIZED; \
+	} while (0)
+
+// use_ctx makes ctx current on this thread unless it already is.
+static CUresult use_ctx(uint64_t ctx) {
+	CUcontext cur = NULL;
+	LOADED_OR_FAIL();
+	if (cu.cuCtxGetCurrent(&cur) == 0 && cur == (CUcontext)(uintptr_t)ctx)
+		return 0;
+	return cu.cuCtxSetCurrent((CUcontext)(uintptr_t)ctx);
+}
+
+// use_stream_ctx makes current the context of stream s (an engine's stream
+// may belong to any context), or fallback for the legacy default stream
+// and when the driver cannot say.
+static CUresult use_stream_ctx(uint64_t fallback, uint64_t s) {
+	CUcontext c = NULL;
+	LOADED_OR_FAIL();
+	if (s > 2 && cu.cuStreamGetCtx((CUstream)(uintptr_t)s, &c) == 0 && c)
+		return use_ctx((uint64_t)(uintptr_t)c);
+	return use_ctx(fallback);
+}
+
+#define TRY(x)                \
+	do {                      \
+		CUresult r_ = (x);    \
+		if (r_)               \
+			return r_;        \
+	} while (0)
+
+int kv_cuGetErrorName(int code, const char **s) { LOADED_OR_FAIL(); return cu.cuGetErrorName(code, s); }
+int kv_cuGetErrorString(int code, const char **s) { LOADED_OR_FAIL(); return cu.cuGetErrorString(code, s); }
+int kv_cuInit(unsigned flags) { LOADED_OR_FAIL(); return cu.cuInit(flags); }
+int kv_cuDriverGetVersion(int *v) { LOADED_OR_FAIL(); return cu.cuDriverGetVersion(v); }
+int kv_cuDeviceGetCount(int *n) { LOADED_OR_FAIL(); return cu.cuDeviceGetCount(n); }
+int kv_cuDeviceGet(int *dev, int ordinal) { LOADED_OR_FAIL(); return cu.cuDeviceGet(dev, ordinal); }
+int kv_cuDeviceGetName(char *name, int len, int dev) { LOADED_OR_FAIL(); return cu.cuDeviceGetName(name, len, dev); }
+int kv_cuDeviceTotalMem(uint64_t *bytes, int dev) {
+	size_t n = 0;
+	LOADED_OR_FAIL();
+	CUresult r = cu.cuDeviceTotalMem_v2(&n, dev);
+	*bytes = n;
+	return r;
+}
+int kv_cuDeviceGetAttribute(int *v, int attr, int dev) { LOADED_OR_FAIL(); return cu.cuDeviceGetAttribute(v, attr, dev); }
+int kv_cuDeviceGetPCIBusId(char *id, int len, int dev) { LOADED_OR_FAIL(); return cu.cuDeviceGetPCIBusId(id, len, dev); }
+int kv_cuDevicePrimaryCtxRetain(uint64_t *ctx, int dev) {
+	CUcontext c = NULL;
+	LOADED_OR_FAIL();
+	CUresult r = cu.cuDevicePrimaryCtxRetain(&c, dev);
+	*ctx = (uint64_t)(uintptr_t)c;
+	return r;
+}
+int kv_cuDevicePrimaryCtxRelease(int dev) { LOADED_OR_FAIL(); return cu.cuDevicePrimaryCtxRelease_v2(dev); }
+
+int kv_cuStreamCreate(uint64_t ctx, uint64_t *s, unsigned flags) {
+	CUstream h = NULL;
+	TRY(use_ctx(ctx));
+	CUresult r = cu.cuStreamCreate(&h, flags);
+	*s = (uint64_t)(uintptr_t)h;
+	return r;
+}
+int kv_cuStreamDestroy(uint64_t ctx, uint64_t s) {
+	TRY(use_stream_ctx(ctx, s));
+	return cu.cuStreamDestroy_v2((CUstream)(uintptr_t)s);
+}
+int kv_cuStreamQuery(uint64_t ctx, uint64_t s) {
+	TRY(use_stream_ctx(ctx, s));
+	return cu.cuStreamQuery((CUstream)(uintptr_t)s);
+}
+int kv_cuStreamGetCtx(uint64_t s, uint64_t *ctx) {
+	CUcontext c = NULL;
+	LOADED_OR_FAIL();
+	CUresult r = cu.cuStreamGetCtx((CUstream)(uintptr_t)s, &c);
+	*ctx = (uint64_t)(uintptr_t)c;
+	return r;
+}
+int kv_cuStreamWaitEvent(uint64_t ctx, uint64_t s, uint64_t e) {
+	TRY(use_stream_ctx(ctx, s));
+	return cu.cuStreamWaitEvent((CUstream)(uintptr_t)s, (CUevent)(uintptr_t)e, 0);
+}
+int kv_cuEventCreate(uint64_t ctx, uint64_t *e, unsigned flags) {
+	CUevent h = NULL;
+	TRY(use_ctx(ctx));
+	CUresult r = cu.cuEventCreate(&h, flags);
+	*e = (uint64_t)(uintptr_t)h;
+	return r;
+}
+int kv_cuEventDestroy(uint64_t ctx, uint64_t e) {
+	TRY(use_ctx(ctx));
+	return cu.cuEventDestroy_v2((CUevent)(uintptr_t)e);
+}
+int kv_cuEventRecord(uint64_t ctx, uint64_t e, uint64_t s) {
+	TRY(use_stream_ctx(ctx, s));
+	return cu.cuEventRecord((CUevent)(uintptr_t)e, (CUstream)(uintptr_t)s);
+}
+int kv_cuEventQuery(uint64_t ctx, uint64_t e) {
+	TRY(use_ctx(ctx));
+	return cu.cuEventQuery((CUevent)(uintptr_t)e);
+}
+
+static CUresult memcpy_one(int kind, uint64_t dst, uint64_t src, uint64_t size, CUstream s) {
+	switch (kind) {
+	case 1:
+		return cu.cuMemcpyHtoDAsync_v2(dst, (const void *)(uintptr_t)src, size, s);
+	case 2:
+		return cu.cuMemcpyDtoHAsync_v2((void *)(uintptr_t)dst, src, size, s);
+	case 3:
+		return cu.cuMemcpyDtoDAsync_v2(dst, src, size, s);
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+int kv_cuMemcpyAsync(uint64_t ctx, int kind, uint64_t dst, uint64_t src, uint64_t size, uint64_t s) {
+	TRY(use_stream_ctx(ctx, s));
+	return memcpy_one(kind, dst, src, size, (CUstream)(uintptr_t)s);
+}
+
+int kv_memcpy_loop(uint64_t ctx, int kind, const uint64_t *dst, const uint64_t *src,
+                   const uint64_t *size, size_t n, uint64_t s, size_t *failed) {
+	*failed = 0;
+	TRY(use_stream_ctx(ctx, s));
+	for (size_t i = 0; i < n; i++) {
+		if (size[i] == 0)
+			continue;
+		CUresult r = memcpy_one(kind, dst[i], src[i], size[i], (CUstream)(uintptr_t)s);
+		if (r) {
+			*failed = i;
+			return r;
+		}
+	}
+	return 0;
+}
+
+int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *src,
+                    uint64_t *size, size_t n, uint64_t s, size_t *failed) {
+	kv_CUmemcpyAttributes attr;
+	size_t attr_idx = 0, fail_idx = 0;
+	kv_CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0}, device = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+	*failed = 0;
+	TRY(use_stream_ctx(ctx, s));
+	memset(&attr, 0, sizeof attr);
+	attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+	attr.srcLocHint = kind == 1 ? host : device;
+	attr.dstLocHint = kind == 2 ? host : device;
+	// CUdeviceptr and size_t are 64-bit on every platform we build for.
+	_Static_assert(sizeof(CUdeviceptr) == sizeof(uint64_t), "CUdeviceptr");
+	_Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t");
+	CUresult r;
+	if (cu.cuMemcpyBatchAsync_v2) {
+		r = cu.cuMemcpyBatchAsync_v2((CUdeviceptr *)dst, (CUdeviceptr *)src, (size_t *)size, n,
+		                             &attr, &attr_idx, 1, (CUstream)(uintptr_t)s);
+	} else if (cu.cuMemcpyBatchAsync) {
+		r = cu.cuMemcpyBatchAsync((CUdeviceptr *)dst, (CUdeviceptr *)src, (size_t *)size, n,
+		                          &attr, &attr_idx, 1, &fail_idx, (CUstream)(uintptr_t)s);
+		*failed = fail_idx;
+	} else {
+		r = CUDA_ERROR_NOT_SUPPORTED;
+	}
+	return r;
+}
+
+int kv_cuMemAlloc(uint64_t ctx, uint64_t *p, uint64_t size) {
+	CUdeviceptr d = 0;
+	TRY(use_ctx(ctx));
+	CUresult r = cu.cuMemAlloc_v2(&d, size);
+	*p = d;
+	return r;
+}
+int kv_cuMemFree(uint64_t ctx, uint64_t p) {
+	TRY(use_ctx(ctx));
+	return cu.cuMemFree_v2(p);
+}
+
+// set_mempolicy(2) through syscall(2): no libnuma needed.
+#define KV_MPOL_DEFAULT 0
+#define KV_MPOL_PREFERRED 1
+
+int kv_cuMemHostAlloc(uint64_t ctx, uint64_t *p, uint64_t size, unsigned flags, int numa_node) {
+	void *h = NULL;
+	int bound = 0;
+	TRY(use_ctx(ctx));
+	if (numa_node >= 0 && numa_node < 1024) {
+		unsigned long mask[1024 / (8 * sizeof(unsigned long))];
+		memset(mask, 0, sizeof mask);
+		mask[numa_node / (8 * sizeof(unsigned long))] |= 1UL << (numa_node % (8 * sizeof(unsigned long)));
+		bound = syscall(SYS_set_mempolicy, KV_MPOL_PREFERRED, mask, 1024) == 0;
+	}
+	// The driver allocates and pins (so faults in) the pages inside this
+	// call, on this thread: the policy above places them.
+	CUresult r = cu.cuMemHostAlloc(&h, size, flags);
+	if (bound)
+		syscall(SYS_set_mempolicy, KV_MPOL_DEFAULT, NULL, 0);
+	*p = (uint64_t)(uintptr_t)h;
+	return r;
+}
+int kv_cuMemFreeHost(uint64_t ctx, uint64_t p) {
+	TRY(use_ctx(ctx));
+	return cu.cuMemFreeHost((void *)(uintptr_t)p);
+}
+int kv_cuMemHostRegister(uint64_t ctx, uint64_t p, uint64_t size, unsigned flags) {
+	TRY(use_ctx(ctx));
+	return cu.cuMemHostRegister_v2((void *)(uintptr_t)p, size, flags);
+}
+int kv_cuMemHostUnregister(uint64_t ctx, uint64_t p) {
+	TRY(use_ctx(ctx));
+	return cu.cuMemHostUnregister((void *)(uintptr_t)p);
+}
+int kv_cuPointerGetAttribute(uint64_t ctx, void *data, int attr, uint64_t p) {
+	TRY(use_ctx(ctx));
+	return cu.cuPointerGetAttribute(data, attr, p);
+}
+
+int kv_cuModuleLoadData(uint64_t ctx, uint64_t *mod, const void *image) {
+	CUmodule m = NULL;
+	TRY(use_ctx(ctx));
+	CUresult r = cu.cuModuleLoadData(&m, image);
+	*mod = (uint64_t)(uintptr_t)m;
+	return r;
+}
+int kv_cuModuleGetFunction(uint64_t *fn, uint64_t mod, const char *name) {
+	CUfunction f = NULL;
+	LOADED_OR_FAIL();
+	CUresult r = cu.cuModuleGetFunction(&f, (CUmodule)(uintptr_t)mod, name);
+	*fn = (uint64_t)(uintptr_t)f;
+	return r;
+}
+int kv_cuModuleUnload(uint64_t ctx, uint64_t mod) {
+	TRY(use_ctx(ctx));
+	return cu.cuModuleUnload((CUmodule)(uintptr_t)mod);
+}
+int kv_launch_copy(uint64_t ctx, uint64_t fn, unsigned grid, unsigned block, uint64_t s,
+                   uint64_t src_table, uint64_t dst_table, uint64_t size_table, unsigned n) {
+	void *args[] = {&src_table, &dst_table, &size_table, &n};
+	TRY(use_stream_ctx(ctx, s));
+	return cu.cuLaunchKernel((CUfunction)(uintptr_t)fn, grid, 1, 1, block, 1, 1, 0,
+	                         (CUstream)(uintptr_t)s, args, NULL);
+}
+
+// ---- NVML ------------------------------------------------------------------
+
+typedef void *nvmlDevice_t;
+typedef struct {
+	unsigned long long total, free, used;
+} kv_nvmlMemory_t;
+
+static struct {
+	void *lib;
+	int (*nvmlInit_v2)(void);
+	int (*nvmlDeviceGetCount_v2)(unsigned *);
+	int (*nvmlDeviceGetHandleByPciBusId_v2)(const char *, nvmlDevice_t *);
+	int (*nvmlDeviceGetMemoryInfo)(nvmlDevice_t, kv_nvmlMemory_t *);
+	int (*nvmlDeviceGetNumaNodeId)(nvmlDevice_t, unsigned *); // optional (r535+)
+} nv;
+
+static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
+static const char *nv_path;
+static int nv_status = -1;
+static char nv_err[512];
+
+#define NV_REQUIRE(name)                                                                    \
+	do {                                                                                    \
+		*(void **)(&nv.name) = dlsym(nv.lib, #name);                                        \
+		if (!nv.name) {                                                                     \
+			snprintf(nv_err, sizeof nv_err, "%s has no symbol %s", nv_path, #name);         \
+			return;                                                                         \
+		}                                                                                   \
+	} while (0)
+
+static void nv_load_once(void) {
+	nv.lib = dlopen(nv_path, RTLD_NOW | RTLD_LOCAL);
+	if (!nv.lib) {
+		const char *e = dlerror();
+		snprintf(nv_err, sizeof nv_err, "%s", e ? e : "dlopen failed");
+		return;
+	}
+	NV_REQUIRE(nvmlInit_v2);
+	NV_REQUIRE(nvmlDeviceGetCount_v2);
+	NV_REQUIRE(nvmlDeviceGetHandleByPciBusId_v2);
+	NV_REQUIRE(nvmlDeviceGetMemoryInfo);
+	*(void **)(&nv.nvmlDeviceGetNumaNodeId) = dlsym(nv.lib, "nvmlDeviceGetNumaNodeId");
+	int r = nv.nvmlInit_v2();
+	if (r) {
+		snprintf(nv_err, sizeof nv_err, "nvmlInit_v2 failed with NVML error %d", r);
+		return;
+	}
+	nv_status = 0;
+}
+
+int kv_nvml_load(const char *path, char *err, size_t errlen) {
+	nv_path = path;
+	pthread_once(&nv_once, nv_load_once);
+	if (nv_status != 0)
+		snprintf(err, errlen, "%s", nv_err);
+	return nv_status;
+}
+
+int kv_nvml_device_count(unsigned *n) {
+	if (nv_status)
+		return -1;
+	return nv.nvmlDeviceGetCount_v2(n);
+}
+
+int kv_nvml_numa_node(const char *bus_id, int *node) {
+	nvmlDevice_t d = NULL;
+	unsigned v = 0;
+	*node = -1;
+	if (nv_status || !nv.nvmlDeviceGetNumaNodeId)
+		return -1;
+	int r = nv.nvmlDeviceGetHandleByPciBusId_v2(bus_id, &d);
+	if (r)
+		return r;
+	r = nv.nvmlDeviceGetNumaNodeId(d, &v);
+	if (r == 0)
+		*node = (int)v;
+	return r;
+}
+
+int kv_nvml_memory(const char *bus_id, uint64_t *total, uint64_t *free_bytes) {
+	nvmlDevice_t d = NULL;
+	kv_nvmlMemory_t m;
+	if (nv_status)
+		return -1;
+	int r = nv.nvmlDeviceGetHandleByPciBusId_v2(bus_id, &d);
+	if (r)
+		return r;
+	r = nv.nvmlDeviceGetMemoryInfo(d, &m);
+	if (r == 0) {
+		*total = m.total;
+		*free_bytes = m.free;
+	}
+	return r;
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# GPU check of the real CUDA driver, in two parts.
+#
+# 1. HERE (Go, cmake, a C compiler; no GPU needed):
+#        scripts/gpu-check.sh build
+#    builds build/libkvbm.so, the test binaries of ./cuda ./core/transfer
+#    ./core/worker and the C examples into build/gpu/ (under 64 MiB).
+#
+# 2. ON THE GPU MACHINE (no Go there), through the device tool's `run`:
+#        command:  bash scripts/gpu-check.sh run
+#        carry:    ["build/gpu"]        timeout_s: 420
+#    runs, with KVBM_DEVICE=cuda: the Go test binaries (./cuda twice: as is
+#    and with KVBM_CUDA_MEMCPY_BATCH=1), the C examples, and
+#    scripts/gpu_check.py (PyTorch layer-wise onboard through ctypes, GB/s of
+#    2 MiB blocks and 32 KiB fragments beside a raw pinned copy). Logs go to
+#    $OUT (or build/gpu-out when OUT is unset). Finishes in about 3 minutes;
+#    each step is bounded by `timeout`.
+#
+# Exit status: 0 when every step passed.
+set -u
+cd "$(dirname "$0")/.."
+GPU=build/gpu
+
+build() {
+  set -e
+  rm -rf "$GPU" && mkdir -p "$GPU"
+  make -f Makefile -f capi.mk lib
+  cp build/libkvbm.so "$GPU/"
+  for pkg in cuda core/transfer core/worker; do
+    go test -c -o "$GPU/$(echo "$pkg" | tr / _).test" "./$pkg"
+  done
+  cmake -S . -B build/cmake -DKVBM_LIBRARY="$PWD/build/libkvbm.so" >/dev/null
+  cmake --build build/cmake -j >/dev/null
+  mkdir -p "$GPU/examples"
+  for ex in offload_onboard handoff remote misuse; do cp "build/cmake/$ex" "$GPU/examples/"; done
+  strip "$GPU"/*.test "$GPU"/examples/* 2>/dev/null || true
+  du -sh "$GPU"
+  local kib; kib=$(du -sk "$GPU" | cut -f1)
+  if [ "$kib" -gt $((60 * 1024)) ]; then echo "gpu-check: $GPU is ${kib} KiB, over the 64 MiB carry limit" >&2; exit 1; fi
+  echo "gpu-check: built; on the GPU machine run: bash scripts/gpu-check.sh run  (carry build/gpu)"
+}
+
+run() {
+  local out=${OUT:-build/gpu-out} fails=0 lib
+  mkdir -p "$out"
+  lib=$PWD/$GPU/libkvbm.so
+  export KVBM_DEVICE=cuda KVBM_LIBRARY=$lib LD_LIBRARY_PATH=$PWD/$GPU${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  local deadline=$((SECONDS + 330)) # the whole run stays under 6 minutes
+  step() { # step NAME TIMEOUT_S CMD...: run, log to $out/NAME.log, report
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    limit=$((limit < deadline - SECONDS ? limit : deadline - SECONDS))
+    if [ "$limit" -lt 5 ]; then echo "$name: skipped, out of time" | tee -a "$out/summary.txt"; fails=$((fails + 1)); return; fi
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$out/summary.txt"
+    if [ "$rc" -ne 0 ]; then fails=$((fails + 1)); tail -n 25 "$out/$name.log"; fi
+  }
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$out/summary.txt"
+  # Go test binaries run in their package directory (testdata paths).
+  step go-cuda 90 bash -c "cd cuda && ../$GPU/cuda.test -test.count=1 -test.v -test.run 'Real|Conformance|Open'"
+  step go-cuda-batchapi 60 bash -c "cd cuda && KVBM_CUDA_MEMCPY_BATCH=1 ../$GPU/cuda.test -test.count=1 -test.v -test.run 'Real'"
+  step go-core-transfer 60 bash -c "cd core/transfer && ../../$GPU/core_transfer.test -test.count=1"
+  step go-core-worker 60 bash -c "cd core/worker && ../../$GPU/core_worker.test -test.count=1"
+  for ex in offload_onboard handoff remote misuse; do
+    step "c-$ex" 30 "$GPU/examples/$ex"
+  done
+  step python-torch 90 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py
+  tail -n 8 "$out/python-torch.log"
+  echo "gpu-check: $fails step(s) failed; logs in $out"
+  [ "$fails" -eq 0 ]
+}
+
+case "${1:-}" in
+  build) build ;;
+  run) run ;;
+  *) echo "usage: $0 build|run   (see the header)" >&2; exit 2 ;;
+esac

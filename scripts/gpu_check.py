@@ -1,0 +1,125 @@
+"""GPU half of scripts/gpu-check.sh: PyTorch-driven checks of libkvbm.so with
+KVBM_DEVICE=cuda. Needs torch with CUDA and the kvbmgo package (python/).
+
+1. Layer-wise onboard: G1 = torch tensors (data_ptr), events from
+   torch.cuda.Event(), the compute stream waits on layer L's event, then
+   reads layer L; every layer is checked.
+2. GB/s, each beside a raw copy of one large pinned buffer measured in the
+   same run: whole 2 MiB blocks (both layouts fully contiguous) and 32 KiB
+   fragments (G1 layer_separate), G2->G1 (H2D) and G1->G2 (D2H).
+"""
+import os
+import sys
+import time
+
+import torch
+import kvbmgo
+from kvbmgo import Tier
+
+print("kvbm info:", kvbmgo.info(), flush=True)
+dev = torch.device("cuda:0")
+LAYERS, BLOCKS, PAGE, HEADS, HEAD = 32, 256, 16, 8, 128  # 32 KiB per (layer, k/v); 2 MiB per block
+rows = []
+
+
+def raw_gbs(nbytes: int, d2h: bool) -> float:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    devb = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        (host.copy_(devb, non_blocking=True) if d2h else devb.copy_(host, non_blocking=True))
+    torch.cuda.synchronize()
+    s.record()
+    for _ in range(10):
+        (host.copy_(devb, non_blocking=True) if d2h else devb.copy_(host, non_blocking=True))
+    e.record()
+    e.synchronize()
+    return 10 * nbytes / (s.elapsed_time(e) / 1e3) / 1e9
+
+
+def raw_d2d_gbs(nbytes: int) -> float:
+    a = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    b.copy_(a)
+    s.record()
+    for _ in range(10):
+        b.copy_(a)
+    e.record()
+    e.synchronize()
+    return 10 * nbytes / (s.elapsed_time(e) / 1e3) / 1e9
+
+
+def timed(w, src, dst, ids, reps=5) -> float:
+    with w.transfer(src, ids, dst, ids) as n:  # warm-up
+        n.wait()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        with w.transfer(src, ids, dst, ids) as n:
+            n.wait()
+    return time.perf_counter() - t0
+
+
+def layerwise() -> None:
+    caches = {f"layer.{i}": torch.randn(2, BLOCKS, PAGE, HEADS, HEAD, dtype=torch.float16, device=dev)
+              for i in range(LAYERS)}
+    ref = {k: v.clone() for k, v in caches.items()}
+    with kvbmgo.Worker(worker_id=1) as w:
+        cfg, _ = w.register_kv_caches(caches)
+        w.allocate_g2(cfg.replace(layout="fully_contiguous"))
+        ids = list(range(0, BLOCKS, 2))
+        torch.cuda.synchronize()
+        with w.transfer(Tier.G1, ids, Tier.G2, ids) as n:
+            n.wait()
+        for v in caches.values():
+            v.zero_()
+        torch.cuda.synchronize()
+        events = [torch.cuda.Event() for _ in range(LAYERS)]
+        compute = torch.cuda.Stream()
+        n = w.onboard_layerwise(ids, ids, [e.cuda_event for e in events])
+        sums = []
+        with torch.cuda.stream(compute):
+            for L, (k, v) in enumerate(caches.items()):
+                compute.wait_event(events[L])  # attention of layer L waits for its KV
+                sums.append((v[:, ids] - ref[k][:, ids]).abs().sum())
+        with n:
+            n.wait()
+        compute.synchronize()
+        bad = [L for L, s in enumerate(sums) if s.item() != 0]
+        print(f"layerwise onboard: {LAYERS} layers, {len(ids)} blocks, mismatched layers {bad}", flush=True)
+        assert not bad, bad
+
+        # 32 KiB fragments: G1 layer_separate <-> G2 fully_contiguous.
+        nbytes = len(ids) * LAYERS * 2 * PAGE * HEADS * HEAD * 2
+        for name, src, dst, d2h in (("H2D 32KiB frags", Tier.G2, Tier.G1, False),
+                                    ("D2H 32KiB frags", Tier.G1, Tier.G2, True)):
+            t = timed(w, src, dst, ids)
+            rows.append((name, 5 * nbytes / t / 1e9, raw_gbs(1 << 30, d2h)))
+
+
+def blocks() -> None:
+    shape = (BLOCKS, LAYERS, 2, PAGE, HEADS, HEAD)
+    g1 = torch.randn(*shape, dtype=torch.float16, device=dev)
+    with kvbmgo.Worker(worker_id=2) as w:
+        cfg, _ = w.register_kv_caches([g1], layout="fully_contiguous")
+        w.allocate_g2(cfg)
+        ids = list(range(BLOCKS // 2))
+        nbytes = len(ids) * LAYERS * 2 * PAGE * HEADS * HEAD * 2
+        for name, src, dst, d2h in (("H2D 2MiB blocks", Tier.G2, Tier.G1, False),
+                                    ("D2H 2MiB blocks", Tier.G1, Tier.G2, True)):
+            t = timed(w, src, dst, ids)
+            rows.append((name, 5 * nbytes / t / 1e9, raw_gbs(1 << 30, d2h)))
+    rows.append(("D2D raw only (1 GiB)", float("nan"), raw_d2d_gbs(1 << 30)))
+
+
+status = 0
+for step in (layerwise, blocks):
+    try:
+        step()
+    except Exception as e:  # report and go on to the next step
+        print(f"FAIL {step.__name__}: {type(e).__name__}: {e}", flush=True)
+        status = 1
+print(f"{'copy':24} {'kvbm GB/s':>10} {'raw GB/s':>10}")
+for name, k, r in rows:
+    print(f"{name:24} {k:10.1f} {r:10.1f}")
+sys.exit(status)
