@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"encoding/binary"
+	"os"
 	"testing"
 
 	"github.com/kvbm/kvbm/core/layout"
@@ -25,20 +26,40 @@ var kinds = []storage.Kind{storage.System, storage.Pinned, storage.Device, stora
 
 type fixture struct {
 	t   *testing.T
-	emu *cuda.Emulated
+	drv cuda.Driver
+	emu *cuda.Emulated // nil on the real driver
 	m   *Manager
+}
+
+// testDriver is the emulated device, or the real driver when the run asks
+// for it with KVBM_DEVICE=cuda (scripts/gpu-check.sh on a GPU machine).
+func testDriver(t testing.TB) (cuda.Driver, *cuda.Emulated) {
+	t.Helper()
+	if os.Getenv(cuda.EnvDevice) == cuda.RealName {
+		drv, err := cuda.Default()
+		require.NoError(t, err)
+		return drv, nil
+	}
+	emu := cuda.NewEmulated(1)
+	t.Cleanup(func() { require.NoError(t, emu.Close()) })
+	return emu, emu
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	emu := cuda.NewEmulated(1)
-	m, err := NewManager(Config{WorkerID: 0xA1, Driver: emu, DiskDir: t.TempDir(), HostWorkers: 2})
+	drv, emu := testDriver(t)
+	m, err := NewManager(Config{WorkerID: 0xA1, Driver: drv, DiskDir: t.TempDir(), HostWorkers: 2})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, m.Close())
-		require.NoError(t, emu.Close())
-	})
-	return &fixture{t: t, emu: emu, m: m}
+	t.Cleanup(func() { require.NoError(t, m.Close()) })
+	return &fixture{t: t, drv: drv, emu: emu, m: m}
+}
+
+// needEmulated skips a test that needs the emulated device's hooks (fault
+// injection, reading device memory from the host).
+func (f *fixture) needEmulated() {
+	if f.emu == nil {
+		f.t.Skip("needs the emulated device's fault hook")
+	}
 }
 
 func (f *fixture) alloc(kind storage.Kind, cfg layout.Config, shape Shape) LayoutHandle {

@@ -17,6 +17,7 @@ type gate struct {
 }
 
 func newGate(t *testing.T, f *fixture, onCopy func(kind cuda.CopyKind, c cuda.Copy)) *gate {
+	f.needEmulated()
 	g := &gate{open: make(chan struct{})}
 	buf, err := f.emu.MemAlloc(0, 2)
 	require.NoError(t, err)

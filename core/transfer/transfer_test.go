@@ -245,6 +245,7 @@ func TestDiskCorruptionDetected(t *testing.T) {
 func TestDeviceFaultSurfaces(t *testing.T) {
 	f := newFixture(t)
 	cfg := smallConfig(4)
+	f.needEmulated()
 	src := f.alloc(storage.Pinned, cfg, FullyContiguous)
 	dst := f.alloc(storage.Device, cfg, FullyContiguous)
 	boom := errors.New("injected ECC error")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"os"
 	"testing"
 
 	"github.com/kvbm/kvbm/core/layout"
@@ -36,7 +37,7 @@ type testWorker struct {
 // newWorker makes a worker whose G1 is "engine" device memory registered by
 // pointer (one region per layer, vLLM's block-second shape), with G2, G3
 // and an object store.
-func newWorker(t *testing.T, drv *cuda.Emulated, id uint64, loop *transfer.Loopback, store object.Store) *testWorker {
+func newWorker(t *testing.T, drv cuda.Driver, id uint64, loop *transfer.Loopback, store object.Store) *testWorker {
 	t.Helper()
 	m, err := transfer.NewManager(transfer.Config{WorkerID: id, Driver: drv, DiskDir: t.TempDir()})
 	require.NoError(t, err)
@@ -98,7 +99,14 @@ func waiter(t *testing.T) func(*transfer.Notification, error) {
 	}
 }
 
-func newDriver(t *testing.T) *cuda.Emulated {
+// newDriver is the emulated device, or the real driver when the run asks
+// for it with KVBM_DEVICE=cuda (scripts/gpu-check.sh on a GPU machine).
+func newDriver(t *testing.T) cuda.Driver {
+	if os.Getenv(cuda.EnvDevice) == cuda.RealName {
+		drv, err := cuda.Default()
+		require.NoError(t, err)
+		return drv
+	}
 	drv := cuda.NewEmulated(1)
 	t.Cleanup(func() { require.NoError(t, drv.Close()) })
 	return drv
