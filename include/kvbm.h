@@ -228,8 +228,7 @@ typedef struct kvbm_worker_config {
 /* Creates a worker with its own transfer manager on the active device
  * backend, and joins it to the process-wide in-process transport so that
  * other workers of this process can import its metadata. The strings are
- * copied. The caller destroys the worker with kvbm_worker_destroy, after
- * the workers that imported its layouts stop using them.
+ * copied. The caller destroys the worker with kvbm_worker_destroy.
  * Thread safety: a worker may be used from many threads at once.
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size),
  * KVBM_ERR_ALREADY_EXISTS (worker_id already used in this process),
@@ -237,10 +236,12 @@ typedef struct kvbm_worker_config {
  * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
 kvbm_status_t kvbm_worker_create(const kvbm_worker_config_t *config, kvbm_worker_t *worker);
 
-/* Waits for transfers in flight, releases G2 and G3 and every other
- * resource, and invalidates the handle. Notifications of the worker stay
+/* Waits for transfers in flight — its own, and other workers' transfers
+ * on layouts they imported from it — releases G2 and G3 and every other
+ * resource, and invalidates the handle. Later transfers of other workers on
+ * its layouts fail with KVBM_ERR_CANCELED. Notifications of the worker stay
  * valid handles (free them as usual). Registered G1 memory stays the
- * caller's. Returns KVBM_OK, KVBM_ERR_INVALID_HANDLE (also on double free),
+ * caller's: it may be freed once this returns. Returns KVBM_OK, KVBM_ERR_INVALID_HANDLE (also on double free),
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_destroy(kvbm_worker_t worker);
 
@@ -328,8 +329,9 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, si
                                           size_t *size);
 
 /* Imports another worker's metadata so its layouts can be transfer
- * sources. The exporting worker must live in this process (in-process
- * transport) and outlive the use of its layouts. Returns KVBM_OK,
+ * sources and destinations. The exporting worker must live in this process
+ * (in-process transport); once it is destroyed, transfers on its layouts
+ * fail with KVBM_ERR_CANCELED. Returns KVBM_OK,
  * KVBM_ERR_INVALID_ARGUMENT (NULL, len 0, own metadata),
  * KVBM_ERR_DATA_CORRUPTION (bytes fail decoding), KVBM_ERR_NOT_FOUND (the
  * exporting worker is gone), KVBM_ERR_INVALID_HANDLE,

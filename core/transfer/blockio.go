@@ -43,10 +43,11 @@ func (b *BlockIO) WriteBlock(id int, src []byte) error {
 }
 
 func (b *BlockIO) move(id int, buf []byte, write bool) error {
-	if err := b.m.begin(); err != nil {
+	release, err := b.m.hold(b.e)
+	if err != nil {
 		return err
 	}
-	defer b.m.inflight.Done()
+	defer release()
 	cfg := b.e.layout.Config()
 	if id < 0 || id >= cfg.NumBlocks {
 		return fmt.Errorf("%w: block id %d out of range [0, %d)", ErrOutOfRange, id, cfg.NumBlocks)

@@ -28,7 +28,8 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	if len(srcIDs) == 0 {
 		return completed(nil), nil
 	}
-	if err := m.begin(); err != nil {
+	release, err := m.hold(p.src, p.dst, p.bounce)
+	if err != nil {
 		return nil, err
 	}
 	start, path := time.Now(), pathOf(strat, kind)
@@ -36,17 +37,17 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	if strat == deviceCopy {
 		wait, err := m.enqueueDevice(p, kind, opts)
 		if err != nil {
-			m.inflight.Done()
+			release()
 			return nil, err
 		}
 		go func() {
-			defer m.inflight.Done()
+			defer release()
 			m.finish(n, p, path, start, wait())
 		}()
 		return n, nil
 	}
 	go func() {
-		defer m.inflight.Done()
+		defer release()
 		if strat == twoHop {
 			m.finish(n, p, path, start, m.twoHop(p, opts))
 			return

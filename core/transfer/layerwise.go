@@ -52,29 +52,31 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 	} else if s, err = m.h2d.next(); err != nil {
 		return nil, err
 	}
-	if err := m.begin(); err != nil {
+	release, err := m.hold(p.src, p.dst)
+	if err != nil {
 		return nil, err
 	}
-	defer m.inflight.Done()
 	start := time.Now()
 	for layer := range numLayers {
 		lp := subPlan(p.src, p.dst, srcIDs, dstIDs, LayerRange{layer, layer + 1})
 		if err := m.enqueueCopies(lp.ops, kind, s, 0); err != nil {
+			release()
 			return nil, fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
 		}
 		if err := m.drv.EventRecord(events[layer], s); err != nil {
+			release()
 			return nil, fmt.Errorf("layer-wise onboard, layer %d: record event: %w", layer, err)
 		}
 	}
 	// An empty plan on the same stream yields the completion of the whole.
 	done, err := m.enqueueDevice(subPlan(p.src, p.dst, nil, nil, p.layers), kind, Options{Stream: &s})
 	if err != nil {
+		release()
 		return nil, err
 	}
 	n := newNotification()
-	m.inflight.Add(1)
 	go func() {
-		defer m.inflight.Done()
+		defer release()
 		m.finish(n, p, PathH2D, start, done())
 	}()
 	return n, nil

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/kvbm/kvbm/core/layout"
@@ -49,6 +50,9 @@ type entry struct {
 	disk   *storage.DiskFile // kind Disk
 	crc    *checksums        // kind Disk
 	owned  []io.Closer       // released on Unregister (not for imported layouts)
+	// owner is the exporting manager of an imported layout (nil for local
+	// ones): transfers on it hold that manager open.
+	owner *Manager
 }
 
 // Manager is the transfer manager of one worker. Safe for concurrent use.
@@ -136,6 +140,32 @@ func (e *entry) release() error {
 		errs = append(errs, e.owned[i].Close())
 	}
 	return errors.Join(errs...)
+}
+
+// hold marks a transfer on the given layouts in flight, with this manager
+// and with the exporting managers of imported ones, so that their Close
+// waits for it; it fails once one of them is closed. release ends it.
+func (m *Manager) hold(entries ...*entry) (release func(), err error) {
+	if err := m.begin(); err != nil {
+		return nil, err
+	}
+	held := []*Manager{m}
+	release = func() {
+		for _, h := range held {
+			h.inflight.Done()
+		}
+	}
+	for _, e := range entries {
+		if e == nil || e.owner == nil || slices.Contains(held, e.owner) {
+			continue
+		}
+		if err := e.owner.begin(); err != nil {
+			release()
+			return nil, fmt.Errorf("%w: layout %v: the worker that exported it (%x) is closed", ErrClosed, e.handle, e.owner.WorkerID())
+		}
+		held = append(held, e.owner)
+	}
+	return release, nil
 }
 
 // begin marks a transfer in flight; it fails once the manager is closed.

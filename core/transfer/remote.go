@@ -48,7 +48,10 @@ func (d Descriptor) equal(o Descriptor) bool {
 }
 
 // Attachment is a remote layout made reachable by a Transport.
-type Attachment struct{ e *entry }
+type Attachment struct {
+	e     *entry
+	owner *Manager // the exporting manager, which owns the memory
+}
 
 // Transport makes other workers' layouts reachable from this manager, so
 // that ExecuteTransfer can read and write them like local ones.
@@ -85,6 +88,7 @@ func (m *Manager) Import(t Transport, descs []Descriptor) ([]LayoutHandle, error
 	for i, a := range atts {
 		imported := *a.e
 		imported.owned = nil // the exporting worker owns the memory
+		imported.owner = a.owner
 		m.entries[descs[i].Handle] = &imported
 		handles[i] = descs[i].Handle
 	}
@@ -93,8 +97,9 @@ func (m *Manager) Import(t Transport, descs []Descriptor) ([]LayoutHandle, error
 
 // Loopback is the in-process transport: workers in one process reach each
 // other's memory directly. It stands in for a network data plane in tests
-// and single-process deployments. An exporting manager must outlive the
-// imports of its layouts.
+// and single-process deployments. Transfers on an imported layout hold the
+// exporting manager open: its Close waits for them, and once it is closed
+// they are refused.
 type Loopback struct {
 	mu       sync.RWMutex
 	managers map[uint64]*Manager
@@ -140,5 +145,5 @@ func (l *Loopback) Attach(d Descriptor) (Attachment, error) {
 		return Attachment{}, fmt.Errorf("%w: loopback: descriptor of %v does not match the exporting worker's layout",
 			ErrInvalidArgument, d.Handle)
 	}
-	return Attachment{e: e}, nil
+	return Attachment{e: e, owner: m}, nil
 }

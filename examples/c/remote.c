@@ -157,9 +157,13 @@ int main(void) {
     EXPECT(kvbm_last_error()[0] != '\0');
 
     CHECK(kvbm_coordinated_destroy(c));
-    /* A imported B's layouts: stop using them before B goes away. */
-    CHECK(kvbm_worker_destroy(a));
+    /* B goes away first: A's transfers on B's layouts are refused, never
+     * reading freed memory. */
     CHECK(kvbm_worker_destroy(b));
+    EXPECT(kvbm_worker_transfer_from_instance(a, INSTANCE_B, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids,
+                                              NUM_BLOCKS, NULL, &n) == KVBM_ERR_CANCELED);
+    EXPECT(kvbm_last_error()[0] != '\0');
+    CHECK(kvbm_worker_destroy(a));
     expect_no_handles();
     free(md_a);
     free(md_b);
