@@ -12,7 +12,6 @@ import "C"
 import (
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"unsafe"
 )
@@ -30,9 +29,11 @@ import (
 //   - Streams and events are raw CUstream / CUevent values; ones the engine
 //     made (torch.cuda.Event().cuda_event, torch streams) are used as they
 //     are, with no lookup in our tables.
+//   - Each trampoline puts the calling thread's previous current context
+//     back before it returns (the thread may be the engine's).
 //   - EventSynchronize and StreamSynchronize poll (cuEventQuery,
-//     cuStreamQuery) with a backoff from 2 µs to 100 µs instead of blocking
-//     an OS thread each.
+//     cuStreamQuery) instead of blocking an OS thread each: yielding for
+//     the first 50 µs, then sleeping from 50 µs doubling to 1 ms.
 //   - Errors are *Error with the driver's name and description. An error
 //     of asynchronous work (an illegal address in a kernel) is sticky for
 //     the whole context in CUDA, not per stream as in the emulated device.
@@ -43,26 +44,32 @@ type Real struct {
 
 	mu        sync.Mutex
 	closed    bool
-	devAllocs map[uint64]int          // MemAlloc: ptr → device
+	devAllocs map[uint64]devRange     // MemAlloc: ptr → device and size
 	hostAlloc map[uint64]int          // HostAlloc: ptr → device
 	hostRegs  map[uint64][]span       // HostRegister: ptr → the chunks registered
-	devRanges map[uint64]int          // RegisterDeviceRange: ptr → count
+	devRanges map[uint64][]devRange   // RegisterDeviceRange: ptr → its registrations, latest last
+	devIndex  deviceRanges            // MemAlloc and RegisterDeviceRange ranges per device, for the kernel path
 	hosts     regionTable             // pinned host ranges (HostAlloc and HostRegister), for the kernel path
 	kernels   map[int]*copyKernel     // per device, loaded at first use
 	kernelErr map[int]error           // per device, why the kernel is unavailable
+	kernelRes map[int]int             // per device, the CUresult that made it unavailable
+	kernelLog bool                    // the kernel's unavailability has been logged
 	tables    map[int][]*kernelTables // per device, the kernel's argument tables
+
+	batchFallbackLog sync.Once // cuMemcpyBatchAsync refused a batch: logged once
 }
 
 type realDevice struct {
 	info    DeviceInfo
+	dev     int    // CUdevice from cuDeviceGet
 	ctx     uint64 // retained primary context
 	hostPtr bool   // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: the kernel may touch pinned host memory
 }
 
 var _ Driver = (*Real)(nil)
 
-// Library names, variables so that tests can point them elsewhere.
-var (
+// Library names (the C side opens these; see real_trampolines.c).
+const (
 	libcudaName = "libcuda.so.1"
 	libnvmlName = "libnvidia-ml.so.1"
 )
@@ -75,6 +82,7 @@ const EnvMemcpyBatch = "KVBM_CUDA_MEMCPY_BATCH"
 // CUDA constants used here (cuda.h).
 const (
 	cuStreamNonBlocking        = 0x1
+	cuStreamLegacy             = 0x1 // CU_STREAM_LEGACY: the legacy default stream, as 0 is
 	cuEventDisableTiming       = 0x2
 	cuMemHostAllocPortable     = 0x1
 	cuMemHostAllocDeviceMap    = 0x2
@@ -102,10 +110,8 @@ func openCUDA() (Driver, error) {
 
 // loadLibcuda opens libcuda once per process.
 func loadLibcuda() error {
-	path := C.CString(libcudaName)
-	defer C.free(unsafe.Pointer(path))
 	var buf [512]C.char
-	if C.kv_cuda_load(path, &buf[0], C.size_t(len(buf))) != 0 {
+	if C.kv_cuda_load(&buf[0], C.size_t(len(buf))) != 0 {
 		return fmt.Errorf("%w: cannot load %s: %s", ErrCUDAUnavailable, libcudaName, C.GoString(&buf[0]))
 	}
 	return nil
@@ -143,12 +149,13 @@ func OpenReal() (*Real, error) {
 		return nil, err
 	}
 	r := &Real{
-		devAllocs: map[uint64]int{},
+		devAllocs: map[uint64]devRange{},
 		hostAlloc: map[uint64]int{},
 		hostRegs:  map[uint64][]span{},
-		devRanges: map[uint64]int{},
+		devRanges: map[uint64][]devRange{},
 		kernels:   map[int]*copyKernel{},
 		kernelErr: map[int]error{},
+		kernelRes: map[int]int{},
 		tables:    map[int][]*kernelTables{},
 	}
 	r.hosts.init("pinned host")
@@ -162,7 +169,7 @@ func OpenReal() (*Real, error) {
 		r.devices = append(r.devices, d)
 	}
 	r.batchOK = C.kv_cuda_batch_version() != 0 && os.Getenv(EnvMemcpyBatch) == "1"
-	r.numa = numaNodes() > 1
+	r.numa = numaNodes(sysfsRoot) > 1
 	return r, nil
 }
 
@@ -199,6 +206,7 @@ func openDevice(ordinal int, nvml bool) (realDevice, error) {
 			PCIBusID:    busID,
 			NUMANode:    numaNode(busID, nvml),
 		},
+		dev:     int(dev),
 		ctx:     uint64(ctx),
 		hostPtr: hostPtr != 0,
 	}, nil
@@ -206,32 +214,36 @@ func openDevice(ordinal int, nvml bool) (realDevice, error) {
 
 // loadNVML opens libnvidia-ml.so.1 once per process.
 func loadNVML() error {
-	path := C.CString(libnvmlName)
-	defer C.free(unsafe.Pointer(path))
 	var buf [512]C.char
-	if C.kv_nvml_load(path, &buf[0], C.size_t(len(buf))) != 0 {
+	if C.kv_nvml_load(&buf[0], C.size_t(len(buf))) != 0 {
 		return fmt.Errorf("cannot load %s: %s", libnvmlName, C.GoString(&buf[0]))
 	}
 	return nil
 }
 
-// numaNode is the NUMA node of the device at busID: NVML's answer when it
-// has one, else sysfs's, else -1.
+// numaNode is the NUMA node of the device at busID (see deviceNUMANode:
+// sysfs first, NVML as a fallback, only nodes with CPUs), or -1.
 func numaNode(busID string, nvml bool) int {
+	var fromNVML func() int
 	if nvml {
-		id := C.CString(busID)
-		defer C.free(unsafe.Pointer(id))
-		var node C.int
-		if C.kv_nvml_numa_node(id, &node) == 0 && node >= 0 {
+		fromNVML = func() int {
+			id := C.CString(busID)
+			defer C.free(unsafe.Pointer(id))
+			var node C.int
+			if C.kv_nvml_numa_node(id, &node) != 0 {
+				return -1
+			}
 			return int(node)
 		}
 	}
-	return sysfsNUMANode(busID)
+	return deviceNUMANode(sysfsRoot, busID, fromNVML)
 }
 
-// Close releases the primary contexts. Memory, streams and events still
-// allocated are not freed (the engine may share the context). Close is
-// idempotent; later calls fail with CUDA_ERROR_NOT_INITIALIZED.
+// Close frees the copy kernel's tables (after the launches using them have
+// finished), unloads the kernel modules, then releases the primary
+// contexts. Memory, streams and events the caller still holds are not
+// freed (the engine may share the context). Close is idempotent; later
+// calls fail with CUDA_ERROR_NOT_INITIALIZED. It returns the first error.
 func (r *Real) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -240,10 +252,33 @@ func (r *Real) Close() error {
 	}
 	r.closed = true
 	var first error
-	for i := range r.devices {
-		if err := check("cuDevicePrimaryCtxRelease", C.kv_cuDevicePrimaryCtxRelease(C.int(i))); err != nil && first == nil {
+	keep := func(err error) {
+		if err != nil && first == nil {
 			first = err
 		}
+	}
+	for dev, sets := range r.tables {
+		ctx := C.uint64_t(r.devices[dev].ctx)
+		for _, t := range sets {
+			if t.busy {
+				// Its last launch may still read the tables. A failure here
+				// is the context's sticky error: the work is over either way.
+				_ = poll(func() (bool, error) {
+					return done("cuEventQuery", C.kv_cuEventQuery(ctx, C.uint64_t(t.event)))
+				})
+			}
+			keep(check("cuEventDestroy", C.kv_cuEventDestroy(ctx, C.uint64_t(t.event))))
+			keep(check("cuMemFree", C.kv_cuMemFree(ctx, C.uint64_t(t.dev))))
+			keep(check("cuMemFreeHost", C.kv_cuMemFreeHost(ctx, C.uint64_t(t.host))))
+		}
+	}
+	clear(r.tables)
+	for dev, k := range r.kernels {
+		keep(check("cuModuleUnload", C.kv_cuModuleUnload(C.uint64_t(r.devices[dev].ctx), C.uint64_t(k.module))))
+	}
+	clear(r.kernels)
+	for i := range r.devices {
+		keep(check("cuDevicePrimaryCtxRelease", C.kv_cuDevicePrimaryCtxRelease(C.int(r.devices[i].dev))))
 	}
 	return first
 }
@@ -298,33 +333,14 @@ func (r *Real) anyCtx() C.uint64_t {
 	return C.uint64_t(r.devices[0].ctx)
 }
 
-// sysfsNUMANode reads /sys/bus/pci/devices/<bus id>/numa_node; -1 when
-// unknown. cuDeviceGetPCIBusId gives "0000:3B:00.0"; sysfs spells it in
-// lower case.
-func sysfsNUMANode(busID string) int {
-	b, err := os.ReadFile("/sys/bus/pci/devices/" + strings.ToLower(busID) + "/numa_node")
-	if err != nil {
-		return -1
-	}
-	var n int
-	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &n); err != nil || n < 0 {
-		return -1
-	}
-	return n
-}
-
-// numaNodes is the number of NUMA nodes of this machine (1 when unknown).
-func numaNodes() int {
-	n := 0
-	for {
-		if _, err := os.Stat(fmt.Sprintf("/sys/devices/system/node/node%d", n)); err != nil {
-			break
-		}
-		n++
-	}
-	return max(n, 1)
-}
-
 // batchVersion reports which cuMemcpyBatchAsync the driver has (0 none,
 // 1 CUDA 12.8's, 2 cuMemcpyBatchAsync_v2).
 func batchVersion() int { return int(C.kv_cuda_batch_version()) }
+
+// realCtxGetCurrent is this OS thread's current context (0 when none); for
+// tests, which lock the goroutine to its thread.
+func realCtxGetCurrent() (uint64, error) {
+	var ctx C.uint64_t
+	err := check("cuCtxGetCurrent", C.kv_cuCtxGetCurrent(&ctx))
+	return uint64(ctx), err
+}

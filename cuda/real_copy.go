@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"fmt"
+	"log/slog"
 	"unsafe"
 )
 
@@ -58,7 +59,9 @@ func (r *Real) MemcpyBatchAsync(kind CopyKind, copies []Copy, s Stream) error {
 		return nil
 	}
 	dev := r.streamDevice(s)
-	in := copyPlanInput{Copies: n, Bytes: total, BatchOK: r.batchOK && s != 0 && dev >= 0}
+	// Never the batch API on the legacy default stream (0, or
+	// CU_STREAM_LEGACY: 1): cuMemcpyBatchAsync rejects it.
+	in := copyPlanInput{Copies: n, Bytes: total, BatchOK: r.batchOK && s != 0 && s != cuStreamLegacy && dev >= 0}
 	if n >= batchMinCopies {
 		in.HazardFree = hazardFree(copies)
 	}
@@ -117,15 +120,28 @@ func (r *Real) loopCopy(kind CopyKind, copies []Copy, s Stream) error {
 	return nil
 }
 
+// batchCopy copies with cuMemcpyBatchAsync. When the driver refuses the
+// batch with CUDA_ERROR_INVALID_VALUE (a stream or attribute it does not
+// take), the copies go through the loop instead, and that is logged once.
+// Copies the refused call may have enqueued are harmless to repeat: the
+// batch is hazard-free, so no copy changes another's source.
 func (r *Real) batchCopy(kind CopyKind, dev int, copies []Copy, s Stream) error {
 	dst, src, size, _ := columns(copies)
 	var failed C.size_t
 	res := C.kv_memcpy_batch(C.uint64_t(r.devices[dev].ctx), C.int(kind), C.int(dev), (*C.uint64_t)(&dst[0]),
 		(*C.uint64_t)(&src[0]), (*C.uint64_t)(&size[0]), C.size_t(len(dst)), C.uint64_t(s), &failed)
-	if err := check("cuMemcpyBatchAsync", res); err != nil {
-		return fmt.Errorf("batch of %d %v copies: %w", len(dst), kind, err)
+	err := check("cuMemcpyBatchAsync", res)
+	if err == nil {
+		return nil
 	}
-	return nil
+	if IsCode(err, ErrCodeInvalidValue) {
+		r.batchFallbackLog.Do(func() {
+			slog.Info("kvbm: cuMemcpyBatchAsync refused a batch; such batches use a loop of cuMemcpy*Async",
+				"device", dev, "stream", uint64(s), "err", err)
+		})
+		return r.loopCopy(kind, copies, s)
+	}
+	return fmt.Errorf("batch of %d %v copies: %w", len(dst), kind, err)
 }
 
 // streamDevice is the ordinal of the device whose context s belongs to:
@@ -149,27 +165,34 @@ func (r *Real) streamDevice(s Stream) int {
 	return -1
 }
 
-// kernelMayCopy reports whether the kernel may touch every copy's memory:
-// device memory always; host memory only when it lies in pinned memory
-// this driver allocated or registered and the device can use host
-// pointers (a fault in a kernel would poison the context, where a bad
-// cuMemcpy only fails its call).
+// kernelMayCopy reports whether the kernel on dev may touch every copy's
+// memory: each device side must lie inside one allocation (MemAlloc) or
+// registered range (RegisterDeviceRange) of dev, and each host side inside
+// pinned memory this driver allocated or registered, on a device that can
+// use host pointers. A bad address faults inside the kernel, a sticky
+// error that poisons the whole context (the engine's too), where a bad
+// cuMemcpy only fails its call: anything unknown goes to the copy engines.
 func (r *Real) kernelMayCopy(dev int, kind CopyKind, copies []Copy) bool {
-	if kind == DeviceToDevice {
-		return true
-	}
-	if !r.devices[dev].hostPtr {
+	if kind != DeviceToDevice && !r.devices[dev].hostPtr {
 		return false
 	}
+	host := func(p, n uint64) bool { return r.hosts.lookup(p, n) != nil }
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, c := range copies {
 		if c.Size == 0 {
 			continue
 		}
-		host := c.Src
-		if kind == DeviceToHost {
-			host = c.Dst
+		var ok bool
+		switch kind {
+		case HostToDevice:
+			ok = host(c.Src, c.Size) && r.devIndex.contains(dev, c.Dst, c.Size)
+		case DeviceToHost:
+			ok = r.devIndex.contains(dev, c.Src, c.Size) && host(c.Dst, c.Size)
+		case DeviceToDevice:
+			ok = r.devIndex.contains(dev, c.Src, c.Size) && r.devIndex.contains(dev, c.Dst, c.Size)
 		}
-		if r.hosts.lookup(host, c.Size) == nil {
+		if !ok {
 			return false
 		}
 	}

@@ -44,9 +44,15 @@ type kernelTables struct {
 	busy      bool
 }
 
+// cuErrorUnsupportedPTXVersion: cuModuleLoadData's answer when the driver
+// is older than the PTX's ISA version (kernels/copy.ptx is ISA 8.0, from
+// NVRTC 12.0: drivers of CUDA 12.0, r525, and later JIT it).
+const cuErrorUnsupportedPTXVersion = 222
+
 // loadKernel returns device's kernel, loading it on first use. A failure
-// (a driver older than the PTX, say) is remembered and logged once, and is
-// reported as CUDA_ERROR_NOT_SUPPORTED so that callers fall back.
+// (a driver older than the PTX, say) is remembered per device, logged once
+// per driver, and reported as CUDA_ERROR_NOT_SUPPORTED so that callers fall
+// back to the copy engines; kernelRes keeps the driver's own code.
 func (r *Real) loadKernel(dev int) (*copyKernel, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -60,16 +66,26 @@ func (r *Real) loadKernel(dev int) (*copyKernel, error) {
 	image := C.CString(copyPTX)
 	defer C.free(unsafe.Pointer(image))
 	var mod, fn C.uint64_t
-	err := check("cuModuleLoadData", C.kv_cuModuleLoadData(ctx, &mod, unsafe.Pointer(image)))
+	res := C.kv_cuModuleLoadData(ctx, &mod, unsafe.Pointer(image))
+	err := check("cuModuleLoadData", res)
 	if err == nil {
 		name := C.CString(copyKernelName)
 		defer C.free(unsafe.Pointer(name))
-		if err = check("cuModuleGetFunction", C.kv_cuModuleGetFunction(&fn, mod, name)); err != nil {
+		res = C.kv_cuModuleGetFunction(&fn, mod, name)
+		if err = check("cuModuleGetFunction", res); err != nil {
 			_ = C.kv_cuModuleUnload(ctx, mod)
 		}
 	}
 	if err != nil {
-		slog.Info("kvbm: the CUDA copy kernel is unavailable; batches use the copy engines", "device", dev, "err", err)
+		if !r.kernelLog {
+			r.kernelLog = true
+			msg := "kvbm: the CUDA copy kernel is unavailable; batches use the copy engines"
+			if int(res) == cuErrorUnsupportedPTXVersion {
+				msg = "kvbm: the CUDA driver is too old for the copy kernel's PTX (ISA 8.0 needs a CUDA 12.0 driver, r525 or later); batches use the copy engines"
+			}
+			slog.Warn(msg, "device", dev, "err", err)
+		}
+		r.kernelRes[dev] = int(res)
 		r.kernelErr[dev] = NewError("cuModuleLoadData", ErrCodeNotSupported, err.Error())
 		return nil, r.kernelErr[dev]
 	}
@@ -81,10 +97,17 @@ func (r *Real) loadKernel(dev int) (*copyKernel, error) {
 // acquireTables returns a free table set of device, making one if none is.
 func (r *Real) acquireTables(dev int) (*kernelTables, error) {
 	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, NewError("cuLaunchKernel", ErrCodeNotInitialized, "the CUDA driver is closed")
+	}
 	for _, t := range r.tables[dev] {
 		if t.busy {
-			// Not r.EventQuery: r.mu is held.
-			if C.kv_cuEventQuery(r.anyCtx(), C.uint64_t(t.event)) == cuSuccess {
+			// Not r.EventQuery: r.mu is held. Anything but NOT_READY frees
+			// the set: after a sticky error no launch will ever complete,
+			// and the error reaches the caller through its copy's own
+			// synchronization, so waiting would only leak a set per batch.
+			if C.kv_cuEventQuery(C.uint64_t(r.devices[dev].ctx), C.uint64_t(t.event)) != cuNotReady {
 				t.busy = false
 			}
 		}
@@ -114,6 +137,13 @@ func (r *Real) acquireTables(dev int) (*kernelTables, error) {
 	}
 	t.host, t.dev, t.event = uint64(host), uint64(devp), Event(ev)
 	r.mu.Lock()
+	if r.closed { // closed meanwhile: Close freed the others
+		r.mu.Unlock()
+		_ = C.kv_cuEventDestroy(C.uint64_t(d.ctx), ev)
+		_ = C.kv_cuMemFree(C.uint64_t(d.ctx), devp)
+		_ = C.kv_cuMemFreeHost(C.uint64_t(d.ctx), host)
+		return nil, NewError("cuLaunchKernel", ErrCodeNotInitialized, "the CUDA driver is closed")
+	}
 	r.tables[dev] = append(r.tables[dev], t)
 	r.mu.Unlock()
 	return t, nil

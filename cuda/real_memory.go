@@ -31,7 +31,9 @@ func (r *Real) MemAlloc(device int, size uint64) (uint64, error) {
 		return 0, err
 	}
 	r.mu.Lock()
-	r.devAllocs[uint64(p)] = device
+	a := devRange{dev: device, start: uint64(p), size: size}
+	r.devAllocs[a.start] = a
+	r.devIndex.add(a.dev, a.start, a.size)
 	r.mu.Unlock()
 	return uint64(p), nil
 }
@@ -40,15 +42,16 @@ func (r *Real) MemAlloc(device int, size uint64) (uint64, error) {
 func (r *Real) MemFree(ptr uint64) error {
 	const op = "cuMemFree"
 	r.mu.Lock()
-	device, ok := r.devAllocs[ptr]
+	a, ok := r.devAllocs[ptr]
 	if ok {
 		delete(r.devAllocs, ptr)
+		r.devIndex.remove(a.dev, a.start, a.size)
 	}
 	r.mu.Unlock()
 	if !ok {
 		return NewError(op, ErrCodeInvalidValue, fmt.Sprintf("%#x is not the start of a device allocation", ptr))
 	}
-	return check(op, C.kv_cuMemFree(C.uint64_t(r.devices[device].ctx), C.uint64_t(ptr)))
+	return check(op, C.kv_cuMemFree(C.uint64_t(r.devices[a.dev].ctx), C.uint64_t(ptr)))
 }
 
 // HostAlloc allocates pinned host memory with cuMemHostAlloc
@@ -160,8 +163,9 @@ func (r *Real) HostUnregister(ptr uint64) error {
 
 // RegisterDeviceRange checks that [ptr, ptr+size) is device memory of
 // device (cuPointerGetAttribute: MEMORY_TYPE is device and DEVICE_ORDINAL
-// is device, at both ends) and counts the registration; nothing else is
-// needed for the driver to copy to and from it.
+// is device, at both ends) and records the registration, so that the copy
+// kernel may touch the range; nothing else is needed for the copy engines
+// to copy to and from it.
 func (r *Real) RegisterDeviceRange(device int, ptr, size uint64) error {
 	const op = "RegisterDeviceRange"
 	d, err := r.device(op, device)
@@ -191,24 +195,28 @@ func (r *Real) RegisterDeviceRange(device int, ptr, size uint64) error {
 		}
 	}
 	r.mu.Lock()
-	r.devRanges[ptr]++
+	reg := devRange{dev: device, start: ptr, size: size}
+	r.devRanges[ptr] = append(r.devRanges[ptr], reg)
+	r.devIndex.add(reg.dev, reg.start, reg.size)
 	r.mu.Unlock()
 	return nil
 }
 
-// UnregisterDeviceRange undoes RegisterDeviceRange.
+// UnregisterDeviceRange undoes the latest RegisterDeviceRange at ptr.
 func (r *Real) UnregisterDeviceRange(ptr uint64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := r.devRanges[ptr]
-	switch {
-	case n == 0:
+	regs := r.devRanges[ptr]
+	if len(regs) == 0 {
 		return NewError("UnregisterDeviceRange", ErrCodeInvalidValue,
 			fmt.Sprintf("%#x is not the start of a registered device range", ptr))
-	case n == 1:
-		delete(r.devRanges, ptr)
-	default:
-		r.devRanges[ptr] = n - 1
 	}
+	reg := regs[len(regs)-1]
+	if len(regs) == 1 {
+		delete(r.devRanges, ptr)
+	} else {
+		r.devRanges[ptr] = regs[:len(regs)-1]
+	}
+	r.devIndex.remove(reg.dev, reg.start, reg.size)
 	return nil
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"cmp"
+	"runtime"
 	"slices"
 	"time"
 )
@@ -152,21 +153,50 @@ func hazardFree(copies []Copy) bool {
 	return true
 }
 
-// Polling backoff of EventSynchronize and StreamSynchronize: waiting
-// goroutines sleep between cuEventQuery calls instead of blocking an OS
-// thread in cuEventSynchronize, since the transfer manager may have
-// thousands waiting at once.
+// Polling of EventSynchronize and StreamSynchronize: waiting goroutines
+// query (cuEventQuery, cuStreamQuery) instead of blocking an OS thread in
+// cuEventSynchronize, since the transfer manager may have thousands waiting
+// at once. Go's timers round a sub-millisecond sleep up to about 1 ms, so a
+// wait that sleeps at once costs a millisecond even for work that is about
+// done: for the first pollSpin the waiter yields (runtime.Gosched) between
+// queries, then sleeps from pollFirst doubling to pollMax.
 const (
-	pollFirst = 2 * time.Microsecond
-	pollMax   = 100 * time.Microsecond
+	pollSpin  = 50 * time.Microsecond
+	pollFirst = 50 * time.Microsecond
+	pollMax   = time.Millisecond
 )
 
-// nextPoll is the sleep after one of d: doubling from pollFirst to pollMax.
-func nextPoll(d time.Duration) time.Duration {
-	if d < pollFirst {
+// nextPoll is how to wait after a query that found the work pending:
+// elapsed is the time since the wait began, last the previous sleep (0
+// before the first). 0 means yield and query again; otherwise sleep that
+// long.
+func nextPoll(elapsed, last time.Duration) time.Duration {
+	if elapsed < pollSpin {
+		return 0
+	}
+	if last < pollFirst {
 		return pollFirst
 	}
-	return min(2*d, pollMax)
+	return min(2*last, pollMax)
+}
+
+// poll calls query until it reports completion or fails, waiting as
+// nextPoll says between calls.
+func poll(query func() (bool, error)) error {
+	start := time.Now()
+	var last time.Duration
+	for {
+		if ok, err := query(); ok || err != nil {
+			return err
+		}
+		d := nextPoll(time.Since(start), last)
+		if d == 0 {
+			runtime.Gosched()
+			continue
+		}
+		last = d
+		time.Sleep(d)
+	}
 }
 
 // reach keeps the two furthest ends of ranges from different copies.

@@ -2,6 +2,8 @@ package cuda
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -107,18 +109,114 @@ func TestHazardFree(t *testing.T) {
 }
 
 func TestNextPoll(t *testing.T) {
-	d := nextPoll(0)
-	require.Equal(t, pollFirst, d)
-	seen := []time.Duration{d}
-	for range 10 {
-		d = nextPoll(d)
-		seen = append(seen, d)
+	const us = time.Microsecond
+	// Yield, never sleep, for the first pollSpin (a sub-millisecond sleep
+	// costs about a millisecond).
+	for _, elapsed := range []time.Duration{0, us, 49 * us} {
+		require.Zero(t, nextPoll(elapsed, 0), elapsed)
 	}
-	require.Equal(t, []time.Duration{2, 4, 8, 16, 32, 64, 100, 100, 100, 100, 100}, func() []time.Duration {
-		out := make([]time.Duration, len(seen))
-		for i, s := range seen {
-			out[i] = s / time.Microsecond
-		}
-		return out
-	}())
+	// Then sleep, doubling from pollFirst up to pollMax.
+	var seen []time.Duration
+	var d time.Duration
+	for range 8 {
+		d = nextPoll(pollSpin, d)
+		seen = append(seen, d/us)
+	}
+	require.Equal(t, []time.Duration{50, 100, 200, 400, 800, 1000, 1000, 1000}, seen)
+	require.Equal(t, pollFirst, nextPoll(time.Second, 0))
+	require.Equal(t, pollMax, nextPoll(time.Second, pollMax))
+}
+
+func TestPoll(t *testing.T) {
+	// Done at once, after a few queries, and failing: poll returns the
+	// query's answer.
+	calls := 0
+	require.NoError(t, poll(func() (bool, error) { calls++; return true, nil }))
+	require.Equal(t, 1, calls)
+	calls = 0
+	start := time.Now()
+	require.NoError(t, poll(func() (bool, error) { calls++; return calls == 5, nil }))
+	require.Equal(t, 5, calls)
+	// Work that finishes within the spin phase costs no sleep.
+	require.Less(t, time.Since(start), 500*time.Millisecond)
+	boom := errors.New("sticky")
+	require.ErrorIs(t, poll(func() (bool, error) { return true, boom }), boom)
+	// Pending past the spin phase: it sleeps and still sees completion.
+	start = time.Now()
+	require.NoError(t, poll(func() (bool, error) { return time.Since(start) > 3*time.Millisecond, nil }))
+}
+
+func TestDeviceRanges(t *testing.T) {
+	var d deviceRanges
+	require.False(t, d.contains(0, 0x1000, 1))
+	d.add(0, 0x1000, 0x1000)  // [0x1000, 0x2000)
+	d.add(0, 0x1800, 0x100)   // nested
+	d.add(0, 0x10000, 0x4000) // [0x10000, 0x14000)
+	d.add(1, 0x20000, 0x1000) // another device
+	for _, tc := range []struct {
+		dev  int
+		p, n uint64
+		want bool
+	}{
+		{0, 0x1000, 0x1000, true},
+		{0, 0x1fff, 1, true},
+		{0, 0x1900, 0x700, true}, // past the nested range, inside the long one
+		{0, 0x1f00, 0x101, false},
+		{0, 0xfff, 2, false},
+		{0, 0x2000, 1, false},
+		{0, 0x1f00, 0x10000, false}, // spans a gap
+		{0, 0x13000, 0x1000, true},
+		{0, 0x20000, 0x10, false}, // device 1's
+		{1, 0x20000, 0x10, true},
+		{1, 0x1000, 0x10, false},
+		{0, ^uint64(0) - 1, 4, false}, // wraps
+	} {
+		require.Equal(t, tc.want, d.contains(tc.dev, tc.p, tc.n), "dev %d %#x+%#x", tc.dev, tc.p, tc.n)
+	}
+	// Registered twice, removed once: still there; unknown removal fails.
+	d.add(0, 0x1000, 0x1000)
+	require.True(t, d.remove(0, 0x1000, 0x1000))
+	require.True(t, d.contains(0, 0x1000, 0x1000))
+	require.True(t, d.remove(0, 0x1000, 0x1000))
+	require.False(t, d.contains(0, 0x1000, 0x1000))
+	require.True(t, d.contains(0, 0x1800, 0x100))
+	require.False(t, d.remove(0, 0x1000, 0x1000))
+	require.False(t, d.remove(2, 0x1000, 0x1000))
+}
+
+func TestDeviceNUMANode(t *testing.T) {
+	root := t.TempDir()
+	write := func(path, text string) {
+		p := filepath.Join(root, path)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+	}
+	// A Grace-like machine: node 0 has CPUs; nodes 1 and 2 are GPU memory.
+	write("devices/system/node/node0/cpulist", "0-71\n")
+	write("devices/system/node/node1/cpulist", "\n")
+	write("devices/system/node/node2/cpulist", "")
+	write("bus/pci/devices/0009:01:00.0/numa_node", "0\n")
+	write("bus/pci/devices/0000:3b:00.0/numa_node", "-1\n")
+	write("bus/pci/devices/0000:5e:00.0/numa_node", "1\n")
+	nvml := func(n int) func() int { return func() int { return n } }
+
+	require.Equal(t, 3, numaNodes(root))
+	require.Equal(t, 1, numaNodes(filepath.Join(root, "none")))
+	// sysfs first, whatever NVML says (its HBM node on Grace).
+	require.Equal(t, 0, deviceNUMANode(root, "0009:01:00.0", nvml(1)))
+	// Upper-case bus ids as cuDeviceGetPCIBusId gives them.
+	write("bus/pci/devices/0000:3c:00.0/numa_node", "0\n")
+	require.Equal(t, 0, deviceNUMANode(root, "0000:3C:00.0", nil))
+	// sysfs unknown: NVML, but only a node with CPUs.
+	require.Equal(t, 0, deviceNUMANode(root, "0000:3b:00.0", nvml(0)))
+	require.Equal(t, -1, deviceNUMANode(root, "0000:3b:00.0", nvml(2)))
+	require.Equal(t, -1, deviceNUMANode(root, "0000:3b:00.0", nvml(-1)))
+	require.Equal(t, -1, deviceNUMANode(root, "0000:3b:00.0", nil))
+	// sysfs names a CPU-less node: NVML's answer if it has CPUs.
+	require.Equal(t, -1, deviceNUMANode(root, "0000:5e:00.0", nvml(1)))
+	require.Equal(t, 0, deviceNUMANode(root, "0000:5e:00.0", nvml(0)))
+	// No such device, or a malformed id.
+	require.Equal(t, -1, deviceNUMANode(root, "0000:99:00.0", nil))
+	require.Equal(t, -1, deviceNUMANode(root, "../../x", nil))
+	require.Equal(t, -1, deviceNUMANode(root, "", nil))
 }

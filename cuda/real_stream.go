@@ -7,8 +7,6 @@ package cuda
 */
 import "C"
 
-import "time"
-
 // Streams and events of the real driver. Handles are the driver's own, so
 // an engine's streams and events work wherever ours do.
 
@@ -104,8 +102,9 @@ func (r *Real) EventQuery(e Event) (bool, error) {
 	return done(op, C.kv_cuEventQuery(r.anyCtx(), C.uint64_t(e)))
 }
 
-// EventSynchronize waits for e's captured work, polling cuEventQuery with
-// a short backoff: it parks the goroutine, never an OS thread.
+// EventSynchronize waits for e's captured work, polling cuEventQuery (see
+// poll: yields for the first 50 µs, then sleeps with a growing interval):
+// it parks the goroutine, never an OS thread.
 func (r *Real) EventSynchronize(e Event) error {
 	const op = "cuEventSynchronize"
 	if err := r.checkOpen(op); err != nil {
@@ -122,16 +121,4 @@ func done(op string, res C.int) (bool, error) {
 		return false, nil
 	}
 	return true, check(op, res)
-}
-
-// poll calls query until it reports completion, sleeping nextPoll between.
-func poll(query func() (bool, error)) error {
-	var d time.Duration
-	for {
-		if ok, err := query(); ok || err != nil {
-			return err
-		}
-		d = nextPoll(d)
-		time.Sleep(d)
-	}
 }

@@ -94,7 +94,9 @@ static struct {
 } cu;
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
-static const char *cu_path;
+// Constants, not set by the caller: pthread_once's routine reads them on
+// whichever thread gets there first.
+static const char cu_path[] = "libcuda.so.1";
 static int cu_status = -1;
 static char cu_err[512];
 
@@ -159,8 +161,7 @@ static void cu_load_once(void) {
 	cu_status = 0;
 }
 
-int kv_cuda_load(const char *path, char *err, size_t errlen) {
-	cu_path = path; // only the first caller's path is used
+int kv_cuda_load(char *err, size_t errlen) {
 	pthread_once(&cu_once, cu_load_once);
 	if (cu_status != 0)
 		snprintf(err, errlen, "%s", cu_err);
@@ -179,32 +180,70 @@ int kv_cuda_batch_version(void) {
 			return CUDA_ERROR_NOT_INITIALIZED; \
 	} while (0)
 
-// use_ctx makes ctx current on this thread unless it already is.
-static CUresult use_ctx(uint64_t ctx) {
+// The calling thread's current context, saved by ctx_enter and put back
+// by ctx_leave. The caller's thread may be the engine's (a cgo call runs
+// on whatever OS thread the goroutine is on, and through libkvbm.so on the
+// engine's own threads): its current context is the CUDA runtime's current
+// device there, so every trampoline that changes it restores it before
+// returning.
+typedef struct {
+	CUcontext prev;
+	int changed;
+} ctx_guard;
+
+// ctx_enter makes ctx current on this thread unless it already is.
+static CUresult ctx_enter(uint64_t ctx, ctx_guard *g) {
 	CUcontext cur = NULL;
+	g->prev = NULL;
+	g->changed = 0;
 	LOADED_OR_FAIL();
-	if (cu.cuCtxGetCurrent(&cur) == 0 && cur == (CUcontext)(uintptr_t)ctx)
+	CUresult r = cu.cuCtxGetCurrent(&cur);
+	if (r)
+		return r;
+	if (cur == (CUcontext)(uintptr_t)ctx)
 		return 0;
-	return cu.cuCtxSetCurrent((CUcontext)(uintptr_t)ctx);
+	r = cu.cuCtxSetCurrent((CUcontext)(uintptr_t)ctx);
+	if (r == 0) {
+		g->prev = cur;
+		g->changed = 1;
+	}
+	return r;
 }
 
-// use_stream_ctx makes current the context of stream s (an engine's stream
-// may belong to any context), or fallback for the legacy default stream
-// and when the driver cannot say.
-static CUresult use_stream_ctx(uint64_t fallback, uint64_t s) {
+// stream_ctx_enter makes current the context of stream s (an engine's
+// stream may belong to any context), or fallback for the legacy and
+// per-thread default streams and when the driver cannot say.
+static CUresult stream_ctx_enter(uint64_t fallback, uint64_t s, ctx_guard *g) {
 	CUcontext c = NULL;
+	g->prev = NULL;
+	g->changed = 0;
 	LOADED_OR_FAIL();
 	if (s > 2 && cu.cuStreamGetCtx((CUstream)(uintptr_t)s, &c) == 0 && c)
-		return use_ctx((uint64_t)(uintptr_t)c);
-	return use_ctx(fallback);
+		return ctx_enter((uint64_t)(uintptr_t)c, g);
+	return ctx_enter(fallback, g);
 }
 
-#define TRY(x)                \
-	do {                      \
-		CUresult r_ = (x);    \
-		if (r_)               \
-			return r_;        \
+// ctx_leave puts back the context ctx_enter replaced (NULL included: a
+// thread that had none is left with none).
+static void ctx_leave(const ctx_guard *g) {
+	if (g->changed)
+		(void)cu.cuCtxSetCurrent(g->prev);
+}
+
+// IN_CTX(enter, call): return call's result, run between enter (ctx_enter
+// or stream_ctx_enter on g_) and ctx_leave.
+#define IN_CTX(enter, call)         \
+	do {                            \
+		ctx_guard g_;               \
+		CUresult r_ = (enter);      \
+		if (r_ == 0) {              \
+			r_ = (call);            \
+			ctx_leave(&g_);         \
+		}                           \
+		return r_;                  \
 	} while (0)
+#define CTX(ctx) ctx_enter((ctx), &g_)
+#define STREAM_CTX(ctx, s) stream_ctx_enter((ctx), (s), &g_)
 
 int kv_cuGetErrorName(int code, const char **s) { LOADED_OR_FAIL(); return cu.cuGetErrorName(code, s); }
 int kv_cuGetErrorString(int code, const char **s) { LOADED_OR_FAIL(); return cu.cuGetErrorString(code, s); }
@@ -233,18 +272,20 @@ int kv_cuDevicePrimaryCtxRelease(int dev) { LOADED_OR_FAIL(); return cu.cuDevice
 
 int kv_cuStreamCreate(uint64_t ctx, uint64_t *s, unsigned flags) {
 	CUstream h = NULL;
-	TRY(use_ctx(ctx));
-	CUresult r = cu.cuStreamCreate(&h, flags);
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuStreamCreate(&h, flags);
+		ctx_leave(&g);
+	}
 	*s = (uint64_t)(uintptr_t)h;
 	return r;
 }
 int kv_cuStreamDestroy(uint64_t ctx, uint64_t s) {
-	TRY(use_stream_ctx(ctx, s));
-	return cu.cuStreamDestroy_v2((CUstream)(uintptr_t)s);
+	IN_CTX(STREAM_CTX(ctx, s), cu.cuStreamDestroy_v2((CUstream)(uintptr_t)s));
 }
 int kv_cuStreamQuery(uint64_t ctx, uint64_t s) {
-	TRY(use_stream_ctx(ctx, s));
-	return cu.cuStreamQuery((CUstream)(uintptr_t)s);
+	IN_CTX(STREAM_CTX(ctx, s), cu.cuStreamQuery((CUstream)(uintptr_t)s));
 }
 int kv_cuStreamGetCtx(uint64_t s, uint64_t *ctx) {
 	CUcontext c = NULL;
@@ -254,27 +295,27 @@ int kv_cuStreamGetCtx(uint64_t s, uint64_t *ctx) {
 	return r;
 }
 int kv_cuStreamWaitEvent(uint64_t ctx, uint64_t s, uint64_t e) {
-	TRY(use_stream_ctx(ctx, s));
-	return cu.cuStreamWaitEvent((CUstream)(uintptr_t)s, (CUevent)(uintptr_t)e, 0);
+	IN_CTX(STREAM_CTX(ctx, s), cu.cuStreamWaitEvent((CUstream)(uintptr_t)s, (CUevent)(uintptr_t)e, 0));
 }
 int kv_cuEventCreate(uint64_t ctx, uint64_t *e, unsigned flags) {
 	CUevent h = NULL;
-	TRY(use_ctx(ctx));
-	CUresult r = cu.cuEventCreate(&h, flags);
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuEventCreate(&h, flags);
+		ctx_leave(&g);
+	}
 	*e = (uint64_t)(uintptr_t)h;
 	return r;
 }
 int kv_cuEventDestroy(uint64_t ctx, uint64_t e) {
-	TRY(use_ctx(ctx));
-	return cu.cuEventDestroy_v2((CUevent)(uintptr_t)e);
+	IN_CTX(CTX(ctx), cu.cuEventDestroy_v2((CUevent)(uintptr_t)e));
 }
 int kv_cuEventRecord(uint64_t ctx, uint64_t e, uint64_t s) {
-	TRY(use_stream_ctx(ctx, s));
-	return cu.cuEventRecord((CUevent)(uintptr_t)e, (CUstream)(uintptr_t)s);
+	IN_CTX(STREAM_CTX(ctx, s), cu.cuEventRecord((CUevent)(uintptr_t)e, (CUstream)(uintptr_t)s));
 }
 int kv_cuEventQuery(uint64_t ctx, uint64_t e) {
-	TRY(use_ctx(ctx));
-	return cu.cuEventQuery((CUevent)(uintptr_t)e);
+	IN_CTX(CTX(ctx), cu.cuEventQuery((CUevent)(uintptr_t)e));
 }
 
 static CUresult memcpy_one(int kind, uint64_t dst, uint64_t src, uint64_t size, CUstream s) {
@@ -290,18 +331,15 @@ static CUresult memcpy_one(int kind, uint64_t dst, uint64_t src, uint64_t size, 
 }
 
 int kv_cuMemcpyAsync(uint64_t ctx, int kind, uint64_t dst, uint64_t src, uint64_t size, uint64_t s) {
-	TRY(use_stream_ctx(ctx, s));
-	return memcpy_one(kind, dst, src, size, (CUstream)(uintptr_t)s);
+	IN_CTX(STREAM_CTX(ctx, s), memcpy_one(kind, dst, src, size, (CUstream)(uintptr_t)s));
 }
 
-int kv_memcpy_loop(uint64_t ctx, int kind, const uint64_t *dst, const uint64_t *src,
-                   const uint64_t *size, size_t n, uint64_t s, size_t *failed) {
-	*failed = 0;
-	TRY(use_stream_ctx(ctx, s));
+static CUresult memcpy_loop(int kind, const uint64_t *dst, const uint64_t *src, const uint64_t *size,
+                            size_t n, CUstream s, size_t *failed) {
 	for (size_t i = 0; i < n; i++) {
 		if (size[i] == 0)
 			continue;
-		CUresult r = memcpy_one(kind, dst[i], src[i], size[i], (CUstream)(uintptr_t)s);
+		CUresult r = memcpy_one(kind, dst[i], src[i], size[i], s);
 		if (r) {
 			*failed = i;
 			return r;
@@ -310,13 +348,26 @@ int kv_memcpy_loop(uint64_t ctx, int kind, const uint64_t *dst, const uint64_t *
 	return 0;
 }
 
+int kv_memcpy_loop(uint64_t ctx, int kind, const uint64_t *dst, const uint64_t *src,
+                   const uint64_t *size, size_t n, uint64_t s, size_t *failed) {
+	*failed = 0;
+	IN_CTX(STREAM_CTX(ctx, s), memcpy_loop(kind, dst, src, size, n, (CUstream)(uintptr_t)s, failed));
+}
+
 int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *src,
                     uint64_t *size, size_t n, uint64_t s, size_t *failed) {
 	kv_CUmemcpyAttributes attr;
 	size_t attr_idx = 0, fail_idx = 0;
 	kv_CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0}, device = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+	ctx_guard g;
 	*failed = 0;
-	TRY(use_stream_ctx(ctx, s));
+	// Never the legacy default stream (0 or CU_STREAM_LEGACY, 0x1): the
+	// batch API rejects it. The Go side does not pass it; this is a guard.
+	if (s == 0 || s == 1)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = stream_ctx_enter(ctx, s, &g);
+	if (r)
+		return r;
 	memset(&attr, 0, sizeof attr);
 	attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
 	attr.srcLocHint = kind == 1 ? host : device;
@@ -324,7 +375,6 @@ int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *sr
 	// CUdeviceptr and size_t are 64-bit on every platform we build for.
 	_Static_assert(sizeof(CUdeviceptr) == sizeof(uint64_t), "CUdeviceptr");
 	_Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t");
-	CUresult r;
 	if (cu.cuMemcpyBatchAsync_v2) {
 		r = cu.cuMemcpyBatchAsync_v2((CUdeviceptr *)dst, (CUdeviceptr *)src, (size_t *)size, n,
 		                             &attr, &attr_idx, 1, (CUstream)(uintptr_t)s);
@@ -335,64 +385,93 @@ int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *sr
 	} else {
 		r = CUDA_ERROR_NOT_SUPPORTED;
 	}
+	ctx_leave(&g);
 	return r;
 }
 
 int kv_cuMemAlloc(uint64_t ctx, uint64_t *p, uint64_t size) {
 	CUdeviceptr d = 0;
-	TRY(use_ctx(ctx));
-	CUresult r = cu.cuMemAlloc_v2(&d, size);
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuMemAlloc_v2(&d, size);
+		ctx_leave(&g);
+	}
 	*p = d;
 	return r;
 }
 int kv_cuMemFree(uint64_t ctx, uint64_t p) {
-	TRY(use_ctx(ctx));
-	return cu.cuMemFree_v2(p);
+	IN_CTX(CTX(ctx), cu.cuMemFree_v2(p));
 }
 
-// set_mempolicy(2) through syscall(2): no libnuma needed.
+// get_mempolicy(2) and set_mempolicy(2) through syscall(2): no libnuma
+// needed. Node masks of KV_MAX_NODES bits.
 #define KV_MPOL_DEFAULT 0
 #define KV_MPOL_PREFERRED 1
+#define KV_MPOL_LOCAL 4
+#define KV_MPOL_MODE_FLAGS (1 << 15 | 1 << 14 | 1 << 13) // MPOL_F_STATIC_NODES, _RELATIVE_NODES, _NUMA_BALANCING
+#define KV_MAX_NODES 1024
+#define KV_LONG_BITS (8 * sizeof(unsigned long))
 
-int kv_cuMemHostAlloc(uint64_t ctx, uint64_t *p, uint64_t size, unsigned flags, int numa_node) {
-	void *h = NULL;
-	int bound = 0;
-	TRY(use_ctx(ctx));
-	if (numa_node >= 0 && numa_node < 1024) {
-		unsigned long mask[1024 / (8 * sizeof(unsigned long))];
+// host_alloc_on calls cuMemHostAlloc with this thread's memory policy set
+// to prefer numa_node, then puts the thread's previous policy back (the
+// thread may be the engine's). When the previous policy cannot be read,
+// the pages are placed as the thread's policy says.
+static CUresult host_alloc_on(void **h, uint64_t size, unsigned flags, int numa_node) {
+	unsigned long old_mask[KV_MAX_NODES / KV_LONG_BITS], mask[KV_MAX_NODES / KV_LONG_BITS];
+	int old_mode = 0, bound = 0;
+	if (numa_node >= 0 && numa_node < KV_MAX_NODES - 1 &&
+	    syscall(SYS_get_mempolicy, &old_mode, old_mask, (unsigned long)KV_MAX_NODES, NULL, 0UL) == 0) {
 		memset(mask, 0, sizeof mask);
-		mask[numa_node / (8 * sizeof(unsigned long))] |= 1UL << (numa_node % (8 * sizeof(unsigned long)));
-		bound = syscall(SYS_set_mempolicy, KV_MPOL_PREFERRED, mask, 1024) == 0;
+		mask[numa_node / KV_LONG_BITS] |= 1UL << (numa_node % KV_LONG_BITS);
+		// maxnode is one more than the bits passed (the kernel reads maxnode-1).
+		bound = syscall(SYS_set_mempolicy, KV_MPOL_PREFERRED, mask, (unsigned long)KV_MAX_NODES + 1) == 0;
 	}
 	// The driver allocates and pins (so faults in) the pages inside this
 	// call, on this thread: the policy above places them.
-	CUresult r = cu.cuMemHostAlloc(&h, size, flags);
-	if (bound)
-		syscall(SYS_set_mempolicy, KV_MPOL_DEFAULT, NULL, 0);
+	CUresult r = cu.cuMemHostAlloc(h, size, flags);
+	if (bound) {
+		int mode = old_mode & ~KV_MPOL_MODE_FLAGS;
+		if (mode == KV_MPOL_DEFAULT || mode == KV_MPOL_LOCAL)
+			syscall(SYS_set_mempolicy, old_mode, NULL, 0UL);
+		else
+			syscall(SYS_set_mempolicy, old_mode, old_mask, (unsigned long)KV_MAX_NODES + 1);
+	}
+	return r;
+}
+
+int kv_cuMemHostAlloc(uint64_t ctx, uint64_t *p, uint64_t size, unsigned flags, int numa_node) {
+	void *h = NULL;
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = host_alloc_on(&h, size, flags, numa_node);
+		ctx_leave(&g);
+	}
 	*p = (uint64_t)(uintptr_t)h;
 	return r;
 }
 int kv_cuMemFreeHost(uint64_t ctx, uint64_t p) {
-	TRY(use_ctx(ctx));
-	return cu.cuMemFreeHost((void *)(uintptr_t)p);
+	IN_CTX(CTX(ctx), cu.cuMemFreeHost((void *)(uintptr_t)p));
 }
 int kv_cuMemHostRegister(uint64_t ctx, uint64_t p, uint64_t size, unsigned flags) {
-	TRY(use_ctx(ctx));
-	return cu.cuMemHostRegister_v2((void *)(uintptr_t)p, size, flags);
+	IN_CTX(CTX(ctx), cu.cuMemHostRegister_v2((void *)(uintptr_t)p, size, flags));
 }
 int kv_cuMemHostUnregister(uint64_t ctx, uint64_t p) {
-	TRY(use_ctx(ctx));
-	return cu.cuMemHostUnregister((void *)(uintptr_t)p);
+	IN_CTX(CTX(ctx), cu.cuMemHostUnregister((void *)(uintptr_t)p));
 }
 int kv_cuPointerGetAttribute(uint64_t ctx, void *data, int attr, uint64_t p) {
-	TRY(use_ctx(ctx));
-	return cu.cuPointerGetAttribute(data, attr, p);
+	IN_CTX(CTX(ctx), cu.cuPointerGetAttribute(data, attr, p));
 }
 
 int kv_cuModuleLoadData(uint64_t ctx, uint64_t *mod, const void *image) {
 	CUmodule m = NULL;
-	TRY(use_ctx(ctx));
-	CUresult r = cu.cuModuleLoadData(&m, image);
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuModuleLoadData(&m, image);
+		ctx_leave(&g);
+	}
 	*mod = (uint64_t)(uintptr_t)m;
 	return r;
 }
@@ -404,15 +483,21 @@ int kv_cuModuleGetFunction(uint64_t *fn, uint64_t mod, const char *name) {
 	return r;
 }
 int kv_cuModuleUnload(uint64_t ctx, uint64_t mod) {
-	TRY(use_ctx(ctx));
-	return cu.cuModuleUnload((CUmodule)(uintptr_t)mod);
+	IN_CTX(CTX(ctx), cu.cuModuleUnload((CUmodule)(uintptr_t)mod));
 }
 int kv_launch_copy(uint64_t ctx, uint64_t fn, unsigned grid, unsigned block, uint64_t s,
                    uint64_t src_table, uint64_t dst_table, uint64_t size_table, unsigned n) {
 	void *args[] = {&src_table, &dst_table, &size_table, &n};
-	TRY(use_stream_ctx(ctx, s));
-	return cu.cuLaunchKernel((CUfunction)(uintptr_t)fn, grid, 1, 1, block, 1, 1, 0,
-	                         (CUstream)(uintptr_t)s, args, NULL);
+	IN_CTX(STREAM_CTX(ctx, s), cu.cuLaunchKernel((CUfunction)(uintptr_t)fn, grid, 1, 1, block, 1, 1, 0,
+	                                             (CUstream)(uintptr_t)s, args, NULL));
+}
+int kv_cuCtxGetCurrent(uint64_t *ctx) {
+	CUcontext c = NULL;
+	*ctx = 0;
+	LOADED_OR_FAIL();
+	CUresult r = cu.cuCtxGetCurrent(&c);
+	*ctx = (uint64_t)(uintptr_t)c;
+	return r;
 }
 
 // ---- NVML ------------------------------------------------------------------
@@ -432,7 +517,7 @@ static struct {
 } nv;
 
 static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
-static const char *nv_path;
+static const char nv_path[] = "libnvidia-ml.so.1";
 static int nv_status = -1;
 static char nv_err[512];
 
@@ -465,8 +550,7 @@ static void nv_load_once(void) {
 	nv_status = 0;
 }
 
-int kv_nvml_load(const char *path, char *err, size_t errlen) {
-	nv_path = path;
+int kv_nvml_load(char *err, size_t errlen) {
 	pthread_once(&nv_once, nv_load_once);
 	if (nv_status != 0)
 		snprintf(err, errlen, "%s", nv_err);

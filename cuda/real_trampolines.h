@@ -5,8 +5,11 @@
 //
 // Handles cross as integers (uint64_t) so that Go never converts them to
 // unsafe.Pointer. Every trampoline that needs a current context takes the
-// context to use and makes it current first, inside the same C call: one
-// cgo call runs on one OS thread, so no runtime.LockOSThread is needed.
+// context to use and makes it current first, inside the same C call (one
+// cgo call runs on one OS thread, so no runtime.LockOSThread is needed),
+// and puts the thread's previous current context back before it returns:
+// the thread may be the engine's, whose current context is its CUDA
+// runtime's current device.
 #ifndef KVBM_REAL_TRAMPOLINES_H
 #define KVBM_REAL_TRAMPOLINES_H
 
@@ -17,10 +20,10 @@
 // dynamic symbol table.
 #pragma GCC visibility push(hidden)
 
-// kv_cuda_load opens path (libcuda.so.1) and resolves the table. It returns
-// 0, or -1 with a message in err (dlerror's, or the missing symbol's name).
+// kv_cuda_load opens libcuda.so.1 and resolves the table. It returns 0, or
+// -1 with a message in err (dlerror's, or the missing symbol's name).
 // Loading happens once per process; later calls return the first result.
-int kv_cuda_load(const char *path, char *err, size_t errlen);
+int kv_cuda_load(char *err, size_t errlen);
 
 // kv_cuda_batch_version: 0 when the driver has no cuMemcpyBatchAsync, 1 for
 // the CUDA 12.8 signature (with failIdx), 2 for cuMemcpyBatchAsync_v2
@@ -39,6 +42,8 @@ int kv_cuDeviceGetAttribute(int *v, int attr, int dev);
 int kv_cuDeviceGetPCIBusId(char *id, int len, int dev);
 int kv_cuDevicePrimaryCtxRetain(uint64_t *ctx, int dev);
 int kv_cuDevicePrimaryCtxRelease(int dev);
+// kv_cuCtxGetCurrent: this thread's current context (0 when none).
+int kv_cuCtxGetCurrent(uint64_t *ctx);
 
 int kv_cuStreamCreate(uint64_t ctx, uint64_t *s, unsigned flags);
 int kv_cuStreamDestroy(uint64_t ctx, uint64_t s);
@@ -59,13 +64,16 @@ int kv_memcpy_loop(uint64_t ctx, int kind, const uint64_t *dst, const uint64_t *
                    const uint64_t *size, size_t n, uint64_t s, size_t *failed);
 // kv_memcpy_batch enqueues n copies with cuMemcpyBatchAsync (one attribute
 // entry: source access in stream order, location hints from kind and dev).
+// s must not be the legacy default stream (0 or CU_STREAM_LEGACY, 1): the
+// batch API rejects it, and so does this (CUDA_ERROR_INVALID_VALUE).
 int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *src,
                     uint64_t *size, size_t n, uint64_t s, size_t *failed);
 
 int kv_cuMemAlloc(uint64_t ctx, uint64_t *p, uint64_t size);
 int kv_cuMemFree(uint64_t ctx, uint64_t p);
 // numa_node >= 0: the pages are placed on that node (set_mempolicy
-// MPOL_PREFERRED for this thread during the call, then restored).
+// MPOL_PREFERRED for this thread during the call, then the thread's
+// previous policy, read with get_mempolicy, is put back).
 int kv_cuMemHostAlloc(uint64_t ctx, uint64_t *p, uint64_t size, unsigned flags, int numa_node);
 int kv_cuMemFreeHost(uint64_t ctx, uint64_t p);
 int kv_cuMemHostRegister(uint64_t ctx, uint64_t p, uint64_t size, unsigned flags);
@@ -79,10 +87,13 @@ int kv_cuModuleUnload(uint64_t ctx, uint64_t mod);
 int kv_launch_copy(uint64_t ctx, uint64_t fn, unsigned grid, unsigned block, uint64_t s,
                    uint64_t src_table, uint64_t dst_table, uint64_t size_table, unsigned n);
 
-// NVML, opened once like libcuda. kv_nvml_load returns 0 or -1 with err.
-int kv_nvml_load(const char *path, char *err, size_t errlen);
+// NVML (libnvidia-ml.so.1), opened once like libcuda. kv_nvml_load returns
+// 0 or -1 with err.
+int kv_nvml_load(char *err, size_t errlen);
 int kv_nvml_device_count(unsigned *n);
-// kv_nvml_numa_node: the NUMA node of the device at PCI bus id, or -1.
+// kv_nvml_numa_node: NVML's NUMA node of the device at PCI bus id, or -1.
+// On Grace systems that is the GPU's own (CPU-less) HBM node: the Go side
+// prefers sysfs's numa_node of the PCI device and checks the node has CPUs.
 int kv_nvml_numa_node(const char *bus_id, int *node);
 int kv_nvml_memory(const char *bus_id, uint64_t *total, uint64_t *free_bytes);
 

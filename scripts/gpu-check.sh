@@ -6,13 +6,17 @@
 #    builds build/libkvbm.so, the test binaries of ./cuda ./core/transfer
 #    ./core/worker and the C examples into build/gpu/ (under 64 MiB).
 #
-# 2. ON THE GPU MACHINE (no Go there), through the device tool's `run`:
+# 2. ON THE GPU MACHINE (no Go there; it has PyTorch with CUDA, which
+#    scripts/gpu_check.py needs: the python-torch step fails with a plain
+#    message where `import torch` fails), through the device tool's `run`:
 #        command:  bash scripts/gpu-check.sh run
 #        carry:    ["build/gpu"]        timeout_s: 420
 #    runs, with KVBM_DEVICE=cuda: the Go test binaries (./cuda twice: as is
 #    and with KVBM_CUDA_MEMCPY_BATCH=1), the C examples, and
 #    scripts/gpu_check.py (PyTorch layer-wise onboard through ctypes, GB/s of
-#    2 MiB blocks and 32 KiB fragments beside a raw pinned copy). Logs go to
+#    2 MiB blocks and 32 KiB fragments beside a raw pinned copy). The
+#    summary names the driver's CUDA version and cuMemcpyBatchAsync (none,
+#    v1 or v2), so that a skipped batch-API test shows why. Logs go to
 #    $OUT (or build/gpu-out when OUT is unset). Finishes in about 3 minutes;
 #    each step is bounded by `timeout`.
 #
@@ -57,6 +61,22 @@ run() {
     if [ "$rc" -ne 0 ]; then fails=$((fails + 1)); tail -n 25 "$out/$name.log"; fi
   }
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$out/summary.txt"
+  # The driver's batch API, from libcuda itself (as real_trampolines.c
+  # resolves it): with none, go-cuda-batchapi's tests skip.
+  python3 - <<'PY' 2>&1 | tee -a "$out/summary.txt"
+import ctypes
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+except OSError as e:
+    print(f"libcuda.so.1: cannot load: {e}")
+else:
+    v = ctypes.c_int()
+    cu.cuDriverGetVersion(ctypes.byref(v))
+    has = lambda name: hasattr(cu, name)
+    batch = "v2 (cuMemcpyBatchAsync_v2)" if has("cuMemcpyBatchAsync_v2") else \
+        "v1 (cuMemcpyBatchAsync)" if has("cuMemcpyBatchAsync") else "none: the batch-API tests skip"
+    print(f"CUDA driver API {v.value // 1000}.{v.value % 1000 // 10}; batch API {batch}")
+PY
   # Go test binaries run in their package directory (testdata paths).
   step go-cuda 90 bash -c "cd cuda && ../$GPU/cuda.test -test.count=1 -test.v -test.run 'Real|Conformance|Open'"
   step go-cuda-batchapi 60 bash -c "cd cuda && KVBM_CUDA_MEMCPY_BATCH=1 ../$GPU/cuda.test -test.count=1 -test.v -test.run 'Real'"
@@ -65,6 +85,11 @@ run() {
   for ex in offload_onboard handoff remote misuse; do
     step "c-$ex" 30 "$GPU/examples/$ex"
   done
+  grep -ho 'batch API [0-9] (enabled [a-z]*)' "$out/go-cuda.log" "$out/go-cuda-batchapi.log" 2>/dev/null |
+    sed 's/^/kvbm: /' | tee -a "$out/summary.txt"
+  if ! torch_err=$(python3 -c 'import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"' 2>&1); then
+    echo "gpu-check: PyTorch with CUDA is not usable here (import torch failed): ${torch_err##*$'\n'}" | tee -a "$out/summary.txt"
+  fi
   step python-torch 90 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py
   tail -n 8 "$out/python-torch.log"
   echo "gpu-check: $fails step(s) failed; logs in $out"

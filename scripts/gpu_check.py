@@ -2,8 +2,11 @@
 KVBM_DEVICE=cuda. Needs torch with CUDA and the kvbmgo package (python/).
 
 1. Layer-wise onboard: G1 = torch tensors (data_ptr), events from
-   torch.cuda.Event(), the compute stream waits on layer L's event, then
-   reads layer L; every layer is checked.
+   torch.cuda.Event() (each recorded once first: torch creates the CUDA
+   event lazily at its first record, so .cuda_event is 0 before, and its
+   wait_event is a no-op on an event it thinks was never recorded), the
+   compute stream waits on layer L's event, then reads layer L; every layer
+   is checked.
 2. GB/s, each beside a raw copy of one large pinned buffer measured in the
    same run: whole 2 MiB blocks (both layouts fully contiguous) and 32 KiB
    fragments (G1 layer_separate), G2->G1 (H2D) and G1->G2 (D2H).
@@ -12,7 +15,12 @@ import os
 import sys
 import time
 
-import torch
+try:
+    import torch
+except Exception as e:  # no torch on this machine: say so plainly
+    sys.exit(f"gpu_check.py needs PyTorch with CUDA: import torch failed: {type(e).__name__}: {e}")
+if not torch.cuda.is_available():
+    sys.exit(f"gpu_check.py needs PyTorch with CUDA: torch {torch.__version__} sees no CUDA device")
 import kvbmgo
 from kvbmgo import Tier
 
@@ -74,9 +82,20 @@ def layerwise() -> None:
         for v in caches.values():
             v.zero_()
         torch.cuda.synchronize()
+        # torch makes an Event's CUDA event at its first record(): record each
+        # once on the current stream and let that finish, so that .cuda_event
+        # is a real handle and torch's wait_event really waits (it skips
+        # events it never recorded). kvbm's records then replace these.
         events = [torch.cuda.Event() for _ in range(LAYERS)]
+        for e in events:
+            e.record()
+        torch.cuda.synchronize()
+        handles = [e.cuda_event for e in events]
+        assert all(handles), f"torch.cuda.Event().cuda_event is 0 after record(): {handles}"
         compute = torch.cuda.Stream()
-        n = w.onboard_layerwise(ids, ids, [e.cuda_event for e in events])
+        # onboard_layerwise has recorded every layer's event when it returns,
+        # so the waits below wait for kvbm's copies.
+        n = w.onboard_layerwise(ids, ids, handles)
         sums = []
         with torch.cuda.stream(compute):
             for L, (k, v) in enumerate(caches.items()):
