@@ -65,6 +65,9 @@ func (n *Notification) Poll() (bool, error) {
 // first returns an error wrapping ErrTimeout and ctx.Err(); the transfer
 // goes on and can be waited for again.
 func (n *Notification) Wait(ctx context.Context) error {
+	if done, err := n.Poll(); done {
+		return err // completion wins over a context that ended too
+	}
 	select {
 	case <-n.done:
 		return n.err
@@ -78,6 +81,9 @@ func (n *Notification) WaitTimeout(timeout time.Duration) error {
 	if timeout < 0 {
 		<-n.done
 		return n.err
+	}
+	if done, err := n.Poll(); done {
+		return err // a select below would pick the timer half the time
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -336,6 +337,18 @@ func TestThousandsInFlight(t *testing.T) {
 	out := storage.HostBytes(be.layout.Regions()[0].Addr, be.layout.Regions()[0].Size)
 	for id := range blocks {
 		require.True(t, bytes.Equal(pattern(cfg.BlockSize(), uint64(blocks-1-id)), out[id*cfg.BlockSize():(id+1)*cfg.BlockSize()]), "block %d", id)
+	}
+}
+
+// A completed notification reports its result even with a zero timeout
+// or an ended context: completion wins every race with the timer.
+func TestCompletedNotificationWinsOverTimeout(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 200 {
+		n := completed(nil)
+		require.NoError(t, n.WaitTimeout(0))
+		require.NoError(t, n.Wait(ctx))
 	}
 }
 
