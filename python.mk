@@ -2,7 +2,9 @@
 # alone with `make -f Makefile -f python.mk <target>`.
 #
 #   py-lib      lib, then copy build/libkvbm.so beside the package
-#               (python/kvbmgo/libkvbm.so, git-ignored)
+#               (python/kvbmgo/libkvbm.so, git-ignored), every time. From a
+#               checkout, kvbmgo also loads build/libkvbm.so when it is newer
+#               than that copy, so `make lib` alone never leaves it stale.
 #   py-venv     build/pyvenv with numpy and pytest, kvbmgo installed editable
 #   test-py     the pytest suite under python/tests
 #   bench-py    Python-side overhead per call, beside a bare ctypes call

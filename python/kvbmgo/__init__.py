@@ -1,7 +1,8 @@
 """kvbmgo: Python bindings of libkvbm, a KV-cache block manager.
 
 The library is found through ``$KVBM_LIBRARY``, else beside this package,
-else in a checkout's ``build/``; its ABI version is checked at import.
+else in a checkout's ``build/`` (also when that one is newer than the copy
+beside the package); its ABI version is checked at import.
 """
 
 from ._lib import ABI_VERSION, check_abi_version, find_library

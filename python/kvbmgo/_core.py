@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import enum
+import math
+import struct
 import threading
 import uuid
 import weakref
@@ -17,7 +19,8 @@ from typing import (Any, Callable, Dict, Generator, Iterable, List, Mapping, Nam
 from . import _lib
 from ._lib import KVBM_HANDOFF_MAX_ACTIONS, KVBM_IN_PROGRESS, KVBM_OK, lib
 from ._memory import LayoutConfig, LayoutKind, block_ids, buffer_of
-from .errors import BufferTooSmallError, KvbmClosedError, KvbmError, KvbmTimeoutError
+from .errors import (BufferTooSmallError, FailedPreconditionError, InvalidHandleError,
+                     KvbmClosedError, KvbmError, KvbmTimeoutError)
 
 __all__ = [
     "Tier", "LayoutHandle", "Info", "info", "version", "handle_count", "status_string",
@@ -128,7 +131,8 @@ class _Handle:
 
     def close(self) -> None:
         """Frees the handle; a second close does nothing. Raises the library's
-        error if the free fails."""
+        error if the free fails (the object is closed all the same; only the
+        finalizer of a forgotten object stays silent)."""
         self._h = None
         fin = getattr(self, "_finalizer", None)
         if fin is None:
@@ -238,17 +242,32 @@ class Notification(_Handle):
         DataCorruptionError, ...; see failed_blocks()), InvalidHandleError."""
         return lib.kvbm_notification_poll(self.handle) == KVBM_OK
 
-    done = poll
+    def done(self) -> bool:
+        """True once the transfer finished, successfully or not (as
+        ``Future.done()``); never raises the transfer's error (poll(), wait()
+        or failed_blocks() tell how it went). Raises KvbmClosedError after
+        close(), InvalidHandleError."""
+        h = self.handle  # KvbmClosedError after close()
+        try:
+            return lib.kvbm_notification_poll(h) == KVBM_OK
+        except (InvalidHandleError, FailedPreconditionError):
+            raise  # about the handle or the process, not the transfer
+        except KvbmError:
+            return True  # finished, with the transfer's error
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Blocks (GIL released) until the transfer completes or timeout seconds
-        pass (None: forever). True when it completed successfully, False on a
-        timeout (the transfer goes on; wait again). Raises the transfer's error."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        pass (None or math.inf: forever). True when it completed successfully,
+        False on a timeout (the transfer goes on; wait again). Raises the
+        transfer's error; ValueError for a NaN timeout."""
+        ms = _timeout_ms(timeout)
+        h = self.handle
         try:
-            lib.kvbm_notification_wait(self.handle, ms)
+            lib.kvbm_notification_wait(h, ms)
         except KvbmTimeoutError:
-            return False
+            # The library may report a timeout for a transfer that finished
+            # as the time ran out (with 0 ms, even long after): ask once more.
+            return lib.kvbm_notification_poll(h) == KVBM_OK
         return True
 
     async def wait_async(self, timeout: Optional[float] = None) -> bool:
@@ -280,6 +299,21 @@ class Notification(_Handle):
                 return list(buf[:n.value])
             except BufferTooSmallError:
                 buf = (ctypes.c_uint32 * n.value)()
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    """Seconds as kvbm_notification_wait's milliseconds: -1 (forever) for None,
+    infinity or more than an int64 of milliseconds; 0 for a negative timeout."""
+    if timeout is None:
+        return -1
+    timeout = float(timeout)
+    if math.isnan(timeout):
+        raise ValueError("wait: timeout is NaN")
+    if timeout <= 0:
+        return 0
+    if math.isinf(timeout) or timeout * 1000 >= 2**63 - 1:
+        return -1
+    return int(timeout * 1000)
 
 
 # ------------------------------------------------------------------ worker
@@ -315,6 +349,27 @@ def _bytes(md: Union[bytes, bytearray, memoryview]) -> Tuple[Any, int]:
     return b, len(b)
 
 
+#: worker_id -> the live Worker of this process with that id, so that an
+#: import of bytes metadata can keep the exporter's G1 memory alive.
+_workers: "weakref.WeakValueDictionary[int, Worker]" = weakref.WeakValueDictionary()
+
+#: G1 memory of workers whose destroy failed: the library may still use it,
+#: so it is kept for the life of the process.
+_stranded: List[Any] = []
+
+_MD_HEADER = struct.Struct("<4sHHQ")  # magic "KVBM", version, layout count, worker id
+
+
+def _exporter_id(md: bytes) -> Optional[int]:
+    """The exporting worker's id in metadata bytes (core/worker/metadata.go:
+    magic "KVBM" | version u16 | count u16 | worker u64, little endian), or
+    None for bytes of another form (the library then rejects them)."""
+    if len(md) < _MD_HEADER.size:
+        return None
+    magic, ver, _, wid = _MD_HEADER.unpack_from(md)
+    return wid if magic == b"KVBM" and ver == 1 else None
+
+
 class Worker(_Handle):
     """A worker with its own transfer manager on the active device backend.
 
@@ -322,16 +377,17 @@ class Worker(_Handle):
     collected). Safe to use from many threads at once.
     """
 
-    __slots__ = ("worker_id", "_g1", "_remotes", "_dependents")
+    __slots__ = ("worker_id", "device_id", "_g1", "_remotes", "_dependents")
     _kind = "Worker"
 
     def __init__(self, worker_id: int, *, device_id: int = 0, rank: int = 0,
                  disk_dir: Union[str, "PathLike[str]", None] = None,
                  object_dir: Union[str, "PathLike[str]", None] = None) -> None:
-        """Creates a worker. worker_id must be unique in the process; disk_dir
-        enables G3, object_dir the G4 object store. Raises InternalError
-        (worker_id in use), KvbmIOError (object_dir), UnsupportedError /
-        CudaError (device backend)."""
+        """Creates a worker on device device_id of the active backend.
+        worker_id must be unique among the live workers of the process;
+        disk_dir enables G3, object_dir the G4 object store. Raises
+        AlreadyExistsError (worker_id in use), KvbmIOError (object_dir),
+        UnsupportedError / CudaError (device backend)."""
         c = _lib.WorkerConfigC()
         c.struct_size = sizeof(c)
         c.device_id, c.rank, c.worker_id = device_id, rank, worker_id
@@ -340,20 +396,42 @@ class Worker(_Handle):
         h = c_void_p()
         lib.kvbm_worker_create(byref(c), byref(h))
         self.worker_id = worker_id
-        self._g1: List[Any] = []        # registered G1 memory, kept alive
-        self._remotes: List[Any] = []   # workers whose layouts we imported
+        self.device_id = device_id
+        # Registered G1 memory, kept alive. The list object itself is shared
+        # with the workers that import this one's layouts: they keep it (not
+        # this worker) alive, so close() rebinds it and never empties it.
+        self._g1: List[Any] = []
+        # What we imported: exporters (Worker form) and their G1 lists.
+        self._remotes: List[Any] = []
         self._dependents: "weakref.WeakSet[CoordinatedWorker]" = weakref.WeakSet()
         # The lists travel with the finalizer: the memory outlives the destroy.
         self._own(h.value, lib.kvbm_worker_destroy, self._g1, self._remotes)
+        _workers[worker_id] = self
 
     def close(self) -> None:
         """Closes the coordinated workers over this one, waits for transfers in
-        flight, releases G2/G3, then lets go of the registered G1 memory."""
+        flight, releases G2/G3, then lets go of the registered G1 memory (which
+        workers that imported this one's layouts keep alive until they close).
+        Raises the first error of a failed destroy, after closing everything:
+        G1 memory of a worker whose destroy failed is then kept for good."""
+        first: Optional[BaseException] = None
         for dep in list(self._dependents):
-            dep.close()
-        super().close()
-        self._g1.clear()
-        self._remotes.clear()
+            try:
+                dep.close()
+            except Exception as e:  # noqa: BLE001 - still close the worker
+                first = first or e
+        g1, remotes = self._g1, self._remotes
+        try:
+            super().close()
+        except KvbmError as e:
+            if not isinstance(e, InvalidHandleError):  # not surely destroyed
+                _stranded.append((g1, remotes))
+            first = first or e
+        self._g1, self._remotes = [], []
+        if _workers.get(self.worker_id) is self:
+            del _workers[self.worker_id]
+        if first is not None:
+            raise first
 
     # ---- tiers
 
@@ -364,8 +442,9 @@ class Worker(_Handle):
         tensors; under the emulated device, host arrays become device memory).
 
         Raises TypeError (not a buffer, dtype width != config.dtype_width, a
-        host array under the cuda backend), ValueError (count or byte size
-        mismatch, not C-contiguous, read-only), AlreadyExistsError (G1
+        host array under the cuda backend, a CUDA tensor under another),
+        ValueError (count or byte size mismatch, not C-contiguous, read-only,
+        a CUDA tensor on another device than device_id), AlreadyExistsError (G1
         registered), CudaError, InvalidArgumentError."""
         h = self.handle
         if not isinstance(buffers, (list, tuple)):
@@ -387,9 +466,18 @@ class Worker(_Handle):
                 raise ValueError(f"register_g1 buffer {i}: {d.nbytes} bytes, the layout needs "
                                  f"{want_bytes}")
             descs.append(d)
-        if any(d.device is None for d in descs) and _backend() == "cuda":
-            raise TypeError("register_g1: host memory cannot be G1 under the cuda backend; "
-                            "pass CUDA tensors")
+        backend = _backend()
+        for i, d in enumerate(descs):
+            if d.device is None:
+                if backend == "cuda":
+                    raise TypeError("register_g1: host memory cannot be G1 under the cuda "
+                                    "backend; pass CUDA tensors")
+            elif backend != "cuda":
+                raise TypeError(f"register_g1 buffer {i}: a CUDA tensor (cuda:{d.device}) "
+                                f"under the {backend} backend, which takes host memory")
+            elif d.device != self.device_id:
+                raise ValueError(f"register_g1 buffer {i}: a tensor on cuda:{d.device}, "
+                                 f"the worker is on device {self.device_id}")
         ptrs = (ctypes.c_uint64 * len(descs))(*(d.address for d in descs))
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
@@ -479,8 +567,22 @@ class Worker(_Handle):
     def _metadata(self, source: "Union[bytes, Worker]") -> Tuple[Any, int]:
         if isinstance(source, Worker):
             self._remotes.append(source)  # the exporter must outlive our use
-            return _bytes(source.export_metadata())
-        return _bytes(source)
+            b = _bytes(source.export_metadata())
+        else:
+            b = _bytes(source)
+        self._pin_exporter(b[0])
+        return b
+
+    def _pin_exporter(self, md: bytes) -> None:
+        """Keeps the G1 memory of md's exporter (a live Worker of this process)
+        alive while this worker lives, even past the exporter's close(): a
+        transfer of ours may still read or write it."""
+        wid = _exporter_id(md)
+        exporter = _workers.get(wid) if wid is not None else None
+        if exporter is not None and exporter is not self and not exporter.closed:
+            g1 = exporter._g1
+            if not any(r is g1 for r in self._remotes):
+                self._remotes.append(g1)
 
     def import_metadata(self, source: "Union[bytes, Worker]") -> None:
         """Imports another in-process worker's metadata (bytes, or the Worker
@@ -682,6 +784,7 @@ class CoordinatedWorker(_Handle):
         """Imports worker rank of remote leader's metadata and records its
         handles. Raises as Worker.import_metadata."""
         b, n = _bytes(metadata)
+        self.worker._pin_exporter(b)
         lib.kvbm_coordinated_import_remote_metadata(self.handle, leader, rank, b, n)
 
     def resolve_remote_handle(self, leader: int, rank: int, tier: int) -> LayoutHandle:

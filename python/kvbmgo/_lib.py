@@ -82,25 +82,31 @@ class CountersC(Structure):
 # ------------------------------------------------------------------ loading
 
 
-def _candidates() -> List[Path]:
-    here = Path(__file__).resolve().parent
+def _candidates(package_dir: Optional[Path] = None) -> List[Path]:
+    here = package_dir or Path(__file__).resolve().parent
     return [here / "libkvbm.so", here.parent.parent / "build" / "libkvbm.so"]
 
 
-def find_library() -> str:
-    """The path of libkvbm.so: ``$KVBM_LIBRARY``, else beside the package, else
-    the checkout's ``build/libkvbm.so``. Raises ImportError if none exists."""
+def find_library(package_dir: Optional[Path] = None) -> str:
+    """The path of libkvbm.so: ``$KVBM_LIBRARY``, else the copy beside the
+    package, else the checkout's ``build/libkvbm.so``. In a checkout (an
+    editable install) where ``build/libkvbm.so`` is newer than the copy beside
+    the package (``make lib`` without ``make py-lib``), the newer one. Raises
+    ImportError if none exists."""
     env = os.environ.get("KVBM_LIBRARY")
     if env:
         if not os.path.isfile(env):
             raise ImportError(f"KVBM_LIBRARY={env!r} is not a file")
         return env
-    for path in _candidates():
-        if path.is_file():
-            return str(path)
-    raise ImportError(
-        "libkvbm.so not found: set KVBM_LIBRARY, or build it (make lib) and install the "
-        "package (pip install ./python), looked in " + ", ".join(map(str, _candidates())))
+    found = [p for p in _candidates(package_dir) if p.is_file()]
+    if not found:
+        raise ImportError(
+            "libkvbm.so not found: set KVBM_LIBRARY, or build it (make lib) and install the "
+            "package (pip install ./python), looked in "
+            + ", ".join(map(str, _candidates(package_dir))))
+    if len(found) == 2 and found[1].stat().st_mtime > found[0].stat().st_mtime:
+        return str(found[1])  # a stale copy beside the package
+    return str(found[0])
 
 
 def check_abi_version(reported: int, expected: int = ABI_VERSION, path: str = "") -> None:

@@ -23,7 +23,9 @@ class Buffer(NamedTuple):
     nbytes: int
     itemsize: int
     device: Optional[int]  # CUDA device index of a torch CUDA tensor, else None
-    owner: Any             # the object to keep alive while the memory is in use
+    owner: Any             # what to keep alive while the memory is in use: for a buffer
+                           # object, the array over its memoryview, which holds the buffer
+                           # export (a bytearray cannot be resized while it lives)
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -46,10 +48,13 @@ def buffer_of(obj: Any, what: str = "buffer") -> Buffer:
         if nbytes == 0:
             raise ValueError(f"{what}: tensor is empty")
         dev = obj.device
-        device = (dev.index or 0) if getattr(dev, "type", "cpu") == "cuda" else None
+        kind = getattr(dev, "type", "cpu")
+        if kind not in ("cpu", "cuda"):
+            raise TypeError(f"{what}: a {kind} tensor is neither host memory nor CUDA memory")
+        device = (dev.index or 0) if kind == "cuda" else None
         return Buffer(int(obj.data_ptr()), nbytes, itemsize, device, obj)
     if isinstance(obj, np.ndarray):
-        arr = obj
+        arr = owner = obj
     else:
         try:
             view = memoryview(obj)
@@ -58,7 +63,10 @@ def buffer_of(obj: Any, what: str = "buffer") -> Buffer:
                             f"tensor, got {type(obj).__name__}") from None
         if not view.c_contiguous:
             raise ValueError(f"{what}: buffer is not C-contiguous")
-        arr = np.asarray(view)
+        # The array's base is the memoryview, which holds the buffer export for
+        # as long as the array lives: keeping the array (not obj) alive keeps obj
+        # from being resized or freed under the library (BufferError on resize).
+        arr = owner = np.asarray(view)
     if arr.dtype.kind not in _KINDS:
         raise TypeError(f"{what}: dtype {arr.dtype} is not numeric (expected bool, int, uint, "
                         f"float or complex)")
@@ -70,7 +78,7 @@ def buffer_of(obj: Any, what: str = "buffer") -> Buffer:
     if arr.nbytes == 0:
         raise ValueError(f"{what}: array is empty")
     return Buffer(int(arr.__array_interface__["data"][0]), int(arr.nbytes),
-                  int(arr.dtype.itemsize), None, obj)
+                  int(arr.dtype.itemsize), None, owner)
 
 
 _MAX_ID = 0xFFFFFFFF

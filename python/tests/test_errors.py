@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import kvbmgo
-from kvbmgo import (Event, HandoffCoordinator, HandoffOrder, LayoutConfig, Notification, Stream,
-                    Tier, Worker, errors)
+from kvbmgo import (Event, HandoffCoordinator, HandoffOrder, LayoutConfig, Stream, Tier, Worker,
+                    errors)
 from kvbmgo._lib import lib
 
 from conftest import NUM_BLOCKS, new_worker_id, wait_ok
@@ -58,21 +58,35 @@ def test_stale_handle_raises_with_message(worker):
 
 
 def test_errors_carry_messages_per_thread(worker):
+    """Each thread's error carries kvbm_last_error() of that thread: the
+    message names the block id that thread asked for, no other thread's."""
     w, _ = worker
+    ids = {i: 40000 + i for i in range(8)}  # none a substring of another
     got = {}
+    barrier = threading.Barrier(len(ids))
 
     def bad(i):
-        try:
-            w.transfer(Tier.G1, [NUM_BLOCKS + i], Tier.G2, [0])
-        except (errors.InvalidArgumentError, errors.OutOfRangeError) as e:
-            got[i] = e.message
+        msgs = []
+        barrier.wait()
+        for _ in range(50):
+            try:
+                w.transfer(Tier.G1, [ids[i]], Tier.G2, [0])
+            except (errors.InvalidArgumentError, errors.OutOfRangeError) as e:
+                msgs.append(e.message)
+        got[i] = msgs
 
-    ts = [threading.Thread(target=bad, args=(i,)) for i in range(8)]
+    ts = [threading.Thread(target=bad, args=(i,)) for i in ids]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    assert sorted(got) == list(range(8)) and all(got.values())
+    assert sorted(got) == sorted(ids)
+    for i, msgs in got.items():
+        assert len(msgs) == 50
+        for m in msgs:
+            assert str(ids[i]) in m, f"thread {i} (block {ids[i]}) got {m!r}"
+            others = [str(b) for j, b in ids.items() if j != i and str(b) in m]
+            assert others == [], f"thread {i} got another thread's message {m!r}"
 
 
 def test_transfer_argument_errors(worker):
@@ -132,6 +146,27 @@ def test_register_g1_errors(g1_config):
             w.allocate_g3(g1_config)  # no disk_dir
         with pytest.raises(errors.NotFoundError):
             w.transfer(Tier.G1, [0], Tier.G2, [0])  # no G2
+
+
+def test_registered_bytearray_cannot_be_resized():
+    """The worker keeps the buffer export, not just the bytearray: resizing it
+    (which would move its memory under the library) raises BufferError."""
+    cfg = LayoutConfig(num_blocks=2, num_layers=1, outer_dim=1, page_size=4, inner_dim=8,
+                       dtype_width=1)
+    buf = bytearray(cfg.total_bytes)
+    w = Worker(new_worker_id())
+    w.register_g1(cfg, buf)
+    w.allocate_g2(cfg)
+    with pytest.raises(BufferError):
+        buf.extend(b"x" * (1 << 20))
+    with pytest.raises(BufferError):
+        del buf[:]
+    assert len(buf) == cfg.total_bytes
+    wait_ok(w.transfer(Tier.G2, [0, 1], Tier.G1, [0, 1]))
+    w.close()
+    gc.collect()
+    buf.extend(b"x")  # released with the worker
+    assert len(buf) == cfg.total_bytes + 1
 
 
 def test_bytearray_buffer_is_accepted():
@@ -242,5 +277,109 @@ def test_torch_like_tensors():
             w.register_kv_caches(bad)
 
 
-def test_notification_type():
-    assert issubclass(Notification, object)
+def cuda_tensor(index):
+    t = FakeTensor(np.zeros((2, 4, 16, 8), np.float16))
+    t.device = type("device", (), {"type": "cuda", "index": index})()
+    return t
+
+
+def test_cuda_tensor_under_the_emulated_backend_is_refused():
+    assert kvbmgo.info().device_backend != "cuda"  # the suite runs emulated
+    with Worker(new_worker_id(), device_id=0) as w:
+        with pytest.raises(TypeError, match="CUDA tensor"):
+            w.register_kv_caches([cuda_tensor(0), cuda_tensor(0)])
+        with pytest.raises(TypeError, match="CUDA tensor"):
+            w.register_kv_caches([cuda_tensor(3), cuda_tensor(3)])
+        other = FakeTensor(np.zeros((2, 4, 16, 8), np.float16))
+        other.device = type("device", (), {"type": "meta", "index": None})()
+        with pytest.raises(TypeError, match="meta"):
+            w.register_kv_caches([other])
+        assert w.device_id == 0
+
+
+def test_cuda_tensor_on_another_device_is_refused(monkeypatch):
+    from kvbmgo import _core
+    monkeypatch.setattr(_core, "_backend", lambda: "cuda")  # checked before any C call
+    with Worker(new_worker_id(), device_id=1) as w:
+        assert w.device_id == 1
+        with pytest.raises(ValueError, match="cuda:3.*device 1"):
+            w.register_kv_caches([cuda_tensor(3), cuda_tensor(3)])
+        with pytest.raises(ValueError, match="cuda:0"):
+            w.register_kv_caches([cuda_tensor(1), cuda_tensor(0)])
+        with pytest.raises(TypeError, match="host memory"):
+            w.register_kv_caches([FakeTensor(np.zeros((2, 4, 16, 8), np.float16))])
+
+
+def test_wait_forever(worker):
+    w, _ = worker
+    with w.transfer(Tier.G1, IDS, Tier.G2, IDS) as n:
+        assert n.wait(float("inf")) is True
+        assert n.wait(1e300) is True
+        assert n.wait(-1) is True
+        with pytest.raises(ValueError, match="NaN"):
+            n.wait(float("nan"))
+    # A finished transfer is never reported as timed out, with 0 ms neither.
+    with w.transfer(Tier.G1, IDS, Tier.G2, IDS) as n:
+        assert n.wait(10)
+        assert all(n.wait(0) for _ in range(200))
+    from kvbmgo._core import _timeout_ms
+    assert _timeout_ms(None) == _timeout_ms(float("inf")) == _timeout_ms(1e17) == -1
+    assert _timeout_ms(0) == _timeout_ms(-5) == 0 and _timeout_ms(1.5) == 1500
+
+
+def test_close_raises_a_failed_free_the_finalizer_does_not(worker, recwarn):
+    w, _ = worker
+    n = w.transfer(Tier.G1, IDS, Tier.G2, IDS)
+    n.wait()
+    lib.kvbm_notification_free(n.handle)  # freed behind the object's back
+    with pytest.raises(errors.InvalidHandleError):
+        n.close()
+    assert n.closed
+    n.close()  # the error was reported once; a second close does nothing
+
+    n = w.transfer(Tier.G1, IDS, Tier.G2, IDS)
+    n.wait()
+    lib.kvbm_notification_free(n.handle)
+    n._finalizer()  # what collection runs: silent
+    assert not n._finalizer.alive
+
+
+def test_worker_close_closes_it_even_if_a_coordinated_close_fails():
+    before = kvbmgo.handle_count()
+    w = Worker(new_worker_id())
+    c = kvbmgo.CoordinatedWorker(w, 0, 1)
+    lib.kvbm_coordinated_destroy(c.handle)  # freed behind the object's back
+    with pytest.raises(errors.InvalidHandleError, match="kvbm_coordinated_destroy"):
+        w.close()
+    assert w.closed and c.closed
+    assert kvbmgo.handle_count() == before
+
+
+def test_worker_close_raises_a_failed_destroy(g1_config):
+    w = Worker(new_worker_id())
+    lib.kvbm_worker_destroy(w.handle)
+    with pytest.raises(errors.InvalidHandleError, match="kvbm_worker_destroy"):
+        w.close()
+    assert w.closed
+
+
+def test_library_lookup_prefers_a_newer_build(monkeypatch, tmp_path):
+    import os
+    from kvbmgo import _lib
+    monkeypatch.delenv("KVBM_LIBRARY", raising=False)
+    pkg = tmp_path / "python" / "kvbmgo"
+    pkg.mkdir(parents=True)
+    (tmp_path / "build").mkdir()
+    beside, built = pkg / "libkvbm.so", tmp_path / "build" / "libkvbm.so"
+    with pytest.raises(ImportError, match="not found"):
+        _lib.find_library(pkg)
+    built.write_bytes(b"")
+    assert _lib.find_library(pkg) == str(built)
+    beside.write_bytes(b"")
+    os.utime(built, (1000, 1000))
+    os.utime(beside, (2000, 2000))
+    assert _lib.find_library(pkg) == str(beside)  # the copy, when up to date
+    os.utime(built, (3000, 3000))
+    assert _lib.find_library(pkg) == str(built)  # make lib without make py-lib
+    monkeypatch.setenv("KVBM_LIBRARY", str(beside))
+    assert _lib.find_library(pkg) == str(beside)  # the variable wins

@@ -66,3 +66,22 @@ def test_background_objects_without_store():
         w.register_g1(cfg, bytearray(8))
         with pytest.raises(UnsupportedError):
             w.offload_objects(Tier.G1, [0], ["k"])
+
+
+def test_done_is_true_after_a_failed_transfer(worker):
+    """done() says finished, like Future.done(): True on failure too, never
+    raising; poll() and wait() raise the transfer's error."""
+    w, _ = worker
+    with w.onboard_objects(["missing-done"], Tier.G1, [3]) as n:
+        with pytest.raises(NotFoundError):
+            n.wait(10)
+        assert n.done() is True
+        assert n.done() is True  # again: still no raise
+        with pytest.raises(NotFoundError):
+            n.poll()
+        assert n.failed_blocks() == [3]
+    with pytest.raises(Exception, match="closed"):
+        n.done()
+    with w.transfer(Tier.G1, IDS, Tier.G2, IDS) as n:
+        assert n.wait(10)
+        assert n.done() is True and n.poll() is True

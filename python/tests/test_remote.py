@@ -1,9 +1,12 @@
 """Two workers in one process (mirrors examples/c/remote.c)."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
 from kvbmgo import CoordinatedWorker, LayoutConfig, LayoutHandle, Tier, TransferPath, Worker
-from kvbmgo.errors import AlreadyExistsError, NotFoundError
+from kvbmgo.errors import AlreadyExistsError, CanceledError, NotFoundError
 
 from conftest import new_worker_id, wait_ok
 
@@ -88,3 +91,65 @@ def test_transfer_to_and_from_remote_layout():
         assert set(counters) == set(TransferPath)
         assert sum(p.transfers for p in counters.values()) >= 2
         assert sum(p.bytes for p in counters.values()) >= 2 * CFG.total_bytes
+
+
+@pytest.mark.parametrize("form", ["bytes", "worker", "coordinated"])
+def test_closing_an_exporter_under_an_importer(form):
+    """An importer keeps the exporter's G1 memory alive past the exporter's
+    close(); its transfers from the closed exporter fail with a kvbmgo error."""
+    a, _ = make_worker()
+    b = Worker(new_worker_id())
+    g1b = np.zeros(CFG.total_bytes // 2, dtype=np.float16)
+    remote_g1 = b.register_g1(CFG, g1b)
+    ref = weakref.ref(g1b)
+    md_b = b.export_metadata()
+    if form == "bytes":
+        a.import_metadata(md_b)
+    elif form == "worker":
+        a.import_metadata(b)
+    else:
+        with CoordinatedWorker(a, 0, 1) as c:
+            c.import_remote_metadata(7, 0, md_b)
+            assert c.resolve_remote_handle(7, 0, Tier.G1) == remote_g1
+    wait_ok(a.transfer_from_remote(remote_g1, IDS, Tier.G2, IDS))
+    b.close()
+    assert b._g1 == []  # rebound, not emptied under the importer
+    del b, g1b
+    gc.collect()
+    assert ref() is not None, "the importer let go of the exporter's G1 memory"
+    with pytest.raises((CanceledError, NotFoundError)):
+        with a.transfer_from_remote(remote_g1, IDS, Tier.G2, IDS) as n:
+            n.wait(10)
+    a.close()
+    gc.collect()
+    assert ref() is None
+
+
+def test_closing_an_exporter_during_a_pull():
+    """The exporter closes while an importer's pull from its G1 is in flight:
+    the pull completes or fails with a kvbmgo error, never reads freed memory."""
+    cfg = LayoutConfig(num_blocks=64, num_layers=8, outer_dim=2, page_size=16, inner_dim=512,
+                       dtype_width=2, layout="fully_contiguous")  # 16 MiB
+    ids = list(range(64))
+    workers = []
+    for _ in range(2):
+        w = Worker(new_worker_id())
+        g1 = np.full(cfg.total_bytes // 2, 5, np.float16)
+        workers.append((w, g1, w.register_g1(cfg, g1)))
+        w.allocate_g2(cfg)
+    (a, _, _), (b, g1b, remote_g1) = workers
+    ref = weakref.ref(g1b)
+    a.import_metadata(b.export_metadata())
+    n = a.transfer_from_remote(remote_g1, ids, Tier.G2, ids)
+    b.close()
+    del workers, w, g1, b, g1b
+    gc.collect()
+    assert ref() is not None
+    with n:
+        try:
+            assert n.wait(10)
+        except (CanceledError, NotFoundError):
+            pass
+    a.close()
+    gc.collect()
+    assert ref() is None

@@ -128,3 +128,31 @@ def test_from_kv_caches_shapes():
         LayoutConfig.from_kv_caches({})
     with pytest.raises(ValueError, match="layout"):
         LayoutConfig.from_kv_caches(mla, layout="banana")
+
+
+def test_torch_cpu_tensors_round_trip():
+    """Real torch CPU tensors (host memory: G1 under the emulated backend),
+    registered the vLLM way, move a block to G2 and back."""
+    torch = pytest.importorskip("torch")
+    if kvbmgo.info().device_backend == "cuda":
+        pytest.skip("CPU tensors are not G1 under the cuda backend")
+    caches = {f"model.layers.{i}.attn": torch.zeros((2, 6, 16, 4, 8), dtype=torch.float16)
+              for i in range(3)}
+    with Worker(new_worker_id()) as w:
+        cfg, h = w.register_kv_caches(caches)
+        assert (cfg.num_blocks, cfg.num_layers, cfg.outer_dim, cfg.page_size, cfg.inner_dim,
+                cfg.dtype_width) == (6, 3, 2, 16, 32, 2)
+        assert h.worker == w.worker_id
+        w.allocate_g2(cfg.replace(layout="fully_contiguous"))
+        want = {}
+        for i, (k, t) in enumerate(caches.items()):
+            want[k] = (torch.arange(t.numel(), dtype=torch.float32).reshape(t.shape) % 1000
+                       + i).to(torch.float16)
+            t.copy_(want[k])
+        wait_ok(w.transfer(Tier.G1, [3], Tier.G2, [0]))
+        for t in caches.values():
+            t.zero_()
+        wait_ok(w.transfer(Tier.G2, [0], Tier.G1, [1]))
+        for k, t in caches.items():
+            assert torch.equal(t[:, 1], want[k][:, 3]), k
+            assert not t[:, [0, 2, 3, 4, 5]].any(), k
