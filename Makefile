@@ -34,9 +34,10 @@ test: vet test-go deps-c test-c test-py
 test-go: deps
 	$(GO) test $(GOFLAGS_TEST) ./...
 
-# Fuzz every decoder for a while (not part of `make test`).
+# Fuzz every decoder and the C ABI's input paths for a while (not part of
+# `make test`): FUZZTIME per Go target, FUZZ_SECONDS for the ABI.
 FUZZTIME ?= 30s
-fuzz: deps
+fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeMetadata -fuzztime $(FUZZTIME) ./core/worker
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
 

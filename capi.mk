@@ -6,6 +6,8 @@
 #   bench-c   ns per call from C, beside an empty C call
 #   install-c install the library, header, CMake package and kvbm.pc
 #             under PREFIX
+#   fuzz-c    libFuzzer over the ABI's input paths for FUZZ_SECONDS
+#             (examples/c/fuzz; installs clang from Debian's packages)
 
 GO      ?= go
 BUILD   ?= build
@@ -14,7 +16,7 @@ CTEST   ?= ctest
 CC      ?= cc
 PREFIX  ?= /usr/local
 
-.PHONY: lib test-c bench-c install-c
+.PHONY: lib test-c bench-c install-c fuzz-c
 
 # Always runs go build: Go's build cache decides what is stale, including
 # changes under core/ and cuda/.
@@ -41,3 +43,12 @@ bench-c: lib
 install-c: lib
 	$(CMAKE) -S . -B $(BUILD)/cmake -DKVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
 	$(CMAKE) --install $(BUILD)/cmake
+
+FUZZ_SECONDS ?= 30
+
+fuzz-c: lib
+	@command -v clang >/dev/null || (apt-get update && apt-get install -y --no-install-recommends clang libclang-rt-14-dev)
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude examples/c/fuzz/fuzz_abi.c \
+	  -L$(BUILD) -lkvbm -Wl,-rpath,$(abspath $(BUILD)) -o $(BUILD)/fuzz_abi
+	@mkdir -p $(BUILD)/fuzz-corpus
+	cd $(BUILD) && ASAN_OPTIONS=detect_leaks=0 ./fuzz_abi -max_total_time=$(FUZZ_SECONDS) -timeout=20 fuzz-corpus
