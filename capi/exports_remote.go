@@ -62,17 +62,12 @@ func kvbmgo_worker_objects_async(h C.uintptr_t, put C.int, keys **C.uint8_t, len
 	if put != 0 {
 		what = "worker_offload_objects"
 	}
-	e, st := getWorker(h)
+	if out == nil {
+		return fail(errInvalidArgument, "%s: notification is NULL", what)
+	}
+	e, ks, tr, st := objectArgs(what, h, keys, lens, n, t, ids)
 	if st != statusOK {
 		return st
-	}
-	ks, st := keysArg(what, keys, lens, n)
-	if st != statusOK {
-		return st
-	}
-	tr, ok := tier(t)
-	if ids == nil || out == nil || !ok {
-		return fail(errInvalidArgument, "%s: block ids or notification is NULL, or tier %d is not KVBM_TIER_G1..G3", what, t)
 	}
 	var note *transfer.Notification
 	var err error

@@ -387,6 +387,25 @@ func kvbmgo_worker_object_has(h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n
 	return statusOK
 }
 
+// objectArgs checks the arguments every object call shares: the worker,
+// the keys, the tier and the block ids.
+func objectArgs(what string, h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n C.size_t, t C.int32_t,
+	ids *C.uint32_t) (*workerEntry, []object.Key, worker.Tier, C.kvbm_status_t) {
+	e, st := getWorker(h)
+	if st != statusOK {
+		return nil, nil, 0, st
+	}
+	ks, st := keysArg(what, keys, lens, n)
+	if st != statusOK {
+		return nil, nil, 0, st
+	}
+	tr, ok := tier(t)
+	if ids == nil || !ok {
+		return nil, nil, 0, fail(errInvalidArgument, "%s: block_ids is NULL or tier %d is not KVBM_TIER_G1..G3", what, t)
+	}
+	return e, ks, tr, statusOK
+}
+
 //export kvbmgo_worker_object_move
 func kvbmgo_worker_object_move(h C.uintptr_t, put C.int, keys **C.uint8_t, lens *C.size_t, n C.size_t, t C.int32_t,
 	ids *C.uint32_t, statuses *C.kvbm_status_t) (st C.kvbm_status_t) {
@@ -395,17 +414,9 @@ func kvbmgo_worker_object_move(h C.uintptr_t, put C.int, keys **C.uint8_t, lens 
 	if put != 0 {
 		what = "worker_object_put"
 	}
-	e, st := getWorker(h)
+	e, ks, tr, st := objectArgs(what, h, keys, lens, n, t, ids)
 	if st != statusOK {
 		return st
-	}
-	ks, st := keysArg(what, keys, lens, n)
-	if st != statusOK {
-		return st
-	}
-	tr, ok := tier(t)
-	if ids == nil || !ok {
-		return fail(errInvalidArgument, "%s: block_ids is NULL or tier %d is not KVBM_TIER_G1..G3", what, t)
 	}
 	var results []object.Result
 	if put != 0 {
