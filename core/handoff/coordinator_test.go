@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvbm/kvbm/internal/datadriven"
 )
 
 // TestData runs the scripts in testdata/. Commands:
@@ -22,7 +24,7 @@ import (
 // small numbers; a coordinator's is 1 unless new says otherwise. Kinds are
 // the names String returns, or numbers for values that have none.
 func TestData(t *testing.T) {
-	runScripts(t, "testdata", func() *script { return &script{} }, map[string]func(*script, *testing.T, command) string{
+	datadriven.RunScripts(t, "testdata", func() *script { return &script{} }, map[string]func(*script, *testing.T, datadriven.Command) string{
 		"new":     (*script).new,
 		"start":   (*script).start,
 		"fact":    (*script).fact,
@@ -45,9 +47,9 @@ func testHandoffID(n uint64) HandoffID {
 	return id
 }
 
-func (s *script) new(t *testing.T, cmd command) string {
+func (s *script) new(t *testing.T, cmd datadriven.Command) string {
 	order := SourceFirst
-	if v, ok := cmd.arg("order"); ok {
+	if v, ok := cmd.Arg("order"); ok {
 		order = parseEnum[Order](t, v)
 	}
 	c, err := NewCoordinator(testHandoffID(uintArg(t, cmd, "handoff", 1)), order, floatArg(t, cmd, "fallback", 0))
@@ -59,13 +61,13 @@ func (s *script) new(t *testing.T, cmd command) string {
 	return "ok"
 }
 
-func (s *script) start(t *testing.T, _ command) string {
+func (s *script) start(t *testing.T, _ datadriven.Command) string {
 	return printStep(s.coordinator(t).Start(nil), nil)
 }
 
-func (s *script) fact(t *testing.T, cmd command) string {
+func (s *script) fact(t *testing.T, cmd datadriven.Command) string {
 	f := Fact{
-		Kind:               parseEnum[FactKind](t, cmd.word(t, 0)),
+		Kind:               parseEnum[FactKind](t, cmd.Word(t, 0)),
 		Handoff:            testHandoffID(uintArg(t, cmd, "handoff", 1)),
 		TransferableTokens: uintArg(t, cmd, "transferable", 0),
 		Timing: TransferTiming{
@@ -73,29 +75,29 @@ func (s *script) fact(t *testing.T, cmd command) string {
 			FullPromptTokens: uintArg(t, cmd, "tokens", 0),
 		},
 	}
-	if v, ok := cmd.arg("mode"); ok {
+	if v, ok := cmd.Arg("mode"); ok {
 		f.Timing.Mode = parseEnum[TimingMode](t, v)
 	}
-	if _, ok := cmd.arg("kv-bytes"); ok {
+	if _, ok := cmd.Arg("kv-bytes"); ok {
 		f.Timing.KVBytesPerToken, f.Timing.HasKVBytesPerToken = uintArg(t, cmd, "kv-bytes", 0), true
 	}
-	if _, ok := cmd.arg("bandwidth"); ok {
+	if _, ok := cmd.Arg("bandwidth"); ok {
 		f.Timing.BandwidthGBs, f.Timing.HasBandwidthGBs = floatArg(t, cmd, "bandwidth", 0), true
 	}
 	out, err := s.coordinator(t).Step(f, nil)
 	return printStep(out, err)
 }
 
-func (s *script) outcome(t *testing.T, cmd command) string {
-	id, err := strconv.ParseUint(cmd.word(t, 0), 10, 64)
-	require.NoError(t, err, cmd.line)
-	o := Outcome{Kind: parseEnum[OutcomeKind](t, cmd.word(t, 1))}
-	o.Message, _ = cmd.arg("msg")
+func (s *script) outcome(t *testing.T, cmd datadriven.Command) string {
+	id, err := strconv.ParseUint(cmd.Word(t, 0), 10, 64)
+	require.NoError(t, err, cmd.Line)
+	o := Outcome{Kind: parseEnum[OutcomeKind](t, cmd.Word(t, 1))}
+	o.Message, _ = cmd.Arg("msg")
 	out, err := s.coordinator(t).Outcome(ActionID(id), o, nil)
 	return printStep(out, err)
 }
 
-func (s *script) state(t *testing.T, _ command) string {
+func (s *script) state(t *testing.T, _ datadriven.Command) string {
 	c := s.coordinator(t)
 	return "mode=" + c.mode.String() +
 		" started=" + strconv.FormatBool(c.started) +
@@ -140,24 +142,24 @@ func parseEnum[E interface {
 	return E(n)
 }
 
-func uintArg(t *testing.T, cmd command, key string, def uint64) uint64 {
+func uintArg(t *testing.T, cmd datadriven.Command, key string, def uint64) uint64 {
 	t.Helper()
-	v, ok := cmd.arg(key)
+	v, ok := cmd.Arg(key)
 	if !ok {
 		return def
 	}
 	n, err := strconv.ParseUint(v, 10, 64)
-	require.NoError(t, err, cmd.line)
+	require.NoError(t, err, cmd.Line)
 	return n
 }
 
-func floatArg(t *testing.T, cmd command, key string, def float64) float64 {
+func floatArg(t *testing.T, cmd datadriven.Command, key string, def float64) float64 {
 	t.Helper()
-	v, ok := cmd.arg(key)
+	v, ok := cmd.Arg(key)
 	if !ok {
 		return def
 	}
 	f, err := strconv.ParseFloat(v, 64)
-	require.NoError(t, err, cmd.line)
+	require.NoError(t, err, cmd.Line)
 	return f
 }

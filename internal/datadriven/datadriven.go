@@ -1,4 +1,15 @@
-package handoff
+// Package datadriven runs test scripts in the style of
+// cockroachdb/datadriven, which etcd-io/raft uses. A script is a sequence
+// of cases:
+//
+//	# comments and blank lines, kept as they are
+//	command arg key=value
+//	----
+//	expected output, one or more lines, ended by a blank line or the file's end
+//
+// Run the tests with -rewrite to replace every expected output with the
+// actual one.
+package datadriven
 
 import (
 	"flag"
@@ -11,31 +22,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A small data-driven runner in the style of cockroachdb/datadriven, which
-// etcd-io/raft uses. A script is a sequence of cases:
-//
-//	# comments and blank lines, kept as they are
-//	command arg key=value
-//	----
-//	expected output, one or more lines, ended by a blank line or the file's end
-//
-// Run with -rewrite to replace every expected output with the actual one.
-
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata scripts")
 
 // scriptCase is one command of a script and its expected output.
 type scriptCase struct {
 	pos      string   // file:line of the command
 	preamble []string // comment and blank lines before the command
-	cmd      command
+	cmd      Command
 	want     string
 }
 
-// command is a parsed command line: a name, then words and key=value pairs.
-type command struct {
-	line string
-	name string
-	args []string
+// Command is a parsed command line: a name, then words and key=value pairs.
+type Command struct {
+	Line string
+	Name string
+	Args []string
 }
 
 // parseScript splits a script into its cases and whatever follows the last one.
@@ -55,7 +56,7 @@ func parseScript(t *testing.T, path string) (cases []scriptCase, trailer []strin
 		require.Less(t, i+1, len(lines), "%s: command without ----", pos)
 		require.Equal(t, "----", lines[i+1], "%s: command must be followed by ----", pos)
 		fields := strings.Fields(line)
-		c := scriptCase{pos: pos, preamble: pending, cmd: command{line: line, name: fields[0], args: fields[1:]}}
+		c := scriptCase{pos: pos, preamble: pending, cmd: Command{Line: line, Name: fields[0], Args: fields[1:]}}
 		pending = nil
 		var out []string
 		for i += 2; i < len(lines) && lines[i] != ""; i++ {
@@ -67,9 +68,9 @@ func parseScript(t *testing.T, path string) (cases []scriptCase, trailer []strin
 	return cases, pending
 }
 
-// runScripts runs every script in dir, one subtest per file, through the
+// RunScripts runs every script in dir, one subtest per file, through the
 // handler for each command. newState makes the state one script shares.
-func runScripts[S any](t *testing.T, dir string, newState func() S, handlers map[string]func(S, *testing.T, command) string) {
+func RunScripts[S any](t *testing.T, dir string, newState func() S, handlers map[string]func(S, *testing.T, Command) string) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.txt"))
 	require.NoError(t, err)
 	require.NotEmpty(t, paths)
@@ -79,22 +80,22 @@ func runScripts[S any](t *testing.T, dir string, newState func() S, handlers map
 			state := newState()
 			var b strings.Builder
 			for _, c := range cases {
-				h, ok := handlers[c.cmd.name]
-				require.True(t, ok, "%s: unknown command %q", c.pos, c.cmd.name)
+				h, ok := handlers[c.cmd.Name]
+				require.True(t, ok, "%s: unknown command %q", c.pos, c.cmd.Name)
 				got := strings.TrimRight(h(state, t, c.cmd), "\n")
 				require.NotContains(t, got, "\n\n", "%s: output must not contain blank lines", c.pos)
 				if *rewrite {
 					for _, p := range c.preamble {
 						b.WriteString(p + "\n")
 					}
-					b.WriteString(c.cmd.line + "\n----\n")
+					b.WriteString(c.cmd.Line + "\n----\n")
 					if got != "" {
 						b.WriteString(got + "\n")
 					}
 					b.WriteString("\n")
 					continue
 				}
-				require.Equal(t, c.want, got, "%s: %s", c.pos, c.cmd.line)
+				require.Equal(t, c.want, got, "%s: %s", c.pos, c.cmd.Line)
 			}
 			if *rewrite {
 				for _, p := range trailer {
@@ -107,9 +108,9 @@ func runScripts[S any](t *testing.T, dir string, newState func() S, handlers map
 	}
 }
 
-// arg returns the value of key=value, and whether it was given.
-func (c command) arg(key string) (string, bool) {
-	for _, a := range c.args {
+// Arg returns the value of key=value, and whether it was given.
+func (c Command) Arg(key string) (string, bool) {
+	for _, a := range c.Args {
 		if k, v, ok := strings.Cut(a, "="); ok && k == key {
 			return v, true
 		}
@@ -117,11 +118,11 @@ func (c command) arg(key string) (string, bool) {
 	return "", false
 }
 
-// word returns the i-th argument that is not a key=value pair.
-func (c command) word(t *testing.T, i int) string {
+// Word returns the i-th argument that is not a key=value pair.
+func (c Command) Word(t *testing.T, i int) string {
 	t.Helper()
 	n := 0
-	for _, a := range c.args {
+	for _, a := range c.Args {
 		if strings.Contains(a, "=") {
 			continue
 		}
@@ -130,6 +131,17 @@ func (c command) word(t *testing.T, i int) string {
 		}
 		n++
 	}
-	t.Fatalf("%q: missing argument %d", c.line, i)
+	t.Fatalf("%q: missing argument %d", c.Line, i)
 	return ""
+}
+
+// Words returns the arguments that are not key=value pairs.
+func (c Command) Words() []string {
+	var out []string
+	for _, a := range c.Args {
+		if !strings.Contains(a, "=") {
+			out = append(out, a)
+		}
+	}
+	return out
 }

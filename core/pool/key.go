@@ -1,0 +1,72 @@
+package pool
+
+import (
+	"encoding/hex"
+	"fmt"
+)
+
+// MaxKeyLen is the longest key, in bytes: a SHA-256 written as hex
+// (SGLang's page keys), twice the raw SHA-256 vLLM uses.
+const MaxKeyLen = 64
+
+// Key names the KV of one full block given its whole prefix (a sequence
+// hash). It is opaque bytes, 1 to MaxKeyLen long, held by value so that a
+// pool keeps keys without allocating and a Key is comparable; the zero Key
+// is invalid.
+type Key struct {
+	n uint8
+	b [MaxKeyLen]byte
+}
+
+// NewKey returns the key made of a copy of b, or an error unless b is 1 to
+// MaxKeyLen bytes long.
+func NewKey(b []byte) (Key, error) {
+	if len(b) < 1 || len(b) > MaxKeyLen {
+		return Key{}, fmt.Errorf("%w: key is %d bytes, want 1 to %d", ErrInvalidArgument, len(b), MaxKeyLen)
+	}
+	var k Key
+	k.n = uint8(len(b))
+	copy(k.b[:], b)
+	return k, nil
+}
+
+// KeyOf is NewKey over a string's bytes (SGLang's hex keys are strings).
+func KeyOf(s string) (Key, error) {
+	if len(s) < 1 || len(s) > MaxKeyLen {
+		return Key{}, fmt.Errorf("%w: key is %d bytes, want 1 to %d", ErrInvalidArgument, len(s), MaxKeyLen)
+	}
+	var k Key
+	k.n = uint8(len(s))
+	copy(k.b[:], s)
+	return k, nil
+}
+
+// Keys converts byte strings to keys; the error names the first bad index.
+func Keys(bs [][]byte) ([]Key, error) {
+	ks := make([]Key, len(bs))
+	for i, b := range bs {
+		k, err := NewKey(b)
+		if err != nil {
+			return nil, fmt.Errorf("keys[%d]: %w", i, err)
+		}
+		ks[i] = k
+	}
+	return ks, nil
+}
+
+// Bytes returns a copy of the key's bytes.
+func (k Key) Bytes() []byte { return append([]byte(nil), k.b[:k.n]...) }
+
+// Len is the key's length in bytes; 0 for the zero Key.
+func (k Key) Len() int { return int(k.n) }
+
+// IsZero reports whether k is the zero Key, which no pool accepts.
+func (k Key) IsZero() bool { return k.n == 0 }
+
+// String is the key as lowercase hex.
+func (k Key) String() string { return hex.EncodeToString(k.b[:k.n]) }
+
+// equal compares the key's bytes only, not the unused tail of the array.
+func (k *Key) equal(o Key) bool {
+	return k.n == o.n && string(k.b[:k.n]) == string(o.b[:o.n])
+}
