@@ -165,7 +165,7 @@ func (p *Pool) Allocate(n int, dst []int) ([]int, error) {
 	if n < 0 {
 		return dst, fmt.Errorf("%w: allocate %d blocks", ErrInvalidArgument, n)
 	}
-	if avail := len(p.free) + p.evictable; n > avail {
+	if avail := p.Available(); n > avail {
 		return dst, fmt.Errorf("%w: %d blocks wanted, %d free or evictable of %d", ErrNoSpace, n, avail, p.cfg.Blocks)
 	}
 	for range n {
@@ -383,7 +383,7 @@ func (p *Pool) PrepareStore(keys []Key) (ids []int, decisions []Decision, err er
 		if decisions[i] != Store {
 			continue
 		}
-		if len(p.free)+p.evictable == 0 {
+		if p.Available() == 0 {
 			decisions[i] = NoSpace
 			p.stats.NoSpace++
 			continue
@@ -530,3 +530,7 @@ func (p *Pool) checkKeys(op string, keys []Key) error {
 	}
 	return nil
 }
+
+// Available is how many blocks Allocate could hand out now: the free ones
+// and the evictable (registered, unpinned) ones.
+func (p *Pool) Available() int { return len(p.free) + p.evictable }
