@@ -1,8 +1,10 @@
 package transfer
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"sync/atomic"
 
 	"github.com/kvbm/kvbm/core/storage"
@@ -90,7 +92,7 @@ func (m *Manager) readDisk(p *plan) error {
 		for i := lo; i < hi; i++ {
 			for _, op := range p.blockCopies(i) {
 				if err := disk.disk.ReadAt(storage.HostBytes(op.dst, op.size), op.src); err != nil {
-					fail(i, fmt.Errorf("disk block %d: %w", p.srcIDs[i], err))
+					fail(i, diskReadError(p.srcIDs[i], err))
 					continue blocks
 				}
 			}
@@ -108,4 +110,14 @@ func (m *Manager) readDisk(p *plan) error {
 		}
 		return failed, first
 	})
+}
+
+// diskReadError names the disk block a read failed for. A file cut short
+// no longer holds what was written to it: its blocks are corrupt data, like
+// a checksum mismatch, not a failure of the machinery.
+func diskReadError(block int, err error) error {
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: disk block %d: %w", ErrCorrupt, block, err)
+	}
+	return fmt.Errorf("disk block %d: %w", block, err)
 }
