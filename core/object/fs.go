@@ -24,7 +24,8 @@ const tempPrefix = ".tmp-"
 // FSConfig configures an FSStore.
 type FSConfig struct {
 	// Dir is the store's root directory, local or a shared mount. It is
-	// created if missing.
+	// created if missing, and created again by a put that finds it (or
+	// the rank directory) gone.
 	Dir string
 	// HasRank and Rank prefix every object with the worker's rank
 	// ("{Dir}/{Rank}/{hex key}"), so SPMD workers sharing Dir never
@@ -175,7 +176,7 @@ func (s *FSStore) putOne(key Key, src BlockIO, id int, buf []byte) (err error) {
 	}
 	putHeader(buf[:headerSize], payload)
 
-	f, err := os.CreateTemp(s.dir, tempPrefix+key.String()+"-*")
+	f, err := s.createTemp(key)
 	if err != nil {
 		return fmt.Errorf("object %s: create temporary file: %w", key, err)
 	}
@@ -204,6 +205,27 @@ func (s *FSStore) putOne(key Key, src BlockIO, id int, buf []byte) (err error) {
 		return fmt.Errorf("object %s: rename into place: %w", key, err)
 	}
 	return nil
+}
+
+// createTemp creates the temporary file an object is written to. A store
+// directory that has vanished (a wiped or remounted shared directory) is
+// created again, as NewFSStore would, so that puts recover without a new
+// store.
+func (s *FSStore) createTemp(key Key) (*os.File, error) {
+	pattern := tempPrefix + key.String() + "-*"
+	f, err := os.CreateTemp(s.dir, pattern)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return f, err
+	}
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("recreate missing store directory: %w", err)
+	}
+	// The new directory's own entry must survive a crash like the objects
+	// renamed into it.
+	if err := syncDir(filepath.Dir(s.dir)); err != nil {
+		return nil, fmt.Errorf("sync recreated store directory: %w", err)
+	}
+	return os.CreateTemp(s.dir, pattern)
 }
 
 // GetBlocksWithLayout loads each key's object into its block of dst.

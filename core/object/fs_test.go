@@ -438,6 +438,38 @@ func TestFailedPutLeavesNoPartialObject(t *testing.T) {
 	requireSameBlock(t, src.Block(3), dst.Block(3), "block 3")
 }
 
+// A store whose directory was removed (a wiped shared mount) recreates it on
+// the next put, whether the directory comes back first or not.
+func TestPutRecreatesRemovedDirectory(t *testing.T) {
+	for _, hasRank := range []bool{false, true} {
+		t.Run(fmt.Sprintf("rank=%v", hasRank), func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "objects")
+			s := newTestStore(t, FSConfig{Dir: root, HasRank: hasRank, Rank: 3})
+			keys := testKeys(t, 4, "recreate")
+			src := randomBlocks(t, 4, testBlockSize, 21)
+			roundTrip := func(what string, ids []int) {
+				t.Helper()
+				requireAllOK(t, keys[:2], s.PutBlocksWithLayout(context.Background(), keys[:2], src, ids))
+				dst := guardedBlocks(t, 4, testBlockSize)
+				requireAllOK(t, keys[:2], s.GetBlocksWithLayout(context.Background(), keys[:2], dst, ids))
+				for _, id := range ids {
+					requireSameBlock(t, src.Block(id), dst.Block(id), "%s: block %d", what, id)
+				}
+			}
+			roundTrip("before", []int{0, 1})
+
+			require.NoError(t, os.RemoveAll(root))
+			roundTrip("directory removed", []int{2, 3})
+
+			// Removed again, and the top directory alone comes back.
+			require.NoError(t, os.RemoveAll(root))
+			require.NoError(t, os.Mkdir(root, 0o755))
+			roundTrip("top directory recreated", []int{1, 2})
+			require.Empty(t, tempFiles(t, s.Dir()))
+		})
+	}
+}
+
 func TestPutIntoNonDirectory(t *testing.T) {
 	root := t.TempDir()
 	s := newTestStore(t, FSConfig{Dir: root, HasRank: true, Rank: 5})
