@@ -126,7 +126,7 @@ func (s *FSStore) hasOne(key Key) Presence {
 		return p
 	}
 	defer f.Close()
-	h, err := readHeader(f)
+	h, err := readHeader(f, key)
 	if err != nil {
 		p.Err = fmt.Errorf("object %s: %w", key, err)
 		return p
@@ -174,7 +174,7 @@ func (s *FSStore) putOne(key Key, src BlockIO, id int, buf []byte) (err error) {
 	if err := src.ReadBlock(id, payload); err != nil {
 		return fmt.Errorf("object %s: read source block %d: %w", key, id, err)
 	}
-	putHeader(buf[:headerSize], payload)
+	putHeader(buf[:headerSize], key, payload)
 
 	f, err := s.createTemp(key)
 	if err != nil {
@@ -257,7 +257,7 @@ func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf []byte) error {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
 	defer f.Close()
-	h, err := readHeader(f)
+	h, err := readHeader(f, key)
 	if err != nil {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
@@ -281,10 +281,10 @@ func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf []byte) error {
 	return nil
 }
 
-// readHeader reads and checks the header of an open object, including that
-// the file is exactly as long as the header says, and leaves f at the start
-// of the payload.
-func readHeader(f *os.File) (header, error) {
+// readHeader reads and checks the header of key's open object, including
+// that it was written under key and that the file is exactly as long as the
+// header says, and leaves f at the start of the payload.
+func readHeader(f *os.File, key Key) (header, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return header{}, err
@@ -296,6 +296,9 @@ func readHeader(f *os.File) (header, error) {
 	}
 	h, err := decodeHeader(hb[:n])
 	if err != nil {
+		return header{}, err
+	}
+	if err := h.checkKey(key); err != nil {
 		return header{}, err
 	}
 	if err := h.checkHeldLength(fi.Size() - headerSize); err != nil {
