@@ -146,7 +146,8 @@ func TestPhysicalLocalTiersAndLayerwise(t *testing.T) {
 	require.Equal(t, make([]byte, size), w.read(t, G1, 4))
 
 	_, err := w.ExecuteLayerwiseOnboard([]int{1}, []int{1, 2}, events, nil)
-	require.ErrorContains(t, err, "block id length mismatch: src=1, dst=2")
+	require.ErrorIs(t, err, transfer.ErrInvalidArgument)
+	require.ErrorContains(t, err, "layer-wise onboard: invalid argument: 1 source block ids but 2 destination block ids")
 	_, err = w.ExecuteLayerwiseOnboard([]int{1}, []int{2}, events[:2], nil)
 	require.ErrorContains(t, err, "2 layer events given, the layout has 3 layers")
 	_, err = w.ExecuteLocalTransfer(G4, G1, []int{0}, []int{0}, transfer.Options{})
