@@ -85,6 +85,17 @@ func (r *Real) MemcpyBatchAsync(kind CopyKind, copies []Copy, s Stream) error {
 	return r.loopCopy(kind, copies, s)
 }
 
+// The C side names the copy kinds (kv_copy_kind) and takes CopyKind's
+// values as they are: these fail to compile if the two ever disagree.
+var (
+	_ [HostToDevice - C.KV_COPY_HOST_TO_DEVICE]struct{}
+	_ [C.KV_COPY_HOST_TO_DEVICE - HostToDevice]struct{}
+	_ [DeviceToHost - C.KV_COPY_DEVICE_TO_HOST]struct{}
+	_ [C.KV_COPY_DEVICE_TO_HOST - DeviceToHost]struct{}
+	_ [DeviceToDevice - C.KV_COPY_DEVICE_TO_DEVICE]struct{}
+	_ [C.KV_COPY_DEVICE_TO_DEVICE - DeviceToDevice]struct{}
+)
+
 func checkKind(op string, kind CopyKind) error {
 	switch kind {
 	case HostToDevice, DeviceToHost, DeviceToDevice:

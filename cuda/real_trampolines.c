@@ -44,128 +44,141 @@ enum {
 	CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
-// The function table. Names follow the exported symbol, _v2 where the
-// driver versions it.
+// The libcuda symbols the table holds, X(name, parameters), each returning
+// CUresult. Names follow the exported symbol, _v2 where the driver versions
+// it. The table, the list of names dlsym resolves and the load all come from
+// these two lists.
+#define CU_REQUIRED_SYMBOLS(X)                                                              \
+	X(cuGetErrorName, (CUresult, const char **))                                            \
+	X(cuGetErrorString, (CUresult, const char **))                                          \
+	X(cuInit, (unsigned))                                                                   \
+	X(cuDriverGetVersion, (int *))                                                          \
+	X(cuDeviceGetCount, (int *))                                                            \
+	X(cuDeviceGet, (CUdevice *, int))                                                       \
+	X(cuDeviceGetName, (char *, int, CUdevice))                                             \
+	X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                            \
+	X(cuDeviceGetAttribute, (int *, int, CUdevice))                                         \
+	X(cuDeviceGetPCIBusId, (char *, int, CUdevice))                                         \
+	X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                    \
+	X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                             \
+	X(cuCtxGetCurrent, (CUcontext *))                                                       \
+	X(cuCtxSetCurrent, (CUcontext))                                                         \
+	X(cuStreamCreate, (CUstream *, unsigned))                                               \
+	X(cuStreamDestroy_v2, (CUstream))                                                       \
+	X(cuStreamQuery, (CUstream))                                                            \
+	X(cuStreamWaitEvent, (CUstream, CUevent, unsigned))                                     \
+	X(cuStreamGetCtx, (CUstream, CUcontext *))                                              \
+	X(cuEventCreate, (CUevent *, unsigned))                                                 \
+	X(cuEventDestroy_v2, (CUevent))                                                         \
+	X(cuEventRecord, (CUevent, CUstream))                                                   \
+	X(cuEventQuery, (CUevent))                                                              \
+	X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream))                  \
+	X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))                        \
+	X(cuMemcpyDtoDAsync_v2, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                   \
+	X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                               \
+	X(cuMemFree_v2, (CUdeviceptr))                                                          \
+	X(cuMemHostAlloc, (void **, size_t, unsigned))                                          \
+	X(cuMemFreeHost, (void *))                                                              \
+	X(cuMemHostRegister_v2, (void *, size_t, unsigned))                                     \
+	X(cuMemHostUnregister, (void *))                                                        \
+	X(cuPointerGetAttribute, (void *, int, CUdeviceptr))                                    \
+	X(cuModuleLoadData, (CUmodule *, const void *))                                         \
+	X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                          \
+	X(cuModuleUnload, (CUmodule))                                                           \
+	X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,        \
+	                   unsigned, unsigned, CUstream, void **, void **))
+
+// Optional (CUDA 12.8+): either may be missing, see kv_cuda_batch_version.
+#define CU_OPTIONAL_SYMBOLS(X)                                                              \
+	X(cuMemcpyBatchAsync, (CUdeviceptr *, CUdeviceptr *, size_t *, size_t,                  \
+	                       kv_CUmemcpyAttributes *, size_t *, size_t, size_t *, CUstream))  \
+	X(cuMemcpyBatchAsync_v2, (CUdeviceptr *, CUdeviceptr *, size_t *, size_t,               \
+	                          kv_CUmemcpyAttributes *, size_t *, size_t, CUstream))
+
+#define CU_FIELD(name, params) CUresult(*name) params;
 static struct {
 	void *lib;
-	CUresult (*cuGetErrorName)(CUresult, const char **);
-	CUresult (*cuGetErrorString)(CUresult, const char **);
-	CUresult (*cuInit)(unsigned);
-	CUresult (*cuDriverGetVersion)(int *);
-	CUresult (*cuDeviceGetCount)(int *);
-	CUresult (*cuDeviceGet)(CUdevice *, int);
-	CUresult (*cuDeviceGetName)(char *, int, CUdevice);
-	CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
-	CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
-	CUresult (*cuDeviceGetPCIBusId)(char *, int, CUdevice);
-	CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-	CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
-	CUresult (*cuCtxGetCurrent)(CUcontext *);
-	CUresult (*cuCtxSetCurrent)(CUcontext);
-	CUresult (*cuStreamCreate)(CUstream *, unsigned);
-	CUresult (*cuStreamDestroy_v2)(CUstream);
-	CUresult (*cuStreamQuery)(CUstream);
-	CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
-	CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
-	CUresult (*cuEventCreate)(CUevent *, unsigned);
-	CUresult (*cuEventDestroy_v2)(CUevent);
-	CUresult (*cuEventRecord)(CUevent, CUstream);
-	CUresult (*cuEventQuery)(CUevent);
-	CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr, const void *, size_t, CUstream);
-	CUresult (*cuMemcpyDtoHAsync_v2)(void *, CUdeviceptr, size_t, CUstream);
-	CUresult (*cuMemcpyDtoDAsync_v2)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-	CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
-	CUresult (*cuMemFree_v2)(CUdeviceptr);
-	CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
-	CUresult (*cuMemFreeHost)(void *);
-	CUresult (*cuMemHostRegister_v2)(void *, size_t, unsigned);
-	CUresult (*cuMemHostUnregister)(void *);
-	CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
-	CUresult (*cuModuleLoadData)(CUmodule *, const void *);
-	CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
-	CUresult (*cuModuleUnload)(CUmodule);
-	CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-	                           unsigned, unsigned, CUstream, void **, void **);
-	// Optional (CUDA 12.8+): one of the two, see kv_cuda_batch_version.
-	CUresult (*cuMemcpyBatchAsync)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
-	                               kv_CUmemcpyAttributes *, size_t *, size_t, size_t *, CUstream);
-	CUresult (*cuMemcpyBatchAsync_v2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
-	                                  kv_CUmemcpyAttributes *, size_t *, size_t, CUstream);
+	CU_REQUIRED_SYMBOLS(CU_FIELD)
+	CU_OPTIONAL_SYMBOLS(CU_FIELD)
 } cu;
+#undef CU_FIELD
 
-static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
-// Constants, not set by the caller: pthread_once's routine reads them on
-// whichever thread gets there first.
-static const char cu_path[] = "libcuda.so.1";
-static int cu_status = -1;
-static char cu_err[512];
+// ---- loading ---------------------------------------------------------------
 
-#define REQUIRE(name)                                                                      \
-	do {                                                                                   \
-		*(void **)(&cu.name) = dlsym(cu.lib, #name);                                       \
-		if (!cu.name) {                                                                    \
-			snprintf(cu_err, sizeof cu_err, "%s has no symbol %s", cu_path, #name);        \
-			return;                                                                        \
-		}                                                                                  \
-	} while (0)
-#define OPTIONAL(name) (*(void **)(&cu.name) = dlsym(cu.lib, #name))
+// library_symbol is one entry of a library's table: where dlsym's answer
+// goes, and whether the library is unusable without it.
+typedef struct {
+	const char *name;
+	void **slot;
+	int optional;
+} library_symbol;
 
-static void cu_load_once(void) {
-	// RTLD_LOCAL: libcuda's symbols stay out of the global namespace.
-	cu.lib = dlopen(cu_path, RTLD_NOW | RTLD_LOCAL);
-	if (!cu.lib) {
+// library is one dlopen'd library (libcuda, NVML): opened once per process,
+// its table resolved, status 0 when usable, else -1 with a message in err.
+typedef struct {
+	const char *path;
+	void **lib;
+	const library_symbol *symbols;
+	size_t n;
+	int status;
+	char err[512];
+} library;
+
+// library_open opens l and resolves its table. It returns 0, or -1 with
+// l->err set (dlerror's message, or the first missing required symbol).
+// RTLD_LOCAL: the library's symbols stay out of the global namespace.
+static int library_open(library *l) {
+	*l->lib = dlopen(l->path, RTLD_NOW | RTLD_LOCAL);
+	if (!*l->lib) {
 		const char *e = dlerror();
-		snprintf(cu_err, sizeof cu_err, "%s", e ? e : "dlopen failed");
-		return;
+		snprintf(l->err, sizeof l->err, "%s", e ? e : "dlopen failed");
+		return -1;
 	}
-	REQUIRE(cuGetErrorName);
-	REQUIRE(cuGetErrorString);
-	REQUIRE(cuInit);
-	REQUIRE(cuDriverGetVersion);
-	REQUIRE(cuDeviceGetCount);
-	REQUIRE(cuDeviceGet);
-	REQUIRE(cuDeviceGetName);
-	REQUIRE(cuDeviceTotalMem_v2);
-	REQUIRE(cuDeviceGetAttribute);
-	REQUIRE(cuDeviceGetPCIBusId);
-	REQUIRE(cuDevicePrimaryCtxRetain);
-	REQUIRE(cuDevicePrimaryCtxRelease_v2);
-	REQUIRE(cuCtxGetCurrent);
-	REQUIRE(cuCtxSetCurrent);
-	REQUIRE(cuStreamCreate);
-	REQUIRE(cuStreamDestroy_v2);
-	REQUIRE(cuStreamQuery);
-	REQUIRE(cuStreamWaitEvent);
-	REQUIRE(cuStreamGetCtx);
-	REQUIRE(cuEventCreate);
-	REQUIRE(cuEventDestroy_v2);
-	REQUIRE(cuEventRecord);
-	REQUIRE(cuEventQuery);
-	REQUIRE(cuMemcpyHtoDAsync_v2);
-	REQUIRE(cuMemcpyDtoHAsync_v2);
-	REQUIRE(cuMemcpyDtoDAsync_v2);
-	REQUIRE(cuMemAlloc_v2);
-	REQUIRE(cuMemFree_v2);
-	REQUIRE(cuMemHostAlloc);
-	REQUIRE(cuMemFreeHost);
-	REQUIRE(cuMemHostRegister_v2);
-	REQUIRE(cuMemHostUnregister);
-	REQUIRE(cuPointerGetAttribute);
-	REQUIRE(cuModuleLoadData);
-	REQUIRE(cuModuleGetFunction);
-	REQUIRE(cuModuleUnload);
-	REQUIRE(cuLaunchKernel);
-	OPTIONAL(cuMemcpyBatchAsync_v2);
-	if (!cu.cuMemcpyBatchAsync_v2)
-		OPTIONAL(cuMemcpyBatchAsync);
-	cu_status = 0;
+	for (size_t i = 0; i < l->n; i++) {
+		*l->symbols[i].slot = dlsym(*l->lib, l->symbols[i].name);
+		if (!*l->symbols[i].slot && !l->symbols[i].optional) {
+			snprintf(l->err, sizeof l->err, "%s has no symbol %s", l->path, l->symbols[i].name);
+			return -1;
+		}
+	}
+	return 0;
 }
+
+// library_status is the result of the one load: 0, or -1 with the message
+// copied into err.
+static int library_status(const library *l, char *err, size_t errlen) {
+	if (l->status != 0)
+		snprintf(err, errlen, "%s", l->err);
+	return l->status;
+}
+
+#define REQUIRED_SYMBOL(table, name) {#name, (void **)&table.name, 0},
+#define OPTIONAL_SYMBOL(table, name) {#name, (void **)&table.name, 1},
+#define CU_REQUIRED(name, params) REQUIRED_SYMBOL(cu, name)
+#define CU_OPTIONAL(name, params) OPTIONAL_SYMBOL(cu, name)
+static const library_symbol cu_symbols[] = {
+	CU_REQUIRED_SYMBOLS(CU_REQUIRED)
+	CU_OPTIONAL_SYMBOLS(CU_OPTIONAL)
+};
+#undef CU_REQUIRED
+#undef CU_OPTIONAL
+
+// Set up before any thread can load: pthread_once's routine reads it on
+// whichever thread gets there first.
+static library cu_library = {
+	.path = "libcuda.so.1",
+	.lib = &cu.lib,
+	.symbols = cu_symbols,
+	.n = sizeof cu_symbols / sizeof cu_symbols[0],
+	.status = -1,
+};
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_load_once(void) { cu_library.status = library_open(&cu_library); }
 
 int kv_cuda_load(char *err, size_t errlen) {
 	pthread_once(&cu_once, cu_load_once);
-	if (cu_status != 0)
-		snprintf(err, errlen, "%s", cu_err);
-	return cu_status;
+	return library_status(&cu_library, err, errlen);
 }
 
 int kv_cuda_batch_version(void) {
@@ -174,9 +187,9 @@ int kv_cuda_batch_version(void) {
 	return cu.cuMemcpyBatchAsync ? 1 : 0;
 }
 
-#define LOADED_OR_FAIL() \
-	do {                 \
-		if (cu_status)   \
+#define LOADED_OR_FAIL()                       \
+	do {                                       \
+		if (cu_library.status)                 \
 			return CUDA_ERROR_NOT_INITIALIZED; \
 	} while (0)
 
@@ -320,11 +333,11 @@ int kv_cuEventQuery(uint64_t ctx, uint64_t e) {
 
 static CUresult memcpy_one(int kind, uint64_t dst, uint64_t src, uint64_t size, CUstream s) {
 	switch (kind) {
-	case 1:
+	case KV_COPY_HOST_TO_DEVICE:
 		return cu.cuMemcpyHtoDAsync_v2(dst, (const void *)(uintptr_t)src, size, s);
-	case 2:
+	case KV_COPY_DEVICE_TO_HOST:
 		return cu.cuMemcpyDtoHAsync_v2((void *)(uintptr_t)dst, src, size, s);
-	case 3:
+	case KV_COPY_DEVICE_TO_DEVICE:
 		return cu.cuMemcpyDtoDAsync_v2(dst, src, size, s);
 	}
 	return CUDA_ERROR_INVALID_VALUE;
@@ -370,8 +383,8 @@ int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *sr
 		return r;
 	memset(&attr, 0, sizeof attr);
 	attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-	attr.srcLocHint = kind == 1 ? host : device;
-	attr.dstLocHint = kind == 2 ? host : device;
+	attr.srcLocHint = kind == KV_COPY_HOST_TO_DEVICE ? host : device;
+	attr.dstLocHint = kind == KV_COPY_DEVICE_TO_HOST ? host : device;
 	// CUdeviceptr and size_t are 64-bit on every platform we build for.
 	_Static_assert(sizeof(CUdeviceptr) == sizeof(uint64_t), "CUdeviceptr");
 	_Static_assert(sizeof(size_t) == sizeof(uint64_t), "size_t");
@@ -507,58 +520,64 @@ typedef struct {
 	unsigned long long total, free, used;
 } kv_nvmlMemory_t;
 
+typedef int nvmlReturn_t;
+
+// The NVML symbols the table holds, X(name, parameters), each returning
+// nvmlReturn_t.
+#define NV_REQUIRED_SYMBOLS(X)                                                              \
+	X(nvmlInit_v2, (void))                                                                  \
+	X(nvmlDeviceGetCount_v2, (unsigned *))                                                  \
+	X(nvmlDeviceGetHandleByPciBusId_v2, (const char *, nvmlDevice_t *))                     \
+	X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, kv_nvmlMemory_t *))
+
+// Optional: r535 and later.
+#define NV_OPTIONAL_SYMBOLS(X) X(nvmlDeviceGetNumaNodeId, (nvmlDevice_t, unsigned *))
+
+#define NV_FIELD(name, params) nvmlReturn_t(*name) params;
 static struct {
 	void *lib;
-	int (*nvmlInit_v2)(void);
-	int (*nvmlDeviceGetCount_v2)(unsigned *);
-	int (*nvmlDeviceGetHandleByPciBusId_v2)(const char *, nvmlDevice_t *);
-	int (*nvmlDeviceGetMemoryInfo)(nvmlDevice_t, kv_nvmlMemory_t *);
-	int (*nvmlDeviceGetNumaNodeId)(nvmlDevice_t, unsigned *); // optional (r535+)
+	NV_REQUIRED_SYMBOLS(NV_FIELD)
+	NV_OPTIONAL_SYMBOLS(NV_FIELD)
 } nv;
+#undef NV_FIELD
 
+#define NV_REQUIRED(name, params) REQUIRED_SYMBOL(nv, name)
+#define NV_OPTIONAL(name, params) OPTIONAL_SYMBOL(nv, name)
+static const library_symbol nv_symbols[] = {
+	NV_REQUIRED_SYMBOLS(NV_REQUIRED)
+	NV_OPTIONAL_SYMBOLS(NV_OPTIONAL)
+};
+#undef NV_REQUIRED
+#undef NV_OPTIONAL
+
+static library nv_library = {
+	.path = "libnvidia-ml.so.1",
+	.lib = &nv.lib,
+	.symbols = nv_symbols,
+	.n = sizeof nv_symbols / sizeof nv_symbols[0],
+	.status = -1,
+};
 static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
-static const char nv_path[] = "libnvidia-ml.so.1";
-static int nv_status = -1;
-static char nv_err[512];
 
-#define NV_REQUIRE(name)                                                                    \
-	do {                                                                                    \
-		*(void **)(&nv.name) = dlsym(nv.lib, #name);                                        \
-		if (!nv.name) {                                                                     \
-			snprintf(nv_err, sizeof nv_err, "%s has no symbol %s", nv_path, #name);         \
-			return;                                                                         \
-		}                                                                                   \
-	} while (0)
-
+// nv_load_once opens NVML and initializes it: usable only once both did.
 static void nv_load_once(void) {
-	nv.lib = dlopen(nv_path, RTLD_NOW | RTLD_LOCAL);
-	if (!nv.lib) {
-		const char *e = dlerror();
-		snprintf(nv_err, sizeof nv_err, "%s", e ? e : "dlopen failed");
+	if (library_open(&nv_library) != 0)
 		return;
-	}
-	NV_REQUIRE(nvmlInit_v2);
-	NV_REQUIRE(nvmlDeviceGetCount_v2);
-	NV_REQUIRE(nvmlDeviceGetHandleByPciBusId_v2);
-	NV_REQUIRE(nvmlDeviceGetMemoryInfo);
-	*(void **)(&nv.nvmlDeviceGetNumaNodeId) = dlsym(nv.lib, "nvmlDeviceGetNumaNodeId");
 	int r = nv.nvmlInit_v2();
 	if (r) {
-		snprintf(nv_err, sizeof nv_err, "nvmlInit_v2 failed with NVML error %d", r);
+		snprintf(nv_library.err, sizeof nv_library.err, "nvmlInit_v2 failed with NVML error %d", r);
 		return;
 	}
-	nv_status = 0;
+	nv_library.status = 0;
 }
 
 int kv_nvml_load(char *err, size_t errlen) {
 	pthread_once(&nv_once, nv_load_once);
-	if (nv_status != 0)
-		snprintf(err, errlen, "%s", nv_err);
-	return nv_status;
+	return library_status(&nv_library, err, errlen);
 }
 
 int kv_nvml_device_count(unsigned *n) {
-	if (nv_status)
+	if (nv_library.status)
 		return -1;
 	return nv.nvmlDeviceGetCount_v2(n);
 }
@@ -567,7 +586,7 @@ int kv_nvml_numa_node(const char *bus_id, int *node) {
 	nvmlDevice_t d = NULL;
 	unsigned v = 0;
 	*node = -1;
-	if (nv_status || !nv.nvmlDeviceGetNumaNodeId)
+	if (nv_library.status || !nv.nvmlDeviceGetNumaNodeId)
 		return -1;
 	int r = nv.nvmlDeviceGetHandleByPciBusId_v2(bus_id, &d);
 	if (r)
@@ -581,7 +600,7 @@ int kv_nvml_numa_node(const char *bus_id, int *node) {
 int kv_nvml_memory(const char *bus_id, uint64_t *total, uint64_t *free_bytes) {
 	nvmlDevice_t d = NULL;
 	kv_nvmlMemory_t m;
-	if (nv_status)
+	if (nv_library.status)
 		return -1;
 	int r = nv.nvmlDeviceGetHandleByPciBusId_v2(bus_id, &d);
 	if (r)

@@ -56,7 +56,15 @@ int kv_cuEventDestroy(uint64_t ctx, uint64_t e);
 int kv_cuEventRecord(uint64_t ctx, uint64_t e, uint64_t s);
 int kv_cuEventQuery(uint64_t ctx, uint64_t e);
 
-// kind: 1 H2D, 2 D2H, 3 D2D (cuda.CopyKind).
+// The direction of a copy: the values of cuda.CopyKind (real_copy.go
+// checks that they agree).
+enum kv_copy_kind {
+	KV_COPY_HOST_TO_DEVICE = 1,
+	KV_COPY_DEVICE_TO_HOST = 2,
+	KV_COPY_DEVICE_TO_DEVICE = 3,
+};
+
+// kind: a kv_copy_kind.
 int kv_cuMemcpyAsync(uint64_t ctx, int kind, uint64_t dst, uint64_t src, uint64_t size, uint64_t s);
 // kv_memcpy_loop enqueues n copies in order with the kind's cuMemcpy*Async;
 // on failure *failed is the index of the copy that failed.

@@ -156,22 +156,22 @@ type demo struct {
 	handoff   *handoffRun
 }
 
-func (d *demo) setup(root string) error {
-	store, err := object.NewFSStore(object.FSConfig{Dir: filepath.Join(root, "g4"), HasRank: true, Rank: 0})
-	if err != nil {
-		return fmt.Errorf("G4 object store: %w", err)
-	}
-	d.store = store
+func (d *demo) setup(root string) (err error) {
 	d.loop = transfer.NewLoopback()
-	g3 := filepath.Join(root, "g3")
+	g3, g4 := filepath.Join(root, "g3"), filepath.Join(root, "g4")
 	if err := os.MkdirAll(g3, 0o755); err != nil {
 		return fmt.Errorf("G3 directory: %w", err)
 	}
 	// The prefill worker's G2 holds two copies: blocks [0, n) and [n, 2n).
 	d.prefill, err = newTierWorker(d.drv, tierSpec{name: "prefill", id: 0xA, g1: d.n, g2: 2 * d.n, g3: d.n,
-		diskDir: g3, store: store, loop: d.loop})
+		diskDir: g3, objectDir: g4, loop: d.loop})
 	if err != nil {
 		return err
+	}
+	// A store of the demo's own over the prefill worker's directory (rank
+	// 0), so that the check reads what the worker left there.
+	if d.store, err = object.NewFSStore(object.FSConfig{Dir: g4, HasRank: true, Rank: d.prefill.Rank()}); err != nil {
+		return fmt.Errorf("G4 object store: %w", err)
 	}
 	d.decode, err = newTierWorker(d.drv, tierSpec{name: "decode", id: 0xB, g1: d.n, g2: d.n, loop: d.loop})
 	return err

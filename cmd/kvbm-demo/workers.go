@@ -29,13 +29,12 @@ func llama3_8B(blocks int) layout.Config {
 // waitLimit bounds every wait, so that a hang is an error, not a stuck run.
 const waitLimit = 2 * time.Minute
 
-// tierWorker is a PhysicalWorker with what the demo owns around it: its
-// transfer manager and the "engine" tensors registered as its G1.
+// tierWorker is a standalone worker (its own transfer manager, G3 and G4)
+// with what the demo owns around it: the "engine" tensors registered as its
+// G1.
 type tierWorker struct {
 	*worker.PhysicalWorker
 	name  string
-	m     *transfer.Manager
-	loop  *transfer.Loopback
 	g1mem []*storage.Memory
 }
 
@@ -44,39 +43,25 @@ type tierSpec struct {
 	id         uint64
 	g1, g2, g3 int // blocks per tier; 0 leaves the tier out
 	diskDir    string
-	store      object.Store
+	objectDir  string // "": no G4
 	loop       *transfer.Loopback
 }
 
-// newTierWorker builds a worker: G1 as the engine would have it (one device
-// allocation per layer, registered by pointer), G2 pinned and fully
-// contiguous, G3 on disk.
+// newTierWorker builds a worker as an engine process would through the C
+// ABI: G1 as the engine has it (one device allocation per layer, registered
+// by pointer), G2 pinned and fully contiguous, G3 on disk.
 func newTierWorker(drv cuda.Driver, s tierSpec) (w *tierWorker, err error) {
-	m, err := transfer.NewManager(transfer.Config{WorkerID: s.id, Driver: drv, DiskDir: s.diskDir})
+	pw, err := worker.NewStandalone(worker.StandaloneConfig{WorkerID: s.id, Driver: drv,
+		DiskDir: s.diskDir, ObjectDir: s.objectDir, Loopback: s.loop})
 	if err != nil {
-		return nil, fmt.Errorf("%s: transfer manager: %w", s.name, err)
+		return nil, fmt.Errorf("%s: worker: %w", s.name, err)
 	}
-	w = &tierWorker{name: s.name, m: m}
+	w = &tierWorker{PhysicalWorker: pw, name: s.name}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, w.close())
 		}
 	}()
-	if s.loop != nil {
-		if err := s.loop.Add(m); err != nil {
-			return w, fmt.Errorf("%s: loopback transport: %w", s.name, err)
-		}
-		w.loop = s.loop
-	}
-	cfg := worker.PhysicalConfig{Manager: m, Objects: s.store}
-	if s.loop != nil {
-		cfg.Transport = s.loop
-	}
-	pw, err := worker.NewPhysical(cfg)
-	if err != nil {
-		return w, fmt.Errorf("%s: worker: %w", s.name, err)
-	}
-	w.PhysicalWorker = pw
 
 	g1 := llama3_8B(s.g1)
 	sizes, err := layout.RegionSizes(g1, vllmShape.Kind, vllmShape.BlockDim)
@@ -106,15 +91,12 @@ func newTierWorker(drv cuda.Driver, s tierSpec) (w *tierWorker, err error) {
 	return w, nil
 }
 
-// close releases the manager (waiting for transfers in flight, freeing G2
-// and G3) and then the engine's G1 tensors.
+// close releases the worker (waiting for transfers in flight, freeing G2
+// and G3, leaving the loopback) and then the engine's G1 tensors.
 func (w *tierWorker) close() error {
 	var errs []error
-	if w.loop != nil {
-		w.loop.Remove(w.m)
-	}
-	if err := w.m.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("%s: close transfer manager: %w", w.name, err))
+	if err := w.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("%s: close worker: %w", w.name, err))
 	}
 	for i, mem := range w.g1mem {
 		if err := mem.Close(); err != nil {
@@ -139,7 +121,7 @@ func (w *tierWorker) blockIO(t worker.Tier) (*transfer.BlockIO, error) {
 	if hp == nil {
 		return nil, fmt.Errorf("%s: tier %v is not registered", w.name, t)
 	}
-	bio, err := w.m.BlockIO(*hp)
+	bio, err := w.Manager().BlockIO(*hp)
 	if err != nil {
 		return nil, fmt.Errorf("%s: block access to %v: %w", w.name, t, err)
 	}

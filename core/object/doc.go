@@ -12,6 +12,7 @@
 // a bucket or mount never collide.
 //
 // Every object carries a small header with a magic, a format version, the
-// payload length and a CRC32C of the payload (format.go); Get verifies all of
-// them before a byte reaches the destination.
+// key it was written under, the payload length and a CRC32C of the payload
+// (format.go); Get verifies all of them before a byte reaches the
+// destination.
 package object

@@ -10,27 +10,37 @@ import (
 //
 //	offset size
 //	     0    4  magic "KVG4"
-//	     4    2  format version (1), little endian
-//	     6    2  reserved, zero
+//	     4    2  format version (2), little endian
+//	     6    2  key length in bytes, 1 to MaxKeyLen, little endian
 //	     8    8  payload length in bytes
 //	    16    4  CRC32C (Castagnoli) of the payload
-//	    20    4  CRC32C of bytes 0 to 19, so that a flipped length or
+//	    20   64  the key's bytes, then zeros up to MaxKeyLen
+//	    84    4  CRC32C of bytes 0 to 83, so that a flipped length, key or
 //	             checksum bit reads as a damaged header, not a damaged payload
-//	    24       payload
+//	    88       payload
 //
 // A header rather than a trailer lets HasBlocks learn the payload size and
-// check the magic by reading 24 bytes, and lets Get reject a foreign or
-// mismatched object before reading its payload.
+// check the magic and the key by reading 88 bytes, and lets Get reject a
+// foreign or mismatched object before reading its payload. The key is
+// recorded so that an object file replaced by another key's valid object is
+// refused rather than served as this key's data.
+//
+// Version 1 (a 24-byte header without the key) is refused as an unsupported
+// version: such an object cannot prove which key it holds.
 const (
-	headerSize    = 24
-	formatVersion = 1
+	headerSize    = 88
+	formatVersion = 2
 	objectMagic   = "KVG4"
+
+	keyOffset       = 20
+	headerCRCOffset = keyOffset + MaxKeyLen
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // header is the decoded form of an object's header.
 type header struct {
+	key    Key    // the key the object was written under
 	length uint64 // payload bytes
 	crc    uint32 // CRC32C of the payload
 }
@@ -49,21 +59,23 @@ func corruptf(format string, args ...any) error {
 // payloadCRC returns the CRC32C of a payload.
 func payloadCRC(payload []byte) uint32 { return crc32.Checksum(payload, castagnoli) }
 
-// putHeader writes the header of payload into dst[:headerSize].
-func putHeader(dst []byte, payload []byte) {
+// putHeader writes the header of key's payload into dst[:headerSize].
+func putHeader(dst []byte, key Key, payload []byte) {
 	_ = dst[headerSize-1]
 	copy(dst[0:4], objectMagic)
 	binary.LittleEndian.PutUint16(dst[4:6], formatVersion)
-	binary.LittleEndian.PutUint16(dst[6:8], 0)
+	binary.LittleEndian.PutUint16(dst[6:8], uint16(key.Len()))
 	binary.LittleEndian.PutUint64(dst[8:16], uint64(len(payload)))
 	binary.LittleEndian.PutUint32(dst[16:20], payloadCRC(payload))
-	binary.LittleEndian.PutUint32(dst[20:24], crc32.Checksum(dst[0:20], castagnoli))
+	clear(dst[keyOffset:headerCRCOffset])
+	copy(dst[keyOffset:headerCRCOffset], key.b)
+	binary.LittleEndian.PutUint32(dst[headerCRCOffset:headerSize], crc32.Checksum(dst[0:headerCRCOffset], castagnoli))
 }
 
-// encodeObject returns the whole object for payload.
-func encodeObject(payload []byte) []byte {
+// encodeObject returns the whole object of key's payload.
+func encodeObject(key Key, payload []byte) []byte {
 	obj := make([]byte, headerSize+len(payload))
-	putHeader(obj, payload)
+	putHeader(obj, key, payload)
 	copy(obj[headerSize:], payload)
 	return obj
 }
@@ -72,26 +84,45 @@ func encodeObject(payload []byte) []byte {
 // an error matching ErrCorrupt for any damaged or foreign header and never
 // panics, whatever b holds.
 func decodeHeader(b []byte) (header, error) {
+	// Magic and version first: an object of another version, whose header
+	// may be shorter, is named as such rather than as truncated.
+	if len(b) >= 6 {
+		if string(b[0:4]) != objectMagic {
+			return header{}, corruptf("bad magic %q, want %q", b[0:4], objectMagic)
+		}
+		if v := binary.LittleEndian.Uint16(b[4:6]); v != formatVersion {
+			return header{}, corruptf("unsupported format version %d, want %d", v, formatVersion)
+		}
+	}
 	if len(b) < headerSize {
 		return header{}, corruptf("truncated header: %d of %d bytes", len(b), headerSize)
 	}
-	if string(b[0:4]) != objectMagic {
-		return header{}, corruptf("bad magic %q, want %q", b[0:4], objectMagic)
-	}
-	if v := binary.LittleEndian.Uint16(b[4:6]); v != formatVersion {
-		return header{}, corruptf("unsupported format version %d, want %d", v, formatVersion)
-	}
-	stored := binary.LittleEndian.Uint32(b[20:24])
-	if computed := crc32.Checksum(b[0:20], castagnoli); stored != computed {
+	stored := binary.LittleEndian.Uint32(b[headerCRCOffset:headerSize])
+	if computed := crc32.Checksum(b[0:headerCRCOffset], castagnoli); stored != computed {
 		return header{}, corruptf("header crc32c mismatch: stored 0x%08x computed 0x%08x", stored, computed)
 	}
-	if r := binary.LittleEndian.Uint16(b[6:8]); r != 0 {
-		return header{}, corruptf("reserved header field is 0x%04x, want 0", r)
+	n := int(binary.LittleEndian.Uint16(b[6:8]))
+	if err := checkKeyLen(n); err != nil {
+		return header{}, corruptf("header key: %v", err)
+	}
+	for i, c := range b[keyOffset+n : headerCRCOffset] {
+		if c != 0 {
+			return header{}, corruptf("header key padding byte %d is 0x%02x, want 0", n+i, c)
+		}
 	}
 	return header{
+		key:    Key{b: string(b[keyOffset : keyOffset+n])},
 		length: binary.LittleEndian.Uint64(b[8:16]),
 		crc:    binary.LittleEndian.Uint32(b[16:20]),
 	}, nil
+}
+
+// checkKey checks that the object was written under want.
+func (h header) checkKey(want Key) error {
+	if h.key != want {
+		return corruptf("holds the object of key %s", h.key)
+	}
+	return nil
 }
 
 // checkHeldLength checks that an object holding held payload bytes (its
@@ -111,19 +142,20 @@ func (h header) checkPayload(payload []byte) error {
 	return nil
 }
 
-// decodeObject verifies a whole object and returns its payload, a view into
-// b. Errors match ErrCorrupt; it never panics.
-func decodeObject(b []byte) ([]byte, error) {
+// decodeObject verifies a whole object and returns the key it was written
+// under and its payload, a view into b. Errors match ErrCorrupt; it never
+// panics.
+func decodeObject(b []byte) (Key, []byte, error) {
 	h, err := decodeHeader(b)
 	if err != nil {
-		return nil, err
+		return Key{}, nil, err
 	}
 	if err := h.checkHeldLength(int64(len(b) - headerSize)); err != nil {
-		return nil, err
+		return Key{}, nil, err
 	}
 	payload := b[headerSize:]
 	if err := h.checkPayload(payload); err != nil {
-		return nil, err
+		return Key{}, nil, err
 	}
-	return payload, nil
+	return h.key, payload, nil
 }

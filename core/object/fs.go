@@ -24,7 +24,8 @@ const tempPrefix = ".tmp-"
 // FSConfig configures an FSStore.
 type FSConfig struct {
 	// Dir is the store's root directory, local or a shared mount. It is
-	// created if missing.
+	// created if missing, and created again by a put that finds it (or
+	// the rank directory) gone.
 	Dir string
 	// HasRank and Rank prefix every object with the worker's rank
 	// ("{Dir}/{Rank}/{hex key}"), so SPMD workers sharing Dir never
@@ -125,7 +126,7 @@ func (s *FSStore) hasOne(key Key) Presence {
 		return p
 	}
 	defer f.Close()
-	h, err := readHeader(f)
+	h, err := readHeader(f, key)
 	if err != nil {
 		p.Err = fmt.Errorf("object %s: %w", key, err)
 		return p
@@ -173,9 +174,9 @@ func (s *FSStore) putOne(key Key, src BlockIO, id int, buf []byte) (err error) {
 	if err := src.ReadBlock(id, payload); err != nil {
 		return fmt.Errorf("object %s: read source block %d: %w", key, id, err)
 	}
-	putHeader(buf[:headerSize], payload)
+	putHeader(buf[:headerSize], key, payload)
 
-	f, err := os.CreateTemp(s.dir, tempPrefix+key.String()+"-*")
+	f, err := s.createTemp(key)
 	if err != nil {
 		return fmt.Errorf("object %s: create temporary file: %w", key, err)
 	}
@@ -204,6 +205,27 @@ func (s *FSStore) putOne(key Key, src BlockIO, id int, buf []byte) (err error) {
 		return fmt.Errorf("object %s: rename into place: %w", key, err)
 	}
 	return nil
+}
+
+// createTemp creates the temporary file an object is written to. A store
+// directory that has vanished (a wiped or remounted shared directory) is
+// created again, as NewFSStore would, so that puts recover without a new
+// store.
+func (s *FSStore) createTemp(key Key) (*os.File, error) {
+	pattern := tempPrefix + key.String() + "-*"
+	f, err := os.CreateTemp(s.dir, pattern)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return f, err
+	}
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("recreate missing store directory: %w", err)
+	}
+	// The new directory's own entry must survive a crash like the objects
+	// renamed into it.
+	if err := syncDir(filepath.Dir(s.dir)); err != nil {
+		return nil, fmt.Errorf("sync recreated store directory: %w", err)
+	}
+	return os.CreateTemp(s.dir, pattern)
 }
 
 // GetBlocksWithLayout loads each key's object into its block of dst.
@@ -235,7 +257,7 @@ func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf []byte) error {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
 	defer f.Close()
-	h, err := readHeader(f)
+	h, err := readHeader(f, key)
 	if err != nil {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
@@ -259,10 +281,10 @@ func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf []byte) error {
 	return nil
 }
 
-// readHeader reads and checks the header of an open object, including that
-// the file is exactly as long as the header says, and leaves f at the start
-// of the payload.
-func readHeader(f *os.File) (header, error) {
+// readHeader reads and checks the header of key's open object, including
+// that it was written under key and that the file is exactly as long as the
+// header says, and leaves f at the start of the payload.
+func readHeader(f *os.File, key Key) (header, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return header{}, err
@@ -274,6 +296,9 @@ func readHeader(f *os.File) (header, error) {
 	}
 	h, err := decodeHeader(hb[:n])
 	if err != nil {
+		return header{}, err
+	}
+	if err := h.checkKey(key); err != nil {
 		return header{}, err
 	}
 	if err := h.checkHeldLength(fi.Size() - headerSize); err != nil {

@@ -297,7 +297,7 @@ func TestCorruptionDetected(t *testing.T) {
 			damage: func(t *testing.T, path string) {
 				require.NoError(t, os.Truncate(path, 7))
 			},
-			want:    ": truncated header: 7 of 24 bytes",
+			want:    ": truncated header: 7 of 88 bytes",
 			hasSees: true,
 		},
 		{
@@ -305,7 +305,7 @@ func TestCorruptionDetected(t *testing.T) {
 			damage: func(t *testing.T, path string) {
 				require.NoError(t, os.Truncate(path, 0))
 			},
-			want:    ": truncated header: 0 of 24 bytes",
+			want:    ": truncated header: 0 of 88 bytes",
 			hasSees: true,
 		},
 		{
@@ -356,6 +356,34 @@ func TestCorruptionDetected(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An object file replaced by another key's valid object (a stray copy, a
+// rename gone wrong) is refused as corrupt, not served as the key's data.
+func TestObjectOfAnotherKeyRefused(t *testing.T) {
+	s := newTestStore(t, FSConfig{HasRank: true, Rank: 4})
+	keys := testKeys(t, 3, "swapped")
+	src := randomBlocks(t, 3, testBlockSize, 31)
+	requireAllOK(t, keys, s.PutBlocksWithLayout(context.Background(), keys, src, seq(0, 3)))
+	a, err := os.ReadFile(s.Path(keys[0]))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(s.Path(keys[1]), a, 0o644))
+
+	dst := guardedBlocks(t, 3, testBlockSize)
+	res := s.GetBlocksWithLayout(context.Background(), keys, dst, seq(0, 3))
+	require.NoError(t, res[0].Err)
+	require.NoError(t, res[2].Err)
+	require.ErrorIs(t, res[1].Err, ErrCorrupt)
+	require.ErrorContains(t, res[1].Err, "object "+keys[1].String()+": holds the object of key "+keys[0].String())
+	requireGuarded(t, dst.Block(1), "the refused object's destination")
+	requireSameBlock(t, src.Block(0), dst.Block(0), "block 0")
+	requireSameBlock(t, src.Block(2), dst.Block(2), "block 2")
+
+	has := s.HasBlocks(context.Background(), keys)
+	require.True(t, has[0].Found)
+	require.True(t, has[2].Found)
+	require.False(t, has[1].Found)
+	require.ErrorIs(t, has[1].Err, ErrCorrupt)
 }
 
 func flipByte(t *testing.T, path string, off int) {
@@ -436,6 +464,38 @@ func TestFailedPutLeavesNoPartialObject(t *testing.T) {
 	requireSameBlock(t, src.Block(0), dst.Block(0), "block 0")
 	requireSameBlock(t, old.Block(1), dst.Block(1), "old object kept")
 	requireSameBlock(t, src.Block(3), dst.Block(3), "block 3")
+}
+
+// A store whose directory was removed (a wiped shared mount) recreates it on
+// the next put, whether the directory comes back first or not.
+func TestPutRecreatesRemovedDirectory(t *testing.T) {
+	for _, hasRank := range []bool{false, true} {
+		t.Run(fmt.Sprintf("rank=%v", hasRank), func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "objects")
+			s := newTestStore(t, FSConfig{Dir: root, HasRank: hasRank, Rank: 3})
+			keys := testKeys(t, 4, "recreate")
+			src := randomBlocks(t, 4, testBlockSize, 21)
+			roundTrip := func(what string, ids []int) {
+				t.Helper()
+				requireAllOK(t, keys[:2], s.PutBlocksWithLayout(context.Background(), keys[:2], src, ids))
+				dst := guardedBlocks(t, 4, testBlockSize)
+				requireAllOK(t, keys[:2], s.GetBlocksWithLayout(context.Background(), keys[:2], dst, ids))
+				for _, id := range ids {
+					requireSameBlock(t, src.Block(id), dst.Block(id), "%s: block %d", what, id)
+				}
+			}
+			roundTrip("before", []int{0, 1})
+
+			require.NoError(t, os.RemoveAll(root))
+			roundTrip("directory removed", []int{2, 3})
+
+			// Removed again, and the top directory alone comes back.
+			require.NoError(t, os.RemoveAll(root))
+			require.NoError(t, os.Mkdir(root, 0o755))
+			roundTrip("top directory recreated", []int{1, 2})
+			require.Empty(t, tempFiles(t, s.Dir()))
+		})
+	}
 }
 
 func TestPutIntoNonDirectory(t *testing.T) {

@@ -24,7 +24,7 @@ type Store interface {
 	PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result
 
 	// GetBlocksWithLayout loads the object of keys[i] into block
-	// blockIDs[i] of dst. An object is verified (format, length, checksum)
+	// blockIDs[i] of dst. An object is verified (format, key, length, checksum)
 	// before any of its bytes reach dst, so a failed block leaves its
 	// destination untouched.
 	GetBlocksWithLayout(ctx context.Context, keys []Key, dst BlockIO, blockIDs []int) []Result
@@ -59,8 +59,8 @@ var (
 	// ErrNotFound: no object exists under the key.
 	ErrNotFound = errors.New("not found")
 	// ErrCorrupt: the object exists but fails verification (magic,
-	// version, length or checksum), or its length differs from the block
-	// size it is loaded into.
+	// version, recorded key, length or checksum), or its length differs
+	// from the block size it is loaded into.
 	ErrCorrupt = errors.New("corrupt object")
 	// ErrInvalidArgument: the batch itself is malformed (lengths differ,
 	// block ids out of range or repeated, invalid key); every block of the

@@ -118,14 +118,20 @@ func (d *DiskFile) check(op string, p []byte, off uint64) error {
 	return nil
 }
 
-// ReadAt fills p from offset off.
+// ReadAt fills p from offset off. A read that ends early because the file
+// was cut short behind the layout's back fails with an error matching
+// io.ErrUnexpectedEOF: the bytes it should hold are gone.
 func (d *DiskFile) ReadAt(p []byte, off uint64) error {
 	if err := d.check("read", p, off); err != nil {
 		return err
 	}
 	n, err := d.pick(p, off).ReadAt(p, int64(off))
-	if err == io.EOF && n == len(p) {
-		err = nil
+	if err == io.EOF {
+		if n == len(p) {
+			err = nil
+		} else {
+			err = fmt.Errorf("%w: %d of %d bytes, the file ends before its layout does", io.ErrUnexpectedEOF, n, len(p))
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("read %q at offset %d (%d bytes): %w", d.path, off, len(p), err)

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -72,4 +73,22 @@ func TestDiskFileErrors(t *testing.T) {
 	err = d.WriteAt(make([]byte, 4096), 0)
 	require.ErrorIs(t, err, boom)
 	require.NoError(t, d.ReadAt(make([]byte, 4096), 0))
+}
+
+// A file cut short behind the layout's back reads as a short read, for
+// aligned (direct) and unaligned (buffered) reads alike.
+func TestDiskFileTruncatedReadsShort(t *testing.T) {
+	d, err := CreateDiskFile(t.TempDir(), 4*4096)
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, os.Truncate(d.Path(), 4096+100))
+	require.NoError(t, d.ReadAt(make([]byte, 4096), 0))
+	for _, c := range []struct {
+		off uint64
+		n   int
+	}{{4096, 4096}, {8192, 4096}, {4096 + 50, 100}} {
+		err := d.ReadAt(make([]byte, c.n), c.off)
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF, "offset %d", c.off)
+		require.ErrorContains(t, err, "the file ends before its layout does")
+	}
 }

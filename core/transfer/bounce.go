@@ -124,39 +124,20 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 		return err
 	}
 	defer release()
-	var failed []int
-	var first error
-	fail := func(lo, hi int, err error) {
-		var bf *blockFailure
-		if errors.As(err, &bf) {
-			for _, i := range bf.indices {
-				failed = append(failed, lo+i)
-			}
-		} else {
-			for i := lo; i < hi; i++ {
-				failed = append(failed, i)
-			}
-		}
-		if first == nil {
-			first = err
-		}
-	}
+	var failed Failures
 	hop1Opts := Options{Precondition: opts.Precondition}
 	for lo := 0; lo < len(p.srcIDs); lo += len(ids) {
 		hi := min(lo+len(ids), len(p.srcIDs))
 		staged := ids[:hi-lo]
 		if err := m.runHop(subPlan(p.src, b, p.srcIDs[lo:hi], staged, p.layers), hop1Opts); err != nil {
-			fail(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
+			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
 		}
 		hop1Opts.Precondition = 0
 		if err := m.runHop(subPlan(b, p.dst, staged, p.dstIDs[lo:hi], p.layers), Options{}); err != nil {
-			fail(lo, hi, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
+			failed.addPlanRange(lo, hi, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
 		}
 	}
-	if first == nil {
-		return nil
-	}
-	return &blockFailure{indices: failed, err: first}
+	return failed.err()
 }
 
 // runHop executes one single-hop plan and waits for it.

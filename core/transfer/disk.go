@@ -1,8 +1,10 @@
 package transfer
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"sync/atomic"
 
 	"github.com/kvbm/kvbm/core/storage"
@@ -45,22 +47,16 @@ func layerCRC(e *entry, block, layer int) uint32 {
 // writeDisk writes host blocks to a disk layout and records their checksums.
 func (m *Manager) writeDisk(p *plan) error {
 	disk := p.dst
-	return forEachChunk(m.disk, p, func(lo, hi int) ([]int, error) {
-		var failed []int
-		var first error
+	return forEachChunk(m.disk, p, func(lo, hi int, failed *Failures) {
 		for i := lo; i < hi; i++ {
 			if err := m.writeDiskBlock(p, i); err != nil {
-				failed = append(failed, i)
-				if first == nil {
-					first = err
-				}
+				failed.Add(err, i)
 				continue
 			}
 			for layer := p.layers.Start; layer < p.layers.End; layer++ {
 				disk.crc.set(p.dstIDs[i], layer, layerCRC(p.src, p.srcIDs[i], layer))
 			}
 		}
-		return failed, first
 	})
 }
 
@@ -77,20 +73,12 @@ func (m *Manager) writeDiskBlock(p *plan, i int) error {
 // read against the checksum recorded when it was written.
 func (m *Manager) readDisk(p *plan) error {
 	disk := p.src
-	return forEachChunk(m.disk, p, func(lo, hi int) ([]int, error) {
-		var failed []int
-		var first error
-		fail := func(i int, err error) {
-			failed = append(failed, i)
-			if first == nil {
-				first = err
-			}
-		}
+	return forEachChunk(m.disk, p, func(lo, hi int, failed *Failures) {
 	blocks:
 		for i := lo; i < hi; i++ {
 			for _, op := range p.blockCopies(i) {
 				if err := disk.disk.ReadAt(storage.HostBytes(op.dst, op.size), op.src); err != nil {
-					fail(i, fmt.Errorf("disk block %d: %w", p.srcIDs[i], err))
+					failed.Add(diskReadError(p.srcIDs[i], err), i)
 					continue blocks
 				}
 			}
@@ -100,12 +88,21 @@ func (m *Manager) readDisk(p *plan) error {
 					continue // never written: zeros, nothing to check
 				}
 				if got := layerCRC(p.dst, p.dstIDs[i], layer); got != want {
-					fail(i, fmt.Errorf("%w: disk block %d layer %d: crc32c %08x, written as %08x",
-						ErrCorrupt, p.srcIDs[i], layer, got, want))
+					failed.Add(fmt.Errorf("%w: disk block %d layer %d: crc32c %08x, written as %08x",
+						ErrCorrupt, p.srcIDs[i], layer, got, want), i)
 					continue blocks
 				}
 			}
 		}
-		return failed, first
 	})
+}
+
+// diskReadError names the disk block a read failed for. A file cut short
+// no longer holds what was written to it: its blocks are corrupt data, like
+// a checksum mismatch, not a failure of the machinery.
+func diskReadError(block int, err error) error {
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: disk block %d: %w", ErrCorrupt, block, err)
+	}
+	return fmt.Errorf("disk block %d: %w", block, err)
 }

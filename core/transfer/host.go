@@ -52,9 +52,9 @@ func (p *hostPool) close() {
 const chunkBytes = 4 << 20
 
 // forEachChunk splits a plan's blocks into chunks of about chunkBytes and
-// runs fn over each chunk on pool; fn returns the indices of blocks that
-// failed and why. The failures are merged into one blockFailure.
-func forEachChunk(pool *hostPool, p *plan, fn func(lo, hi int) ([]int, error)) error {
+// runs fn over each chunk on pool; fn records the indices of blocks that
+// failed, and why, in failed. The result is one blockFailure, or nil.
+func forEachChunk(pool *hostPool, p *plan, fn func(lo, hi int, failed *Failures)) error {
 	n := len(p.srcIDs)
 	if n == 0 {
 		return nil
@@ -62,37 +62,21 @@ func forEachChunk(pool *hostPool, p *plan, fn func(lo, hi int) ([]int, error)) e
 	perBlock := max(p.bytes()/uint64(n), 1)
 	blocksPerChunk := int(max(chunkBytes/perBlock, 1))
 	chunks := (n + blocksPerChunk - 1) / blocksPerChunk
-	var mu sync.Mutex
-	var failed []int
-	var first error
+	var failed Failures
 	pool.run(chunks, func(c int) {
 		lo := c * blocksPerChunk
-		hi := min(lo+blocksPerChunk, n)
-		bad, err := fn(lo, hi)
-		if err == nil {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		failed = append(failed, bad...)
-		if first == nil {
-			first = err
-		}
+		fn(lo, min(lo+blocksPerChunk, n), &failed)
 	})
-	if first == nil {
-		return nil
-	}
-	return &blockFailure{indices: failed, err: first}
+	return failed.err()
 }
 
 // copyHost moves a plan between two host layouts with memcpy.
 func (m *Manager) copyHost(p *plan) error {
-	return forEachChunk(m.host, p, func(lo, hi int) ([]int, error) {
+	return forEachChunk(m.host, p, func(lo, hi int, _ *Failures) {
 		for i := lo; i < hi; i++ {
 			for _, op := range p.blockCopies(i) {
 				copy(storage.HostBytes(op.dst, op.size), storage.HostBytes(op.src, op.size))
 			}
 		}
-		return nil, nil
 	})
 }

@@ -20,10 +20,7 @@ import (
 // destroyed. The notification completes after the last layer.
 func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst LayoutHandle, dstIDs []int,
 	events []cuda.Event, stream *cuda.Stream) (*Notification, error) {
-	if len(srcIDs) != len(dstIDs) {
-		return nil, fmt.Errorf("%w: layer-wise onboard: %d source block ids but %d destination block ids",
-			ErrInvalidArgument, len(srcIDs), len(dstIDs))
-	}
+	// prepare checks the ids as for any transfer, their lengths included.
 	p, err := m.prepare(src, dst, srcIDs, dstIDs, Options{})
 	if err != nil {
 		return nil, fmt.Errorf("layer-wise onboard: %w", err)

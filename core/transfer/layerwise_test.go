@@ -142,7 +142,8 @@ func TestLayerwiseOnboardErrors(t *testing.T) {
 		ev[i] = cuda.Event(1000 + i)
 	}
 	_, err := f.m.ExecuteLayerwiseOnboard(g2, []int{0, 1}, g1, []int{0}, ev, nil)
-	require.ErrorContains(t, err, "2 source block ids but 1 destination block ids")
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "layer-wise onboard: invalid argument: 2 source block ids but 1 destination block ids")
 	_, err = f.m.ExecuteLayerwiseOnboard(g2, []int{0}, g1, []int{0}, ev[:3], nil)
 	require.ErrorContains(t, err, "3 layer events given, the layout has 4 layers")
 	_, err = f.m.ExecuteLayerwiseOnboard(g2, []int{0}, g1, []int{0}, []cuda.Event{1, 2, 0, 4}, nil)

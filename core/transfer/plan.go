@@ -142,16 +142,6 @@ func (p *plan) bytes() uint64 {
 	return n
 }
 
-// blockFailure marks the blocks (indices into the plan's id lists) that an
-// executor could not move.
-type blockFailure struct {
-	indices []int
-	err     error
-}
-
-func (f *blockFailure) Error() string { return f.err.Error() }
-func (f *blockFailure) Unwrap() error { return f.err }
-
 // result turns an executor's error into the notification's: every
 // destination block fails unless the executor said which.
 func (p *plan) result(err error) error {

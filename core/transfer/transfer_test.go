@@ -242,6 +242,39 @@ func TestDiskCorruptionDetected(t *testing.T) {
 	}
 }
 
+// A disk file cut short after the write fails the blocks it no longer
+// holds as corrupt data (not an internal error), and only those blocks.
+func TestDiskTruncatedFileIsCorruption(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(4)
+	g2 := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	g3 := f.alloc(storage.Disk, cfg, FullyContiguous)
+	back := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	f.fill(g2, 7)
+	f.fill(back, 90)
+	require.NoError(t, f.transfer(g2, []int{0, 1, 2, 3}, g3, []int{0, 1, 2, 3}, Options{}))
+
+	// Disk blocks are 4 KiB-aligned: block b at b*4096. Keep blocks 0 and 1
+	// and 100 bytes of block 2.
+	require.NoError(t, os.Truncate(diskOf(t, f.m, g3).Path(), 2*4096+100))
+
+	n, err := f.m.ExecuteTransfer(g3, []int{0, 1, 2, 3}, back, []int{3, 2, 1, 0}, Options{})
+	require.NoError(t, err)
+	err = n.WaitTimeout(-1)
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorContains(t, err, "disk block 2")
+	require.ElementsMatch(t, []int{1, 0}, n.FailedBlocks())
+	require.Equal(t, pattern(cfg.BlockSize(), 7), f.readBlock(back, 3))
+	require.Equal(t, pattern(cfg.BlockSize(), 8), f.readBlock(back, 2))
+
+	// Through the bounce buffer (G3 -> G1) the same blocks fail the same way.
+	g1 := f.alloc(storage.Device, cfg, FullyContiguous)
+	n, err = f.m.ExecuteTransfer(g3, []int{0, 1, 2, 3}, g1, []int{0, 1, 2, 3}, Options{})
+	require.NoError(t, err)
+	require.ErrorIs(t, n.WaitTimeout(-1), ErrCorrupt)
+	require.ElementsMatch(t, []int{2, 3}, n.FailedBlocks())
+}
+
 // A device copy that fails (an injected fault) fails the notification.
 func TestDeviceFaultSurfaces(t *testing.T) {
 	f := newFixture(t)

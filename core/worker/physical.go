@@ -206,11 +206,9 @@ func (w *PhysicalWorker) ExecuteLocalTransfer(src, dst Tier, srcIDs, dstIDs []in
 
 // ExecuteLayerwiseOnboard copies G2 blocks to G1 one layer at a time on one
 // stream, recording events[L] after layer L (seed 001's layer-wise
-// onboard). len(events) must equal the number of layers.
+// onboard). len(events) must equal the number of layers; the manager
+// validates the whole request.
 func (w *PhysicalWorker) ExecuteLayerwiseOnboard(srcIDs, dstIDs []int, events []cuda.Event, stream *cuda.Stream) (*transfer.Notification, error) {
-	if len(srcIDs) != len(dstIDs) {
-		return nil, fmt.Errorf("%w: block id length mismatch: src=%d, dst=%d", transfer.ErrInvalidArgument, len(srcIDs), len(dstIDs))
-	}
 	g2, err := w.handle(G2, "source")
 	if err != nil {
 		return nil, err
@@ -267,23 +265,20 @@ func (w *PhysicalWorker) objectTransfer(keys []object.Key, t Tier, h transfer.La
 }
 
 func objectFailure(h transfer.LayoutHandle, ids []int, results []object.Result, put bool) error {
-	var failed []int
-	var errs []error
+	var failed transfer.Failures
 	for i, r := range results {
-		if r.Err != nil {
-			failed = append(failed, ids[i])
-			errs = append(errs, r.Err)
-		}
+		failed.Add(r.Err, ids[i])
 	}
-	if len(failed) == 0 {
+	first := failed.First()
+	if first == nil {
 		return nil
 	}
 	verb := "download"
 	if put {
 		verb = "upload"
 	}
-	err := fmt.Errorf("%d of %d blocks failed to %s: %w", len(failed), len(results), verb, errors.Join(errs...))
-	return transfer.Failed(transfer.LayoutHandle{}, h, failed, err)
+	err := fmt.Errorf("%d of %d blocks failed to %s, first: %w", failed.Len(), len(results), verb, first)
+	return transfer.Failed(transfer.LayoutHandle{}, h, failed.Blocks(), err)
 }
 
 // ConnectRemote imports an instance's metadata — exactly one item — and

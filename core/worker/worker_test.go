@@ -146,7 +146,8 @@ func TestPhysicalLocalTiersAndLayerwise(t *testing.T) {
 	require.Equal(t, make([]byte, size), w.read(t, G1, 4))
 
 	_, err := w.ExecuteLayerwiseOnboard([]int{1}, []int{1, 2}, events, nil)
-	require.ErrorContains(t, err, "block id length mismatch: src=1, dst=2")
+	require.ErrorIs(t, err, transfer.ErrInvalidArgument)
+	require.ErrorContains(t, err, "layer-wise onboard: invalid argument: 1 source block ids but 2 destination block ids")
 	_, err = w.ExecuteLayerwiseOnboard([]int{1}, []int{2}, events[:2], nil)
 	require.ErrorContains(t, err, "2 layer events given, the layout has 3 layers")
 	_, err = w.ExecuteLocalTransfer(G4, G1, []int{0}, []int{0}, transfer.Options{})
@@ -373,4 +374,46 @@ func TestObjectTier(t *testing.T) {
 		require.ErrorContains(t, r.Err, "no object store configured")
 	}
 	require.False(t, noStore.HasBlocks(ctx, keys)[0].Found)
+}
+
+// An object file replaced by another key's object fails that block of an
+// onboard as corrupt data, leaves its destination untouched, and is
+// reported unusable by HasBlocks.
+func TestObjectOfAnotherKeyFailsItsBlock(t *testing.T) {
+	wait := waiter(t)
+	drv := newDriver(t)
+	store, err := object.NewFSStore(object.FSConfig{Dir: t.TempDir(), HasRank: true, Rank: 0})
+	require.NoError(t, err)
+	w := newWorker(t, drv, 1, nil, store)
+	size := testConfig(1).BlockSize()
+	keys := make([]object.Key, 3)
+	for i := range keys {
+		keys[i], err = object.NewKey([]byte{byte(i), 0xCD})
+		require.NoError(t, err)
+		w.write(t, G2, i, pattern(size, uint64(400+i)))
+	}
+	wait(w.ExecuteRemoteOffload(G2, []int{0, 1, 2}, RemoteObjects(keys), transfer.Options{}))
+	a, err := os.ReadFile(store.Path(keys[0]))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(store.Path(keys[1]), a, 0o644))
+
+	guard := pattern(size, 999)
+	for id := 4; id < 7; id++ {
+		w.write(t, G2, id, guard)
+	}
+	n, err := w.ExecuteRemoteOnboard(RemoteObjects(keys), G2, []int{4, 5, 6}, transfer.Options{})
+	require.NoError(t, err)
+	err = n.WaitTimeout(-1)
+	require.ErrorIs(t, err, object.ErrCorrupt)
+	require.ErrorContains(t, err, "1 of 3 blocks failed to download")
+	require.Equal(t, []int{5}, n.FailedBlocks())
+	require.Equal(t, pattern(size, 400), w.read(t, G2, 4))
+	require.Equal(t, guard, w.read(t, G2, 5), "the refused object's destination is untouched")
+	require.Equal(t, pattern(size, 402), w.read(t, G2, 6))
+
+	has := w.HasBlocks(context.Background(), keys)
+	require.True(t, has[0].Found)
+	require.False(t, has[1].Found)
+	require.ErrorIs(t, has[1].Err, object.ErrCorrupt)
+	require.True(t, has[2].Found)
 }
