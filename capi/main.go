@@ -219,9 +219,18 @@ func kvbmgo_info(info *C.kvbm_info_t) (st C.kvbm_status_t) {
 	return statusOK
 }
 
-// status is kvbm_status_t, named for the package's tests (test files cannot
-// refer to C types).
-type status = C.kvbm_status_t
+// C types named for the package's tests (test files cannot refer to C
+// types).
+type (
+	status  = C.kvbm_status_t
+	cUint8  = C.uint8_t
+	cUint64 = C.uint64_t
+	cSize   = C.size_t
+)
 
 // uintptrOf is a handle as exports receive it.
 func uintptrOf(h handles.Handle) C.uintptr_t { return C.uintptr_t(h) }
+
+// lastError is the calling thread's last error message, for the package's
+// tests (which lock their goroutine to its thread around a call).
+func lastError() string { return C.GoString(C.kvbm_last_error()) }

@@ -153,6 +153,9 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t w, uint8_t *buf, size_t 
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t w, const uint8_t *metadata, size_t len) {
     FORWARD(kvbmgo_worker_import_metadata(H(w), (uint8_t *)metadata, len));
 }
+kvbm_status_t kvbm_metadata_worker_id(const uint8_t *metadata, size_t len, uint64_t *worker_id) {
+    FORWARD(kvbmgo_metadata_worker_id((uint8_t *)metadata, len, worker_id));
+}
 kvbm_status_t kvbm_worker_connect_remote(kvbm_worker_t w, uint64_t instance,
                                          const uint8_t *metadata, size_t len) {
     FORWARD(kvbmgo_worker_connect_remote(H(w), instance, (uint8_t *)metadata, len));

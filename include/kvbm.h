@@ -338,6 +338,16 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, si
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t worker, const uint8_t *metadata, size_t len);
 
+/* Writes the id of the worker that exported metadata (bytes from
+ * kvbm_worker_export_metadata, len bytes long) to *worker_id, so that a
+ * caller can tell whose metadata it holds without parsing it. The bytes are
+ * checked as import checks them (format, version, checksum) and read during
+ * the call only; no worker is needed. Any thread.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (metadata or worker_id NULL,
+ * len 0, or bytes that are not well-formed metadata; the message says why),
+ * KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+kvbm_status_t kvbm_metadata_worker_id(const uint8_t *metadata, size_t len, uint64_t *worker_id);
+
 /* As import, and remembers the remote's layouts under instance, for
  * kvbm_worker_transfer_from_instance. Returns as import. */
 kvbm_status_t kvbm_worker_connect_remote(kvbm_worker_t worker, uint64_t instance,

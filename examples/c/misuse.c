@@ -134,6 +134,14 @@ static void handles(void) {
     memset(garbage, 0xab, sizeof garbage);
     EXPECT_STATUS(kvbm_worker_import_metadata(w, garbage, sizeof garbage), KVBM_ERR_DATA_CORRUPTION);
     EXPECT_STATUS(kvbm_worker_import_metadata(w, md, 0), KVBM_ERR_INVALID_ARGUMENT);
+    uint64_t exporter = 0;
+    CHECK(kvbm_metadata_worker_id(md, len, &exporter));
+    EXPECT(exporter == 0x5001);
+    EXPECT_STATUS(kvbm_metadata_worker_id(NULL, len, &exporter), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(md, 0, &exporter), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(md, len, NULL), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(md, len - 1, &exporter), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(garbage, sizeof garbage, &exporter), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_connect_remote(w, 1, md, len - 1), KVBM_ERR_DATA_CORRUPTION);
     free(md);
 
