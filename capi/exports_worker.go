@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"context"
+	"fmt"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
@@ -371,19 +372,27 @@ func kvbmgo_worker_object_has(h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n
 		return fail(errInvalidArgument, "worker_object_has: found is NULL")
 	}
 	out := unsafe.Slice(found, int(n))
-	var first error
+	// A key whose object cannot be used (corrupt, truncated, unreadable)
+	// is not found; the call still succeeds, and the last error says why.
+	unusable, first, firstAt := 0, error(nil), 0
 	for i, p := range e.w.HasBlocks(context.Background(), ks) {
 		out[i] = 0
 		if p.Found {
 			out[i] = 1
 		}
-		if p.Err != nil && first == nil {
-			first = p.Err
+		if p.Err != nil {
+			if unusable == 0 {
+				first, firstAt = p.Err, i
+			}
+			unusable++
 		}
 	}
-	if first != nil {
-		return failErr(first)
+	if unusable > 0 {
+		setError(fmt.Sprintf("kvbm: worker_object_has: %d of %d keys name objects that cannot be used (found = 0); key at index %d: %v",
+			unusable, n, firstAt, first))
+		return statusOK
 	}
+	setError("")
 	return statusOK
 }
 

@@ -429,17 +429,25 @@ kvbm_status_t kvbm_worker_counters(kvbm_worker_t worker, kvbm_counters_t *counte
 #define KVBM_MAX_KEY_LEN 64
 
 /* Writes found[i] = 1 when a well-formed object exists under keys[i],
- * else 0. Without an object store nothing is found. Returns KVBM_OK,
+ * else 0. Without an object store nothing is found. A key whose object
+ * exists but cannot be used (truncated, corrupt, unreadable) is not found:
+ * the call still returns KVBM_OK for the others, and kvbm_last_error()
+ * then names how many keys, the index of the first and why; after a call
+ * where every key could be answered it is "". Returns KVBM_OK,
  * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_object_has(kvbm_worker_t worker, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, uint8_t *found);
 
 /* Stores blocks block_ids of tier under keys. statuses (may be NULL)
- * receives each block's status. Returns KVBM_OK when every block was
- * stored, else the status of the first failed block (KVBM_ERR_NOT_FOUND,
- * KVBM_ERR_IO, KVBM_ERR_UNSUPPORTED without an object store, ...), or
- * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
+ * receives each block's status. A block id beyond the layout
+ * (KVBM_ERR_OUT_OF_RANGE) is refused before anything moves, as is a
+ * destination block named twice in a get (KVBM_ERR_INVALID_ARGUMENT); every
+ * statuses[i] then holds that status. A source block may be stored under
+ * several keys. Returns KVBM_OK when every block was stored, else the
+ * status of the first failed block (KVBM_ERR_NOT_FOUND, KVBM_ERR_IO,
+ * KVBM_ERR_UNSUPPORTED without an object store, ...), or
+ * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_OUT_OF_RANGE, KVBM_ERR_INVALID_HANDLE,
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_object_put(kvbm_worker_t worker, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, int32_t tier,
@@ -455,7 +463,10 @@ kvbm_status_t kvbm_worker_object_get(kvbm_worker_t worker, const uint8_t *const 
  * return at once with a notification that completes when every block is
  * done, failing with the destination (onboard) or source (offload) block
  * ids whose objects failed (kvbm_notification_failed_blocks). The arrays
- * are copied during the call. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT,
+ * are copied during the call. The request is checked before anything
+ * starts, as kvbm_worker_object_get and _put check theirs. Returns KVBM_OK,
+ * KVBM_ERR_INVALID_ARGUMENT (NULL, lengths, a destination block id
+ * repeated), KVBM_ERR_OUT_OF_RANGE (a block id beyond the layout),
  * KVBM_ERR_NOT_FOUND (tier not registered), KVBM_ERR_UNSUPPORTED (no
  * object store), KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_onboard_objects(kvbm_worker_t worker, const uint8_t *const *keys,

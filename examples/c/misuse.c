@@ -269,6 +269,73 @@ static void handoff(void) {
     EXPECT_STATUS(kvbm_handoff_start(h, acts, 2, &n), KVBM_ERR_INVALID_HANDLE);
 }
 
+/* Object calls with an object store: bad requests are refused before
+ * anything starts, blocking or in the background, with the statuses of
+ * kvbm_worker_transfer; a corrupt object is "not found" for has, not an
+ * error of the whole call. */
+static void objects(void) {
+    char dir[] = "/tmp/kvbm-misuse-XXXXXX";
+    EXPECT(mkdtemp(dir) != NULL);
+    kvbm_worker_config_t wc = KVBM_WORKER_CONFIG_INIT;
+    wc.worker_id = 0x5003;
+    wc.object_dir = dir;
+    kvbm_worker_t w;
+    CHECK(kvbm_worker_create(&wc, &w));
+    kvbm_layout_config_t c = config(16);
+    CHECK(kvbm_worker_allocate_g2(w, &c, NULL));
+
+    const uint8_t *keys[3] = {(const uint8_t *)"obj-0", (const uint8_t *)"obj-1",
+                              (const uint8_t *)"obj-2"};
+    size_t key_lens[3] = {5, 5, 5};
+    uint32_t ids[3] = {0, 1, 2}, beyond[3] = {0, 1, 16}, twice[2] = {13, 13};
+    kvbm_status_t per_block[3] = {0, 0, 0};
+    CHECK(kvbm_worker_object_put(w, keys, key_lens, 3, KVBM_TIER_G2, ids, per_block));
+
+    /* Ids beyond the 16-block layout, repeated destinations. */
+    kvbm_notification_t n = NULL;
+    EXPECT_STATUS(kvbm_worker_onboard_objects(w, keys, key_lens, 3, KVBM_TIER_G2, beyond, &n),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT(strstr(kvbm_last_error(), "16") != NULL);
+    EXPECT_STATUS(kvbm_worker_offload_objects(w, KVBM_TIER_G2, beyond, keys, key_lens, 3, &n),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_onboard_objects(w, keys, key_lens, 2, KVBM_TIER_G2, twice, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kvbm_last_error(), "13") != NULL);
+    EXPECT_STATUS(kvbm_worker_object_put(w, keys, key_lens, 3, KVBM_TIER_G2, beyond, per_block),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT(per_block[2] == KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_object_get(w, keys, key_lens, 3, KVBM_TIER_G2, beyond, per_block),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_object_get(w, keys, key_lens, 2, KVBM_TIER_G2, twice, NULL),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT(n == NULL);
+
+    /* Truncate obj-1's file (rank 0's directory, the key in hex). */
+    char path[sizeof dir + 32];
+    snprintf(path, sizeof path, "%s/0/%s", dir, "6f626a2d31");
+    EXPECT(truncate(path, 10) == 0);
+    uint8_t found[3] = {9, 9, 9};
+    CHECK(kvbm_worker_object_has(w, keys, key_lens, 3, found));
+    checks++;
+    EXPECT(found[0] == 1 && found[1] == 0 && found[2] == 1);
+    EXPECT(strstr(kvbm_last_error(), "index 1") != NULL);
+    CHECK(kvbm_worker_object_has(w, keys, key_lens, 1, found));
+    EXPECT(found[0] == 1 && kvbm_last_error()[0] == '\0');
+    EXPECT_STATUS(kvbm_worker_object_get(w, keys, key_lens, 3, KVBM_TIER_G2, ids, per_block),
+                  KVBM_ERR_DATA_CORRUPTION);
+    EXPECT(per_block[0] == KVBM_OK && per_block[1] == KVBM_ERR_DATA_CORRUPTION &&
+           per_block[2] == KVBM_OK);
+
+    CHECK(kvbm_worker_destroy(w));
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/0/6f626a2d3%d", dir, i);
+        EXPECT(unlink(path) == 0);
+    }
+    snprintf(path, sizeof path, "%s/0", dir);
+    EXPECT(rmdir(path) == 0);
+    EXPECT(rmdir(dir) == 0);
+}
+
 /* A child after fork() is refused with a message, without hanging. */
 static void after_fork(void) {
     fflush(stdout);
@@ -326,6 +393,7 @@ int main(void) {
     nulls_and_configs();
     handles();
     handoff();
+    objects();
     after_fork();
     expect_no_handles();
     printf("misuse: ok (%d checks)\n", checks);
