@@ -217,11 +217,12 @@ typedef struct kvbm_layout_handle {
 
 typedef struct kvbm_worker_config {
     size_t struct_size;
-    int32_t device_id;      /* device ordinal of the active backend */
+    int32_t device_id;      /* device ordinal of the active backend, 0 to
+                               kvbm_info_t.device_count - 1 */
     int32_t rank;           /* rank under its leader; prefixes object keys */
     uint64_t worker_id;     /* unique in the process and across instances */
-    const char *disk_dir;   /* directory for G3 files; NULL: no G3 */
-    const char *object_dir; /* G4 filesystem store; NULL: no object store */
+    const char *disk_dir;   /* directory for G3 files; NULL or "": no G3 */
+    const char *object_dir; /* G4 filesystem store; NULL or "": no object store */
 } kvbm_worker_config_t;
 #define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL}
 
@@ -230,8 +231,10 @@ typedef struct kvbm_worker_config {
  * other workers of this process can import its metadata. The strings are
  * copied. The caller destroys the worker with kvbm_worker_destroy.
  * Thread safety: a worker may be used from many threads at once.
- * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size),
- * KVBM_ERR_ALREADY_EXISTS (worker_id already used in this process),
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size, a
+ * device_id the backend does not have: the message names it and the
+ * number of devices), KVBM_ERR_ALREADY_EXISTS (worker_id already used in
+ * this process),
  * KVBM_ERR_IO (object_dir cannot be created), KVBM_ERR_UNSUPPORTED /
  * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
 kvbm_status_t kvbm_worker_create(const kvbm_worker_config_t *config, kvbm_worker_t *worker);

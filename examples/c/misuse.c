@@ -57,10 +57,26 @@ static void nulls_and_configs(void) {
     EXPECT_STATUS(kvbm_worker_create(&wc, NULL), KVBM_ERR_INVALID_ARGUMENT);
     wc.struct_size = 4;
     EXPECT_STATUS(kvbm_worker_create(&wc, &w), KVBM_ERR_INVALID_ARGUMENT);
+    /* Devices that do not exist are refused at create, naming the id and
+     * the number of devices. */
+    kvbm_info_t info = KVBM_INFO_INIT;
+    CHECK(kvbm_info(&info));
+    const int32_t absent[] = {7, -1, 1000000, info.device_count};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
+        kvbm_worker_config_t dc = KVBM_WORKER_CONFIG_INIT;
+        dc.worker_id = 0x5100 + i;
+        dc.device_id = absent[i];
+        char want[64];
+        snprintf(want, sizeof want, "device %d does not exist", (int)absent[i]);
+        EXPECT_STATUS(kvbm_worker_create(&dc, &w), KVBM_ERR_INVALID_ARGUMENT);
+        EXPECT(strstr(kvbm_last_error(), want) != NULL);
+        snprintf(want, sizeof want, "has %d device", (int)info.device_count);
+        EXPECT(strstr(kvbm_last_error(), want) != NULL);
+    }
     EXPECT_STATUS(kvbm_handle_count(NULL), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_info(NULL), KVBM_ERR_INVALID_ARGUMENT);
-    kvbm_info_t info = {0};
-    EXPECT_STATUS(kvbm_info(&info), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_info_t zero = {0};
+    EXPECT_STATUS(kvbm_info(&zero), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_event_create(0, NULL), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_stream_create(0, NULL), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_event_destroy((kvbm_event_t)(uintptr_t)0x7777777), KVBM_ERR_CUDA);
