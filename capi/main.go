@@ -3,9 +3,13 @@
 // the handle table and the mapping of Go errors to kvbm_status_t. The
 // contract is include/kvbm.h, written by hand.
 //
-// Each public kvbm_* function is defined in C (shim.c) and forwards to a Go
-// export named kvbmgo_*, so that a child process after fork() is refused
-// before it enters the Go runtime.
+// Each public kvbm_* function is defined in C (shim.c) and forwards to its
+// own Go export, kvbm_x to kvbmgo_x, so that a child process after fork()
+// is refused before it enters the Go runtime. The exports live in one file
+// per concept: exports_worker.go (create, tiers, local transfers),
+// exports_metadata.go, exports_remote.go, exports_object.go,
+// exports_counters.go, exports_coordinated.go, exports_notification.go,
+// exports_handoff.go and exports_device.go.
 package main
 
 /*

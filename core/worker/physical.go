@@ -77,6 +77,10 @@ func (w *PhysicalWorker) Manager() *transfer.Manager { return w.m }
 // Rank is the worker's rank.
 func (w *PhysicalWorker) Rank() int { return w.rank }
 
+// Counters returns the totals of every path the worker's transfers took,
+// indexed by transfer.Path.
+func (w *PhysicalWorker) Counters() [transfer.NumPaths]transfer.PathCounters { return w.m.Counters() }
+
 // Handles returns the registered tiers' handles.
 func (w *PhysicalWorker) Handles() Handles {
 	w.mu.RLock()
