@@ -35,9 +35,11 @@ func blockIDs(p *C.uint32_t, n C.size_t) []int {
 	return ids
 }
 
-// tier checks a C tier value; core decides which tiers an operation takes.
+// tier checks a C tier value: a kvbm_tier_t, G1 to G3. G4 (object
+// storage) has no layout; the object calls reach it, so 4 is refused like
+// any other value that is not a kvbm_tier_t.
 func tier(t C.int32_t) (worker.Tier, bool) {
-	return worker.Tier(t), t >= C.int32_t(worker.G1) && t <= C.int32_t(worker.G4)
+	return worker.Tier(t), t >= C.KVBM_TIER_G1 && t <= C.KVBM_TIER_G3
 }
 
 // layoutConfig reads a kvbm_layout_config_t.

@@ -171,6 +171,10 @@ kvbm_status_t kvbm_event_synchronize(kvbm_event_t event);
 
 /* ----------------------------------------------------------------- layout */
 
+/* The tiers a block lives in. Every int32_t tier argument takes exactly
+ * these values; any other, 4 included, returns KVBM_ERR_INVALID_ARGUMENT.
+ * G4, object storage, has no blocks of its own: it is reached through the
+ * kvbm_worker_object_* calls and kvbm_worker_onboard/offload_objects. */
 typedef enum kvbm_tier {
     KVBM_TIER_G1 = 1, /* the engine's KV cache in device memory */
     KVBM_TIER_G2 = 2, /* pinned host memory, allocated by kvbm */
@@ -202,7 +206,8 @@ typedef struct kvbm_layout_config {
     uint32_t inner_dim;   /* heads * head size */
     uint32_t dtype_width; /* bytes per element: 1, 2, 4 or 8 */
     int32_t layout_kind;  /* kvbm_layout_kind_t */
-    int32_t block_dim;    /* kvbm_block_dim_t, for LAYER_SEPARATE */
+    int32_t block_dim;    /* kvbm_block_dim_t, read for LAYER_SEPARATE only:
+                             FULLY_CONTIGUOUS ignores it */
 } kvbm_layout_config_t;
 #define KVBM_LAYOUT_CONFIG_INIT {sizeof(kvbm_layout_config_t), 0, 0, 0, 0, 0, 0, 0, 0}
 
@@ -297,11 +302,12 @@ typedef struct kvbm_transfer_options {
  * on success *notification tracks completion and the caller frees it with
  * kvbm_notification_free. options may be NULL (defaults). Arrays are read
  * during the call only.
- * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, destination ids
- * repeated), KVBM_ERR_OUT_OF_RANGE (a block id or the layer range beyond
- * the layout), KVBM_ERR_NOT_FOUND (tier not
- * registered), KVBM_ERR_UNSUPPORTED (no path between the tiers),
- * KVBM_ERR_CUDA, KVBM_ERR_CANCELED (worker closing),
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, a tier
+ * that is not a kvbm_tier_t, destination ids repeated, or — when src and
+ * dst are one layout — a block that is both a source and a destination),
+ * KVBM_ERR_OUT_OF_RANGE (a block id or the layer range beyond the layout),
+ * KVBM_ERR_NOT_FOUND (tier not registered), KVBM_ERR_UNSUPPORTED (no path
+ * between the tiers), KVBM_ERR_CUDA, KVBM_ERR_CANCELED (worker closing),
  * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_transfer(kvbm_worker_t worker, int32_t src, const uint32_t *src_ids,
                                    int32_t dst, const uint32_t *dst_ids, size_t num_blocks,

@@ -121,6 +121,16 @@ static void handles(void) {
                   KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_transfer(w, 9, ids, KVBM_TIER_G2, ids, 2, NULL, &n),
                   KVBM_ERR_INVALID_ARGUMENT);
+    /* 4 (G4, object storage) is not a kvbm_tier_t: the object calls reach it. */
+    EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, 4, (uint32_t[]){2, 3}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_transfer(w, 4, ids, KVBM_TIER_G2, (uint32_t[]){2, 3}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_transfer(w, 0, ids, KVBM_TIER_G2, (uint32_t[]){2, 3}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    /* A block that is both a source and a destination in one layout. */
+    EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, (uint32_t[]){1, 2}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids, 2, NULL, &n),
                   KVBM_ERR_NOT_FOUND); /* G1 never registered */
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, far, 2, NULL, &n),
@@ -172,6 +182,8 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_object_put(w, keys, key_lens, 1, KVBM_TIER_G2, ids, per_block),
                   KVBM_ERR_UNSUPPORTED);
     EXPECT(per_block[0] == KVBM_ERR_UNSUPPORTED);
+    EXPECT_STATUS(kvbm_worker_object_put(w, keys, key_lens, 1, 4, ids, per_block),
+                  KVBM_ERR_INVALID_ARGUMENT);
     size_t too_long[1] = {KVBM_MAX_KEY_LEN + 1};
     EXPECT_STATUS(kvbm_worker_object_has(w, keys, too_long, 1, found), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_offload_objects(w, KVBM_TIER_G2, ids, keys, key_lens, 1, &n),
@@ -210,6 +222,9 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_coordinated_create(w, 0, 1, NULL), KVBM_ERR_INVALID_ARGUMENT);
     CHECK(kvbm_coordinated_create(w, 0, 1, &cw));
     EXPECT_STATUS(kvbm_coordinated_set_local(cw, KVBM_TIER_G2, NULL), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_layout_handle_t resolved;
+    EXPECT_STATUS(kvbm_coordinated_resolve_remote_handle(cw, 1, 0, 4, &resolved),
+                  KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_coordinated_apply_layout_response(cw, garbage, sizeof garbage),
                   KVBM_ERR_DATA_CORRUPTION);
 
