@@ -33,6 +33,7 @@ type Cache struct {
 	w        *worker.PhysicalWorker
 	m        *transfer.Manager
 	g1Blocks int
+	g1Layers int
 	g3Mode   WriteMode
 	g4Mode   WriteMode
 
@@ -73,7 +74,7 @@ func New(cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: G1: %w", err)
 	}
-	c := &Cache{w: w, m: m, g1Blocks: g1.Config().NumBlocks, maxEvents: cfg.MaxEvents}
+	c := &Cache{w: w, m: m, g1Blocks: g1.Config().NumBlocks, g1Layers: g1.Config().NumLayers, maxEvents: cfg.MaxEvents}
 	if c.maxEvents == 0 {
 		c.maxEvents = 1 << 16
 	}
@@ -93,7 +94,7 @@ func New(cfg Config) (*Cache, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cache: %v: %w", t, err)
 		}
-		pc := pool.Config{Blocks: l.Config().NumBlocks, Tier: int(t), AdmitAfter: admit, MaxEvents: -1}
+		pc := pool.Config{Blocks: l.Config().NumBlocks, Tier: int(t), AdmitAfter: admit}
 		if writeBackBelow {
 			pc.OnEvict = func(k pool.Key, id int) { c.victims = append(c.victims, victim{t, k, id}) }
 		}

@@ -1,0 +1,364 @@
+package cache
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvbm/kvbm/core/pool"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/core/worker"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// Request A computes and offloads its prefix; request B, sharing it,
+// matches it in G2 and onboards it into other G1 blocks, byte for byte,
+// and the G1 blocks around them stay untouched.
+func TestOffloadThenOnboardFromG2(t *testing.T) {
+	f := newFixture(t, tiers{g1: 32, g2: 16}, Config{})
+	ds := f.offload(0, seq(0, 8))
+	require.Equal(t, repeatDecision(pool.Store, 8), ds)
+
+	f.clearG1()
+	n, ts, err := f.c.Match(keyRange(0, 10))
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	require.Equal(t, repeat(worker.G2, 8), ts)
+
+	note, err := f.c.Onboard(keyRange(0, 8), seq(10, 8), nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	f.requireLoaded(seq(10, 8), 0)
+	f.requireZero(append(seq(0, 10), seq(18, 14)...)...)
+	st := f.c.Stats()
+	require.EqualValues(t, 8, st.Onboarded)
+	require.EqualValues(t, 8, st.OnboardedFromG2)
+	require.EqualValues(t, 8, st.G2.Hits)
+	require.Equal(t, 8, st.G2.Registered)
+	require.Zero(t, st.G2.Pinned, "an onboard releases its pins")
+}
+
+func repeatDecision(d pool.Decision, n int) []pool.Decision {
+	out := make([]pool.Decision, n)
+	for i := range out {
+		out[i] = d
+	}
+	return out
+}
+
+// Offloading what is cached is a no-op that says so, and copies nothing.
+func TestOffloadDedupes(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 16}, Config{})
+	f.offload(0, seq(0, 4))
+	ds := f.offload(2, seq(4, 4)) // keys 2, 3 are cached; 4, 5 are new
+	require.Equal(t, []pool.Decision{pool.Present, pool.Present, pool.Store, pool.Store}, ds)
+	st := f.c.Stats()
+	require.EqualValues(t, 6, st.Offloaded)
+	require.EqualValues(t, 2, st.Deduped)
+}
+
+// The frequency filter: with AdmitAfter 2 a block is offloaded the second
+// time it is offered.
+func TestAdmitAfter(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 16}, Config{AdmitAfter: 2})
+	require.Equal(t, repeatDecision(pool.NotAdmitted, 4), f.offload(0, seq(0, 4)))
+	n, _, err := f.c.Match(keyRange(0, 4))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, repeatDecision(pool.Store, 4), f.offload(0, seq(0, 4)))
+	n, _, err = f.c.Match(keyRange(0, 4))
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+}
+
+// G2 full: its least recently used blocks are written back to G3 before
+// reuse; they onboard from G3 (staged through G2, where they stay), bytes
+// verified, and the events tell a router where each key went.
+func TestEvictionToG3AndOnboardFromG3(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 4, g3: 8}, Config{})
+	f.offload(0, seq(0, 4))
+	f.offload(4, seq(4, 4)) // evicts keys 0-3 from G2 to G3
+	n, ts, err := f.c.Match(keyRange(0, 8))
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	require.Equal(t, append(repeat(worker.G3, 4), repeat(worker.G2, 4)...), ts)
+
+	f.clearG1()
+	note, err := f.c.Onboard(keyRange(0, 8), seq(8, 8), nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	f.requireLoaded(seq(8, 8), 0)
+	f.requireZero(seq(0, 8)...)
+	st := f.c.Stats()
+	require.EqualValues(t, 4, st.OnboardedFromG3)
+	require.EqualValues(t, 4, st.OnboardedFromG2)
+
+	var evs []string
+	for _, e := range f.c.DrainEvents(nil, 0) {
+		evs = append(evs, e.Kind.String()+" G"+string(rune('0'+e.Tier))+" "+string(e.Key.Bytes()))
+	}
+	require.Equal(t, []string{
+		"stored G2 prefix-hash-0000", "stored G2 prefix-hash-0001", "stored G2 prefix-hash-0002", "stored G2 prefix-hash-0003",
+		// the second offload evicts 0-3 (written back to G3) for 4-7
+		"removed G2 prefix-hash-0000", "removed G2 prefix-hash-0001", "removed G2 prefix-hash-0002", "removed G2 prefix-hash-0003",
+		"stored G3 prefix-hash-0000", "stored G3 prefix-hash-0001", "stored G3 prefix-hash-0002", "stored G3 prefix-hash-0003",
+		"stored G2 prefix-hash-0004", "stored G2 prefix-hash-0005", "stored G2 prefix-hash-0006", "stored G2 prefix-hash-0007",
+	}, evs, "G2 had no room beside the pinned 4-7: 0-3 went from G3 to G1 directly")
+}
+
+// With room in G2, G3 blocks are staged there and stay (promoted): the
+// next match finds them in G2; what staging evicted went down to G3.
+func TestOnboardPromotesFromG3(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 4, g3: 8}, Config{})
+	f.offload(0, seq(0, 4))
+	f.offload(4, seq(4, 4)) // 0-3 in G3, 4-7 in G2
+	f.clearG1()
+	note, err := f.c.Onboard(keyRange(0, 2), seq(8, 2), nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	f.requireLoaded(seq(8, 2), 0)
+	n, ts, err := f.c.Match(keyRange(0, 8))
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	require.Equal(t, []worker.Tier{worker.G2, worker.G2, worker.G3, worker.G3, worker.G3, worker.G3, worker.G2, worker.G2}, ts,
+		"0, 1 promoted to G2; 4, 5 (least recently used) written back to G3")
+	require.EqualValues(t, 2, f.c.Stats().OnboardedFromG3)
+}
+
+// Without G3, G2's victims go to the object store and come back from it;
+// a corrupt object fails its block, is dropped, and says so in an event.
+func TestEvictionToG4AndCorruptObject(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 4, g4: true}, Config{})
+	f.offload(0, seq(0, 4))
+	f.offload(4, seq(4, 4)) // 0-3 go to G4
+	n, ts, err := f.c.Match(keyRange(0, 8))
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	require.Equal(t, append(repeat(worker.G4, 4), repeat(worker.G2, 4)...), ts)
+
+	// Corrupt key 1's object: flip a payload byte.
+	objects := objectFiles(t, f.objDir)
+	require.Len(t, objects, 4)
+	var corrupted bool
+	for _, p := range objects {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		if bytes.Contains(b, key(1)) {
+			b[len(b)-1] ^= 0xff
+			require.NoError(t, os.WriteFile(p, b, 0o644))
+			corrupted = true
+		}
+	}
+	require.True(t, corrupted)
+	f.c.DrainEvents(nil, 0)
+
+	f.clearG1()
+	note, err := f.c.Onboard(keyRange(0, 4), seq(8, 4), nil, nil)
+	require.NoError(t, err)
+	err = note.WaitTimeout(10 * time.Second)
+	require.Error(t, err)
+	require.Equal(t, []int{9}, note.FailedBlocks())
+	f.requireLoaded([]int{8}, 0)
+	f.requireLoaded([]int{10, 11}, 2)
+	f.requireZero(9)
+	require.EqualValues(t, 1, f.c.Stats().G4Corrupt)
+	var removed []string
+	for _, e := range f.c.DrainEvents(nil, 0) {
+		if e.Kind == pool.Removed && e.Tier == int(worker.G4) {
+			removed = append(removed, string(e.Key.Bytes()))
+		}
+	}
+	require.Equal(t, []string{string(key(1))}, removed)
+}
+
+func objectFiles(t *testing.T, dir string) []string {
+	var out []string
+	require.NoError(t, filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+		if err == nil && info.Mode().IsRegular() {
+			out = append(out, p)
+		}
+		return err
+	}))
+	return out
+}
+
+// A corrupt G3 block fails its G1 block only, and leaves G3.
+func TestCorruptG3BlockIsRemoved(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 2, g3: 4}, Config{})
+	f.offload(0, seq(0, 2))
+	f.offload(2, seq(2, 2)) // 0, 1 to G3 blocks 0, 1
+	files := objectFiles(t, f.diskDir)
+	require.Len(t, files, 1)
+	fh, err := os.OpenFile(files[0], os.O_RDWR, 0)
+	require.NoError(t, err)
+	info, err := fh.Stat()
+	require.NoError(t, err)
+	stride := info.Size() / 4
+	_, err = fh.WriteAt([]byte{0xde, 0xad}, stride+100) // inside G3 block 1
+	require.NoError(t, err)
+	require.NoError(t, fh.Close())
+
+	note, err := f.c.Onboard(keyRange(0, 2), seq(8, 2), nil, nil)
+	require.NoError(t, err)
+	err = note.WaitTimeout(10 * time.Second)
+	require.ErrorIs(t, err, transfer.ErrCorrupt)
+	require.Equal(t, []int{9}, note.FailedBlocks())
+	f.requireLoaded([]int{8}, 0)
+	f.requireZero(9)
+	n, _, err := f.c.Match(keyRange(1, 1))
+	require.NoError(t, err)
+	require.Zero(t, n, "the corrupt block left G3")
+}
+
+// A key evicted between Match and Onboard fails its block; the others load.
+func TestOnboardOfUncachedKeyFailsItsBlock(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 8}, Config{})
+	f.offload(0, seq(0, 2))
+	f.clearG1()
+	note, err := f.c.Onboard([][]byte{key(0), key(99), key(1)}, []int{4, 5, 6}, nil, nil)
+	require.NoError(t, err)
+	err = note.WaitTimeout(10 * time.Second)
+	require.ErrorIs(t, err, ErrNotCached)
+	require.Equal(t, []int{5}, note.FailedBlocks())
+	f.requireLoaded([]int{4}, 0)
+	f.requireLoaded([]int{6}, 1)
+	f.requireZero(5)
+}
+
+// A copy that fails registers no key for its blocks.
+func TestFailedOffloadRegistersNothing(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 8}, Config{})
+	boom := errors.New("injected copy fault")
+	f.emu.InjectCopyFault(func(kind cuda.CopyKind, _ cuda.Copy) error {
+		if kind == cuda.DeviceToHost {
+			return boom
+		}
+		return nil
+	})
+	for i := range 4 {
+		f.compute(i, i)
+	}
+	note, ds, err := f.c.Offload(keyRange(0, 4), seq(0, 4), 0)
+	require.NoError(t, err)
+	require.Equal(t, repeatDecision(pool.Store, 4), ds)
+	require.Error(t, note.WaitTimeout(10*time.Second))
+	require.Equal(t, seq(0, 4), note.FailedBlocks(), "the G1 blocks that were not saved")
+	f.emu.InjectCopyFault(nil)
+	n, _, err := f.c.Match(keyRange(0, 4))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	st := f.c.Stats()
+	require.Zero(t, st.G2.Registered+st.G2.Storing+st.G2.Allocated)
+	require.EqualValues(t, 4, st.OffloadFailed)
+	// and the same keys offload fine afterwards
+	f.offload(0, seq(0, 4))
+}
+
+// Bad input is refused with an error naming it, and changes nothing.
+func TestBadInput(t *testing.T) {
+	f := newFixture(t, tiers{g1: 8, g2: 8}, Config{})
+	f.offload(0, seq(0, 2))
+	before := f.c.Stats()
+	long := bytes.Repeat([]byte{1}, pool.MaxKeyLen+1)
+	for name, call := range map[string]func() error{
+		"key too long": func() error { _, _, err := f.c.Offload([][]byte{long}, []int{0}, 0); return err },
+		"empty key":    func() error { _, _, err := f.c.Offload([][]byte{{}}, []int{0}, 0); return err },
+		"duplicate keys": func() error {
+			_, _, err := f.c.Offload([][]byte{key(5), key(5)}, []int{0, 1}, 0)
+			return err
+		},
+		"more keys than blocks": func() error { _, _, err := f.c.Offload(keyRange(5, 3), []int{0, 1}, 0); return err },
+		"G1 id out of range":    func() error { _, _, err := f.c.Offload(keyRange(5, 1), []int{8}, 0); return err },
+		"onboard repeated G1": func() error {
+			_, err := f.c.Onboard(keyRange(0, 2), []int{3, 3}, nil, nil)
+			return err
+		},
+		"onboard wrong event count": func() error {
+			_, err := f.c.Onboard(keyRange(0, 2), []int{3, 4}, []cuda.Event{1}, nil)
+			return err
+		},
+		"match duplicate": func() error { _, _, err := f.c.Match([][]byte{key(0), key(0)}); return err },
+	} {
+		err := call()
+		require.ErrorIs(t, err, transfer.ErrInvalidArgument, name)
+	}
+	require.Equal(t, before, f.c.Stats(), "nothing changed")
+}
+
+// Layer-wise onboard records each layer's event before Onboard returns,
+// also for blocks staged from G3.
+func TestLayerwiseOnboard(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 2, g3: 4}, Config{})
+	f.offload(0, seq(0, 2))
+	f.offload(2, seq(2, 2)) // 0, 1 in G3; 2, 3 in G2
+	f.clearG1()
+	events := make([]cuda.Event, shape(1).NumLayers)
+	for i := range events {
+		ev, err := f.emu.EventCreate(0)
+		require.NoError(t, err)
+		events[i] = ev
+		defer func() { require.NoError(t, f.emu.EventDestroy(ev)) }()
+	}
+	note, err := f.c.Onboard(keyRange(0, 4), seq(4, 4), events, nil)
+	require.NoError(t, err)
+	for _, ev := range events {
+		require.NoError(t, f.emu.EventSynchronize(ev))
+	}
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	f.requireLoaded(seq(4, 4), 0)
+}
+
+// Many threads offload, match and onboard at once (run with -race); every
+// onboard that reports success delivered the right bytes.
+func TestConcurrentUse(t *testing.T) {
+	f := newFixture(t, tiers{g1: 64, g2: 12, g3: 24, g4: true}, Config{})
+	for i := range 64 {
+		f.compute(i, i)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			base := 32 + g*8 // G1 blocks [0, 32) hold the keys; each goroutine loads into its own 8 of [32, 64)
+			for round := range 6 {
+				from := (g*3 + round) % 8 * 4
+				note, _, err := f.c.Offload(keyRange(from, 4), seq(from, 4), 0)
+				require.NoError(t, err)
+				require.NoError(t, note.WaitTimeout(10*time.Second))
+				n, _, err := f.c.Match(keyRange(from, 4))
+				require.NoError(t, err)
+				if n == 0 {
+					continue
+				}
+				dst := seq(base+round%2*4, n)
+				note, err = f.c.Onboard(keyRange(from, n), dst, nil, nil)
+				require.NoError(t, err)
+				err = note.WaitTimeout(10 * time.Second)
+				failed := map[int]bool{}
+				for _, id := range note.FailedBlocks() {
+					failed[id] = true
+				}
+				if err != nil {
+					require.NotEmpty(t, failed, err.Error())
+				}
+				for j, id := range dst {
+					if !failed[id] {
+						requireContent(t, from+j, f.block(worker.G1, id), "goroutine %d round %d G1 block %d", g, round, id)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	f.quiesce()
+	st := f.c.Stats()
+	require.Zero(t, st.G2.Pinned+st.G3.Pinned, "no pin outlives its transfer")
+	require.Zero(t, st.G2.Storing+st.G2.Allocated, "no block is left in flight")
+}
