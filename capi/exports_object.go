@@ -15,20 +15,34 @@ import (
 	"github.com/kvbm/kvbm/core/worker"
 )
 
-// keysArg reads num_keys C keys.
-func keysArg(what string, keys **C.uint8_t, lens *C.size_t, n C.size_t) ([]object.Key, C.kvbm_status_t) {
+// rawKeysArg checks num_keys C keys (non-NULL, 1 to KVBM_MAX_KEY_LEN
+// bytes) and returns views of them, valid during the call only.
+func rawKeysArg(what string, keys **C.uint8_t, lens *C.size_t, n C.size_t) ([][]byte, C.kvbm_status_t) {
 	if keys == nil || lens == nil || n == 0 {
 		return nil, fail(errInvalidArgument, "%s: keys and key_lens must not be NULL and num_keys not 0", what)
 	}
 	ps := unsafe.Slice(keys, int(n))
 	ls := unsafe.Slice(lens, int(n))
-	out := make([]object.Key, len(ps))
+	out := make([][]byte, len(ps))
 	for i := range ps {
 		if ps[i] == nil || ls[i] == 0 || ls[i] > C.KVBM_MAX_KEY_LEN {
 			return nil, fail(errInvalidArgument, "%s: key %d is NULL or its length %d is not 1..%d", what, i, ls[i],
 				C.KVBM_MAX_KEY_LEN)
 		}
-		k, err := object.NewKey(C.GoBytes(unsafe.Pointer(ps[i]), C.int(ls[i])))
+		out[i] = unsafe.Slice((*byte)(unsafe.Pointer(ps[i])), int(ls[i]))
+	}
+	return out, statusOK
+}
+
+// keysArg reads num_keys C keys as object keys (copies).
+func keysArg(what string, keys **C.uint8_t, lens *C.size_t, n C.size_t) ([]object.Key, C.kvbm_status_t) {
+	raw, st := rawKeysArg(what, keys, lens, n)
+	if st != statusOK {
+		return nil, st
+	}
+	out := make([]object.Key, len(raw))
+	for i, b := range raw {
+		k, err := object.NewKey(b)
 		if err != nil {
 			return nil, failErr(err)
 		}

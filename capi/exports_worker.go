@@ -7,9 +7,12 @@ package main
 import "C"
 
 import (
+	"errors"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
+	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
@@ -19,6 +22,17 @@ import (
 // workerEntry is what a kvbm_worker_t names.
 type workerEntry struct {
 	w *worker.PhysicalWorker
+	// cache is set once by kvbm_worker_cache_enable.
+	cache atomic.Pointer[cache.Cache]
+}
+
+// close closes the worker's cache, then the worker.
+func (e *workerEntry) close() error {
+	var err error
+	if c := e.cache.Load(); c != nil {
+		err = c.Close()
+	}
+	return errors.Join(err, e.w.Close())
 }
 
 func getWorker(h C.uintptr_t) (*workerEntry, C.kvbm_status_t) {
@@ -136,7 +150,7 @@ func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {
 	if !ok {
 		return badHandle("worker", h)
 	}
-	return result(v.(*workerEntry).w.Close())
+	return result(v.(*workerEntry).close())
 }
 
 //export kvbmgo_worker_register_g1

@@ -34,9 +34,11 @@ import (
 	_ "github.com/ianlancetaylor/cgosymbolizer" // symbolize C frames in Go tracebacks
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
+	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/handoff"
 	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -134,12 +136,12 @@ func statusOf(err error) C.kvbm_status_t {
 		errors.Is(err, handoff.ErrForeignHandoff), errors.Is(err, handoff.ErrInvalidFact),
 		errors.Is(err, handoff.ErrInvalidTiming), errors.Is(err, handoff.ErrInvalidOutcome):
 		return errInvalidArgument
-	case errors.Is(err, transfer.ErrNotFound), errors.Is(err, object.ErrNotFound),
+	case errors.Is(err, transfer.ErrNotFound), errors.Is(err, object.ErrNotFound), errors.Is(err, cache.ErrNotCached),
 		errors.Is(err, handoff.ErrUnknownAction):
 		return errNotFound
 	case errors.Is(err, transfer.ErrAlreadyExists), errors.Is(err, handoff.ErrConflictingOutcome):
 		return errAlreadyExists
-	case errors.Is(err, handoff.ErrFactOutOfOrder), errors.Is(err, handoff.ErrCleanupFailed):
+	case errors.Is(err, handoff.ErrFactOutOfOrder), errors.Is(err, handoff.ErrCleanupFailed), errors.Is(err, pool.ErrState):
 		return errFailedPrecondition
 	case errors.Is(err, transfer.ErrCorrupt), errors.Is(err, object.ErrCorrupt),
 		errors.Is(err, worker.ErrBadMetadata):

@@ -207,6 +207,39 @@ kvbm_status_t kvbm_worker_offload_objects(kvbm_worker_t w, int32_t src, const ui
     FORWARD(kvbmgo_worker_offload_objects(H(w), src, (uint32_t *)src_ids, (uint8_t **)keys,
                                           (size_t *)key_lens, num_keys, (uintptr_t *)notification));
 }
+kvbm_status_t kvbm_worker_cache_enable(kvbm_worker_t w, const kvbm_cache_config_t *config) {
+    FORWARD(kvbmgo_worker_cache_enable(H(w), (kvbm_cache_config_t *)config));
+}
+kvbm_status_t kvbm_worker_cache_match(kvbm_worker_t w, const uint8_t *const *keys,
+                                      const size_t *key_lens, size_t num_keys, size_t *matched,
+                                      int32_t *tiers) {
+    FORWARD(kvbmgo_worker_cache_match(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys, matched,
+                                      tiers));
+}
+kvbm_status_t kvbm_worker_cache_offload(kvbm_worker_t w, const uint8_t *const *keys,
+                                        const size_t *key_lens, size_t num_keys,
+                                        const uint32_t *g1_ids, kvbm_event_t precondition,
+                                        int32_t *decisions, kvbm_notification_t *notification) {
+    FORWARD(kvbmgo_worker_cache_offload(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys,
+                                        (uint32_t *)g1_ids, H(precondition), decisions,
+                                        (uintptr_t *)notification));
+}
+kvbm_status_t kvbm_worker_cache_onboard(kvbm_worker_t w, const uint8_t *const *keys,
+                                        const size_t *key_lens, size_t num_keys,
+                                        const uint32_t *g1_ids, const kvbm_event_t *layer_events,
+                                        size_t num_events, kvbm_stream_t stream,
+                                        kvbm_notification_t *notification) {
+    FORWARD(kvbmgo_worker_cache_onboard(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys,
+                                        (uint32_t *)g1_ids, (uintptr_t *)layer_events, num_events,
+                                        H(stream), (uintptr_t *)notification));
+}
+kvbm_status_t kvbm_worker_cache_stats(kvbm_worker_t w, kvbm_cache_stats_t *stats) {
+    FORWARD(kvbmgo_worker_cache_stats(H(w), stats));
+}
+kvbm_status_t kvbm_worker_cache_events(kvbm_worker_t w, kvbm_cache_event_t *events,
+                                       size_t capacity, size_t *count) {
+    FORWARD(kvbmgo_worker_cache_events(H(w), events, capacity, count));
+}
 kvbm_status_t kvbm_worker_object_has(kvbm_worker_t w, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, uint8_t *found) {
     FORWARD(kvbmgo_worker_object_has(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys, found));

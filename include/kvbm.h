@@ -487,6 +487,151 @@ kvbm_status_t kvbm_worker_offload_objects(kvbm_worker_t worker, int32_t src,
                                           const size_t *key_lens, size_t num_keys,
                                           kvbm_notification_t *notification);
 
+/* ----------------------------------------------------------- prefix cache */
+
+/* A worker's tiered prefix cache: which of its G2, G3 and G4 blocks hold
+ * which KV, found by key. A key names the KV of one full block given its
+ * whole prefix (vLLM's block hashes, SGLang's page keys): 1 to
+ * KVBM_MAX_KEY_LEN bytes, passed as for the object calls. The library
+ * picks the blocks: it dedupes offloads, evicts the least recently used
+ * blocks no transfer holds (writing them down to G3 and G4 as configured),
+ * stages G3 and G4 blocks through G2 on onboard, and removes a block found
+ * corrupt. A block that fails is reported failed, never loaded. */
+
+typedef enum kvbm_write_mode {
+    /* G3: write-back when the worker has G3. G4: write-back from the lowest
+     * local tier when the worker has an object store. */
+    KVBM_WRITE_AUTO = 0,
+    KVBM_WRITE_OFF = 1,      /* the cache never writes the tier */
+    KVBM_WRITE_BACK = 2,     /* when a block is evicted from the tier above */
+    KVBM_WRITE_THROUGH = 3   /* as soon as a block lands in G2 */
+} kvbm_write_mode_t;
+
+typedef struct kvbm_cache_config {
+    size_t struct_size;
+    uint32_t admit_after; /* offload a key once seen this many times (offered,
+                             or onboarded); 0 or 1: always */
+    int32_t g3_mode;      /* kvbm_write_mode_t */
+    int32_t g4_mode;      /* kvbm_write_mode_t */
+    uint32_t max_events;  /* events kept until drained; 0: 65536 */
+} kvbm_cache_config_t;
+#define KVBM_CACHE_CONFIG_INIT {sizeof(kvbm_cache_config_t), 0, KVBM_WRITE_AUTO, KVBM_WRITE_AUTO, 0}
+
+/* Gives the worker its prefix cache over its G2 (and G3, and object store
+ * when it has them); G1 and G2 must be registered first. Once per worker;
+ * kvbm_worker_destroy waits for the cache's background work. config NULL:
+ * the defaults. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (struct_size, a
+ * mode out of range), KVBM_ERR_NOT_FOUND (G1 or G2 not registered),
+ * KVBM_ERR_ALREADY_EXISTS (enabled already), KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_cache_enable(kvbm_worker_t worker, const kvbm_cache_config_t *config);
+
+/* How many leading keys can be onboarded now: *matched, and when tiers is
+ * not NULL (num_keys entries) the tier each would come from (2, 3, or 4
+ * for G4), 0 past *matched. Changes nothing that later calls depend on, so
+ * a scheduler may ask again; it may ask the object store (I/O). Returns
+ * KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, a key length, a key repeated),
+ * KVBM_ERR_FAILED_PRECONDITION (no cache: kvbm_worker_cache_enable; or
+ * after fork()), KVBM_ERR_INVALID_HANDLE. */
+kvbm_status_t kvbm_worker_cache_match(kvbm_worker_t worker, const uint8_t *const *keys,
+                                      const size_t *key_lens, size_t num_keys, size_t *matched,
+                                      int32_t *tiers);
+
+/* What an offload decided per key (decisions[i]). */
+enum {
+    KVBM_CACHE_STORE = 0,        /* copied to a G2 block */
+    KVBM_CACHE_PRESENT = 1,      /* cached already: nothing to copy */
+    KVBM_CACHE_IN_FLIGHT = 2,    /* being stored already: nothing to copy */
+    KVBM_CACHE_NOT_ADMITTED = 3, /* not seen admit_after times yet */
+    KVBM_CACHE_NO_SPACE = 4      /* every G2 block is held by a transfer */
+};
+
+/* Saves G1 block g1_ids[i], holding the KV of keys[i], to G2 — after
+ * precondition (the engine's compute event; NULL for none) — unless the key
+ * is cached or in flight already, not admitted yet, or no block can be had;
+ * decisions (may be NULL; num_keys entries) says which. Blocks that land are
+ * registered, then written down to G3/G4 as configured. The notification
+ * completes when the G1 blocks may be reused; it fails naming the G1 block
+ * ids that were not saved (none of their keys is registered). When G2
+ * blocks must be written down before reuse, that happens before the copy:
+ * within this call when precondition is given. The arrays are read during
+ * the call only. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, a key
+ * length, a key repeated), KVBM_ERR_OUT_OF_RANGE (a G1 id beyond G1),
+ * KVBM_ERR_FAILED_PRECONDITION (no cache), KVBM_ERR_CANCELED (closing),
+ * KVBM_ERR_INVALID_HANDLE; nothing changed on an error. */
+kvbm_status_t kvbm_worker_cache_offload(kvbm_worker_t worker, const uint8_t *const *keys,
+                                        const size_t *key_lens, size_t num_keys,
+                                        const uint32_t *g1_ids, kvbm_event_t precondition,
+                                        int32_t *decisions, kvbm_notification_t *notification);
+
+/* Loads keys[i] into G1 block g1_ids[i] from the tier that caches it (G2;
+ * G3 and G4 staged through G2, where they stay). The notification fails
+ * naming the G1 blocks not loaded (a key no longer cached, a corrupt block
+ * — removed from its tier — or a failed copy); the others are loaded. With
+ * layer_events (num_events = the number of layers) the G2 -> G1 copies go
+ * layer by layer on stream (NULL: the library's) and layer_events[L] is
+ * recorded after layer L, every one before this call returns (G3 and G4
+ * blocks are staged within the call); the events stay the caller's.
+ * Without events (NULL, 0) the whole load runs in the background. Returns
+ * KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, a key length, a key or a G1 id
+ * repeated, num_events), KVBM_ERR_OUT_OF_RANGE (a G1 id beyond G1),
+ * KVBM_ERR_FAILED_PRECONDITION (no cache), KVBM_ERR_CANCELED,
+ * KVBM_ERR_INVALID_HANDLE; nothing changed on an error. */
+kvbm_status_t kvbm_worker_cache_onboard(kvbm_worker_t worker, const uint8_t *const *keys,
+                                        const size_t *key_lens, size_t num_keys,
+                                        const uint32_t *g1_ids, const kvbm_event_t *layer_events,
+                                        size_t num_events, kvbm_stream_t stream,
+                                        kvbm_notification_t *notification);
+
+/* One tier's occupancy (blocks) and counters since the cache was made. */
+typedef struct kvbm_cache_tier_stats {
+    uint64_t capacity, free, registered, pinned, in_flight;
+    uint64_t hits, misses;   /* keys looked up for onboards, by tier */
+    uint64_t evictions;      /* blocks reused for other keys */
+    uint64_t stored, removed; /* keys registered; keys removed (corrupt) */
+} kvbm_cache_tier_stats_t;
+
+typedef struct kvbm_cache_stats {
+    size_t struct_size;
+    kvbm_cache_tier_stats_t g2;
+    kvbm_cache_tier_stats_t g3; /* all 0 without G3 */
+    uint64_t g4_known;          /* G4 keys remembered as present */
+    uint64_t g4_hits, g4_misses, g4_puts, g4_put_failures, g4_corrupt;
+    uint64_t offloaded, deduped, not_admitted, no_space, offload_failed;
+    uint64_t onboarded, onboarded_from_g2, onboarded_from_g3, onboarded_from_g4, onboard_failed;
+    uint64_t written_down, write_down_failed; /* to G3 and G4 */
+    uint64_t events_dropped;    /* not drained in time */
+} kvbm_cache_stats_t;
+#define KVBM_CACHE_TIER_STATS_ZERO_ {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define KVBM_CACHE_STATS_INIT                                                                      \
+    {sizeof(kvbm_cache_stats_t), KVBM_CACHE_TIER_STATS_ZERO_, KVBM_CACHE_TIER_STATS_ZERO_, 0, 0, 0, \
+     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Fills *stats (struct_size set by the caller, KVBM_CACHE_STATS_INIT).
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_FAILED_PRECONDITION
+ * (no cache), KVBM_ERR_INVALID_HANDLE. */
+kvbm_status_t kvbm_worker_cache_stats(kvbm_worker_t worker, kvbm_cache_stats_t *stats);
+
+enum {
+    KVBM_CACHE_EVENT_STORED = 1, /* the key became present in the tier */
+    KVBM_CACHE_EVENT_REMOVED = 2 /* it left (evicted, or found corrupt) */
+};
+
+/* A key entering or leaving a tier, for KV-aware routers. */
+typedef struct kvbm_cache_event {
+    int32_t kind;     /* KVBM_CACHE_EVENT_* */
+    int32_t tier;     /* 2, 3, or 4 for G4 */
+    uint32_t key_len;
+    uint8_t key[KVBM_MAX_KEY_LEN];
+} kvbm_cache_event_t;
+
+/* Moves up to capacity of the oldest events into events, in the order
+ * they happened across tiers, and sets *count; call until *count <
+ * capacity to drain them all. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT,
+ * KVBM_ERR_FAILED_PRECONDITION (no cache), KVBM_ERR_INVALID_HANDLE. */
+kvbm_status_t kvbm_worker_cache_events(kvbm_worker_t worker, kvbm_cache_event_t *events,
+                                       size_t capacity, size_t *count);
+
 /* ----------------------------------------------------------- notification */
 
 /* KVBM_OK when the transfer completed successfully, KVBM_IN_PROGRESS while
