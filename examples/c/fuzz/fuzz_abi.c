@@ -1,7 +1,7 @@
 /* libFuzzer target over the C ABI's input paths: each input is a program of
  * calls with fuzzer-chosen arguments (metadata and layout-response bytes,
- * block ids, tiers, layer ranges, raw handles, object keys, handoff facts
- * and outcomes). Whatever the input, every call must return a known status,
+ * block ids, tiers, layer ranges, raw handles, object keys, prefix-cache
+ * keys and events, handoff facts and outcomes). Whatever the input, every call must return a known status,
  * leave a message when it fails, and never crash, hang or corrupt memory
  * (the build uses ASan/UBSan).
  *
@@ -23,6 +23,7 @@ enum { G1_BYTES = NUM_BLOCKS * NUM_LAYERS * OUTER * PAGE * INNER * WIDTH };
 enum { MAX_IDS = 12, MAX_BYTES = 512 };
 
 static kvbm_worker_t worker;
+static kvbm_event_t layer_events[NUM_LAYERS];
 static uint8_t *g1;
 static uint8_t metadata[4096];
 static size_t metadata_len;
@@ -98,10 +99,16 @@ static void setup(void) {
         fprintf(stderr, "setup: %s\n", kvbm_last_error());
         abort();
     }
+    kvbm_cache_config_t cc = KVBM_CACHE_CONFIG_INIT;
+    if (kvbm_worker_cache_enable(worker, &cc) != KVBM_OK) abort();
+    for (int l = 0; l < NUM_LAYERS; l++)
+        if (kvbm_event_create(0, &layer_events[l]) != KVBM_OK) abort();
     if (kvbm_handle_count(&baseline_handles) != KVBM_OK) abort();
 }
 
-/* Waits for and frees a notification the library issued. */
+/* Waits for and frees a notification the library issued. Callers store
+ * the call's status first: C leaves the order of evaluating arguments
+ * open, so the notification must be read after the call returned. */
 static void settle(kvbm_status_t st, kvbm_notification_t n, const char *what) {
     check(st, what);
     if (st != KVBM_OK) return;
@@ -126,8 +133,8 @@ static void op_transfer(input_t *in) {
     o.layer_end = u8(in) % 4;
     if (u8(in) & 1) o.struct_size = u8(in);
     kvbm_notification_t note = NULL;
-    settle(kvbm_worker_transfer(worker, s, src, d, dst, n, (u8(in) & 1) ? &o : NULL, &note), note,
-           "worker_transfer");
+    kvbm_status_t called = kvbm_worker_transfer(worker, s, src, d, dst, n, (u8(in) & 1) ? &o : NULL, &note);
+    settle(called, note, "worker_transfer");
 }
 
 static void op_import(input_t *in) {
@@ -178,8 +185,60 @@ static void op_objects(input_t *in) {
         break;
     default: {
         kvbm_notification_t note = NULL;
-        settle(kvbm_worker_onboard_objects(worker, keys, lens, n, tier, ids, &note), note,
-               "worker_onboard_objects");
+        kvbm_status_t called = kvbm_worker_onboard_objects(worker, keys, lens, n, tier, ids, &note);
+        settle(called, note, "worker_onboard_objects");
+    }
+    }
+}
+
+/* The prefix cache: keys from a small space (so that hits, dedupes and
+ * evictions happen), sometimes of bad lengths or repeated; ids sometimes
+ * out of range or repeated; events sometimes of the wrong count. */
+static void op_cache(input_t *in) {
+    uint8_t keybuf[MAX_IDS][70];
+    const uint8_t *keys[MAX_IDS];
+    size_t lens[MAX_IDS];
+    uint32_t ids[MAX_IDS];
+    int32_t out[MAX_IDS];
+    size_t n = u8(in) % (MAX_IDS + 1);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t kind = u8(in);
+        lens[i] = kind % 16 == 0 ? take(in, keybuf[i], 68) : 1 + kind % 3;
+        if (kind % 16 != 0) memset(keybuf[i], 'a' + kind % 12, lens[i]);
+        keys[i] = keybuf[i];
+        ids[i] = u8(in) % (NUM_BLOCKS + 1);
+    }
+    kvbm_notification_t note = NULL;
+    kvbm_status_t st;
+    switch (u8(in) % 5) {
+    case 0: {
+        size_t matched = 0;
+        check(kvbm_worker_cache_match(worker, keys, lens, n, &matched, (u8(in) & 1) ? out : NULL),
+              "worker_cache_match");
+        if (matched > n) abort();
+        break;
+    }
+    case 1:
+        st = kvbm_worker_cache_offload(worker, keys, lens, n, ids, NULL, (u8(in) & 1) ? out : NULL, &note);
+        settle(st, note, "worker_cache_offload");
+        break;
+    case 2: {
+        size_t ne = (u8(in) & 1) ? NUM_LAYERS : u8(in) % 4;
+        st = kvbm_worker_cache_onboard(worker, keys, lens, n, ids, ne ? layer_events : NULL, ne, NULL, &note);
+        settle(st, note, "worker_cache_onboard");
+        break;
+    }
+    case 3: {
+        kvbm_cache_stats_t stats = KVBM_CACHE_STATS_INIT;
+        if (u8(in) & 1) stats.struct_size = u8(in);
+        check(kvbm_worker_cache_stats(worker, &stats), "worker_cache_stats");
+        break;
+    }
+    default: {
+        kvbm_cache_event_t evs[4];
+        size_t count = 0;
+        check(kvbm_worker_cache_events(worker, evs, u8(in) % 5, &count), "worker_cache_events");
+        if (count > 4) abort();
     }
     }
 }
@@ -241,11 +300,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!worker) setup();
     input_t in = {data, size};
     for (int ops = 0; in.n > 0 && ops < 16; ops++) {
-        switch (u8(&in) % 5) {
+        switch (u8(&in) % 6) {
         case 0: op_transfer(&in); break;
         case 1: op_import(&in); break;
         case 2: op_objects(&in); break;
         case 3: op_raw_handles(&in); break;
+        case 4: op_cache(&in); break;
         default: op_handoff(&in); break;
         }
     }
