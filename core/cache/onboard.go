@@ -30,8 +30,8 @@ type onboard struct {
 	// readyFrom the tier each was found in.
 	ready     blocks
 	readyFrom []worker.Tier
-	failures transfer.Failures // by G1 block
-	wd       writeDown
+	failures  transfer.Failures // by G1 block
+	wd        writeDown
 }
 
 // Onboard loads keys[i] into G1 block g1[i] from the tier that caches it:

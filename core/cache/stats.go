@@ -9,12 +9,12 @@ import (
 var errorsIs = errors.Is
 
 type counters struct {
-	g4Hits, g4Misses, g4Puts, g4PutFailures, g4Corrupt uint64
-	offloaded, deduped, notAdmitted, noSpace, offloadFailed  uint64
-	onboarded, onboardFailed                                 uint64
-	onboardedFrom                                            [5]uint64 // by source tier
-	writtenDown, writeDownFailed                             uint64
-	eventsDropped                                            uint64
+	g4Hits, g4Misses, g4Puts, g4PutFailures, g4Corrupt      uint64
+	offloaded, deduped, notAdmitted, noSpace, offloadFailed uint64
+	onboarded, onboardFailed                                uint64
+	onboardedFrom                                           [5]uint64 // by source tier
+	writtenDown, writeDownFailed                            uint64
+	eventsDropped                                           uint64
 }
 
 // Stats are the cache's per-tier pools and its counters since it was made.
