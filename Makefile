@@ -45,8 +45,8 @@ fuzz: deps fuzz-c
 bench: bench-go bench-c bench-py
 
 bench-go: deps
-	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda
-	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff
+	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
+	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
 
 demo: deps
 	$(GO) run ./cmd/kvbm-demo -dir $(BUILD)/demo
