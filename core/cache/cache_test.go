@@ -283,6 +283,10 @@ func TestBadInput(t *testing.T) {
 			_, err := f.c.Onboard(keyRange(0, 2), []int{3, 4}, []cuda.Event{1}, nil)
 			return err
 		},
+		"onboard null event": func() error {
+			_, err := f.c.Onboard(keyRange(0, 2), []int{3, 4}, []cuda.Event{1, 0, 2}, nil)
+			return err
+		},
 		"match duplicate": func() error { _, _, err := f.c.Match([][]byte{key(0), key(0)}); return err },
 	} {
 		err := call()

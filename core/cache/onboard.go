@@ -61,6 +61,11 @@ func (c *Cache) Onboard(raw [][]byte, g1 []int, events []cuda.Event, stream *cud
 	if events != nil && len(events) != c.g1Layers {
 		return nil, fmt.Errorf("%w: onboard: %d layer events given, G1 has %d layers", transfer.ErrInvalidArgument, len(events), c.g1Layers)
 	}
+	for i, ev := range events {
+		if ev == 0 {
+			return nil, fmt.Errorf("%w: onboard: layer event %d is null", transfer.ErrInvalidArgument, i)
+		}
+	}
 	c.mu.Lock()
 	if err := c.begin(); err != nil {
 		c.mu.Unlock()
