@@ -366,3 +366,24 @@ func TestConcurrentUse(t *testing.T) {
 	require.Zero(t, st.G2.Pinned+st.G3.Pinned, "no pin outlives its transfer")
 	require.Zero(t, st.G2.Storing+st.G2.Allocated, "no block is left in flight")
 }
+
+// A block G2 evicts while every G3 block is held by a transfer goes to G4
+// instead of nowhere (found by the demo).
+func TestWriteBackFallsThroughToG4WhenG3IsHeld(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 4, g3: 2, g4: true}, Config{G3: WriteBack, G4: WriteBack})
+	f.offload(0, seq(0, 4))
+	f.offload(4, seq(4, 2))
+	f.offload(6, seq(6, 2))
+	f.quiesce()
+	// 0, 1 in G4; 2, 3 in G3; 4-7 in G2. Loading 2, 3 pins both G3 blocks
+	// while G2 makes room for them by evicting 4, 5.
+	note, err := f.c.Onboard(keyRange(2, 2), []int{8, 9}, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	f.quiesce()
+	n, ts, err := f.c.Match(keyRange(0, 8))
+	require.NoError(t, err)
+	require.Equal(t, 8, n, "no key is lost from every tier: %v", ts)
+	require.Equal(t, []worker.Tier{worker.G4, worker.G4, worker.G2, worker.G2, worker.G4, worker.G4, worker.G2, worker.G2}, ts)
+	require.Zero(t, f.c.Stats().WriteDownFailed)
+}

@@ -42,8 +42,18 @@ func (c *Cache) planWriteDown() writeDown {
 		switch {
 		case v.tier == worker.G2 && c.g3Mode == WriteBack:
 			ids, ds, err := c.g3.PrepareStore([]pool.Key{v.key})
-			if err == nil && ds[0] == pool.Store {
+			switch {
+			case err == nil && ds[0] == pool.Store:
 				wd.g2ToG3.add(v.key, v.id, ids[0])
+			case err == nil && (ds[0] == pool.Present || ds[0] == pool.InFlight):
+			case c.g4 != nil && c.g4Mode != WriteOff:
+				// G3 has no block to spare (all held by transfers): the
+				// block goes one tier further down rather than nowhere.
+				if !c.g4.has(v.key) {
+					wd.g2ToG4.add(v.key, v.id, -1)
+				}
+			default:
+				c.counters.writeDownFailed++ // lost from every tier
 			}
 		case v.tier == worker.G2 && c.g4Mode == WriteBack && c.g3Mode == WriteOff:
 			if !c.g4.has(v.key) {
