@@ -1,7 +1,9 @@
 // Command kvbm-demo runs kvbm's end-to-end flow on a Llama-3-8B-shaped KV
 // cache: G1 (device) → G2 (pinned host) → G3 (disk) and G4 (object store)
-// and back, a layer-wise onboard into G1, and a prefill→decode hand-off
-// between two workers, verifying every byte of every block on the way.
+// and back, a layer-wise onboard into G1, a prefill→decode hand-off
+// between two workers, and the tiered prefix cache (two requests sharing a
+// long prefix: the second onboards it from G2, G3 and G4 and computes only
+// the rest), verifying every byte of every block on the way.
 //
 //	go run ./cmd/kvbm-demo -dir build/demo [-blocks 256]
 //
@@ -75,9 +77,13 @@ func run(stdout io.Writer, dir string, n int) (err error) {
 	}
 	copyGBs := measureCopy(int64(n) * int64(d.blockSize))
 	runErr := d.paths()
+	prefix, prefixErr := runPrefix(drv, root)
 	printTable(stdout, d.rows, copyGBs)
 	if d.handoff != nil {
 		fmt.Fprintf(stdout, "handoff (SourceFirst, vLLM): %s\n", strings.Join(d.handoff.trace, " · "))
+	}
+	if prefix != nil {
+		printPrefix(stdout, prefix, d.blockSize, copyGBs)
 	}
 	var bad []string
 	for _, r := range d.rows {
@@ -87,6 +93,11 @@ func run(stdout io.Writer, dir string, n int) (err error) {
 	}
 	if runErr != nil {
 		bad = append(bad, runErr.Error())
+	}
+	if prefixErr != nil {
+		bad = append(bad, prefixErr.Error())
+	} else if prefix.verified != nil {
+		bad = append(bad, fmt.Sprintf("prefix cache onboard: %v", prefix.verified))
 	}
 	if len(bad) > 0 {
 		return errors.New(strings.Join(bad, "; "))
