@@ -298,8 +298,8 @@ def test_cuda_tensor_under_the_emulated_backend_is_refused():
 
 
 def test_cuda_tensor_on_another_device_is_refused(monkeypatch):
-    from kvbmgo import _core
-    monkeypatch.setattr(_core, "_backend", lambda: "cuda")  # checked before any C call
+    from kvbmgo import _worker
+    monkeypatch.setattr(_worker, "backend", lambda: "cuda")  # checked before any C call
     with Worker(new_worker_id(), device_id=1) as w:
         assert w.device_id == 1
         with pytest.raises(ValueError, match="cuda:3.*device 1"):
@@ -322,7 +322,7 @@ def test_wait_forever(worker):
     with w.transfer(Tier.G1, IDS, Tier.G2, IDS) as n:
         assert n.wait(10)
         assert all(n.wait(0) for _ in range(200))
-    from kvbmgo._core import _timeout_ms
+    from kvbmgo._notification import _timeout_ms
     assert _timeout_ms(None) == _timeout_ms(float("inf")) == _timeout_ms(1e17) == -1
     assert _timeout_ms(0) == _timeout_ms(-5) == 0 and _timeout_ms(1.5) == 1500
 
