@@ -85,20 +85,29 @@ def block_ids(ids: Any, what: str) -> Tuple[Any, int, int]:
     (a bool, a non-integer, a non-integer dtype), InvalidArgumentError (an id
     outside [0, 2**32)), ValueError (a numpy array that is not 1-D).
     """
-    if isinstance(ids, np.ndarray):
-        return _numpy_ids(ids, what)
+    given = ids
+    cls = ids.__class__
+    if cls is not list and cls is not tuple and isinstance(ids, np.ndarray):
+        if ids.size > _SMALL:
+            return _large_numpy_ids(ids, what)
+        ids = ids.tolist()  # nested for ndim > 1, floats, bools: refused below
     try:
-        a = array("I", ids)  # checks each id against unsigned int in C
+        a = array("I", ids)  # checks each id against C's unsigned int, in C
+        if bool in map(type, ids):
+            raise TypeError
     except (TypeError, OverflowError):
-        _refuse_ids(ids, what)
+        _refuse_ids(given, what)
         raise
-    if bool in map(type, ids):
-        _refuse_ids(ids, what)
     addr, n = a.buffer_info()
     return a, addr, n
 
 
-def _numpy_ids(ids: np.ndarray, what: str) -> Tuple[Any, int, int]:
+#: Up to this many ids, a numpy array is converted as a list (cheaper than
+#: reading its address through numpy).
+_SMALL = 64
+
+
+def _large_numpy_ids(ids: np.ndarray, what: str) -> Tuple[Any, int, int]:
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{what}: dtype {ids.dtype} is not an integer dtype")
     if ids.ndim != 1:
@@ -107,11 +116,14 @@ def _numpy_ids(ids: np.ndarray, what: str) -> Tuple[Any, int, int]:
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) > UINT32_MAX):
             _refuse_ids(ids.tolist(), what)
         ids = np.ascontiguousarray(ids, dtype=np.uint32)
-    n = int(ids.size)
-    return ids, ids.ctypes.data if n else 0, n
+    return ids, ids.ctypes.data, int(ids.size)
 
 
 def _refuse_ids(ids: Any, what: str) -> None:
-    """Raises the error of the first id that is not a uint32."""
+    """Raises the error of the first id that is not a uint32 (or of a numpy
+    array's dtype or shape)."""
+    if isinstance(ids, np.ndarray):
+        _large_numpy_ids(ids, what)
+        ids = ids.tolist()
     for i, v in enumerate(ids):
         refuse(v, 0, UINT32_MAX, "uint32", f"{what}[{i}]")

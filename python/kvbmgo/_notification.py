@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import math
+import weakref
 from ctypes import byref, c_size_t
 from typing import Any, Generator, List, Optional
 
-from ._handle import Handle
+from ._handle import Handle, _collected, _live
 from ._lib import KVBM_OK, lib
 from .errors import (BufferTooSmallError, FailedPreconditionError, InvalidHandleError,
                      KvbmError, KvbmTimeoutError)
@@ -27,7 +28,10 @@ class Notification(Handle):
     _kind = "Notification"
 
     def __init__(self, handle: int) -> None:
-        self._own(handle, lib.kvbm_notification_free)
+        # Handle._own inlined: one Notification per transfer call.
+        self._h = handle
+        ref = self._finalizer = weakref.ref(self, _collected)
+        _live[ref] = (lib.kvbm_notification_free, handle, ())
 
     def poll(self) -> bool:
         """True when the transfer completed successfully, False while it runs.
