@@ -1,7 +1,8 @@
-# C ABI targets; included from the top Makefile (`include capi.mk`), or run
-# alone with `make -f Makefile -f capi.mk <target>`.
+# C ABI targets, included from the top Makefile: `make lib`, `make test-c`.
+# (Not `make -f Makefile -f capi.mk`: that reads this file twice.)
 #
-#   lib       build/libkvbm.so (go build -buildmode=c-shared) + symbol check
+#   lib       build/libkvbm.so (go build -buildmode=c-shared), exporting only
+#             the kvbm_* functions (capi/libkvbm.map), + symbol check
 #   test-c    lib, then the C examples under ctest, plain and with ASan/UBSan
 #   bench-c   ns per call from C, beside an empty C call
 #   install-c install the library, header, CMake package and kvbm.pc
@@ -22,7 +23,9 @@ PREFIX  ?= /usr/local
 # changes under core/ and cuda/.
 lib:
 	@mkdir -p $(BUILD)
-	$(GO) build -buildmode=c-shared -ldflags=-extldflags=-Wl,-soname,libkvbm.so -o $(BUILD)/libkvbm.so ./capi
+	$(GO) build -buildmode=c-shared \
+	  -ldflags='-extldflags "-Wl,-soname,libkvbm.so -Wl,--version-script=$(CURDIR)/capi/libkvbm.map"' \
+	  -o $(BUILD)/libkvbm.so ./capi
 	@rm -f $(BUILD)/libkvbm.h # cgo's header names internal symbols; include/kvbm.h is the contract
 	scripts/check-symbols.sh $(BUILD)/libkvbm.so include/kvbm.h
 	python3 -c "import ctypes; ctypes.CDLL('$(BUILD)/libkvbm.so')"

@@ -1,5 +1,5 @@
-# Python targets; included from the top Makefile (`include python.mk`), or run
-# alone with `make -f Makefile -f python.mk <target>`.
+# Python targets, included from the top Makefile: `make test-py`.
+# (Not `make -f Makefile -f python.mk`: that reads this file twice.)
 #
 #   py-lib      lib, then copy build/libkvbm.so beside the package
 #               (python/kvbmgo/libkvbm.so, git-ignored), every time. From a

@@ -7,12 +7,10 @@ package main
 import "C"
 
 import (
-	"context"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
 	"github.com/kvbm/kvbm/core/layout"
-	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -37,9 +35,11 @@ func blockIDs(p *C.uint32_t, n C.size_t) []int {
 	return ids
 }
 
-// tier checks a C tier value; core decides which tiers an operation takes.
+// tier checks a C tier value: a kvbm_tier_t, G1 to G3. G4 (object
+// storage) has no layout; the object calls reach it, so 4 is refused like
+// any other value that is not a kvbm_tier_t.
 func tier(t C.int32_t) (worker.Tier, bool) {
-	return worker.Tier(t), t >= C.int32_t(worker.G1) && t <= C.int32_t(worker.G4)
+	return worker.Tier(t), t >= C.KVBM_TIER_G1 && t <= C.KVBM_TIER_G3
 }
 
 // layoutConfig reads a kvbm_layout_config_t.
@@ -167,23 +167,30 @@ func kvbmgo_worker_register_g1(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C
 	return statusOK
 }
 
-//export kvbmgo_worker_allocate
-func kvbmgo_worker_allocate(h C.uintptr_t, t C.int32_t, c *C.kvbm_layout_config_t, out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
+//export kvbmgo_worker_allocate_g2
+func kvbmgo_worker_allocate_g2(h C.uintptr_t, c *C.kvbm_layout_config_t, out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
+	return allocate("worker_allocate_g2", h, c, out, (*worker.PhysicalWorker).AllocateG2)
+}
+
+//export kvbmgo_worker_allocate_g3
+func kvbmgo_worker_allocate_g3(h C.uintptr_t, c *C.kvbm_layout_config_t, out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	return allocate("worker_allocate_g3", h, c, out, (*worker.PhysicalWorker).AllocateG3)
+}
+
+// allocate serves the allocate calls: what names the call in messages.
+func allocate(what string, h C.uintptr_t, c *C.kvbm_layout_config_t, out *C.kvbm_layout_handle_t,
+	alloc func(*worker.PhysicalWorker, layout.Config, transfer.Shape) (transfer.LayoutHandle, error)) C.kvbm_status_t {
 	e, st := getWorker(h)
 	if st != statusOK {
 		return st
-	}
-	what := "worker_allocate_g2"
-	alloc := e.w.AllocateG2
-	if worker.Tier(t) == worker.G3 {
-		what, alloc = "worker_allocate_g3", e.w.AllocateG3
 	}
 	cfg, shape, st := layoutConfig(what, c)
 	if st != statusOK {
 		return st
 	}
-	lh, err := alloc(cfg, shape)
+	lh, err := alloc(e.w, cfg, shape)
 	if err != nil {
 		return failErr(err)
 	}
@@ -251,194 +258,4 @@ func kvbmgo_worker_onboard_layerwise(h C.uintptr_t, srcIDs, dstIDs *C.uint32_t, 
 		return failErr(err)
 	}
 	return addNotification(note, out)
-}
-
-//export kvbmgo_worker_export_metadata
-func kvbmgo_worker_export_metadata(h C.uintptr_t, buf *C.uint8_t, capacity C.size_t, size *C.size_t) (st C.kvbm_status_t) {
-	defer recoverStatus(&st)
-	e, st := getWorker(h)
-	if st != statusOK {
-		return st
-	}
-	if size == nil || (buf == nil && capacity > 0) {
-		return fail(errInvalidArgument, "worker_export_metadata: size is NULL, or buf is NULL with capacity %d", capacity)
-	}
-	md, err := e.w.ExportMetadata()
-	if err != nil {
-		return failErr(err)
-	}
-	*size = C.size_t(len(md))
-	if int(capacity) < len(md) {
-		return fail(errBufferTooSmall, "worker_export_metadata: buffer of %d bytes, %d needed", capacity, len(md))
-	}
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(md)), md)
-	return statusOK
-}
-
-// bytesArg copies a required C byte array.
-func bytesArg(what string, p *C.uint8_t, n C.size_t) ([]byte, C.kvbm_status_t) {
-	if p == nil || n == 0 {
-		return nil, fail(errInvalidArgument, "%s: metadata is NULL or empty", what)
-	}
-	return C.GoBytes(unsafe.Pointer(p), C.int(n)), statusOK
-}
-
-//export kvbmgo_worker_import_metadata
-func kvbmgo_worker_import_metadata(h C.uintptr_t, p *C.uint8_t, n C.size_t) (st C.kvbm_status_t) {
-	defer recoverStatus(&st)
-	e, st := getWorker(h)
-	if st != statusOK {
-		return st
-	}
-	md, st := bytesArg("worker_import_metadata", p, n)
-	if st != statusOK {
-		return st
-	}
-	if _, err := e.w.ImportMetadata(md); err != nil {
-		return failErr(err)
-	}
-	return statusOK
-}
-
-//export kvbmgo_worker_connect_remote
-func kvbmgo_worker_connect_remote(h C.uintptr_t, instance C.uint64_t, p *C.uint8_t, n C.size_t) (st C.kvbm_status_t) {
-	defer recoverStatus(&st)
-	e, st := getWorker(h)
-	if st != statusOK {
-		return st
-	}
-	md, st := bytesArg("worker_connect_remote", p, n)
-	if st != statusOK {
-		return st
-	}
-	return result(e.w.ConnectRemote(worker.InstanceID(instance), [][]byte{md}))
-}
-
-//export kvbmgo_worker_transfer_from_instance
-func kvbmgo_worker_transfer_from_instance(h C.uintptr_t, instance C.uint64_t, src C.int32_t, srcIDs *C.uint32_t,
-	dst C.int32_t, dstIDs *C.uint32_t, n C.size_t, o *C.kvbm_transfer_options_t, out *C.uintptr_t) (st C.kvbm_status_t) {
-	defer recoverStatus(&st)
-	e, st := getWorker(h)
-	if st != statusOK {
-		return st
-	}
-	s, d, opts, st := transferArgs("worker_transfer_from_instance", src, dst, srcIDs, dstIDs, n, o, out)
-	if st != statusOK {
-		return st
-	}
-	note, err := e.w.ExecuteRemoteOnboardForInstance(worker.InstanceID(instance), s, blockIDs(srcIDs, n), d,
-		blockIDs(dstIDs, n), opts)
-	if err != nil {
-		return failErr(err)
-	}
-	return addNotification(note, out)
-}
-
-// keysArg reads num_keys C keys.
-func keysArg(what string, keys **C.uint8_t, lens *C.size_t, n C.size_t) ([]object.Key, C.kvbm_status_t) {
-	if keys == nil || lens == nil || n == 0 {
-		return nil, fail(errInvalidArgument, "%s: keys and key_lens must not be NULL and num_keys not 0", what)
-	}
-	ps := unsafe.Slice(keys, int(n))
-	ls := unsafe.Slice(lens, int(n))
-	out := make([]object.Key, len(ps))
-	for i := range ps {
-		if ps[i] == nil || ls[i] == 0 || ls[i] > C.KVBM_MAX_KEY_LEN {
-			return nil, fail(errInvalidArgument, "%s: key %d is NULL or its length %d is not 1..%d", what, i, ls[i],
-				C.KVBM_MAX_KEY_LEN)
-		}
-		k, err := object.NewKey(C.GoBytes(unsafe.Pointer(ps[i]), C.int(ls[i])))
-		if err != nil {
-			return nil, failErr(err)
-		}
-		out[i] = k
-	}
-	return out, statusOK
-}
-
-//export kvbmgo_worker_object_has
-func kvbmgo_worker_object_has(h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n C.size_t, found *C.uint8_t) (st C.kvbm_status_t) {
-	defer recoverStatus(&st)
-	e, st := getWorker(h)
-	if st != statusOK {
-		return st
-	}
-	ks, st := keysArg("worker_object_has", keys, lens, n)
-	if st != statusOK {
-		return st
-	}
-	if found == nil {
-		return fail(errInvalidArgument, "worker_object_has: found is NULL")
-	}
-	out := unsafe.Slice(found, int(n))
-	var first error
-	for i, p := range e.w.HasBlocks(context.Background(), ks) {
-		out[i] = 0
-		if p.Found {
-			out[i] = 1
-		}
-		if p.Err != nil && first == nil {
-			first = p.Err
-		}
-	}
-	if first != nil {
-		return failErr(first)
-	}
-	return statusOK
-}
-
-// objectArgs checks the arguments every object call shares: the worker,
-// the keys, the tier and the block ids.
-func objectArgs(what string, h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n C.size_t, t C.int32_t,
-	ids *C.uint32_t) (*workerEntry, []object.Key, worker.Tier, C.kvbm_status_t) {
-	e, st := getWorker(h)
-	if st != statusOK {
-		return nil, nil, 0, st
-	}
-	ks, st := keysArg(what, keys, lens, n)
-	if st != statusOK {
-		return nil, nil, 0, st
-	}
-	tr, ok := tier(t)
-	if ids == nil || !ok {
-		return nil, nil, 0, fail(errInvalidArgument, "%s: block_ids is NULL or tier %d is not KVBM_TIER_G1..G3", what, t)
-	}
-	return e, ks, tr, statusOK
-}
-
-//export kvbmgo_worker_object_move
-func kvbmgo_worker_object_move(h C.uintptr_t, put C.int, keys **C.uint8_t, lens *C.size_t, n C.size_t, t C.int32_t,
-	ids *C.uint32_t, statuses *C.kvbm_status_t) (st C.kvbm_status_t) {
-	defer recoverStatus(&st)
-	what := "worker_object_get"
-	if put != 0 {
-		what = "worker_object_put"
-	}
-	e, ks, tr, st := objectArgs(what, h, keys, lens, n, t, ids)
-	if st != statusOK {
-		return st
-	}
-	var results []object.Result
-	if put != 0 {
-		results = e.w.PutBlocks(context.Background(), ks, tr, blockIDs(ids, n))
-	} else {
-		results = e.w.GetBlocks(context.Background(), ks, tr, blockIDs(ids, n))
-	}
-	var out []C.kvbm_status_t
-	if statuses != nil {
-		out = unsafe.Slice(statuses, int(n))
-	}
-	var first error
-	for i, r := range results {
-		if out != nil {
-			out[i] = statusOf(r.Err)
-		}
-		if r.Err != nil && first == nil {
-			first = r.Err
-		}
-	}
-	if first != nil {
-		return failErr(first)
-	}
-	return statusOK
 }

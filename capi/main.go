@@ -3,9 +3,13 @@
 // the handle table and the mapping of Go errors to kvbm_status_t. The
 // contract is include/kvbm.h, written by hand.
 //
-// Each public kvbm_* function is defined in C (shim.c) and forwards to a Go
-// export named kvbmgo_*, so that a child process after fork() is refused
-// before it enters the Go runtime.
+// Each public kvbm_* function is defined in C (shim.c) and forwards to its
+// own Go export, kvbm_x to kvbmgo_x, so that a child process after fork()
+// is refused before it enters the Go runtime. The exports live in one file
+// per concept: exports_worker.go (create, tiers, local transfers),
+// exports_metadata.go, exports_remote.go, exports_object.go,
+// exports_counters.go, exports_coordinated.go, exports_notification.go,
+// exports_handoff.go and exports_device.go.
 package main
 
 /*
@@ -219,9 +223,18 @@ func kvbmgo_info(info *C.kvbm_info_t) (st C.kvbm_status_t) {
 	return statusOK
 }
 
-// status is kvbm_status_t, named for the package's tests (test files cannot
-// refer to C types).
-type status = C.kvbm_status_t
+// C types named for the package's tests (test files cannot refer to C
+// types).
+type (
+	status  = C.kvbm_status_t
+	cUint8  = C.uint8_t
+	cUint64 = C.uint64_t
+	cSize   = C.size_t
+)
 
 // uintptrOf is a handle as exports receive it.
 func uintptrOf(h handles.Handle) C.uintptr_t { return C.uintptr_t(h) }
+
+// lastError is the calling thread's last error message, for the package's
+// tests (which lock their goroutine to its thread around a call).
+func lastError() string { return C.GoString(C.kvbm_last_error()) }

@@ -123,11 +123,11 @@ kvbm_status_t kvbm_worker_register_g1(kvbm_worker_t w, const kvbm_layout_config_
 }
 kvbm_status_t kvbm_worker_allocate_g2(kvbm_worker_t w, const kvbm_layout_config_t *config,
                                       kvbm_layout_handle_t *handle) {
-    FORWARD(kvbmgo_worker_allocate(H(w), KVBM_TIER_G2, (kvbm_layout_config_t *)config, handle));
+    FORWARD(kvbmgo_worker_allocate_g2(H(w), (kvbm_layout_config_t *)config, handle));
 }
 kvbm_status_t kvbm_worker_allocate_g3(kvbm_worker_t w, const kvbm_layout_config_t *config,
                                       kvbm_layout_handle_t *handle) {
-    FORWARD(kvbmgo_worker_allocate(H(w), KVBM_TIER_G3, (kvbm_layout_config_t *)config, handle));
+    FORWARD(kvbmgo_worker_allocate_g3(H(w), (kvbm_layout_config_t *)config, handle));
 }
 kvbm_status_t kvbm_worker_transfer(kvbm_worker_t w, int32_t src, const uint32_t *src_ids,
                                    int32_t dst, const uint32_t *dst_ids, size_t num_blocks,
@@ -153,6 +153,9 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t w, uint8_t *buf, size_t 
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t w, const uint8_t *metadata, size_t len) {
     FORWARD(kvbmgo_worker_import_metadata(H(w), (uint8_t *)metadata, len));
 }
+kvbm_status_t kvbm_metadata_worker_id(const uint8_t *metadata, size_t len, uint64_t *worker_id) {
+    FORWARD(kvbmgo_metadata_worker_id((uint8_t *)metadata, len, worker_id));
+}
 kvbm_status_t kvbm_worker_connect_remote(kvbm_worker_t w, uint64_t instance,
                                          const uint8_t *metadata, size_t len) {
     FORWARD(kvbmgo_worker_connect_remote(H(w), instance, (uint8_t *)metadata, len));
@@ -173,20 +176,20 @@ kvbm_status_t kvbm_worker_transfer_from_remote(kvbm_worker_t w, const kvbm_layou
                                                const uint32_t *dst_ids, size_t num_blocks,
                                                const kvbm_transfer_options_t *options,
                                                kvbm_notification_t *notification) {
-    FORWARD(kvbmgo_worker_transfer_remote(H(w), 0, (kvbm_layout_handle_t *)remote, dst,
-                                          (uint32_t *)src_ids, (uint32_t *)dst_ids, num_blocks,
-                                          (kvbm_transfer_options_t *)options,
-                                          (uintptr_t *)notification));
+    FORWARD(kvbmgo_worker_transfer_from_remote(H(w), (kvbm_layout_handle_t *)remote,
+                                               (uint32_t *)src_ids, dst, (uint32_t *)dst_ids,
+                                               num_blocks, (kvbm_transfer_options_t *)options,
+                                               (uintptr_t *)notification));
 }
 kvbm_status_t kvbm_worker_transfer_to_remote(kvbm_worker_t w, int32_t src, const uint32_t *src_ids,
                                              const kvbm_layout_handle_t *remote,
                                              const uint32_t *dst_ids, size_t num_blocks,
                                              const kvbm_transfer_options_t *options,
                                              kvbm_notification_t *notification) {
-    FORWARD(kvbmgo_worker_transfer_remote(H(w), 1, (kvbm_layout_handle_t *)remote, src,
-                                          (uint32_t *)src_ids, (uint32_t *)dst_ids, num_blocks,
-                                          (kvbm_transfer_options_t *)options,
-                                          (uintptr_t *)notification));
+    FORWARD(kvbmgo_worker_transfer_to_remote(H(w), src, (uint32_t *)src_ids,
+                                             (kvbm_layout_handle_t *)remote, (uint32_t *)dst_ids,
+                                             num_blocks, (kvbm_transfer_options_t *)options,
+                                             (uintptr_t *)notification));
 }
 kvbm_status_t kvbm_worker_counters(kvbm_worker_t w, kvbm_counters_t *counters) {
     FORWARD(kvbmgo_worker_counters(H(w), counters));
@@ -195,14 +198,14 @@ kvbm_status_t kvbm_worker_onboard_objects(kvbm_worker_t w, const uint8_t *const 
                                           const size_t *key_lens, size_t num_keys, int32_t dst,
                                           const uint32_t *dst_ids,
                                           kvbm_notification_t *notification) {
-    FORWARD(kvbmgo_worker_objects_async(H(w), 0, (uint8_t **)keys, (size_t *)key_lens, num_keys, dst,
-                                        (uint32_t *)dst_ids, (uintptr_t *)notification));
+    FORWARD(kvbmgo_worker_onboard_objects(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys, dst,
+                                          (uint32_t *)dst_ids, (uintptr_t *)notification));
 }
 kvbm_status_t kvbm_worker_offload_objects(kvbm_worker_t w, int32_t src, const uint32_t *src_ids,
                                           const uint8_t *const *keys, const size_t *key_lens,
                                           size_t num_keys, kvbm_notification_t *notification) {
-    FORWARD(kvbmgo_worker_objects_async(H(w), 1, (uint8_t **)keys, (size_t *)key_lens, num_keys, src,
-                                        (uint32_t *)src_ids, (uintptr_t *)notification));
+    FORWARD(kvbmgo_worker_offload_objects(H(w), src, (uint32_t *)src_ids, (uint8_t **)keys,
+                                          (size_t *)key_lens, num_keys, (uintptr_t *)notification));
 }
 kvbm_status_t kvbm_worker_object_has(kvbm_worker_t w, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, uint8_t *found) {
@@ -211,14 +214,14 @@ kvbm_status_t kvbm_worker_object_has(kvbm_worker_t w, const uint8_t *const *keys
 kvbm_status_t kvbm_worker_object_put(kvbm_worker_t w, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, int32_t tier,
                                      const uint32_t *block_ids, kvbm_status_t *statuses) {
-    FORWARD(kvbmgo_worker_object_move(H(w), 1, (uint8_t **)keys, (size_t *)key_lens, num_keys,
-                                      tier, (uint32_t *)block_ids, statuses));
+    FORWARD(kvbmgo_worker_object_put(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys, tier,
+                                     (uint32_t *)block_ids, statuses));
 }
 kvbm_status_t kvbm_worker_object_get(kvbm_worker_t w, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, int32_t tier,
                                      const uint32_t *block_ids, kvbm_status_t *statuses) {
-    FORWARD(kvbmgo_worker_object_move(H(w), 0, (uint8_t **)keys, (size_t *)key_lens, num_keys,
-                                      tier, (uint32_t *)block_ids, statuses));
+    FORWARD(kvbmgo_worker_object_get(H(w), (uint8_t **)keys, (size_t *)key_lens, num_keys, tier,
+                                     (uint32_t *)block_ids, statuses));
 }
 
 kvbm_status_t kvbm_notification_poll(kvbm_notification_t n) { FORWARD(kvbmgo_notification_poll(H(n))); }

@@ -171,6 +171,10 @@ kvbm_status_t kvbm_event_synchronize(kvbm_event_t event);
 
 /* ----------------------------------------------------------------- layout */
 
+/* The tiers a block lives in. Every int32_t tier argument takes exactly
+ * these values; any other, 4 included, returns KVBM_ERR_INVALID_ARGUMENT.
+ * G4, object storage, has no blocks of its own: it is reached through the
+ * kvbm_worker_object_* calls and kvbm_worker_onboard/offload_objects. */
 typedef enum kvbm_tier {
     KVBM_TIER_G1 = 1, /* the engine's KV cache in device memory */
     KVBM_TIER_G2 = 2, /* pinned host memory, allocated by kvbm */
@@ -202,7 +206,8 @@ typedef struct kvbm_layout_config {
     uint32_t inner_dim;   /* heads * head size */
     uint32_t dtype_width; /* bytes per element: 1, 2, 4 or 8 */
     int32_t layout_kind;  /* kvbm_layout_kind_t */
-    int32_t block_dim;    /* kvbm_block_dim_t, for LAYER_SEPARATE */
+    int32_t block_dim;    /* kvbm_block_dim_t, read for LAYER_SEPARATE only:
+                             FULLY_CONTIGUOUS ignores it */
 } kvbm_layout_config_t;
 #define KVBM_LAYOUT_CONFIG_INIT {sizeof(kvbm_layout_config_t), 0, 0, 0, 0, 0, 0, 0, 0}
 
@@ -217,11 +222,12 @@ typedef struct kvbm_layout_handle {
 
 typedef struct kvbm_worker_config {
     size_t struct_size;
-    int32_t device_id;      /* device ordinal of the active backend */
+    int32_t device_id;      /* device ordinal of the active backend, 0 to
+                               kvbm_info_t.device_count - 1 */
     int32_t rank;           /* rank under its leader; prefixes object keys */
     uint64_t worker_id;     /* unique in the process and across instances */
-    const char *disk_dir;   /* directory for G3 files; NULL: no G3 */
-    const char *object_dir; /* G4 filesystem store; NULL: no object store */
+    const char *disk_dir;   /* directory for G3 files; NULL or "": no G3 */
+    const char *object_dir; /* G4 filesystem store; NULL or "": no object store */
 } kvbm_worker_config_t;
 #define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL}
 
@@ -230,8 +236,10 @@ typedef struct kvbm_worker_config {
  * other workers of this process can import its metadata. The strings are
  * copied. The caller destroys the worker with kvbm_worker_destroy.
  * Thread safety: a worker may be used from many threads at once.
- * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size),
- * KVBM_ERR_ALREADY_EXISTS (worker_id already used in this process),
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size, a
+ * device_id the backend does not have: the message names it and the
+ * number of devices), KVBM_ERR_ALREADY_EXISTS (worker_id already used in
+ * this process),
  * KVBM_ERR_IO (object_dir cannot be created), KVBM_ERR_UNSUPPORTED /
  * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
 kvbm_status_t kvbm_worker_create(const kvbm_worker_config_t *config, kvbm_worker_t *worker);
@@ -294,11 +302,12 @@ typedef struct kvbm_transfer_options {
  * on success *notification tracks completion and the caller frees it with
  * kvbm_notification_free. options may be NULL (defaults). Arrays are read
  * during the call only.
- * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, destination ids
- * repeated), KVBM_ERR_OUT_OF_RANGE (a block id or the layer range beyond
- * the layout), KVBM_ERR_NOT_FOUND (tier not
- * registered), KVBM_ERR_UNSUPPORTED (no path between the tiers),
- * KVBM_ERR_CUDA, KVBM_ERR_CANCELED (worker closing),
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, num_blocks 0, a tier
+ * that is not a kvbm_tier_t, destination ids repeated, or — when src and
+ * dst are one layout — a block that is both a source and a destination),
+ * KVBM_ERR_OUT_OF_RANGE (a block id or the layer range beyond the layout),
+ * KVBM_ERR_NOT_FOUND (tier not registered), KVBM_ERR_UNSUPPORTED (no path
+ * between the tiers), KVBM_ERR_CUDA, KVBM_ERR_CANCELED (worker closing),
  * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_transfer(kvbm_worker_t worker, int32_t src, const uint32_t *src_ids,
                                    int32_t dst, const uint32_t *dst_ids, size_t num_blocks,
@@ -337,6 +346,16 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, si
  * exporting worker is gone), KVBM_ERR_INVALID_HANDLE,
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t worker, const uint8_t *metadata, size_t len);
+
+/* Writes the id of the worker that exported metadata (bytes from
+ * kvbm_worker_export_metadata, len bytes long) to *worker_id, so that a
+ * caller can tell whose metadata it holds without parsing it. The bytes are
+ * checked as import checks them (format, version, checksum) and read during
+ * the call only; no worker is needed. Any thread.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (metadata or worker_id NULL,
+ * len 0, or bytes that are not well-formed metadata; the message says why),
+ * KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+kvbm_status_t kvbm_metadata_worker_id(const uint8_t *metadata, size_t len, uint64_t *worker_id);
 
 /* As import, and remembers the remote's layouts under instance, for
  * kvbm_worker_transfer_from_instance. Returns as import. */
@@ -419,17 +438,25 @@ kvbm_status_t kvbm_worker_counters(kvbm_worker_t worker, kvbm_counters_t *counte
 #define KVBM_MAX_KEY_LEN 64
 
 /* Writes found[i] = 1 when a well-formed object exists under keys[i],
- * else 0. Without an object store nothing is found. Returns KVBM_OK,
+ * else 0. Without an object store nothing is found. A key whose object
+ * exists but cannot be used (truncated, corrupt, unreadable) is not found:
+ * the call still returns KVBM_OK for the others, and kvbm_last_error()
+ * then names how many keys, the index of the first and why; after a call
+ * where every key could be answered it is "". Returns KVBM_OK,
  * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_object_has(kvbm_worker_t worker, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, uint8_t *found);
 
 /* Stores blocks block_ids of tier under keys. statuses (may be NULL)
- * receives each block's status. Returns KVBM_OK when every block was
- * stored, else the status of the first failed block (KVBM_ERR_NOT_FOUND,
- * KVBM_ERR_IO, KVBM_ERR_UNSUPPORTED without an object store, ...), or
- * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_INVALID_HANDLE,
+ * receives each block's status. A block id beyond the layout
+ * (KVBM_ERR_OUT_OF_RANGE) is refused before anything moves, as is a
+ * destination block named twice in a get (KVBM_ERR_INVALID_ARGUMENT); every
+ * statuses[i] then holds that status. A source block may be stored under
+ * several keys. Returns KVBM_OK when every block was stored, else the
+ * status of the first failed block (KVBM_ERR_NOT_FOUND, KVBM_ERR_IO,
+ * KVBM_ERR_UNSUPPORTED without an object store, ...), or
+ * KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_OUT_OF_RANGE, KVBM_ERR_INVALID_HANDLE,
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_object_put(kvbm_worker_t worker, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, int32_t tier,
@@ -445,7 +472,10 @@ kvbm_status_t kvbm_worker_object_get(kvbm_worker_t worker, const uint8_t *const 
  * return at once with a notification that completes when every block is
  * done, failing with the destination (onboard) or source (offload) block
  * ids whose objects failed (kvbm_notification_failed_blocks). The arrays
- * are copied during the call. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT,
+ * are copied during the call. The request is checked before anything
+ * starts, as kvbm_worker_object_get and _put check theirs. Returns KVBM_OK,
+ * KVBM_ERR_INVALID_ARGUMENT (NULL, lengths, a destination block id
+ * repeated), KVBM_ERR_OUT_OF_RANGE (a block id beyond the layout),
  * KVBM_ERR_NOT_FOUND (tier not registered), KVBM_ERR_UNSUPPORTED (no
  * object store), KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_onboard_objects(kvbm_worker_t worker, const uint8_t *const *keys,

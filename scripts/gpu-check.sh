@@ -28,7 +28,7 @@ GPU=build/gpu
 build() {
   set -e
   rm -rf "$GPU" && mkdir -p "$GPU"
-  make -f Makefile -f capi.mk lib
+  make lib
   cp build/libkvbm.so "$GPU/"
   for pkg in cuda core/transfer core/worker; do
     go test -c -o "$GPU/$(echo "$pkg" | tr / _).test" "./$pkg"

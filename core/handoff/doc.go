@@ -63,9 +63,11 @@
 //
 // # Stable numbers
 //
-// Order, Engine, FactKind, TimingMode, ActionKind, OutcomeKind, Completion
-// and NormalizedEvent are numeric types whose values are part of the C ABI:
-// they are mirrored in the C header and must never be renumbered. Zero is
-// never a valid value, except CompletionNone, so a zeroed C struct is caught.
-// MaxActionsPerCall is mirrored too.
+// Order, FactKind, TimingMode, ActionKind, OutcomeKind and Completion are
+// numeric types whose values are part of the C ABI: include/kvbm.h mirrors
+// them (kvbm_handoff_order_t, kvbm_handoff_fact_kind_t, …) and they must
+// never be renumbered. Zero is never a valid value, except CompletionNone,
+// so a zeroed C struct is caught. MaxActionsPerCall is mirrored as
+// KVBM_HANDOFF_MAX_ACTIONS. Engine is not in the C ABI — a C driver passes
+// the Order itself — but its values are kept stable as well.
 package handoff

@@ -31,7 +31,4 @@ var (
 	// ErrCleanupFailed: a cancel action reported OutcomeFailed. The outcome
 	// is not recorded; retry the cancel and report again.
 	ErrCleanupFailed = errors.New("handoff: cleanup action failed")
-	// ErrNonconformant: a Conformance record does not match the normalized
-	// hand-off.
-	ErrNonconformant = errors.New("handoff: nonconformant handoff")
 )

@@ -77,6 +77,10 @@ func (w *PhysicalWorker) Manager() *transfer.Manager { return w.m }
 // Rank is the worker's rank.
 func (w *PhysicalWorker) Rank() int { return w.rank }
 
+// Counters returns the totals of every path the worker's transfers took,
+// indexed by transfer.Path.
+func (w *PhysicalWorker) Counters() [transfer.NumPaths]transfer.PathCounters { return w.m.Counters() }
+
 // Handles returns the registered tiers' handles.
 func (w *PhysicalWorker) Handles() Handles {
 	w.mu.RLock()
@@ -254,11 +258,11 @@ func (w *PhysicalWorker) objectTransfer(keys []object.Key, t Tier, h transfer.La
 	if w.objects == nil {
 		return nil, fmt.Errorf("%w: no object store configured", transfer.ErrUnsupported)
 	}
-	if len(keys) != len(ids) {
-		return nil, fmt.Errorf("%w: %d object keys but %d block ids", transfer.ErrInvalidArgument, len(keys), len(ids))
-	}
 	bio, err := w.m.BlockIO(h)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkObjectBlocks(keys, bio.NumBlocks(), ids, !put); err != nil {
 		return nil, err
 	}
 	return w.m.Go(func() error {
@@ -374,7 +378,40 @@ func (w *PhysicalWorker) objectBlocks(ctx context.Context, keys []object.Key, t 
 	if err != nil {
 		return fail(err)
 	}
+	if err := checkObjectBlocks(keys, bio.NumBlocks(), ids, !put); err != nil {
+		return fail(err)
+	}
 	return w.storeBlocks(ctx, keys, bio, ids, put)
+}
+
+// checkObjectBlocks refuses a put or get before anything starts, with the
+// errors of a transfer (and so the statuses of kvbm_worker_transfer): a key
+// count that differs from the block count, a block id beyond the layout
+// (ErrOutOfRange), and a destination block named twice — two objects
+// landing in one block would leave it holding whichever finished last. A
+// source block may be stored under several keys.
+func checkObjectBlocks(keys []object.Key, numBlocks int, ids []int, dst bool) error {
+	if len(keys) != len(ids) {
+		return fmt.Errorf("%w: %d object keys but %d block ids", transfer.ErrInvalidArgument, len(keys), len(ids))
+	}
+	role := "source"
+	var seen map[int]int
+	if dst {
+		role, seen = "destination", make(map[int]int, len(ids))
+	}
+	for i, id := range ids {
+		if id < 0 || id >= numBlocks {
+			return fmt.Errorf("%w: %s block id %d (index %d) out of range [0, %d)", transfer.ErrOutOfRange, role, id, i, numBlocks)
+		}
+		if seen == nil {
+			continue
+		}
+		if j, dup := seen[id]; dup {
+			return fmt.Errorf("%w: %s block id %d appears twice (indices %d and %d)", transfer.ErrInvalidArgument, role, id, j, i)
+		}
+		seen[id] = i
+	}
+	return nil
 }
 
 // storeBlocks puts blocks of bio under keys, or gets them into bio.

@@ -28,6 +28,9 @@ type StandaloneConfig struct {
 // NewStandalone makes a worker with its own transfer manager; Close
 // releases both.
 func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
+	if err := checkDevice(cfg.Driver, cfg.Device); err != nil {
+		return nil, err
+	}
 	m, err := transfer.NewManager(transfer.Config{WorkerID: cfg.WorkerID, Device: cfg.Device, Driver: cfg.Driver, DiskDir: cfg.DiskDir})
 	if err != nil {
 		return nil, err
@@ -68,4 +71,22 @@ func (w *PhysicalWorker) Close() error {
 		w.loopback.Remove(w.m)
 	}
 	return w.m.Close()
+}
+
+// checkDevice refuses a device ordinal the driver does not have, so that a
+// worker on it fails at create rather than at its first registration. A
+// nil driver is left to the transfer manager to refuse.
+func checkDevice(drv cuda.Driver, device int) error {
+	if drv == nil {
+		return nil
+	}
+	n, err := drv.DeviceCount()
+	if err != nil {
+		return fmt.Errorf("worker: count devices: %w", err)
+	}
+	if device < 0 || device >= n {
+		return fmt.Errorf("%w: worker: device %d does not exist: the %s backend has %d device(s)",
+			transfer.ErrInvalidArgument, device, drv.Name(), n)
+	}
+	return nil
 }

@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,4 +37,20 @@ func TestStandaloneOwnsItsManager(t *testing.T) {
 	_, err = w.AllocateG2(testConfig(4), transfer.FullyContiguous)
 	require.NoError(t, err)
 	require.NoError(t, m.Close())
+}
+
+// Issue 9, defect 6: a device that does not exist is refused at create,
+// naming the id and the number of devices, not later at registration.
+func TestStandaloneRefusesDevicesThatDoNotExist(t *testing.T) {
+	drv := cuda.NewEmulated(1)
+	t.Cleanup(func() { require.NoError(t, drv.Close()) })
+	for _, dev := range []int{7, -1, 1_000_000, 1} {
+		_, err := NewStandalone(StandaloneConfig{WorkerID: 9, Device: dev, Driver: drv})
+		require.ErrorIs(t, err, transfer.ErrInvalidArgument, "device %d", dev)
+		require.ErrorContains(t, err, fmt.Sprintf("device %d", dev))
+		require.ErrorContains(t, err, "1 device")
+	}
+	w, err := NewStandalone(StandaloneConfig{WorkerID: 9, Device: 0, Driver: drv})
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
 }

@@ -57,10 +57,26 @@ static void nulls_and_configs(void) {
     EXPECT_STATUS(kvbm_worker_create(&wc, NULL), KVBM_ERR_INVALID_ARGUMENT);
     wc.struct_size = 4;
     EXPECT_STATUS(kvbm_worker_create(&wc, &w), KVBM_ERR_INVALID_ARGUMENT);
+    /* Devices that do not exist are refused at create, naming the id and
+     * the number of devices. */
+    kvbm_info_t info = KVBM_INFO_INIT;
+    CHECK(kvbm_info(&info));
+    const int32_t absent[] = {7, -1, 1000000, info.device_count};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
+        kvbm_worker_config_t dc = KVBM_WORKER_CONFIG_INIT;
+        dc.worker_id = 0x5100 + i;
+        dc.device_id = absent[i];
+        char want[64];
+        snprintf(want, sizeof want, "device %d does not exist", (int)absent[i]);
+        EXPECT_STATUS(kvbm_worker_create(&dc, &w), KVBM_ERR_INVALID_ARGUMENT);
+        EXPECT(strstr(kvbm_last_error(), want) != NULL);
+        snprintf(want, sizeof want, "has %d device", (int)info.device_count);
+        EXPECT(strstr(kvbm_last_error(), want) != NULL);
+    }
     EXPECT_STATUS(kvbm_handle_count(NULL), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_info(NULL), KVBM_ERR_INVALID_ARGUMENT);
-    kvbm_info_t info = {0};
-    EXPECT_STATUS(kvbm_info(&info), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_info_t zero = {0};
+    EXPECT_STATUS(kvbm_info(&zero), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_event_create(0, NULL), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_stream_create(0, NULL), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_event_destroy((kvbm_event_t)(uintptr_t)0x7777777), KVBM_ERR_CUDA);
@@ -105,6 +121,16 @@ static void handles(void) {
                   KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_transfer(w, 9, ids, KVBM_TIER_G2, ids, 2, NULL, &n),
                   KVBM_ERR_INVALID_ARGUMENT);
+    /* 4 (G4, object storage) is not a kvbm_tier_t: the object calls reach it. */
+    EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, 4, (uint32_t[]){2, 3}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_transfer(w, 4, ids, KVBM_TIER_G2, (uint32_t[]){2, 3}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_transfer(w, 0, ids, KVBM_TIER_G2, (uint32_t[]){2, 3}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    /* A block that is both a source and a destination in one layout. */
+    EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, (uint32_t[]){1, 2}, 2, NULL, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids, 2, NULL, &n),
                   KVBM_ERR_NOT_FOUND); /* G1 never registered */
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, far, 2, NULL, &n),
@@ -134,6 +160,14 @@ static void handles(void) {
     memset(garbage, 0xab, sizeof garbage);
     EXPECT_STATUS(kvbm_worker_import_metadata(w, garbage, sizeof garbage), KVBM_ERR_DATA_CORRUPTION);
     EXPECT_STATUS(kvbm_worker_import_metadata(w, md, 0), KVBM_ERR_INVALID_ARGUMENT);
+    uint64_t exporter = 0;
+    CHECK(kvbm_metadata_worker_id(md, len, &exporter));
+    EXPECT(exporter == 0x5001);
+    EXPECT_STATUS(kvbm_metadata_worker_id(NULL, len, &exporter), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(md, 0, &exporter), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(md, len, NULL), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(md, len - 1, &exporter), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_metadata_worker_id(garbage, sizeof garbage, &exporter), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_connect_remote(w, 1, md, len - 1), KVBM_ERR_DATA_CORRUPTION);
     free(md);
 
@@ -148,6 +182,8 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_object_put(w, keys, key_lens, 1, KVBM_TIER_G2, ids, per_block),
                   KVBM_ERR_UNSUPPORTED);
     EXPECT(per_block[0] == KVBM_ERR_UNSUPPORTED);
+    EXPECT_STATUS(kvbm_worker_object_put(w, keys, key_lens, 1, 4, ids, per_block),
+                  KVBM_ERR_INVALID_ARGUMENT);
     size_t too_long[1] = {KVBM_MAX_KEY_LEN + 1};
     EXPECT_STATUS(kvbm_worker_object_has(w, keys, too_long, 1, found), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_offload_objects(w, KVBM_TIER_G2, ids, keys, key_lens, 1, &n),
@@ -186,6 +222,9 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_coordinated_create(w, 0, 1, NULL), KVBM_ERR_INVALID_ARGUMENT);
     CHECK(kvbm_coordinated_create(w, 0, 1, &cw));
     EXPECT_STATUS(kvbm_coordinated_set_local(cw, KVBM_TIER_G2, NULL), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_layout_handle_t resolved;
+    EXPECT_STATUS(kvbm_coordinated_resolve_remote_handle(cw, 1, 0, 4, &resolved),
+                  KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_coordinated_apply_layout_response(cw, garbage, sizeof garbage),
                   KVBM_ERR_DATA_CORRUPTION);
 
@@ -261,6 +300,73 @@ static void handoff(void) {
     EXPECT_STATUS(kvbm_handoff_start(h, acts, 2, &n), KVBM_ERR_INVALID_HANDLE);
 }
 
+/* Object calls with an object store: bad requests are refused before
+ * anything starts, blocking or in the background, with the statuses of
+ * kvbm_worker_transfer; a corrupt object is "not found" for has, not an
+ * error of the whole call. */
+static void objects(void) {
+    char dir[] = "/tmp/kvbm-misuse-XXXXXX";
+    EXPECT(mkdtemp(dir) != NULL);
+    kvbm_worker_config_t wc = KVBM_WORKER_CONFIG_INIT;
+    wc.worker_id = 0x5003;
+    wc.object_dir = dir;
+    kvbm_worker_t w;
+    CHECK(kvbm_worker_create(&wc, &w));
+    kvbm_layout_config_t c = config(16);
+    CHECK(kvbm_worker_allocate_g2(w, &c, NULL));
+
+    const uint8_t *keys[3] = {(const uint8_t *)"obj-0", (const uint8_t *)"obj-1",
+                              (const uint8_t *)"obj-2"};
+    size_t key_lens[3] = {5, 5, 5};
+    uint32_t ids[3] = {0, 1, 2}, beyond[3] = {0, 1, 16}, twice[2] = {13, 13};
+    kvbm_status_t per_block[3] = {0, 0, 0};
+    CHECK(kvbm_worker_object_put(w, keys, key_lens, 3, KVBM_TIER_G2, ids, per_block));
+
+    /* Ids beyond the 16-block layout, repeated destinations. */
+    kvbm_notification_t n = NULL;
+    EXPECT_STATUS(kvbm_worker_onboard_objects(w, keys, key_lens, 3, KVBM_TIER_G2, beyond, &n),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT(strstr(kvbm_last_error(), "16") != NULL);
+    EXPECT_STATUS(kvbm_worker_offload_objects(w, KVBM_TIER_G2, beyond, keys, key_lens, 3, &n),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_onboard_objects(w, keys, key_lens, 2, KVBM_TIER_G2, twice, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kvbm_last_error(), "13") != NULL);
+    EXPECT_STATUS(kvbm_worker_object_put(w, keys, key_lens, 3, KVBM_TIER_G2, beyond, per_block),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT(per_block[2] == KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_object_get(w, keys, key_lens, 3, KVBM_TIER_G2, beyond, per_block),
+                  KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_object_get(w, keys, key_lens, 2, KVBM_TIER_G2, twice, NULL),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT(n == NULL);
+
+    /* Truncate obj-1's file (rank 0's directory, the key in hex). */
+    char path[sizeof dir + 32];
+    snprintf(path, sizeof path, "%s/0/%s", dir, "6f626a2d31");
+    EXPECT(truncate(path, 10) == 0);
+    uint8_t found[3] = {9, 9, 9};
+    CHECK(kvbm_worker_object_has(w, keys, key_lens, 3, found));
+    checks++;
+    EXPECT(found[0] == 1 && found[1] == 0 && found[2] == 1);
+    EXPECT(strstr(kvbm_last_error(), "index 1") != NULL);
+    CHECK(kvbm_worker_object_has(w, keys, key_lens, 1, found));
+    EXPECT(found[0] == 1 && kvbm_last_error()[0] == '\0');
+    EXPECT_STATUS(kvbm_worker_object_get(w, keys, key_lens, 3, KVBM_TIER_G2, ids, per_block),
+                  KVBM_ERR_DATA_CORRUPTION);
+    EXPECT(per_block[0] == KVBM_OK && per_block[1] == KVBM_ERR_DATA_CORRUPTION &&
+           per_block[2] == KVBM_OK);
+
+    CHECK(kvbm_worker_destroy(w));
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/0/6f626a2d3%d", dir, i);
+        EXPECT(unlink(path) == 0);
+    }
+    snprintf(path, sizeof path, "%s/0", dir);
+    EXPECT(rmdir(path) == 0);
+    EXPECT(rmdir(dir) == 0);
+}
+
 /* A child after fork() is refused with a message, without hanging. */
 static void after_fork(void) {
     fflush(stdout);
@@ -318,6 +424,7 @@ int main(void) {
     nulls_and_configs();
     handles();
     handoff();
+    objects();
     after_fork();
     expect_no_handles();
     printf("misuse: ok (%d checks)\n", checks);

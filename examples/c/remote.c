@@ -88,6 +88,12 @@ int main(void) {
     size_t len_b = 0, len_a = 0;
     uint8_t *md_b = export_metadata(b, &len_b);
     uint8_t *md_a = export_metadata(a, &len_a);
+    /* Whose metadata is it? Read through the ABI, never parsed by hand. */
+    uint64_t exporter = 0;
+    CHECK(kvbm_metadata_worker_id(md_b, len_b, &exporter));
+    EXPECT(exporter == WORKER_B);
+    CHECK(kvbm_metadata_worker_id(md_a, len_a, &exporter));
+    EXPECT(exporter == WORKER_A);
 
     /* Worker path: connect to B's instance and pull B's G2 into A's G1. */
     CHECK(kvbm_worker_connect_remote(a, INSTANCE_B, md_b, len_b));

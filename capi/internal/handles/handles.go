@@ -5,6 +5,9 @@
 // slot's generation, under a fixed tag in the top byte. Freeing a handle bumps
 // its slot's generation, so a freed, stale or never-issued handle — or a
 // handle of another kind — is refused instead of reaching the wrong object.
+// A slot whose generation reaches the last one is retired instead of
+// wrapping, so no handle value is ever issued twice and a freed handle never
+// comes back to life, however many handles the process makes.
 // The tag keeps every valid handle far from 0 and outside any address a
 // process maps, so a handle is never mistaken for a pointer.
 package handles
@@ -27,8 +30,12 @@ const (
 	firstIdx = 1 // slot 0 is never used, so index 0 never appears
 )
 
+// maxGen is a slot's last generation: freeing its handle then retires the
+// slot. A variable so that tests can reach it without 2^24 reuses.
+var maxGen = uint32(genMask)
+
 type slot struct {
-	gen  uint32 // current generation; 1..genMask
+	gen  uint32 // current generation, 1..maxGen; maxGen+1: retired
 	kind Kind   // 0 when free
 	val  any
 }
@@ -70,6 +77,10 @@ func (t *Table) Add(k Kind, v any) Handle {
 		idx = t.free[n-1]
 		t.free = t.free[:n-1]
 	} else {
+		if uint64(len(t.slots)) > idxMask {
+			// 2^32 slots, each retired after 2^24 uses: unreachable.
+			panic("handles: every slot index has been used up")
+		}
 		idx = uint32(len(t.slots))
 		t.slots = append(t.slots, slot{gen: 1})
 	}
@@ -105,7 +116,8 @@ func (t *Table) Get(h Handle, k Kind) (any, bool) {
 
 // Remove deletes h and returns its value if h is a live handle of kind k.
 // The slot's generation moves on, so h (and copies of it) stay invalid
-// after the slot is reused.
+// after the slot is reused. A slot past its last generation is retired,
+// never reused: its generation cannot wrap back to h's.
 func (t *Table) Remove(h Handle, k Kind) (any, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -116,10 +128,9 @@ func (t *Table) Remove(h Handle, k Kind) (any, bool) {
 	v := s.val
 	s.kind, s.val = 0, nil
 	s.gen++
-	if uint64(s.gen) > genMask {
-		s.gen = 1
+	if s.gen <= maxGen {
+		t.free = append(t.free, idx)
 	}
-	t.free = append(t.free, idx)
 	t.live--
 	return v, true
 }

@@ -77,18 +77,24 @@ func TestNeverIssuedRefused(t *testing.T) {
 	}
 }
 
-func TestGenerationWraps(t *testing.T) {
+func TestSlotRetiredAtLastGeneration(t *testing.T) {
+	lowGenerations(t, 3)
 	tb := New()
-	h := tb.Add(kindA, 0)
-	tb.slots[1].gen = uint32(genMask)
-	tb.slots[1].kind = 0
-	tb.free = append(tb.free, 1)
-	tb.live--
-	_ = h
-	h2 := tb.Add(kindA, 1)
-	_, ok := tb.Remove(h2, kindA)
+	var last Handle
+	for range 3 { // generations 1, 2, 3 of slot 1
+		last = tb.Add(kindA, 0)
+		_, ok := tb.Remove(last, kindA)
+		require.True(t, ok)
+	}
+	idx, gen, ok := decode(last)
 	require.True(t, ok)
-	require.Equal(t, uint32(1), tb.slots[1].gen, "generation wraps past 0")
+	require.Equal(t, uint32(firstIdx), idx)
+	require.Equal(t, uint32(3), gen)
+	require.Empty(t, tb.free, "a slot past its last generation is not reused")
+	next := tb.Add(kindA, 1)
+	idx, gen, _ = decode(next)
+	require.Equal(t, uint32(firstIdx+1), idx, "a fresh slot instead")
+	require.Equal(t, uint32(1), gen)
 }
 
 func TestEmptyAfterConcurrentUse(t *testing.T) {
@@ -113,5 +119,40 @@ func TestEmptyAfterConcurrentUse(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	require.Equal(t, 0, tb.Len())
+}
+
+// lowGenerations makes slots reach their last generation after a few
+// reuses, so that the test sees what happens at the 2^24th without making
+// 2^24 handles.
+func lowGenerations(t *testing.T, limit uint32) {
+	saved := maxGen
+	maxGen = limit
+	t.Cleanup(func() { maxGen = saved })
+}
+
+func TestFreedHandleNeverComesBack(t *testing.T) {
+	lowGenerations(t, 4)
+	tb := New()
+	h0 := tb.Add(kindA, "first")
+	_, ok := tb.Remove(h0, kindA)
+	require.True(t, ok)
+
+	// The reproduction of issue 9: create and free on and on, far past
+	// the point where the generation would wrap.
+	issued := map[Handle]bool{h0: true}
+	for i := range 100 {
+		h := tb.Add(kindA, i)
+		require.False(t, issued[h], "handle %#x issued twice (cycle %d)", uint64(h), i)
+		issued[h] = true
+		_, ok := tb.Get(h0, kindA)
+		require.False(t, ok, "freed handle %#x came back to life at cycle %d", uint64(h0), i)
+		_, ok = tb.Remove(h, kindA)
+		require.True(t, ok)
+	}
+	_, ok = tb.Get(h0, kindA)
+	require.False(t, ok)
+	_, ok = tb.Remove(h0, kindA)
+	require.False(t, ok)
 	require.Equal(t, 0, tb.Len())
 }

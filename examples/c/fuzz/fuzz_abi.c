@@ -142,6 +142,8 @@ static void op_import(input_t *in) {
         n = take(in, buf, MAX_BYTES);
     }
     check(kvbm_worker_import_metadata(worker, n ? buf : NULL, n), "worker_import_metadata");
+    uint64_t exporter = 0;
+    check(kvbm_metadata_worker_id(n ? buf : NULL, n, &exporter), "metadata_worker_id");
     kvbm_coordinated_t c;
     if (kvbm_coordinated_create(worker, 0, 1, &c) != KVBM_OK) abort();
     check(kvbm_coordinated_apply_layout_response(c, n ? buf : NULL, n), "coordinated_apply_layout_response");

@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,7 +11,7 @@ import (
 // it, whatever its own vocabulary. Conformance tests record these from real
 // engines and compare them with ExpectedLifecycle.
 //
-// The values are stable (see the package documentation).
+// The values are stable.
 type NormalizedEvent uint8
 
 const (
@@ -46,6 +47,13 @@ func (e NormalizedEvent) String() string {
 	}
 	return "NormalizedEvent(" + strconv.Itoa(int(e)) + ")"
 }
+
+// The conformance record of a hand-off and the lifecycle it is checked
+// against live with the tests: only they use them.
+
+// ErrNonconformant: a Conformance record does not match the normalized
+// hand-off.
+var ErrNonconformant = errors.New("handoff: nonconformant handoff")
 
 var (
 	sourceFirstLifecycle = []NormalizedEvent{
