@@ -174,6 +174,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
                                                 POINTER(c_void_p)], _S),
     "kvbm_worker_export_metadata": (_status, [_p, _p, c_size_t, POINTER(c_size_t)], _S),
     "kvbm_worker_import_metadata": (_status, [_p, _p, c_size_t], _S),
+    "kvbm_metadata_worker_id": (_status, [_p, c_size_t, POINTER(c_uint64)], _S),
     "kvbm_worker_connect_remote": (_status, [_p, c_uint64, _p, c_size_t], _S),
     "kvbm_worker_transfer_from_instance": (_status, [_p, c_uint64, c_int32, _p, c_int32, _p,
                                                      c_size_t, POINTER(TransferOptionsC),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import struct
 from array import array
 import weakref
 from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint8, c_void_p, sizeof
@@ -21,7 +20,8 @@ from ._layout import LayoutConfig, LayoutHandle, LayoutKind, handle_of
 from ._lib import lib
 from ._memory import buffer_of
 from ._notification import Notification
-from .errors import BufferTooSmallError, InvalidHandleError, KvbmClosedError, KvbmError
+from .errors import (BufferTooSmallError, InvalidArgumentError, InvalidHandleError,
+                     KvbmClosedError, KvbmError)
 
 if TYPE_CHECKING:
     from ._coordinated import CoordinatedWorker
@@ -92,17 +92,15 @@ _workers: "weakref.WeakValueDictionary[int, Worker]" = weakref.WeakValueDictiona
 #: so it is kept for the life of the process.
 _stranded: List[Any] = []
 
-_MD_HEADER = struct.Struct("<4sHHQ")  # magic "KVBM", version, layout count, worker id
-
-
 def _exporter_id(md: bytes) -> Optional[int]:
-    """The exporting worker's id in metadata bytes (core/worker/metadata.go:
-    magic "KVBM" | version u16 | count u16 | worker u64, little endian), or
-    None for bytes of another form (the library then rejects them)."""
-    if len(md) < _MD_HEADER.size:
+    """The id of the worker that exported metadata bytes md, or None for
+    bytes that are not well-formed metadata (the import then says why)."""
+    wid = ctypes.c_uint64()
+    try:
+        lib.kvbm_metadata_worker_id(md, len(md), byref(wid))
+    except InvalidArgumentError:
         return None
-    magic, ver, _, wid = _MD_HEADER.unpack_from(md)
-    return wid if magic == b"KVBM" and ver == 1 else None
+    return wid.value
 
 
 class Worker(Handle):
@@ -123,8 +121,8 @@ class Worker(Handle):
         disk_dir enables G3, object_dir the G4 object store. Raises
         AlreadyExistsError (worker_id in use), KvbmIOError (object_dir),
         UnsupportedError / CudaError (device backend), InvalidArgumentError
-        (worker_id does not fit a uint64, device_id or rank an int32),
-        TypeError (one is not an integer)."""
+        (no such device; worker_id does not fit a uint64, device_id or rank
+        an int32), TypeError (one is not an integer)."""
         worker_id = uint64(worker_id, "worker_id")
         device_id = int32(device_id, "device_id")
         c = _lib.WorkerConfigC()
@@ -262,12 +260,12 @@ class Worker(Handle):
         layers is a half-open range (start, end); precondition an event the copy
         waits for before it reads. Returns the Notification (close it).
         Raises ValueError (lengths differ), OutOfRangeError (an id beyond
-        the layout, a layer range beyond the layers), InvalidArgumentError (no
-        ids, a destination repeated or overlapping the source in one layout,
-        an empty layer range; an integer that does not fit its C type: a tier
-        an int32, an id or a layer a uint32), TypeError (a bool or a
-        non-integer), NotFoundError (tier not registered), UnsupportedError,
-        CudaError, CanceledError."""
+        the layout; a layer range that is empty or not within the layers),
+        InvalidArgumentError (no ids, a destination repeated, a block both
+        source and destination in one layout, a tier outside G1..G3; an
+        integer that does not fit its C type: a tier an int32, an id or a
+        layer a uint32), TypeError (a bool or a non-integer), NotFoundError
+        (tier not registered), UnsupportedError, CudaError, CanceledError."""
         # The hot path of an engine: kept to what each call needs.
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         h = self._h
@@ -424,9 +422,13 @@ class Worker(Handle):
 
     def object_put(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
         """Stores blocks block_ids of tier under keys (blocking, GIL released).
-        Raises the first failed block's error (UnsupportedError without an
-        object store, KvbmIOError, ...) with ``block_statuses`` (one status per
-        block) attached."""
+        Before anything moves, raises ValueError (lengths differ),
+        OutOfRangeError (an id beyond the layout), InvalidArgumentError (a
+        bad key, a tier outside G1..G3, an integer that does not fit its C
+        type), NotFoundError (tier not registered), UnsupportedError (no
+        object store). Then raises the first failed block's error
+        (KvbmIOError, ...) with ``block_statuses`` (one status per block)
+        attached."""
         self._object_io(lib.kvbm_worker_object_put, keys, tier, block_ids)
 
     def object_get(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
@@ -439,8 +441,11 @@ class Worker(Handle):
     def onboard_objects(self, keys: Sequence[Key], dst: int, dst_ids: Ids) -> Notification:
         """As object_get, in the background: returns at once with a Notification
         whose failure lists the destination blocks whose objects failed.
-        Raises ValueError (lengths differ), InvalidArgumentError, NotFoundError
-        (tier not registered), UnsupportedError (no object store)."""
+        Raises ValueError (lengths differ), OutOfRangeError (an id beyond the
+        layout), InvalidArgumentError (a destination repeated, a bad key, a
+        tier outside G1..G3, an integer that does not fit its C type),
+        NotFoundError (tier not registered), UnsupportedError (no object
+        store)."""
         k, lens, n = _keys(keys)
         dst = int32(dst, "dst")
         b, ba, m = block_ids(dst_ids, "dst_ids")

@@ -97,8 +97,17 @@ def test_transfer_argument_errors(worker):
         w.transfer(Tier.G1, [], Tier.G2, [])
     with pytest.raises(errors.InvalidArgumentError):
         w.transfer(Tier.G1, [0, 1], Tier.G2, [1, 1])  # a destination repeated
-    with pytest.raises((errors.InvalidArgumentError, errors.OutOfRangeError)):
+    # As the docstrings say: an id beyond the layout is OutOfRangeError.
+    with pytest.raises(errors.OutOfRangeError, match="out of range"):
         w.transfer(Tier.G1, [NUM_BLOCKS], Tier.G2, [0])
+    with pytest.raises(errors.OutOfRangeError):
+        w.transfer(Tier.G1, [0], Tier.G2, [NUM_BLOCKS])
+    with pytest.raises(errors.OutOfRangeError):
+        w.object_put(["k"], Tier.G2, [NUM_BLOCKS])
+    with pytest.raises(errors.OutOfRangeError):
+        w.onboard_objects(["k"], Tier.G2, [NUM_BLOCKS])
+    with pytest.raises(errors.InvalidArgumentError):
+        w.transfer(Tier.G1, [0, 1], Tier.G1, [1, 2])  # block 1 both source and destination
     with pytest.raises(ValueError, match="outside"):
         w.transfer(Tier.G1, [-1], Tier.G2, [0])
     with pytest.raises(ValueError, match="outside"):
@@ -107,7 +116,7 @@ def test_transfer_argument_errors(worker):
         w.transfer(Tier.G1, np.zeros(1), Tier.G2, [0])
     with pytest.raises(TypeError):
         w.transfer(Tier.G1, [0.5], Tier.G2, [0])
-    with pytest.raises((errors.InvalidArgumentError, errors.OutOfRangeError)):
+    with pytest.raises(errors.OutOfRangeError):
         w.transfer(Tier.G1, IDS, Tier.G2, IDS, layers=(3, 1))
     with pytest.raises(TypeError, match="precondition"):
         w.transfer(Tier.G1, IDS, Tier.G2, IDS, precondition="event")
@@ -300,12 +309,16 @@ def test_cuda_tensor_under_the_emulated_backend_is_refused():
 def test_cuda_tensor_on_another_device_is_refused(monkeypatch):
     from kvbmgo import _worker
     monkeypatch.setattr(_worker, "backend", lambda: "cuda")  # checked before any C call
-    with Worker(new_worker_id(), device_id=1) as w:
-        assert w.device_id == 1
-        with pytest.raises(ValueError, match="cuda:3.*device 1"):
+    # The emulated backend has one device (a worker on device 1 is refused
+    # at create), so the worker is on device 0 and the tensors elsewhere.
+    with pytest.raises(errors.InvalidArgumentError, match="device 1 does not exist"):
+        Worker(new_worker_id(), device_id=1)
+    with Worker(new_worker_id(), device_id=0) as w:
+        assert w.device_id == 0
+        with pytest.raises(ValueError, match="cuda:3.*device 0"):
             w.register_kv_caches([cuda_tensor(3), cuda_tensor(3)])
-        with pytest.raises(ValueError, match="cuda:0"):
-            w.register_kv_caches([cuda_tensor(1), cuda_tensor(0)])
+        with pytest.raises(ValueError, match="cuda:1"):
+            w.register_kv_caches([cuda_tensor(0), cuda_tensor(1)])
         with pytest.raises(TypeError, match="host memory"):
             w.register_kv_caches([FakeTensor(np.zeros((2, 4, 16, 8), np.float16))])
 
