@@ -152,3 +152,19 @@ def test_stream_event_and_handoff_integers():
     with pytest.raises(BAD, match="stream"):
         with Event() as e:
             e.record(2**64)
+
+
+def test_layout_config_fields_that_do_not_fit(g1_config):
+    """layout/block_dim given as ints were truncated to int32 (2**32 + 1 ran as 1)."""
+    from kvbmgo import LayoutConfig
+    with pytest.raises(BAD, match="layout"):
+        g1_config.replace(layout=2**32 + 1).to_c()
+    with pytest.raises(BAD, match="block_dim"):
+        g1_config.replace(block_dim=2**32 + 1).to_c()
+    with pytest.raises(BAD, match="num_blocks"):
+        g1_config.replace(num_blocks=2**32).to_c()
+    with pytest.raises(TypeError, match="page_size"):
+        g1_config.replace(page_size=True).to_c()
+    with pytest.raises(TypeError, match="layout"):
+        g1_config.replace(layout=1.0).to_c()
+    assert isinstance(g1_config, LayoutConfig)
