@@ -18,7 +18,8 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 
-__all__ = ["int32", "uint32", "uint64", "pointer", "layer_range", "block_ids", "refuse"]
+__all__ = ["int32", "uint32", "uint64", "pointer", "layer_range", "block_ids", "refuse",
+           "SMALL_ARRAY"]
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 UINT32_MAX = 2**32 - 1
@@ -88,7 +89,7 @@ def block_ids(ids: Any, what: str) -> Tuple[Any, int, int]:
     given = ids
     cls = ids.__class__
     if cls is not list and cls is not tuple and isinstance(ids, np.ndarray):
-        if ids.size > _SMALL:
+        if ids.size > SMALL_ARRAY:
             return _large_numpy_ids(ids, what)
         ids = ids.tolist()  # nested for ndim > 1, floats, bools: refused below
     try:
@@ -104,7 +105,7 @@ def block_ids(ids: Any, what: str) -> Tuple[Any, int, int]:
 
 #: Up to this many ids, a numpy array is converted as a list (cheaper than
 #: reading its address through numpy).
-_SMALL = 64
+SMALL_ARRAY = 64
 
 
 def _large_numpy_ids(ids: np.ndarray, what: str) -> Tuple[Any, int, int]:

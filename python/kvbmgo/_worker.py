@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import ctypes
-from array import array
 import weakref
+from array import array
 from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint8, c_void_p, sizeof
 from os import PathLike, fspath
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
+import numpy as np
+
 from . import _lib
-from ._cint import block_ids, int32, layer_range, uint64
+from ._cint import SMALL_ARRAY, block_ids, int32, layer_range, uint64
 from ._counters import PathCounters, TransferPath
 from ._device import Event, Stream, pointer_of
 from ._handle import Handle
@@ -55,17 +57,22 @@ _SEQUENCES = (list, tuple)
 def transfer_ids(src_ids: Ids, dst_ids: Ids) -> Tuple[Any, int, Any, int, int]:
     """(src owner, src address, dst owner, dst address, count) of two id lists
     of one length; keep the owners alive across the call."""
-    if src_ids.__class__ in _SEQUENCES and dst_ids.__class__ in _SEQUENCES:
-        # The common case in one step (block_ids does the same per list).
+    # The common case in one step: lists, tuples or small numpy arrays of
+    # valid ids (block_ids does the same per list, and names a bad id).
+    s, d = src_ids, dst_ids
+    if s.__class__ is np.ndarray and s.size <= SMALL_ARRAY:
+        s = s.tolist()  # nested for ndim > 1, floats, bools: refused below
+    if d.__class__ is np.ndarray and d.size <= SMALL_ARRAY:
+        d = d.tolist()
+    if s.__class__ in _SEQUENCES and d.__class__ in _SEQUENCES:
         try:
-            s, d = array("I", src_ids), array("I", dst_ids)
+            sa, da = array("I", s), array("I", d)
         except (TypeError, OverflowError):
-            pass  # block_ids names the bad id
+            pass
         else:
-            n = len(s)
-            if (n == len(d) and bool not in map(type, src_ids)
-                    and bool not in map(type, dst_ids)):
-                return s, s.buffer_info()[0], d, d.buffer_info()[0], n
+            n = len(sa)
+            if n == len(da) and bool not in map(type, s) and bool not in map(type, d):
+                return sa, sa.buffer_info()[0], da, da.buffer_info()[0], n
     s, sa, n = block_ids(src_ids, "src_ids")
     d, da, m = block_ids(dst_ids, "dst_ids")
     if n != m:
