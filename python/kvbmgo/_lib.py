@@ -4,12 +4,18 @@ Every function of ``include/kvbm.h`` is declared in :data:`FUNCTIONS` with its
 restype, argtypes and errcheck. Status-returning functions raise the
 :mod:`kvbmgo.errors` class of a negative status, carrying ``kvbm_last_error()``
 fetched by errcheck on the calling thread, right after the call.
+
+The library is loaded on first use (the first attribute read from
+:data:`lib`), never at import: loading starts the Go runtime, which does not
+survive ``fork()``, and engines import their connector classes in a parent
+that forks its workers later.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int32, c_size_t,
                     c_uint8, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
@@ -168,6 +174,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
                                                 POINTER(c_void_p)], _S),
     "kvbm_worker_export_metadata": (_status, [_p, _p, c_size_t, POINTER(c_size_t)], _S),
     "kvbm_worker_import_metadata": (_status, [_p, _p, c_size_t], _S),
+    "kvbm_metadata_worker_id": (_status, [_p, c_size_t, POINTER(c_uint64)], _S),
     "kvbm_worker_connect_remote": (_status, [_p, c_uint64, _p, c_size_t], _S),
     "kvbm_worker_transfer_from_instance": (_status, [_p, c_uint64, c_int32, _p, c_int32, _p,
                                                      c_size_t, POINTER(TransferOptionsC),
@@ -246,12 +253,38 @@ class _Lib:
             raise ImportError(f"{path} lacks {', '.join(missing)}: an older libkvbm?")
 
 
-def _load() -> _Lib:
-    global _last_error
-    path = find_library()
-    lib = _Lib(path)
-    _last_error = lib.kvbm_last_error
-    return lib
+class _LazyLib:
+    """:data:`lib`: the table's functions as attributes, loaded on the first
+    attribute read. Loading is done once, under a lock: the first reader
+    loads (finds the library, checks its ABI version, sets up the table),
+    concurrent readers wait for it. A failed load raises ImportError (or
+    AbiMismatchError) at that use and is tried again at the next. Once
+    loaded, every attribute lives in the instance: no lookup costs more than
+    a plain attribute read."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for a missing attribute: before the load, or a name
+        # the library does not have.
+        if name.startswith("__"):
+            raise AttributeError(name)  # copy, pickle and friends probe these
+        with _load_lock:
+            if "cdll" not in self.__dict__:
+                global _last_error
+                loaded = _Lib(find_library())
+                _last_error = loaded.kvbm_last_error
+                self.__dict__.update(vars(loaded))
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"libkvbm has no {name!r} in the table") from None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the library is loaded in this process (never loads it)."""
+        return "cdll" in self.__dict__
 
 
-lib = _load()
+_load_lock = threading.Lock()
+
+#: The library: ``lib.kvbm_worker_create(...)``, ``lib.path``. Loaded on first use.
+lib: Any = _LazyLib()

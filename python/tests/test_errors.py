@@ -97,8 +97,17 @@ def test_transfer_argument_errors(worker):
         w.transfer(Tier.G1, [], Tier.G2, [])
     with pytest.raises(errors.InvalidArgumentError):
         w.transfer(Tier.G1, [0, 1], Tier.G2, [1, 1])  # a destination repeated
-    with pytest.raises((errors.InvalidArgumentError, errors.OutOfRangeError)):
+    # As the docstrings say: an id beyond the layout is OutOfRangeError.
+    with pytest.raises(errors.OutOfRangeError, match="out of range"):
         w.transfer(Tier.G1, [NUM_BLOCKS], Tier.G2, [0])
+    with pytest.raises(errors.OutOfRangeError):
+        w.transfer(Tier.G1, [0], Tier.G2, [NUM_BLOCKS])
+    with pytest.raises(errors.OutOfRangeError):
+        w.object_put(["k"], Tier.G2, [NUM_BLOCKS])
+    with pytest.raises(errors.OutOfRangeError):
+        w.onboard_objects(["k"], Tier.G2, [NUM_BLOCKS])
+    with pytest.raises(errors.InvalidArgumentError):
+        w.transfer(Tier.G1, [0, 1], Tier.G1, [1, 2])  # block 1 both source and destination
     with pytest.raises(ValueError, match="outside"):
         w.transfer(Tier.G1, [-1], Tier.G2, [0])
     with pytest.raises(ValueError, match="outside"):
@@ -107,7 +116,7 @@ def test_transfer_argument_errors(worker):
         w.transfer(Tier.G1, np.zeros(1), Tier.G2, [0])
     with pytest.raises(TypeError):
         w.transfer(Tier.G1, [0.5], Tier.G2, [0])
-    with pytest.raises((errors.InvalidArgumentError, errors.OutOfRangeError)):
+    with pytest.raises(errors.OutOfRangeError):
         w.transfer(Tier.G1, IDS, Tier.G2, IDS, layers=(3, 1))
     with pytest.raises(TypeError, match="precondition"):
         w.transfer(Tier.G1, IDS, Tier.G2, IDS, precondition="event")
@@ -298,14 +307,18 @@ def test_cuda_tensor_under_the_emulated_backend_is_refused():
 
 
 def test_cuda_tensor_on_another_device_is_refused(monkeypatch):
-    from kvbmgo import _core
-    monkeypatch.setattr(_core, "_backend", lambda: "cuda")  # checked before any C call
-    with Worker(new_worker_id(), device_id=1) as w:
-        assert w.device_id == 1
-        with pytest.raises(ValueError, match="cuda:3.*device 1"):
+    from kvbmgo import _worker
+    monkeypatch.setattr(_worker, "backend", lambda: "cuda")  # checked before any C call
+    # The emulated backend has one device (a worker on device 1 is refused
+    # at create), so the worker is on device 0 and the tensors elsewhere.
+    with pytest.raises(errors.InvalidArgumentError, match="device 1 does not exist"):
+        Worker(new_worker_id(), device_id=1)
+    with Worker(new_worker_id(), device_id=0) as w:
+        assert w.device_id == 0
+        with pytest.raises(ValueError, match="cuda:3.*device 0"):
             w.register_kv_caches([cuda_tensor(3), cuda_tensor(3)])
-        with pytest.raises(ValueError, match="cuda:0"):
-            w.register_kv_caches([cuda_tensor(1), cuda_tensor(0)])
+        with pytest.raises(ValueError, match="cuda:1"):
+            w.register_kv_caches([cuda_tensor(0), cuda_tensor(1)])
         with pytest.raises(TypeError, match="host memory"):
             w.register_kv_caches([FakeTensor(np.zeros((2, 4, 16, 8), np.float16))])
 
@@ -322,7 +335,7 @@ def test_wait_forever(worker):
     with w.transfer(Tier.G1, IDS, Tier.G2, IDS) as n:
         assert n.wait(10)
         assert all(n.wait(0) for _ in range(200))
-    from kvbmgo._core import _timeout_ms
+    from kvbmgo._notification import _timeout_ms
     assert _timeout_ms(None) == _timeout_ms(float("inf")) == _timeout_ms(1e17) == -1
     assert _timeout_ms(0) == _timeout_ms(-5) == 0 and _timeout_ms(1.5) == 1500
 
@@ -340,8 +353,10 @@ def test_close_raises_a_failed_free_the_finalizer_does_not(worker, recwarn):
     n = w.transfer(Tier.G1, IDS, Tier.G2, IDS)
     n.wait()
     lib.kvbm_notification_free(n.handle)
-    n._finalizer()  # what collection runs: silent
-    assert not n._finalizer.alive
+    from kvbmgo._handle import _collected, _live
+    _collected(n._finalizer)  # what collection runs: silent
+    assert n._finalizer not in _live
+    n.close()  # the finalizer freed it: nothing left to free
 
 
 def test_worker_close_closes_it_even_if_a_coordinated_close_fails():

@@ -1,0 +1,476 @@
+"""A worker: its tiers, transfers, metadata, remotes and object store."""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from array import array
+from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint8, c_void_p, sizeof
+from os import PathLike, fspath
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
+
+import numpy as np
+
+from . import _lib
+from ._cint import SMALL_ARRAY, block_ids, int32, layer_range, uint64
+from ._counters import PathCounters, TransferPath
+from ._device import Event, Stream, pointer_of
+from ._handle import Handle
+from ._info import backend
+from ._layout import LayoutConfig, LayoutHandle, LayoutKind, handle_of
+from ._lib import lib
+from ._memory import buffer_of
+from ._notification import Notification
+from .errors import (BufferTooSmallError, InvalidArgumentError, InvalidHandleError,
+                     KvbmClosedError, KvbmError)
+
+if TYPE_CHECKING:
+    from ._coordinated import CoordinatedWorker
+
+__all__ = ["Worker"]
+
+Ids = Union[Sequence[int], Any]  # a sequence of ints or an integer numpy array
+Key = Union[bytes, bytearray, str]
+
+
+def options(layers: Optional[Tuple[int, int]], stream: Any, precondition: Any) -> Any:
+    """The transfer options by reference, or None when every one is the default."""
+    if layers is None and stream is None and precondition is None:
+        return None
+    o = _lib.TransferOptionsC()
+    o.struct_size = sizeof(o)
+    if layers is not None:
+        o.layer_start, o.layer_end = layer_range(layers)
+    o.stream = pointer_of(stream, Stream, "stream")
+    o.precondition = pointer_of(precondition, Event, "precondition")
+    return byref(o)  # keeps o alive
+
+
+def lengths_differ(n: int, m: int, a: str = "src_ids", b: str = "dst_ids") -> ValueError:
+    return ValueError(f"{a} has {n} ids, {b} {m}: they must be as long")
+
+
+_SEQUENCES = (list, tuple)
+
+
+def transfer_ids(src_ids: Ids, dst_ids: Ids) -> Tuple[Any, int, Any, int, int]:
+    """(src owner, src address, dst owner, dst address, count) of two id lists
+    of one length; keep the owners alive across the call."""
+    # The common case in one step: lists, tuples or small numpy arrays of
+    # valid ids (block_ids does the same per list, and names a bad id).
+    s, d = src_ids, dst_ids
+    if s.__class__ is np.ndarray and s.size <= SMALL_ARRAY:
+        s = s.tolist()  # nested for ndim > 1, floats, bools: refused below
+    if d.__class__ is np.ndarray and d.size <= SMALL_ARRAY:
+        d = d.tolist()
+    if s.__class__ in _SEQUENCES and d.__class__ in _SEQUENCES:
+        try:
+            sa, da = array("I", s), array("I", d)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            n = len(sa)
+            if n == len(da) and bool not in map(type, s) and bool not in map(type, d):
+                return sa, sa.buffer_info()[0], da, da.buffer_info()[0], n
+    s, sa, n = block_ids(src_ids, "src_ids")
+    d, da, m = block_ids(dst_ids, "dst_ids")
+    if n != m:
+        raise lengths_differ(n, m)
+    return s, sa, d, da, n
+
+
+def _keys(keys: Iterable[Key]) -> Tuple[Any, Any, int]:
+    raw = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
+    n = len(raw)
+    return (c_char_p * n)(*raw), (c_size_t * n)(*map(len, raw)), n
+
+
+def metadata_bytes(md: Union[bytes, bytearray, memoryview]) -> Tuple[bytes, int]:
+    b = bytes(md)
+    return b, len(b)
+
+
+#: worker_id -> the live Worker of this process with that id, so that an
+#: import of bytes metadata can keep the exporter's G1 memory alive.
+_workers: "weakref.WeakValueDictionary[int, Worker]" = weakref.WeakValueDictionary()
+
+#: G1 memory of workers whose destroy failed: the library may still use it,
+#: so it is kept for the life of the process.
+_stranded: List[Any] = []
+
+def _exporter_id(md: bytes) -> Optional[int]:
+    """The id of the worker that exported metadata bytes md, or None for
+    bytes that are not well-formed metadata (the import then says why)."""
+    wid = ctypes.c_uint64()
+    try:
+        lib.kvbm_metadata_worker_id(md, len(md), byref(wid))
+    except InvalidArgumentError:
+        return None
+    return wid.value
+
+
+class Worker(Handle):
+    """A worker with its own transfer manager on the active device backend.
+
+    It keeps the memory registered as G1 alive until it is closed (or
+    collected). Safe to use from many threads at once.
+    """
+
+    __slots__ = ("worker_id", "device_id", "_g1", "_remotes", "_dependents")
+    _kind = "Worker"
+
+    def __init__(self, worker_id: int, *, device_id: int = 0, rank: int = 0,
+                 disk_dir: Union[str, "PathLike[str]", None] = None,
+                 object_dir: Union[str, "PathLike[str]", None] = None) -> None:
+        """Creates a worker on device device_id of the active backend.
+        worker_id must be unique among the live workers of the process;
+        disk_dir enables G3, object_dir the G4 object store. Raises
+        AlreadyExistsError (worker_id in use), KvbmIOError (object_dir),
+        UnsupportedError / CudaError (device backend), InvalidArgumentError
+        (no such device; worker_id does not fit a uint64, device_id or rank
+        an int32), TypeError (one is not an integer)."""
+        worker_id = uint64(worker_id, "worker_id")
+        device_id = int32(device_id, "device_id")
+        c = _lib.WorkerConfigC()
+        c.struct_size = sizeof(c)
+        c.device_id, c.rank, c.worker_id = device_id, int32(rank, "rank"), worker_id
+        c.disk_dir = fspath(disk_dir).encode() if disk_dir is not None else None
+        c.object_dir = fspath(object_dir).encode() if object_dir is not None else None
+        h = c_void_p()
+        lib.kvbm_worker_create(byref(c), byref(h))
+        self.worker_id = worker_id
+        self.device_id = device_id
+        # Registered G1 memory, kept alive. The list object itself is shared
+        # with the workers that import this one's layouts: they keep it (not
+        # this worker) alive, so close() rebinds it and never empties it.
+        self._g1: List[Any] = []
+        # What we imported: exporters (Worker form) and their G1 lists.
+        self._remotes: List[Any] = []
+        self._dependents: "weakref.WeakSet[CoordinatedWorker]" = weakref.WeakSet()
+        # The lists travel with the finalizer: the memory outlives the destroy.
+        self._own(h.value, lib.kvbm_worker_destroy, self._g1, self._remotes)
+        _workers[worker_id] = self
+
+    def close(self) -> None:
+        """Closes the coordinated workers over this one, waits for transfers in
+        flight, releases G2/G3, then lets go of the registered G1 memory (which
+        workers that imported this one's layouts keep alive until they close).
+        Raises the first error of a failed destroy, after closing everything:
+        G1 memory of a worker whose destroy failed is then kept for good."""
+        first: Optional[BaseException] = None
+        for dep in list(self._dependents):
+            try:
+                dep.close()
+            except Exception as e:  # noqa: BLE001 - still close the worker
+                first = first or e
+        g1, remotes = self._g1, self._remotes
+        try:
+            super().close()
+        except KvbmError as e:
+            if not isinstance(e, InvalidHandleError):  # not surely destroyed
+                _stranded.append((g1, remotes))
+            first = first or e
+        self._g1, self._remotes = [], []
+        if _workers.get(self.worker_id) is self:
+            del _workers[self.worker_id]
+        if first is not None:
+            raise first
+
+    # ---- tiers
+
+    def register_g1(self, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
+                    ) -> LayoutHandle:
+        """Registers the engine's KV cache as G1: one buffer per layer for
+        layer_separate, one for fully_contiguous (numpy arrays or torch
+        tensors; under the emulated device, host arrays become device memory).
+
+        Raises TypeError (not a buffer, dtype width != config.dtype_width, a
+        host array under the cuda backend, a CUDA tensor under another),
+        ValueError (count or byte size mismatch, not C-contiguous, read-only,
+        a CUDA tensor on another device than device_id), AlreadyExistsError (G1
+        registered), CudaError, InvalidArgumentError."""
+        h = self.handle
+        if not isinstance(buffers, (list, tuple)):
+            buffers = [buffers]
+        separate = config.layout_kind == LayoutKind.LAYER_SEPARATE
+        want_n = config.num_layers if separate else 1
+        if len(buffers) != want_n:
+            raise ValueError(f"register_g1: {len(buffers)} buffers for a "
+                             f"{'layer_separate' if separate else 'fully_contiguous'} layout "
+                             f"that needs {want_n}")
+        want_bytes = config.layer_bytes if separate else config.total_bytes
+        descs = []
+        for i, b in enumerate(buffers):
+            d = buffer_of(b, f"register_g1 buffer {i}")
+            if d.itemsize != config.dtype_width:
+                raise TypeError(f"register_g1 buffer {i}: element size {d.itemsize} != "
+                                f"dtype_width {config.dtype_width}")
+            if d.nbytes != want_bytes:
+                raise ValueError(f"register_g1 buffer {i}: {d.nbytes} bytes, the layout needs "
+                                 f"{want_bytes}")
+            descs.append(d)
+        active = backend()
+        for i, d in enumerate(descs):
+            if d.device is None:
+                if active == "cuda":
+                    raise TypeError("register_g1: host memory cannot be G1 under the cuda "
+                                    "backend; pass CUDA tensors")
+            elif active != "cuda":
+                raise TypeError(f"register_g1 buffer {i}: a CUDA tensor (cuda:{d.device}) "
+                                f"under the {active} backend, which takes host memory")
+            elif d.device != self.device_id:
+                raise ValueError(f"register_g1 buffer {i}: a tensor on cuda:{d.device}, "
+                                 f"the worker is on device {self.device_id}")
+        ptrs = (ctypes.c_uint64 * len(descs))(*(d.address for d in descs))
+        out = _lib.LayoutHandleC()
+        cfg = config.to_c()
+        lib.kvbm_worker_register_g1(h, byref(cfg), ptrs, len(descs), byref(out))
+        self._g1.extend(d.owner for d in descs)
+        return handle_of(out)
+
+    def register_kv_caches(self, kv_caches: Union[Mapping[str, Any], Sequence[Any]], *,
+                           page_size: Optional[int] = None,
+                           layout: Union[str, int] = "layer_separate",
+                           block_dim: Union[str, int] = "second"
+                           ) -> Tuple[LayoutConfig, LayoutHandle]:
+        """LayoutConfig.from_kv_caches, then register_g1 with those tensors.
+        Returns the inferred config (e.g. to allocate G2 alike) and the handle."""
+        cfg = LayoutConfig.from_kv_caches(kv_caches, page_size=page_size, layout=layout,
+                                          block_dim=block_dim)
+        tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
+        return cfg, self.register_g1(cfg, tensors)
+
+    def allocate_g2(self, config: LayoutConfig) -> LayoutHandle:
+        """Allocates G2 (pinned host memory, owned by the worker). Raises
+        AlreadyExistsError, CudaError, InvalidArgumentError."""
+        out = _lib.LayoutHandleC()
+        cfg = config.to_c()
+        lib.kvbm_worker_allocate_g2(self.handle, byref(cfg), byref(out))
+        return handle_of(out)
+
+    def allocate_g3(self, config: LayoutConfig) -> LayoutHandle:
+        """Allocates G3 (a file in disk_dir). Raises InvalidArgumentError (no
+        disk_dir), AlreadyExistsError, KvbmIOError."""
+        out = _lib.LayoutHandleC()
+        cfg = config.to_c()
+        lib.kvbm_worker_allocate_g3(self.handle, byref(cfg), byref(out))
+        return handle_of(out)
+
+    # ---- transfers
+
+    def transfer(self, src: int, src_ids: Ids, dst: int, dst_ids: Ids, *,
+                 layers: Optional[Tuple[int, int]] = None,
+                 stream: "Union[Stream, int, None]" = None,
+                 precondition: "Union[Event, int, None]" = None) -> Notification:
+        """Copies blocks src_ids of tier src into blocks dst_ids of tier dst.
+        layers is a half-open range (start, end); precondition an event the copy
+        waits for before it reads. Returns the Notification (close it).
+        Raises ValueError (lengths differ), OutOfRangeError (an id beyond
+        the layout; a layer range that is empty or not within the layers),
+        InvalidArgumentError (no ids, a destination repeated, a block both
+        source and destination in one layout, a tier outside G1..G3; an
+        integer that does not fit its C type: a tier an int32, an id or a
+        layer a uint32), TypeError (a bool or a non-integer), NotFoundError
+        (tier not registered), UnsupportedError, CudaError, CanceledError."""
+        # The hot path of an engine: kept to what each call needs.
+        s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
+        h = self._h
+        if h is None:
+            raise KvbmClosedError("Worker is closed")
+        opts = (None if layers is None and stream is None and precondition is None
+                else options(layers, stream, precondition))
+        out = c_void_p()
+        lib.kvbm_worker_transfer(h, int32(src, "src"), sa, int32(dst, "dst"), da, n, opts,
+                                 byref(out))
+        return Notification(out.value)
+
+    def onboard_layerwise(self, src_ids: Ids, dst_ids: Ids, events: "Sequence[Union[Event, int]]",
+                          stream: "Union[Stream, int, None]" = None) -> Notification:
+        """Onboards G2 -> G1 one layer at a time, recording events[L] right
+        after layer L's copies (one event per layer). Raises as transfer()."""
+        s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
+        ev = (c_void_p * len(events))(*(pointer_of(e, Event, "events") for e in events))
+        out = c_void_p()
+        lib.kvbm_worker_onboard_layerwise(self.handle, sa, da, n, ev, len(events),
+                                          pointer_of(stream, Stream, "stream"), byref(out))
+        return Notification(out.value)
+
+    # ---- metadata and remotes
+
+    def export_metadata(self) -> bytes:
+        """The worker's layout metadata (every registered tier), for another
+        worker's import_metadata / connect_remote."""
+        h = self.handle
+        size = c_size_t()
+        try:
+            lib.kvbm_worker_export_metadata(h, None, 0, byref(size))
+        except BufferTooSmallError:
+            pass
+        while True:
+            buf = (c_uint8 * size.value)()
+            try:
+                lib.kvbm_worker_export_metadata(h, buf, size.value, byref(size))
+                return bytes(buf[:size.value])
+            except BufferTooSmallError:
+                continue
+
+    def _metadata(self, source: "Union[bytes, Worker]") -> Tuple[Any, int]:
+        if isinstance(source, Worker):
+            self._remotes.append(source)  # the exporter must outlive our use
+            b = metadata_bytes(source.export_metadata())
+        else:
+            b = metadata_bytes(source)
+        self._pin_exporter(b[0])
+        return b
+
+    def _pin_exporter(self, md: bytes) -> None:
+        """Keeps the G1 memory of md's exporter (a live Worker of this process)
+        alive while this worker lives, even past the exporter's close(): a
+        transfer of ours may still read or write it."""
+        wid = _exporter_id(md)
+        exporter = _workers.get(wid) if wid is not None else None
+        if exporter is not None and exporter is not self and not exporter.closed:
+            g1 = exporter._g1
+            if not any(r is g1 for r in self._remotes):
+                self._remotes.append(g1)
+
+    def import_metadata(self, source: "Union[bytes, Worker]") -> None:
+        """Imports another in-process worker's metadata (bytes, or the Worker
+        itself, which is then kept alive) so its layouts can be sources.
+        Raises InvalidArgumentError (own metadata), DataCorruptionError,
+        NotFoundError (the exporter is gone)."""
+        b, n = self._metadata(source)
+        lib.kvbm_worker_import_metadata(self.handle, b, n)
+
+    def connect_remote(self, instance: int, source: "Union[bytes, Worker]") -> None:
+        """As import_metadata, remembering the layouts under instance for
+        transfer_from_instance."""
+        b, n = self._metadata(source)
+        instance = uint64(instance, "instance")
+        lib.kvbm_worker_connect_remote(self.handle, instance, b, n)
+
+    def transfer_from_instance(self, instance: int, src: int, src_ids: Ids, dst: int,
+                               dst_ids: Ids, *, layers: Optional[Tuple[int, int]] = None,
+                               stream: "Union[Stream, int, None]" = None,
+                               precondition: "Union[Event, int, None]" = None) -> Notification:
+        """Pulls blocks of a connected instance's tier src into local tier dst.
+        Raises as transfer(), NotFoundError for an unknown instance or tier."""
+        s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
+        out = c_void_p()
+        lib.kvbm_worker_transfer_from_instance(self.handle, uint64(instance, "instance"),
+                                               int32(src, "src"), sa, int32(dst, "dst"), da, n,
+                                               options(layers, stream, precondition),
+                                               byref(out))
+        return Notification(out.value)
+
+    def transfer_from_remote(self, remote: LayoutHandle, src_ids: Ids, dst: int, dst_ids: Ids,
+                             *, layers: Optional[Tuple[int, int]] = None,
+                             stream: "Union[Stream, int, None]" = None,
+                             precondition: "Union[Event, int, None]" = None) -> Notification:
+        """Pulls blocks src_ids of another worker's layout remote (imported with
+        import_metadata) into local tier dst. Raises as transfer(),
+        NotFoundError when remote was not imported."""
+        s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
+        r, out = LayoutHandle(*remote).to_c("remote"), c_void_p()
+        lib.kvbm_worker_transfer_from_remote(self.handle, byref(r), sa, int32(dst, "dst"), da, n,
+                                             options(layers, stream, precondition),
+                                             byref(out))
+        return Notification(out.value)
+
+    def transfer_to_remote(self, src: int, src_ids: Ids, remote: LayoutHandle, dst_ids: Ids,
+                           *, layers: Optional[Tuple[int, int]] = None,
+                           stream: "Union[Stream, int, None]" = None,
+                           precondition: "Union[Event, int, None]" = None) -> Notification:
+        """Pushes blocks src_ids of local tier src into blocks dst_ids of another
+        worker's imported layout remote (offload to a peer). Raises as
+        transfer_from_remote()."""
+        s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
+        r, out = LayoutHandle(*remote).to_c("remote"), c_void_p()
+        lib.kvbm_worker_transfer_to_remote(self.handle, int32(src, "src"), sa, byref(r), da, n,
+                                           options(layers, stream, precondition),
+                                           byref(out))
+        return Notification(out.value)
+
+    def counters(self) -> "Dict[TransferPath, PathCounters]":
+        """Totals per path (transfers, blocks, bytes, failed_blocks,
+        nanoseconds) since the worker was created; object store calls are not
+        counted. Cheap; any thread."""
+        c = _lib.CountersC()
+        c.struct_size = sizeof(c)
+        lib.kvbm_worker_counters(self.handle, byref(c))
+        return {TransferPath(i): PathCounters(p.transfers, p.blocks, p.bytes, p.failed_blocks,
+                                      p.nanoseconds)
+                for i, p in enumerate(c.paths)}
+
+    # ---- object store (G4)
+
+    def object_has(self, keys: Sequence[Key]) -> List[bool]:
+        """Whether a well-formed object exists under each key (1 to 64 bytes;
+        str is UTF-8 encoded). Raises InvalidArgumentError for a bad key."""
+        k, lens, n = _keys(keys)
+        found = (c_uint8 * n)()
+        lib.kvbm_worker_object_has(self.handle, k, lens, n, found)
+        return [bool(f) for f in found]
+
+    def _object_io(self, fn: Any, keys: Sequence[Key], tier: int, ids: Ids) -> List[int]:
+        k, lens, n = _keys(keys)
+        tier = int32(tier, "tier")
+        b, ba, m = block_ids(ids, "block_ids")
+        if m != n:
+            raise ValueError(f"{n} keys for {m} block ids: they must be as long")
+        statuses = (c_int32 * n)()
+        try:
+            fn(self.handle, k, lens, n, tier, ba, statuses)
+        except KvbmError as e:
+            e.block_statuses = list(statuses)  # type: ignore[attr-defined]
+            raise
+        return list(statuses)
+
+    def object_put(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
+        """Stores blocks block_ids of tier under keys (blocking, GIL released).
+        Before anything moves, raises ValueError (lengths differ),
+        OutOfRangeError (an id beyond the layout), InvalidArgumentError (a
+        bad key, a tier outside G1..G3, an integer that does not fit its C
+        type), NotFoundError (tier not registered), UnsupportedError (no
+        object store). Then raises the first failed block's error
+        (KvbmIOError, ...) with ``block_statuses`` (one status per block)
+        attached."""
+        self._object_io(lib.kvbm_worker_object_put, keys, tier, block_ids)
+
+    def object_get(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
+        """Loads the objects under keys into blocks block_ids of tier. Raises
+        as object_put; NotFoundError for a missing object,
+        DataCorruptionError for a corrupt one."""
+        self._object_io(lib.kvbm_worker_object_get, keys, tier, block_ids)
+
+
+    def onboard_objects(self, keys: Sequence[Key], dst: int, dst_ids: Ids) -> Notification:
+        """As object_get, in the background: returns at once with a Notification
+        whose failure lists the destination blocks whose objects failed.
+        Raises ValueError (lengths differ), OutOfRangeError (an id beyond the
+        layout), InvalidArgumentError (a destination repeated, a bad key, a
+        tier outside G1..G3, an integer that does not fit its C type),
+        NotFoundError (tier not registered), UnsupportedError (no object
+        store)."""
+        k, lens, n = _keys(keys)
+        dst = int32(dst, "dst")
+        b, ba, m = block_ids(dst_ids, "dst_ids")
+        if m != n:
+            raise ValueError(f"{n} keys for {m} block ids: they must be as long")
+        out = c_void_p()
+        lib.kvbm_worker_onboard_objects(self.handle, k, lens, n, dst, ba, byref(out))
+        return Notification(out.value)
+
+    def offload_objects(self, src: int, src_ids: Ids, keys: Sequence[Key]) -> Notification:
+        """As object_put, in the background: returns at once with a Notification
+        whose failure lists the source blocks whose objects failed. Raises as
+        onboard_objects()."""
+        k, lens, n = _keys(keys)
+        src = int32(src, "src")
+        b, ba, m = block_ids(src_ids, "src_ids")
+        if m != n:
+            raise ValueError(f"{n} keys for {m} block ids: they must be as long")
+        out = c_void_p()
+        lib.kvbm_worker_offload_objects(self.handle, src, ba, k, lens, n, byref(out))
+        return Notification(out.value)
