@@ -1,8 +1,9 @@
 """Puts libkvbm.so beside the package when building it (pip install ./python).
 
 Where from, first found: $KVBM_LIBRARY; python/kvbmgo/libkvbm.so (copied there
-by `make -f Makefile -f python.mk py-lib`); the checkout's build/libkvbm.so;
-else `go build -buildmode=c-shared ./capi` in the checkout when Go is on PATH.
+by `make py-lib`); the checkout's build/libkvbm.so; else the checkout's
+`make lib` (the same build flags: only the kvbm_* symbols exported) when
+make and Go are on PATH.
 """
 
 import os
@@ -26,14 +27,9 @@ def find_or_build_library() -> Path:
         if p.is_file():
             return p
     go = shutil.which(os.environ.get("GO", "go"))
-    if go and (REPO / "capi").is_dir():
-        out = REPO / "build" / "libkvbm.so"
-        out.parent.mkdir(exist_ok=True)
-        subprocess.check_call([go, "build", "-buildmode=c-shared",
-                               "-ldflags=-extldflags=-Wl,-soname,libkvbm.so", "-o", str(out),
-                               "./capi"], cwd=REPO)
-        (REPO / "build" / "libkvbm.h").unlink(missing_ok=True)
-        return out
+    if go and shutil.which("make") and (REPO / "capi").is_dir():
+        subprocess.check_call(["make", "lib"], cwd=REPO)
+        return REPO / "build" / "libkvbm.so"
     raise SystemExit("kvbmgo: libkvbm.so not found and Go is not available to build it; "
                      "set KVBM_LIBRARY or run `make lib` first")
 

@@ -11,7 +11,7 @@
 // device's address space (unified addressing), so one kernel serves
 // H2D, D2H and D2D.
 //
-// Built to PTX (`make -f Makefile -f cuda.mk ptx`), committed as copy.ptx,
+// Built to PTX (`make ptx`), committed as copy.ptx,
 // embedded in the Go package and loaded with cuModuleLoadData. No headers:
 // it must build with nvcc or NVRTC alone.
 

@@ -1,6 +1,6 @@
 """Python-side overhead of kvbmgo, beside bare ctypes calls measured in the same run.
 
-Run: make -f Makefile -f python.mk bench-py. Prints ns or µs per call; the
+Run: make bench-py. Prints ns or µs per call; the
 "overhead" lines are the wrapper's time minus the bare ctypes call's.
 """
 import ctypes
