@@ -585,10 +585,16 @@ kvbm_status_t kvbm_worker_cache_onboard(kvbm_worker_t worker, const uint8_t *con
 
 /* One tier's occupancy (blocks) and counters since the cache was made. */
 typedef struct kvbm_cache_tier_stats {
-    uint64_t capacity, free, registered, pinned, in_flight;
-    uint64_t hits, misses;   /* keys looked up for onboards, by tier */
-    uint64_t evictions;      /* blocks reused for other keys */
-    uint64_t stored, removed; /* keys registered; keys removed (corrupt) */
+    uint64_t capacity;
+    uint64_t free;
+    uint64_t registered;
+    uint64_t pinned;    /* registered blocks a transfer holds */
+    uint64_t in_flight; /* allocated for data not landed yet */
+    uint64_t hits;      /* keys looked up for onboards and found here */
+    uint64_t misses;    /* ... and not found here */
+    uint64_t evictions; /* blocks reused for other keys */
+    uint64_t stored;    /* keys registered */
+    uint64_t removed;   /* keys removed (found corrupt) */
 } kvbm_cache_tier_stats_t;
 
 typedef struct kvbm_cache_stats {
@@ -596,10 +602,23 @@ typedef struct kvbm_cache_stats {
     kvbm_cache_tier_stats_t g2;
     kvbm_cache_tier_stats_t g3; /* all 0 without G3 */
     uint64_t g4_known;          /* G4 keys remembered as present */
-    uint64_t g4_hits, g4_misses, g4_puts, g4_put_failures, g4_corrupt;
-    uint64_t offloaded, deduped, not_admitted, no_space, offload_failed;
-    uint64_t onboarded, onboarded_from_g2, onboarded_from_g3, onboarded_from_g4, onboard_failed;
-    uint64_t written_down, write_down_failed; /* to G3 and G4 */
+    uint64_t g4_hits;
+    uint64_t g4_misses;
+    uint64_t g4_puts;
+    uint64_t g4_put_failures;
+    uint64_t g4_corrupt;
+    uint64_t offloaded;         /* blocks copied G1 -> G2 */
+    uint64_t deduped;           /* offered blocks cached or in flight already */
+    uint64_t not_admitted;
+    uint64_t no_space;
+    uint64_t offload_failed;
+    uint64_t onboarded;         /* blocks loaded into G1 ... */
+    uint64_t onboarded_from_g2; /* ... by the tier they were found in */
+    uint64_t onboarded_from_g3;
+    uint64_t onboarded_from_g4;
+    uint64_t onboard_failed;
+    uint64_t written_down;      /* blocks written to G3 and G4 */
+    uint64_t write_down_failed; /* ... that failed, or found no tier */
     uint64_t events_dropped;    /* not drained in time */
 } kvbm_cache_stats_t;
 #define KVBM_CACHE_TIER_STATS_ZERO_ {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}

@@ -21,6 +21,8 @@ from ._info import Info, handle_count, info, status_string, version
 from ._layout import BlockDim, LayoutConfig, LayoutHandle, LayoutKind, Tier
 from ._notification import Notification
 from ._worker import Worker
+from ._cache import (CacheEvent, CacheEventKind, CacheStats, CacheTierStats, Decision, PrefixCache,
+                     WriteMode)
 from ._coordinated import CoordinatedWorker
 from ._handoff import (Action, ActionKind, Completion, FactKind, HandoffCoordinator, HandoffOrder,
                        OutcomeKind, TimingMode)
@@ -34,5 +36,6 @@ __all__ = [
     "CoordinatedWorker", "Event", "FactKind", "HandoffCoordinator", "HandoffOrder", "Info",
     "LayoutHandle", "Notification", "OutcomeKind", "TransferPath", "PathCounters", "Stream", "Tier", "TimingMode", "Worker",
     "handle_count", "info", "status_string", "version", "BlockDim", "LayoutConfig",
-    "LayoutKind", "__version__",
+    "LayoutKind", "__version__", "CacheEvent", "CacheEventKind", "CacheStats", "CacheTierStats",
+    "Decision", "PrefixCache", "WriteMode",
 ] + list(errors.__all__)

@@ -12,14 +12,15 @@ The fast path (a plain int in range) is one isinstance and two comparisons.
 from __future__ import annotations
 
 from array import array
-from typing import Any, Tuple
+import ctypes
+from typing import Any, Iterable, Tuple
 
 import numpy as np
 
 from .errors import InvalidArgumentError
 
 __all__ = ["int32", "uint32", "uint64", "pointer", "layer_range", "block_ids", "refuse",
-           "SMALL_ARRAY"]
+           "SMALL_ARRAY", "keys"]
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 UINT32_MAX = 2**32 - 1
@@ -128,3 +129,11 @@ def _refuse_ids(ids: Any, what: str) -> None:
         ids = ids.tolist()
     for i, v in enumerate(ids):
         refuse(v, 0, UINT32_MAX, "uint32", f"{what}[{i}]")
+
+
+def keys(keys: Iterable[Any]) -> Tuple[Any, Any, int]:
+    """Byte keys as C arrays (pointers, lengths) and their count. A str is
+    UTF-8 encoded; the library checks the lengths (1 to 64 bytes)."""
+    raw = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
+    n = len(raw)
+    return (ctypes.c_char_p * n)(*raw), (ctypes.c_size_t * n)(*map(len, raw)), n

@@ -85,6 +85,31 @@ class PathCountersC(Structure):
 class CountersC(Structure):
     _fields_ = [("struct_size", c_size_t), ("paths", PathCountersC * KVBM_PATH_COUNT)]
 
+
+class CacheConfigC(Structure):
+    _fields_ = [("struct_size", c_size_t), ("admit_after", c_uint32), ("g3_mode", c_int32),
+                ("g4_mode", c_int32), ("max_events", c_uint32)]
+
+
+class CacheTierStatsC(Structure):
+    _fields_ = [(name, c_uint64) for name in (
+        "capacity", "free", "registered", "pinned", "in_flight", "hits", "misses", "evictions",
+        "stored", "removed")]
+
+
+class CacheStatsC(Structure):
+    _fields_ = [("struct_size", c_size_t), ("g2", CacheTierStatsC), ("g3", CacheTierStatsC)] + [
+        (name, c_uint64) for name in (
+            "g4_known", "g4_hits", "g4_misses", "g4_puts", "g4_put_failures", "g4_corrupt",
+            "offloaded", "deduped", "not_admitted", "no_space", "offload_failed", "onboarded",
+            "onboarded_from_g2", "onboarded_from_g3", "onboarded_from_g4", "onboard_failed",
+            "written_down", "write_down_failed", "events_dropped")]
+
+
+class CacheEventC(Structure):
+    _fields_ = [("kind", c_int32), ("tier", c_int32), ("key_len", c_uint32),
+                ("key", c_uint8 * KVBM_MAX_KEY_LEN)]
+
 # ------------------------------------------------------------------ loading
 
 
@@ -194,6 +219,16 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
                                               POINTER(c_void_p)], _S),
     "kvbm_worker_offload_objects": (_status, [_p, c_int32, _p, _p, _p, c_size_t,
                                               POINTER(c_void_p)], _S),
+    # prefix cache
+    "kvbm_worker_cache_enable": (_status, [_p, POINTER(CacheConfigC)], _S),
+    "kvbm_worker_cache_match": (_status, [_p, _p, _p, c_size_t, POINTER(c_size_t), _p], _S),
+    "kvbm_worker_cache_offload": (_status, [_p, _p, _p, c_size_t, _p, _p, _p,
+                                            POINTER(c_void_p)], _S),
+    "kvbm_worker_cache_onboard": (_status, [_p, _p, _p, c_size_t, _p, _p, c_size_t, _p,
+                                            POINTER(c_void_p)], _S),
+    "kvbm_worker_cache_stats": (_status, [_p, POINTER(CacheStatsC)], _S),
+    "kvbm_worker_cache_events": (_status, [_p, POINTER(CacheEventC), c_size_t,
+                                           POINTER(c_size_t)], _S),
     # notification
     "kvbm_notification_poll": (_status, [_p], _S),
     "kvbm_notification_wait": (_status, [_p, ctypes.c_int64], _S),

@@ -14,6 +14,8 @@ import numpy as np
 
 from . import _lib
 from ._cint import SMALL_ARRAY, block_ids, int32, layer_range, uint64
+from ._cint import keys as _keys
+from ._cache import PrefixCache, WriteMode, enable as _enable_cache
 from ._counters import PathCounters, TransferPath
 from ._device import Event, Stream, pointer_of
 from ._handle import Handle
@@ -22,8 +24,8 @@ from ._layout import LayoutConfig, LayoutHandle, LayoutKind, handle_of
 from ._lib import lib
 from ._memory import buffer_of
 from ._notification import Notification
-from .errors import (BufferTooSmallError, InvalidArgumentError, InvalidHandleError,
-                     KvbmClosedError, KvbmError)
+from .errors import (BufferTooSmallError, FailedPreconditionError, InvalidArgumentError,
+                     InvalidHandleError, KvbmClosedError, KvbmError)
 
 if TYPE_CHECKING:
     from ._coordinated import CoordinatedWorker
@@ -80,12 +82,6 @@ def transfer_ids(src_ids: Ids, dst_ids: Ids) -> Tuple[Any, int, Any, int, int]:
     return s, sa, d, da, n
 
 
-def _keys(keys: Iterable[Key]) -> Tuple[Any, Any, int]:
-    raw = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
-    n = len(raw)
-    return (c_char_p * n)(*raw), (c_size_t * n)(*map(len, raw)), n
-
-
 def metadata_bytes(md: Union[bytes, bytearray, memoryview]) -> Tuple[bytes, int]:
     b = bytes(md)
     return b, len(b)
@@ -117,7 +113,7 @@ class Worker(Handle):
     collected). Safe to use from many threads at once.
     """
 
-    __slots__ = ("worker_id", "device_id", "_g1", "_remotes", "_dependents")
+    __slots__ = ("worker_id", "device_id", "_g1", "_remotes", "_dependents", "_cache")
     _kind = "Worker"
 
     def __init__(self, worker_id: int, *, device_id: int = 0, rank: int = 0,
@@ -148,6 +144,7 @@ class Worker(Handle):
         # What we imported: exporters (Worker form) and their G1 lists.
         self._remotes: List[Any] = []
         self._dependents: "weakref.WeakSet[CoordinatedWorker]" = weakref.WeakSet()
+        self._cache: Optional[PrefixCache] = None
         # The lists travel with the finalizer: the memory outlives the destroy.
         self._own(h.value, lib.kvbm_worker_destroy, self._g1, self._remotes)
         _workers[worker_id] = self
@@ -402,6 +399,29 @@ class Worker(Handle):
         return {TransferPath(i): PathCounters(p.transfers, p.blocks, p.bytes, p.failed_blocks,
                                       p.nanoseconds)
                 for i, p in enumerate(c.paths)}
+
+    # ---- prefix cache
+
+    def enable_cache(self, *, admit_after: int = 0, g3: Union[WriteMode, str] = WriteMode.AUTO,
+                     g4: Union[WriteMode, str] = WriteMode.AUTO, max_events: int = 0
+                     ) -> PrefixCache:
+        """Gives the worker its prefix cache over G2 (and G3 and the object
+        store when it has them); register G1 and allocate G2 first. Once per
+        worker. admit_after: offload a key once it was offered (or
+        onboarded) that many times (0 or 1: always); g3, g4: when blocks are
+        written down (WriteMode or its name, "write-back" ...); max_events:
+        events kept until drained (0: 65,536). Raises NotFoundError (no G1 or
+        G2), AlreadyExistsError (enabled already), ValueError (a mode)."""
+        self._cache = _enable_cache(self, admit_after, g3, g4, max_events)
+        return self._cache
+
+    @property
+    def cache(self) -> PrefixCache:
+        """The prefix cache made by enable_cache(). Raises
+        FailedPreconditionError before that."""
+        if self._cache is None:
+            raise FailedPreconditionError("the worker has no cache; call enable_cache() first")
+        return self._cache
 
     # ---- object store (G4)
 

@@ -63,7 +63,10 @@ STRUCTS = {"kvbm_info_t": _lib.InfoC, "kvbm_layout_config_t": _lib.LayoutConfigC
            "kvbm_transfer_options_t": _lib.TransferOptionsC,
            "kvbm_path_counters_t": _lib.PathCountersC, "kvbm_counters_t": _lib.CountersC,
            "kvbm_handoff_fact_t": _lib.HandoffFactC,
-           "kvbm_handoff_action_t": _lib.HandoffActionC}
+           "kvbm_handoff_action_t": _lib.HandoffActionC,
+           "kvbm_cache_config_t": _lib.CacheConfigC,
+           "kvbm_cache_tier_stats_t": _lib.CacheTierStatsC,
+           "kvbm_cache_stats_t": _lib.CacheStatsC, "kvbm_cache_event_t": _lib.CacheEventC}
 
 
 def parse_type(decl, named=True):
