@@ -49,7 +49,7 @@ func (x *index) findH(k *Key, tag uint32) int {
 		if e == 0 {
 			return -1
 		}
-		if uint32(e>>32) == tag && x.blocks[uint32(e)-1].key.equal(*k) {
+		if uint32(e>>32) == tag && x.blocks[uint32(e)-1].key.equal(k) {
 			return int(i)
 		}
 	}

@@ -67,6 +67,6 @@ func (k Key) IsZero() bool { return k.n == 0 }
 func (k Key) String() string { return hex.EncodeToString(k.b[:k.n]) }
 
 // equal compares the key's bytes only, not the unused tail of the array.
-func (k *Key) equal(o Key) bool {
+func (k *Key) equal(o *Key) bool {
 	return k.n == o.n && string(k.b[:k.n]) == string(o.b[:o.n])
 }

@@ -121,9 +121,16 @@ func (p *Pool) Blocks() int { return p.cfg.Blocks }
 func (p *Pool) Tier() int { return p.cfg.Tier }
 
 // Get returns the block holding k, if k is registered. It changes nothing.
-func (p *Pool) Get(k Key) (id int, ok bool) {
-	i, ok := p.index.get(k)
-	if !ok || p.blocks[i].state != stateRegistered {
+func (p *Pool) Get(k Key) (id int, ok bool) { return p.get(&k) }
+
+// get is Get without copying the key.
+func (p *Pool) get(k *Key) (int, bool) {
+	s := p.index.find(k)
+	if s < 0 {
+		return -1, false
+	}
+	i := uint32(p.index.slots[s]) - 1
+	if p.blocks[i].state != stateRegistered {
 		return -1, false
 	}
 	return int(i), true
@@ -133,8 +140,8 @@ func (p *Pool) Get(k Key) (id int, ok bool) {
 // registered, stopping at the first key that is not (absent, or still
 // being stored). It changes nothing: a scheduler may ask repeatedly.
 func (p *Pool) Lookup(keys []Key, dst []int) []int {
-	for _, k := range keys {
-		id, ok := p.Get(k)
+	for i := range keys {
+		id, ok := p.get(&keys[i])
 		if !ok {
 			break
 		}
@@ -541,7 +548,7 @@ func (p *Pool) checkKeys(op string, keys []Key) error {
 				table[j] = int32(i + 1)
 				break
 			}
-			if o := table[j] - 1; p.hashes[o] == h && keys[o].equal(*k) {
+			if o := table[j] - 1; p.hashes[o] == h && keys[o].equal(k) {
 				return fmt.Errorf("%w: %s: key %v repeated (keys[%d])", ErrInvalidArgument, op, *k, i)
 			}
 		}
