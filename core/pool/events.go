@@ -28,7 +28,7 @@ type Event struct {
 	Key  Key
 }
 
-func (p *Pool) record(kind EventKind, k Key) {
+func (p *Pool) record(kind EventKind, k *Key) {
 	if p.maxEvents < 0 {
 		return
 	}
@@ -36,7 +36,7 @@ func (p *Pool) record(kind EventKind, k Key) {
 		p.stats.EventsDropped++
 		return
 	}
-	p.events = append(p.events, Event{Kind: kind, Tier: p.cfg.Tier, Key: k})
+	p.events = append(p.events, Event{Kind: kind, Tier: p.cfg.Tier, Key: *k})
 }
 
 // DrainEvents appends up to max of the oldest undrained events to dst (all

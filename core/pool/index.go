@@ -78,8 +78,8 @@ func (x *index) putH(id int32, tag uint32) {
 
 // del unmaps k, which must be mapped; call it before the block's key
 // changes. Later entries of the probe run shift back into the hole.
-func (x *index) del(k Key) {
-	i := uint64(x.find(&k))
+func (x *index) del(k *Key) {
+	i := uint64(x.find(k))
 	x.n--
 	for {
 		x.slots[i] = 0

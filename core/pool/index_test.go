@@ -39,7 +39,7 @@ func TestIndexAgainstMap(t *testing.T) {
 				x.put(k, id)
 				want[k] = id
 			case ok && r.IntN(2) == 0:
-				x.del(k)
+				x.del(&k)
 				blocks[id].key = Key{}
 				delete(want, k)
 				free = append(free, id)

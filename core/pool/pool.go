@@ -218,7 +218,7 @@ func (p *Pool) Register(keys []Key, ids []int) error {
 		p.set(int32(id), stateRegistered, keys[i])
 		p.blocks[id].pins = 0
 		p.lruPushBack(int32(id))
-		p.record(Stored, keys[i])
+		p.record(Stored, &keys[i])
 		p.stats.Stored++
 	}
 	return nil
@@ -238,7 +238,7 @@ func (p *Pool) Release(ids []int) error {
 	for _, id := range ids {
 		b := &p.blocks[id]
 		if b.state == stateStoring {
-			p.index.del(b.key)
+			p.index.del(&b.key)
 		}
 		p.setFree(int32(id))
 	}
@@ -310,8 +310,8 @@ func (p *Pool) Remove(keys []Key) int {
 			continue
 		}
 		b := &p.blocks[id]
-		p.index.del(k)
-		p.record(Removed, k)
+		p.index.del(&k)
+		p.record(Removed, &k)
 		p.stats.Removed++
 		n++
 		if b.pins > 0 {
@@ -453,9 +453,9 @@ func (p *Pool) take(s state, k Key) int32 {
 		b := &p.blocks[id]
 		victim := b.key
 		p.lruRemove(id)
-		p.index.del(victim)
+		p.index.del(&victim)
 		p.set(id, stateFree, Key{})
-		p.record(Removed, victim)
+		p.record(Removed, &victim)
 		p.stats.Evictions++
 		if p.cfg.OnEvict != nil {
 			p.cfg.OnEvict(victim, int(id))
