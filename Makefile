@@ -6,7 +6,7 @@ BUILD     := build
 GOFLAGS_TEST ?= -race -count=1
 export GOFLAGS := -mod=mod
 
-.PHONY: all deps deps-c test test-go vet fuzz bench bench-go demo clean
+.PHONY: all deps deps-c test test-go vet fuzz bench bench-go demo kvbm install-cmd clean
 
 all: lib
 
@@ -48,8 +48,17 @@ bench-go: deps
 	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
 	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
 
-demo: deps
-	$(GO) run ./cmd/kvbm-demo -dir $(BUILD)/demo
+# The kvbm command (info, bench, demo): a Go program of its own, never
+# linked into libkvbm.so.
+kvbm: deps
+	$(GO) build -o $(BUILD)/kvbm ./cmd/kvbm
+
+demo: kvbm
+	$(BUILD)/kvbm demo -dir $(BUILD)/demo
+
+# go install ./cmd/kvbm: into GOBIN, or GOPATH/bin.
+install-cmd: deps
+	$(GO) install ./cmd/kvbm
 
 clean:
 	rm -rf $(BUILD)

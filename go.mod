@@ -3,6 +3,7 @@ module github.com/kvbm/kvbm
 go 1.26
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/ianlancetaylor/cgosymbolizer v0.0.0-20260504013507-f4b012c11129
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0

@@ -65,3 +65,17 @@ func numaNodes(root string) int {
 	}
 	return max(n, 1)
 }
+
+// PCINUMANode is the NUMA node sysfs gives the PCI device at busID (as
+// cuDeviceGetPCIBusId or NVML spell it, e.g. "0000:3B:00.0"); -1 when
+// unknown.
+func PCINUMANode(busID string) int { return pciNUMANode(sysfsRoot, normalBusID(busID)) }
+
+// normalBusID is busID with a 4-digit PCI domain, as sysfs names devices:
+// NVML's bus ids carry an 8-digit domain ("00000000:3B:00.0").
+func normalBusID(busID string) string {
+	if dom, rest, ok := strings.Cut(busID, ":"); ok && len(dom) == 8 && strings.HasPrefix(dom, "0000") {
+		return dom[4:] + ":" + rest
+	}
+	return busID
+}

@@ -1,14 +1,3 @@
-// Command kvbm-demo runs kvbm's end-to-end flow on a Llama-3-8B-shaped KV
-// cache: G1 (device) → G2 (pinned host) → G3 (disk) and G4 (object store)
-// and back, a layer-wise onboard into G1, a prefill→decode hand-off
-// between two workers, and the tiered prefix cache (two requests sharing a
-// long prefix: the second onboards it from G2, G3 and G4 and computes only
-// the rest), verifying every byte of every block on the way.
-//
-//	go run ./cmd/kvbm-demo -dir build/demo [-blocks 256]
-//
-// The device is cuda.Open(""): KVBM_DEVICE chooses, the emulated device
-// when there is no GPU.
 package main
 
 import (
@@ -22,25 +11,33 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
 )
 
-func main() {
-	dir := flag.String("dir", "", "directory for the disk tier (G3) and the object store (G4); created if missing, what is created is removed at the end (required)")
-	blocks := flag.Int("blocks", 256, "number of 2 MiB blocks moved on every path")
-	flag.Parse()
-	logging.Configure()
-	if err := run(os.Stdout, *dir, *blocks); err != nil {
-		fmt.Fprintf(os.Stderr, "kvbm-demo: FAILED: %v\n", err)
-		os.Exit(1)
+// demoCommand is `kvbm demo`: kvbm's end-to-end flow on a Llama-3-8B-shaped
+// KV cache: G1 (device) → G2 (pinned host) → G3 (disk) and G4 (object
+// store) and back, a layer-wise onboard into G1, a prefill→decode hand-off
+// between two workers, and the tiered prefix cache (two requests sharing a
+// long prefix: the second onboards it from G2, G3 and G4 and computes only
+// the rest), verifying every byte of every block on the way.
+//
+// The device is cuda.Open(""): KVBM_DEVICE chooses, the emulated device
+// when there is no GPU.
+func demoCommand(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvbm demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "", "directory for the disk tier (G3) and the object store (G4); created if missing, what is created is removed at the end (required)")
+	blocks := fs.Int("blocks", 256, "number of 2 MiB blocks moved on every path")
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
+	return runDemo(stdout, *dir, *blocks)
 }
 
-func run(stdout io.Writer, dir string, n int) (err error) {
+func runDemo(stdout io.Writer, dir string, n int) (err error) {
 	if dir == "" {
 		return errors.New("-dir is required: where the disk tier and the object store live")
 	}
