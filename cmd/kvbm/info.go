@@ -33,10 +33,10 @@ type libraryInfo struct {
 // deviceInfo is the device backend kvbm picks here: cuda.Default(), as the
 // library would open it.
 type deviceInfo struct {
-	Backend string            `json:"backend"` // "cuda" or "emulated"
-	Choice  string            `json:"kvbm_device"`
+	Backend string   `json:"backend"` // "cuda" or "emulated"
+	Choice  string   `json:"kvbm_device"`
 	Devices []device `json:"devices"`
-	Error   string            `json:"error,omitempty"`
+	Error   string   `json:"error,omitempty"`
 }
 
 // device is one device of the backend (cuda.DeviceInfo).
