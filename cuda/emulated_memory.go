@@ -23,7 +23,9 @@ func (e *Emulated) MemFree(ptr uint64) error {
 	return e.devs.free("cuMemFree", regionDeviceAlloc, ptr)
 }
 
-// HostAlloc maps size bytes of "pinned" host memory.
+// HostAlloc maps size bytes of "pinned" host memory, resident at once
+// (MAP_POPULATE) as cuMemHostAlloc's is: the first copy into it takes no
+// page faults.
 func (e *Emulated) HostAlloc(device int, size uint64) (uint64, error) {
 	const op = "cuMemHostAlloc"
 	if err := e.checkDevice(op, device); err != nil {

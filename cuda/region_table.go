@@ -158,8 +158,13 @@ func (t *regionTable) alloc(op string, kind regionKind, device int, size, limit 
 	if size > math.MaxInt {
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("cannot map %d bytes", size))
 	}
-	mem, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE,
-		syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	flags := syscall.MAP_ANON | syscall.MAP_PRIVATE
+	if kind == regionHostAlloc {
+		// cuMemHostAlloc returns memory that is resident (pinned): the
+		// first copy into it takes no page faults, and neither should ours.
+		flags |= syscall.MAP_POPULATE
+	}
+	mem, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, flags)
 	if err != nil {
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("mmap of %d bytes of %s memory: %v", size, t.what, err))
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/baseline"
 )
 
 // demoCommand is `kvbm demo`: kvbm's end-to-end flow on a Llama-3-8B-shaped
@@ -72,15 +73,14 @@ func runDemo(stdout io.Writer, dir string, n int) (err error) {
 	if err := d.setup(root); err != nil {
 		return err
 	}
-	copyGBs := measureCopy(int64(n) * int64(d.blockSize))
 	runErr := d.paths()
-	prefix, prefixErr := runPrefix(drv, root)
-	printTable(stdout, d.rows, copyGBs)
+	prefix, prefixErr := runPrefix(drv, root, d.copy)
+	printTable(stdout, d.rows)
 	if d.handoff != nil {
 		fmt.Fprintf(stdout, "handoff (SourceFirst, vLLM): %s\n", strings.Join(d.handoff.trace, " · "))
 	}
 	if prefix != nil {
-		printPrefix(stdout, prefix, d.blockSize, copyGBs)
+		printPrefix(stdout, prefix, d.blockSize)
 	}
 	var bad []string
 	for _, r := range d.rows {
@@ -149,7 +149,8 @@ type row struct {
 	blocks  int
 	bytes   int64
 	elapsed time.Duration
-	err     error // the transfer or its verification failed
+	copyGBs float64 // the copy baseline, measured right after the path
+	err     error   // the transfer or its verification failed
 }
 
 type demo struct {
@@ -162,9 +163,13 @@ type demo struct {
 	decode    *tierWorker
 	rows      []row
 	handoff   *handoffRun
+	copy      *baseline.Copy // the limit every path is compared with
 }
 
 func (d *demo) setup(root string) (err error) {
+	if d.copy, err = baseline.NewCopy(copyChunk); err != nil {
+		return err
+	}
 	d.loop = transfer.NewLoopback()
 	g3, g4 := filepath.Join(root, "g3"), filepath.Join(root, "g4")
 	if err := os.MkdirAll(g3, 0o755); err != nil {
@@ -187,6 +192,9 @@ func (d *demo) setup(root string) (err error) {
 
 func (d *demo) close() error {
 	var errs []error
+	if d.copy != nil {
+		errs = append(errs, d.copy.Close())
+	}
 	// The decode worker imported prefill's layouts: it goes first.
 	for _, w := range []*tierWorker{d.decode, d.prefill} {
 		if w != nil {
@@ -204,10 +212,19 @@ func seq(from, n int) []int {
 	return ids
 }
 
+// copyChunk is the size of the copy baseline's buffers (a plain copy on
+// GOMAXPROCS goroutines, as many as kvbm's own copies use): larger than the
+// caches, and warm (written before the first timing), as G2 is since its
+// allocation populates it.
+const copyChunk = 64 << 20
+
 // record adds a row for a path that moved d.n blocks in elapsed, verified
-// by verify.
+// by verify, and measures the copy baseline of the same bytes right after
+// it, so that both see the machine in the same state.
 func (d *demo) record(path string, elapsed time.Duration, verify func() error) {
-	d.rows = append(d.rows, row{path: path, blocks: d.n, bytes: int64(d.n) * int64(d.blockSize), elapsed: elapsed, err: verify()})
+	bytes := int64(d.n) * int64(d.blockSize)
+	copyGBs := d.copy.LimitGBs(bytes)
+	d.rows = append(d.rows, row{path: path, blocks: d.n, bytes: bytes, elapsed: elapsed, copyGBs: copyGBs, err: verify()})
 }
 
 // timed runs one transfer and waits for it.

@@ -14,6 +14,7 @@ import (
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/baseline"
 )
 
 // The prefix-cache scene: request A (a long prompt) is computed and
@@ -40,6 +41,7 @@ type prefixRun struct {
 	matched  int
 	byTier   map[worker.Tier]int
 	loaded   time.Duration // Onboard to the last layer's event and the notification
+	copyGBs  float64       // the copy baseline of the same bytes, right after
 	verified error         // of the onboarded prefix, byte by byte
 	stats    cache.Stats
 	stored   map[worker.Tier]int // stored events by tier
@@ -85,7 +87,7 @@ func promptTokens(seed uint64, n int) []uint32 {
 
 // runPrefix runs the prefix-cache scene on a worker of its own, whose G3
 // and G4 live under root.
-func runPrefix(drv cuda.Driver, root string) (run *prefixRun, err error) {
+func runPrefix(drv cuda.Driver, root string, ref *baseline.Copy) (run *prefixRun, err error) {
 	page := llama3_8B(1).PageSize
 	promptB := prefixPromptA + prefixNew
 	// G1: A's blocks (reused by the other request once offloaded), then B's.
@@ -140,6 +142,7 @@ func runPrefix(drv cuda.Driver, root string) (run *prefixRun, err error) {
 	if run.loaded, err = onboardLayerwise(drv, c, keysB[:n], g1B[:n]); err != nil {
 		return nil, err
 	}
+	run.copyGBs = ref.LimitGBs(int64(n) * int64(llama3_8B(1).BlockSize()))
 	run.verified = w.verifyBlocks(worker.G1, g1B[:n], tagsB[:n])
 
 	// B computes only the rest, and offers its whole prompt to the cache,
@@ -226,7 +229,8 @@ func onboardLayerwise(drv cuda.Driver, c *cache.Cache, keys [][]byte, g1 []int) 
 
 // printPrefix prints the scene: where B's prefix was found, the hit rate,
 // the onboard's speed beside the copy baseline, and the cache's counters.
-func printPrefix(w io.Writer, r *prefixRun, blockSize int, copyGBs float64) {
+func printPrefix(w io.Writer, r *prefixRun, blockSize int) {
+	copyGBs := r.copyGBs
 	pct := func(n, of int) float64 { return 100 * float64(n) / float64(of) }
 	bytes := int64(r.matched) * int64(blockSize)
 	gbs := float64(bytes) / r.loaded.Seconds() / 1e9

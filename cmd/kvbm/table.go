@@ -7,23 +7,10 @@ import (
 	"time"
 )
 
-// measureCopy is the limit every path is compared with: a plain Go copy of
-// total bytes, through buffers larger than the caches, in this run.
-func measureCopy(total int64) float64 {
-	chunk := min(total, 64<<20)
-	src, dst := make([]byte, chunk), make([]byte, chunk)
-	fill(src, 1)
-	copy(dst, src) // fault the pages in before timing
-	t0 := time.Now()
-	for done := int64(0); done < total; done += chunk {
-		copy(dst[:min(chunk, total-done)], src)
-	}
-	return float64(total) / time.Since(t0).Seconds() / 1e9
-}
-
-func printTable(w io.Writer, rows []row, copyGBs float64) {
-	header := []string{"path", "blocks", "bytes", "seconds", "GB/s", "copy GB/s", "vs copy", "verified"}
-	cells := [][]string{header}
+// printTable prints the demo's rows, each beside the copy baseline
+// measured right after it.
+func printTable(w io.Writer, rows []row) {
+	cells := [][]string{{"path", "blocks", "bytes", "seconds", "GB/s", "copy GB/s", "vs copy", "verified"}}
 	for _, r := range rows {
 		gbs := float64(r.bytes) / r.elapsed.Seconds() / 1e9
 		verified := "yes"
@@ -33,10 +20,16 @@ func printTable(w io.Writer, rows []row, copyGBs float64) {
 		cells = append(cells, []string{
 			r.path, fmt.Sprint(r.blocks), fmt.Sprintf("%d MiB", r.bytes>>20),
 			fmt.Sprintf("%.3f", r.elapsed.Seconds()), fmt.Sprintf("%.2f", gbs),
-			fmt.Sprintf("%.2f", copyGBs), fmt.Sprintf("%.2f", gbs/copyGBs), verified,
+			fmt.Sprintf("%.2f", r.copyGBs), fmt.Sprintf("%.2f", gbs/r.copyGBs), verified,
 		})
 	}
-	width := make([]int, len(header))
+	printCells(w, cells, 1)
+}
+
+// printCells prints a Markdown table: cells[0] is the header; the first
+// `left` columns and the last are aligned left, the others right.
+func printCells(w io.Writer, cells [][]string, left int) {
+	width := make([]int, len(cells[0]))
 	for _, c := range cells {
 		for i, s := range c {
 			width[i] = max(width[i], len([]rune(s)))
@@ -46,7 +39,7 @@ func printTable(w io.Writer, rows []row, copyGBs float64) {
 		parts := make([]string, len(c))
 		for i, s := range c {
 			pad := strings.Repeat(" ", width[i]-len([]rune(s)))
-			if i == 0 || i == len(c)-1 {
+			if i < left || i == len(c)-1 {
 				parts[i] = s + pad
 			} else {
 				parts[i] = pad + s
@@ -55,7 +48,7 @@ func printTable(w io.Writer, rows []row, copyGBs float64) {
 		fmt.Fprintf(w, "| %s |\n", strings.Join(parts, " | "))
 	}
 	line(cells[0])
-	sep := make([]string, len(header))
+	sep := make([]string, len(width))
 	for i := range sep {
 		sep[i] = strings.Repeat("-", width[i])
 	}
@@ -64,3 +57,5 @@ func printTable(w io.Writer, rows []row, copyGBs float64) {
 		line(c)
 	}
 }
+
+func gbPerS(bytes int64, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e9 }

@@ -1,0 +1,65 @@
+package baseline
+
+import (
+	"bytes"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvbm/kvbm/core/storage"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestCopyMovesTheBytes(t *testing.T) {
+	c, err := NewCopy(1 << 20)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	clear(c.dstB)
+	c.Run(3<<20+5, 3) // more than the buffers, uneven shares
+	require.True(t, bytes.Equal(c.srcB, c.dstB))
+	require.Greater(t, c.LimitGBs(1<<20), 0.0)
+	_, err = NewCopy(0)
+	require.ErrorContains(t, err, "chunk of 0 bytes")
+}
+
+func TestDirectFileRoundTrip(t *testing.T) {
+	const size = 4 * DirectRequest
+	f, err := CreateDirectFile(filepath.Join(t.TempDir(), "plain"), size)
+	require.NoError(t, err)
+	mem, err := storage.AllocSystem(2 * size)
+	require.NoError(t, err)
+	defer mem.Close()
+	b, _ := mem.Bytes()
+	w, r := b[:size], b[size:]
+	for i := range w {
+		w[i] = byte(i * 13)
+	}
+	_, err = f.IO(w, true, 3)
+	require.NoError(t, err)
+	_, err = f.IO(r, false, 2)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(w, r))
+	_, err = f.IO(r[:100], false, 1)
+	require.ErrorContains(t, err, "100 bytes is not a multiple")
+	require.NoError(t, f.Close())
+}
+
+func TestFilesRoundTrip(t *testing.T) {
+	f, err := NewFiles(filepath.Join(t.TempDir(), "files"), 5)
+	require.NoError(t, err)
+	w, r := make([][]byte, 5), make([][]byte, 5)
+	for i := range w {
+		w[i], r[i] = bytes.Repeat([]byte{byte(i + 1)}, 4096), make([]byte, 4096)
+	}
+	_, err = f.IO(w, true, 2)
+	require.NoError(t, err)
+	_, err = f.IO(r, false, 4)
+	require.NoError(t, err)
+	require.Equal(t, w, r)
+	_, err = f.IO(make([][]byte, 6), false, 1)
+	require.ErrorContains(t, err, "6 blocks for 5 files")
+	require.NoError(t, f.Close())
+}
