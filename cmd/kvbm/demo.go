@@ -393,31 +393,38 @@ func (d *demo) compareCopies(a, b, tags []int) error {
 	})
 }
 
-// layerwise onboards G2 blocks src into G1 blocks dst one layer at a time,
-// with one driver event per layer recorded after that layer's copies, and
-// waits on the last layer's event and the notification.
+// layerwise onboards prefill's G2 blocks src into its G1 blocks dst.
 func (d *demo) layerwise(src, dst []int) (time.Duration, error) {
-	layers := llama3_8B(1).NumLayers
+	return layerwiseOnboard(d.drv, d.prefill, src, dst)
+}
+
+// layerwiseOnboard onboards w's G2 blocks src into its G1 blocks dst one
+// layer at a time, with one driver event per layer recorded after that
+// layer's copies, and waits on the last layer's event and the
+// notification, as the engine's attention would; every layer's event must
+// be complete by then.
+func layerwiseOnboard(drv cuda.Driver, w *tierWorker, src, dst []int) (time.Duration, error) {
+	layers := w.g1cfg.NumLayers
 	events := make([]cuda.Event, 0, layers)
 	defer func() {
 		for _, ev := range events {
-			_ = d.drv.EventDestroy(ev)
+			_ = drv.EventDestroy(ev)
 		}
 	}()
 	for l := range layers {
-		ev, err := d.drv.EventCreate(0)
+		ev, err := drv.EventCreate(0)
 		if err != nil {
 			return 0, fmt.Errorf("layer-wise onboard: create event for layer %d: %w", l, err)
 		}
 		events = append(events, ev)
 	}
 	t0 := time.Now()
-	nt, err := d.prefill.ExecuteLayerwiseOnboard(src, dst, events, nil)
+	nt, err := w.ExecuteLayerwiseOnboard(src, dst, events, nil)
 	if err != nil {
 		return 0, fmt.Errorf("layer-wise onboard: %w", err)
 	}
 	// What the engine's attention for the last layer would wait for.
-	if err := d.drv.EventSynchronize(events[layers-1]); err != nil {
+	if err := drv.EventSynchronize(events[layers-1]); err != nil {
 		return 0, fmt.Errorf("layer-wise onboard: last layer's event: %w", err)
 	}
 	if err := nt.WaitTimeout(waitLimit); err != nil {
@@ -425,7 +432,7 @@ func (d *demo) layerwise(src, dst []int) (time.Duration, error) {
 	}
 	el := time.Since(t0)
 	for l, ev := range events {
-		done, err := d.drv.EventQuery(ev)
+		done, err := drv.EventQuery(ev)
 		if err != nil {
 			return 0, fmt.Errorf("layer-wise onboard: layer %d's event: %w", l, err)
 		}

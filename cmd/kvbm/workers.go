@@ -22,8 +22,12 @@ var vllmShape = transfer.Shape{Kind: layout.LayerSeparate, BlockDim: layout.Bloc
 // llama3_8B is the cache of Llama-3-8B in blocks of 16 tokens: 32 layers,
 // separate K and V, 8 KV heads × 128 dims in bf16. One block is 2 MiB made
 // of 64 fragments of 32 KiB.
-func llama3_8B(blocks int) layout.Config {
-	return layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 8 * 128, DtypeWidth: 2}
+func llama3_8B(blocks int) layout.Config { return llama3_8BTokens(blocks, 16) }
+
+// llama3_8BTokens is the cache of Llama-3-8B in blocks of tokens tokens:
+// 128 KiB a token, fragments of 2 KiB a token.
+func llama3_8BTokens(blocks, tokens int) layout.Config {
+	return layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: tokens, InnerDim: 8 * 128, DtypeWidth: 2}
 }
 
 // waitLimit bounds every wait, so that a hang is an error, not a stuck run.
@@ -35,6 +39,7 @@ const waitLimit = 2 * time.Minute
 type tierWorker struct {
 	*worker.PhysicalWorker
 	name  string
+	g1cfg layout.Config
 	g1mem []*storage.Memory
 }
 
@@ -42,6 +47,7 @@ type tierSpec struct {
 	name       string
 	id         uint64
 	g1, g2, g3 int // blocks per tier; 0 leaves the tier out
+	tokens     int // tokens per block; 0 is 16 (2 MiB blocks)
 	diskDir    string
 	objectDir  string // "": no G4
 	loop       *transfer.Loopback
@@ -63,7 +69,11 @@ func newTierWorker(drv cuda.Driver, s tierSpec) (w *tierWorker, err error) {
 		}
 	}()
 
-	g1 := llama3_8B(s.g1)
+	if s.tokens == 0 {
+		s.tokens = 16
+	}
+	g1 := llama3_8BTokens(s.g1, s.tokens)
+	w.g1cfg = g1
 	sizes, err := layout.RegionSizes(g1, vllmShape.Kind, vllmShape.BlockDim)
 	if err != nil {
 		return w, fmt.Errorf("%s: G1 region sizes: %w", s.name, err)
@@ -80,11 +90,11 @@ func newTierWorker(drv cuda.Driver, s tierSpec) (w *tierWorker, err error) {
 	if _, err := pw.RegisterG1(g1, vllmShape, ptrs); err != nil {
 		return w, fmt.Errorf("%s: %w", s.name, err)
 	}
-	if _, err := pw.AllocateG2(llama3_8B(s.g2), transfer.FullyContiguous); err != nil {
+	if _, err := pw.AllocateG2(llama3_8BTokens(s.g2, s.tokens), transfer.FullyContiguous); err != nil {
 		return w, fmt.Errorf("%s: %w", s.name, err)
 	}
 	if s.g3 > 0 {
-		if _, err := pw.AllocateG3(llama3_8B(s.g3), transfer.FullyContiguous); err != nil {
+		if _, err := pw.AllocateG3(llama3_8BTokens(s.g3, s.tokens), transfer.FullyContiguous); err != nil {
 			return w, fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
@@ -170,10 +180,16 @@ func (w *tierWorker) fillBlocks(t worker.Tier, ids, tags []int) error {
 	if err != nil {
 		return err
 	}
+	return fillIO(bio, fmt.Sprintf("%s %v", w.name, t), ids, tags)
+}
+
+// fillIO writes the pattern of block tags[i] into block ids[i] of any block
+// store.
+func fillIO(bio object.BlockIO, what string, ids, tags []int) error {
 	return parallel(len(ids), bio.BlockSize(), func(i int, a, _ []byte) error {
 		fill(a, tags[i])
 		if err := bio.WriteBlock(ids[i], a); err != nil {
-			return fmt.Errorf("%s: write %v block %d: %w", w.name, t, ids[i], err)
+			return fmt.Errorf("%s: write block %d: %w", what, ids[i], err)
 		}
 		return nil
 	})

@@ -26,8 +26,11 @@ func TestCopyMovesTheBytes(t *testing.T) {
 }
 
 func TestDirectFileRoundTrip(t *testing.T) {
-	const size = 4 * DirectRequest
-	f, err := CreateDirectFile(filepath.Join(t.TempDir(), "plain"), size)
+	const req = 64 << 10
+	const size = 4 * req
+	_, err := CreateDirectFile(filepath.Join(t.TempDir(), "bad"), size, 1000)
+	require.ErrorContains(t, err, "request of 1000 bytes")
+	f, err := CreateDirectFile(filepath.Join(t.TempDir(), "plain"), size, req)
 	require.NoError(t, err)
 	mem, err := storage.AllocSystem(2 * size)
 	require.NoError(t, err)
@@ -43,7 +46,7 @@ func TestDirectFileRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(w, r))
 	_, err = f.IO(r[:100], false, 1)
-	require.ErrorContains(t, err, "100 bytes is not a multiple")
+	require.ErrorContains(t, err, "100 bytes is not a multiple of the request size 65536")
 	require.NoError(t, f.Close())
 }
 

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// The process-wide driver of `kvbm info` (cuda.Default) lives on; nothing
+// else may.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// kvbm runs a command line and returns its status, stdout and stderr.
+func kvbm(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	rc := run(args, &out, &errb)
+	return rc, out.String(), errb.String()
+}
+
+func TestUsage(t *testing.T) {
+	rc, _, stderr := kvbm()
+	require.Equal(t, 2, rc)
+	require.Contains(t, stderr, "usage: kvbm <command>")
+	rc, _, stderr = kvbm("frobnicate")
+	require.Equal(t, 2, rc)
+	require.Contains(t, stderr, `unknown command "frobnicate"`)
+	rc, stdout, _ := kvbm("help")
+	require.Equal(t, 0, rc)
+	require.Contains(t, stdout, "bench")
+	rc, _, stderr = kvbm("bench", "-blocks", "0")
+	require.Equal(t, 2, rc)
+	require.Contains(t, stderr, `-blocks: "0" is not a positive integer`)
+	rc, _, stderr = kvbm("info", "extra")
+	require.Equal(t, 2, rc)
+	require.Contains(t, stderr, `unexpected argument "extra"`)
+	rc, _, stderr = kvbm("demo")
+	require.Equal(t, 1, rc)
+	require.Contains(t, stderr, "-dir is required")
+	rc, _, _ = kvbm("info", "-h")
+	require.Equal(t, 0, rc)
+}
+
+func TestInfo(t *testing.T) {
+	dir := t.TempDir()
+	rc, stdout, stderr := kvbm("info", "-dir", dir)
+	require.Equal(t, 0, rc, stderr)
+	require.Contains(t, stdout, "kvbm 0.")
+	require.Contains(t, stdout, "device backend: ")
+	require.Contains(t, stdout, "GPUs")
+	require.Contains(t, stdout, "disk tier: "+dir)
+	require.Contains(t, stdout, "transports: in-process loopback")
+
+	rc, stdout, stderr = kvbm("info", "--json", "-dir", dir)
+	require.Equal(t, 0, rc, stderr)
+	var r infoReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
+	require.Equal(t, dir, r.Disk.Dir)
+	require.NotEmpty(t, r.Disk.Filesystem)
+	require.Empty(t, r.Disk.Error)
+	require.NotEmpty(t, r.Device.Backend)
+	require.NotEmpty(t, r.Device.Devices)
+	if !r.NVML.Available {
+		require.NotEmpty(t, r.NVML.Error, "where NVML is absent, the report says why")
+	}
+
+	rc, stdout, _ = kvbm("info", "-dir", dir+"/missing")
+	require.Equal(t, 0, rc, "a missing directory is reported, not fatal")
+	require.Contains(t, stdout, "no such file or directory")
+}
+
+func TestBench(t *testing.T) {
+	rc, stdout, stderr := kvbm("bench", "--json", "-dir", t.TempDir(), "-blocks", "4", "-concurrency", "1,2",
+		"-reps", "1", "-small-ops", "10")
+	require.Equal(t, 0, rc, stderr)
+	var r benchReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
+	require.Len(t, r.Results, 2*9+2)
+	for _, x := range r.Results {
+		require.Empty(t, x.Error, x.Path)
+		require.Positive(t, x.Value, x.Path)
+		require.Positive(t, x.BaselineValue, x.Path)
+		require.Positive(t, x.Ratio, x.Path)
+		require.LessOrEqual(t, x.RatioMin, x.RatioMax, x.Path)
+	}
+	require.Contains(t, stderr, "kvbm bench: G2→G3 disk write, 2 MiB blocks ×4, concurrency 2")
+
+	rc, stdout, stderr = kvbm("bench", "-dir", t.TempDir(), "-blocks", "2", "-concurrency", "1",
+		"-reps", "1", "-paths", "G3,G4", "-tokens", "8")
+	require.Equal(t, 0, rc, stderr)
+	require.Contains(t, stdout, "| G2→G3 disk write ")
+	require.Contains(t, stdout, "| 1 MiB ")
+	require.NotContains(t, stdout, "layer-wise")
+	require.Equal(t, 2+4, strings.Count(stdout, "\n|"), stdout) // header, rule, 4 rows
+}
