@@ -1,16 +1,15 @@
 package transfer
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/baseline"
 	"github.com/stretchr/testify/require"
 )
 
@@ -135,9 +134,9 @@ func BenchmarkDisk(b *testing.B) {
 	for i := range bb {
 		bb[i] = byte(i)
 	}
-	plain, err := newPlainDirectFile(filepath.Join(dir, "plain-odirect.bin"), bytes)
+	plain, err := baseline.CreateDirectFile(filepath.Join(dir, "plain-odirect.bin"), bytes, cfg.BlockSize())
 	require.NoError(b, err)
-	defer plain.close()
+	defer func() { require.NoError(b, plain.Close()) }()
 	ids := benchIDs()
 	for _, write := range []bool{true, false} {
 		name := "G2-G3/write"
@@ -153,9 +152,9 @@ func BenchmarkDisk(b *testing.B) {
 				require.NoError(b, err)
 				require.NoError(b, n.WaitTimeout(-1))
 				took += time.Since(start)
-				start = time.Now()
-				require.NoError(b, plain.io(bb, write))
-				limit += time.Since(start)
+				el, err := plain.IO(bb, write, 1)
+				require.NoError(b, err)
+				limit += el
 			}
 			reportRatio(b, bytes, took, limit, "odirect")
 		})
@@ -176,43 +175,4 @@ func touch(b *testing.B, emu *cuda.Emulated, m *Manager, h LayoutHandle) {
 			mem[i] = byte(i)
 		}
 	}
-}
-
-// plainDirectFile is the limit for disk figures: one preallocated file
-// written or read sequentially with O_DIRECT in 2 MiB requests.
-type plainDirectFile struct{ f *os.File }
-
-func newPlainDirectFile(path string, size uint64) (*plainDirectFile, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_DIRECT, 0o600)
-	if err != nil {
-		if f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
-			return nil, err
-		}
-	}
-	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("fallocate: %w", err)
-	}
-	return &plainDirectFile{f: f}, nil
-}
-
-func (p *plainDirectFile) io(buf []byte, write bool) error {
-	const req = 2 << 20
-	for off := 0; off < len(buf); off += req {
-		var err error
-		if write {
-			_, err = p.f.WriteAt(buf[off:off+req], int64(off))
-		} else {
-			_, err = p.f.ReadAt(buf[off:off+req], int64(off))
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (p *plainDirectFile) close() {
-	p.f.Close()
-	os.Remove(p.f.Name())
 }
