@@ -176,3 +176,50 @@ func touch(b *testing.B, emu *cuda.Emulated, m *Manager, h LayoutHandle) {
 		}
 	}
 }
+
+// BenchmarkSmallTransfer is one 4 KiB block G2→G1 (pinned to the emulated
+// device) per call, waited for before the next, as an engine's small
+// transfers are: the cost of a call and its completion, beside a plain copy
+// of the same 4 KiB in the same run.
+func BenchmarkSmallTransfer(b *testing.B) {
+	cfg := layout.Config{NumBlocks: 256, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 2048, DtypeWidth: 2}
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	m, err := NewManager(Config{WorkerID: 1, Driver: emu})
+	require.NoError(b, err)
+	defer m.Close()
+	g1, err := m.AllocateLayout(storage.Device, cfg, FullyContiguous)
+	require.NoError(b, err)
+	g2, err := m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
+	require.NoError(b, err)
+	touch(b, emu, m, g1)
+	touch(b, emu, m, g2)
+	size := cfg.BlockSize()
+	src, dst := make([]byte, 256*size), make([]byte, 256*size)
+	copy(dst, src)
+	ids := make([][]int, 256)
+	for i := range ids {
+		ids[i] = []int{i}
+	}
+	var took, limit time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		j := i % 256
+		start := time.Now()
+		n, err := m.ExecuteTransfer(g2, ids[j], g1, ids[j], Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := n.WaitTimeout(time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		took += time.Since(start)
+		start = time.Now()
+		copy(dst[j*size:(j+1)*size], src[j*size:(j+1)*size])
+		limit += time.Since(start)
+	}
+	b.ReportMetric(float64(took.Nanoseconds())/1e3/float64(b.N), "us/transfer")
+	b.ReportMetric(float64(limit.Nanoseconds())/1e3/float64(b.N), "us/memcpy")
+	b.ReportMetric(limit.Seconds()/took.Seconds(), "x-memcpy")
+	b.ReportMetric(0, "ns/op")
+}
