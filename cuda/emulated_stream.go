@@ -284,7 +284,7 @@ func (e *Emulated) MemcpyAsync(kind CopyKind, c Copy, h Stream) error {
 	if err != nil {
 		return err
 	}
-	if err := e.checkCopy(op, kind, c, ""); err != nil {
+	if err := e.checkCopy(op, kind, c, -1, 0); err != nil {
 		return err
 	}
 	if c.Size == 0 {
@@ -304,7 +304,7 @@ func (e *Emulated) MemcpyBatchAsync(kind CopyKind, copies []Copy, h Stream) erro
 	}
 	n := 0
 	for i, c := range copies {
-		if err := e.checkCopy(op, kind, c, fmt.Sprintf("copy %d of %d: ", i, len(copies))); err != nil {
+		if err := e.checkCopy(op, kind, c, i, len(copies)); err != nil {
 			return err
 		}
 		if c.Size != 0 {
@@ -336,8 +336,16 @@ func copyOp(kind CopyKind) string {
 }
 
 // checkCopy checks c's kind and, for a non-empty copy, that its source and
-// destination each lie within one range of the right table.
-func (e *Emulated) checkCopy(op string, kind CopyKind, c Copy, prefix string) error {
+// destination each lie within one range of the right table. A copy of a
+// batch (index ≥ 0 of n) is named in the error; the name is formatted only
+// then, since a batch may hold thousands of copies.
+func (e *Emulated) checkCopy(op string, kind CopyKind, c Copy, index, n int) error {
+	prefix := func() string {
+		if index < 0 {
+			return ""
+		}
+		return fmt.Sprintf("copy %d of %d: ", index, n)
+	}
 	var src, dst *regionTable
 	switch kind {
 	case HostToDevice:
@@ -347,7 +355,7 @@ func (e *Emulated) checkCopy(op string, kind CopyKind, c Copy, prefix string) er
 	case DeviceToDevice:
 		src, dst = &e.devs, &e.devs
 	default:
-		return NewError(op, ErrCodeInvalidValue, fmt.Sprintf("%sinvalid copy kind %v", prefix, kind))
+		return NewError(op, ErrCodeInvalidValue, fmt.Sprintf("%sinvalid copy kind %v", prefix(), kind))
 	}
 	if c.Size == 0 {
 		return nil
@@ -355,12 +363,12 @@ func (e *Emulated) checkCopy(op string, kind CopyKind, c Copy, prefix string) er
 	if src.lookup(c.Src, c.Size) == nil {
 		return NewError(op, ErrCodeInvalidValue, fmt.Sprintf(
 			"%s%v source range %#x..%#x (%d bytes) is not within one %s range",
-			prefix, kind, c.Src, c.Src+c.Size, c.Size, src.what))
+			prefix(), kind, c.Src, c.Src+c.Size, c.Size, src.what))
 	}
 	if dst.lookup(c.Dst, c.Size) == nil {
 		return NewError(op, ErrCodeInvalidValue, fmt.Sprintf(
 			"%s%v destination range %#x..%#x (%d bytes) is not within one %s range",
-			prefix, kind, c.Dst, c.Dst+c.Size, c.Size, dst.what))
+			prefix(), kind, c.Dst, c.Dst+c.Size, c.Size, dst.what))
 	}
 	return nil
 }
