@@ -6,7 +6,7 @@ BUILD     := build
 GOFLAGS_TEST ?= -race -count=1
 export GOFLAGS := -mod=mod
 
-.PHONY: all deps deps-c test test-go vet fuzz bench bench-go demo kvbm install-cmd clean
+.PHONY: all deps deps-c test test-go vet fuzz bench bench-go bench-cmd demo kvbm install-cmd clean
 
 all: lib
 
@@ -42,7 +42,11 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
 
 # Benchmarks: every figure beside the limit measured in the same run.
-bench: bench-go bench-c bench-py
+bench: bench-go bench-c bench-py bench-cmd
+
+# The path benchmarks of the kvbm command, on this machine's device and disk.
+bench-cmd: kvbm
+	$(BUILD)/kvbm bench -dir $(BUILD)/bench
 
 bench-go: deps
 	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
