@@ -139,7 +139,7 @@ func runPrefix(drv cuda.Driver, root string, ref *baseline.Copy) (run *prefixRun
 	if err := w.clearBlocks(worker.G1, g1B); err != nil {
 		return nil, err
 	}
-	if run.loaded, err = onboardLayerwise(drv, c, keysB[:n], g1B[:n]); err != nil {
+	if run.loaded, err = cacheOnboardLayerwise(drv, c, keysB[:n], g1B[:n]); err != nil {
 		return nil, err
 	}
 	run.copyGBs = ref.LimitGBs(int64(n) * int64(llama3_8B(1).BlockSize()))
@@ -195,10 +195,10 @@ func computeAndOffload(w *tierWorker, c *cache.Cache, what string, keys [][]byte
 	return all, nil
 }
 
-// onboardLayerwise onboards keys into G1 blocks g1 through the cache, with
+// cacheOnboardLayerwise onboards keys into G1 blocks g1 through the cache, with
 // one event per layer, and waits for the last layer's event and the
 // notification, as the engine's attention would.
-func onboardLayerwise(drv cuda.Driver, c *cache.Cache, keys [][]byte, g1 []int) (time.Duration, error) {
+func cacheOnboardLayerwise(drv cuda.Driver, c *cache.Cache, keys [][]byte, g1 []int) (time.Duration, error) {
 	layers := llama3_8B(1).NumLayers
 	events := make([]cuda.Event, 0, layers)
 	defer func() {
