@@ -8,8 +8,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/version"
 )
@@ -59,7 +57,7 @@ func infoCommand(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	r := gatherInfo(nvml.New(), "/sys", *dir)
+	r := gatherInfo(systemGPUs, "/sys", *dir)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -70,7 +68,8 @@ func infoCommand(args []string, stdout, stderr io.Writer) error {
 }
 
 // gatherInfo never fails: what cannot be learned is said in the report.
-func gatherInfo(lib nvml.Interface, sysfs, dir string) infoReport {
+// gpus asks NVML.
+func gatherInfo(gpus func() gpuReport, sysfs, dir string) infoReport {
 	r := infoReport{
 		Library:    libraryInfo{Version: version.String(), ABIVersion: version.ABI},
 		Device:     deviceInfo{Choice: os.Getenv(cuda.EnvDevice), Devices: []device{}},
@@ -96,7 +95,7 @@ func gatherInfo(lib nvml.Interface, sysfs, dir string) infoReport {
 			r.Device.Devices = append(r.Device.Devices, device(d))
 		}
 	}
-	r.NVML = queryGPUs(lib)
+	r.NVML = gpus()
 	var err error
 	if r.NUMA, err = hostNUMANodes(sysfs); err != nil {
 		r.NUMAError = err.Error()
