@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net/http"
 	"strconv"
@@ -69,16 +70,29 @@ func NewS3Store(cfg S3Config) (*S3Store, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opTimeout)
 	defer cancel()
-	ok, err := client.BucketExists(ctx, s.bucket)
-	if err != nil {
+	if err := s.probe(ctx); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("%s: %w", s.location, s.classify(ctx, err))
-	}
-	if !ok {
-		s.Close()
-		return nil, fmt.Errorf("%s: %w: bucket %q does not exist (the store does not create it)", s.location, ErrIO, s.bucket)
+		return nil, fmt.Errorf("%s: %w", s.location, err)
 	}
 	return s, nil
+}
+
+// probe reads an object name that no block uses: "not found" proves that
+// the endpoint answers, accepts the credentials and has the bucket. A GET
+// rather than a HEAD, whose error would come without a body, so that an
+// unknown access key, a bad secret and a missing bucket read differently.
+func (s *S3Store) probe(ctx context.Context) error {
+	body, _, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+".kvbm-probe", minio.GetObjectOptions{})
+	if err == nil {
+		return body.Close()
+	}
+	if minio.ToErrorResponse(err).Code == "NoSuchBucket" {
+		return fmt.Errorf("%w: bucket %q does not exist (the store does not create it)", ErrIO, s.bucket)
+	}
+	if err := s.classify(ctx, err); !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // Close releases the store's idle connections. Calls in flight finish; a
@@ -211,11 +225,11 @@ func (s *S3Store) PutBlocksWithLayout(ctx context.Context, keys []Key, src Block
 
 // putOne stores one block. The PUT is conditional (If-None-Match: *): when
 // an object already exists the server refuses it with 412, and the object
-// is kept if its header records this key, this length and this payload's
-// CRC32C (the same block, stored by another rank, instance or an earlier
-// put), and replaced by an unconditional PUT otherwise, as the Store
-// contract asks. A server that ignores the condition simply replaces the
-// object.
+// is kept if it is whole, valid and holds this very payload (the same
+// block, stored by another rank, instance or an earlier put: the server
+// writes nothing), and replaced by an unconditional PUT otherwise, as the
+// Store contract asks. A server that ignores the condition simply replaces
+// the object.
 func (s *S3Store) putOne(ctx context.Context, key Key, src BlockIO, id int, buf []byte) error {
 	payload := buf[headerSize:]
 	if err := src.ReadBlock(id, payload); err != nil {
@@ -229,10 +243,34 @@ func (s *S3Store) putOne(ctx context.Context, key Key, src BlockIO, id int, buf 
 	if !isPreconditionFailed(err) {
 		return err
 	}
-	if h, herr := s.readHeader(ctx, key); herr == nil && h.length == uint64(len(payload)) && h.crc == payloadCRC(payload) {
+	if s.holds(ctx, key, uint64(len(payload)), payloadCRC(payload)) {
 		return nil
 	}
 	return s.put(ctx, key, buf, false)
+}
+
+// holds reports whether key's object is whole and valid and holds a
+// payload of this length and CRC32C: the same block. The payload is
+// streamed through the checksum rather than trusted from the header, so
+// that an object damaged in place is replaced, not kept.
+func (s *S3Store) holds(ctx context.Context, key Key, length uint64, crc uint32) bool {
+	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.ObjectName(key), minio.GetObjectOptions{})
+	if err != nil {
+		return false
+	}
+	defer body.Close()
+	var hb [headerSize]byte
+	if _, err := io.ReadFull(body, hb[:]); err != nil {
+		return false
+	}
+	h, err := decodeHeader(hb[:])
+	if err != nil || h.checkKey(key) != nil || h.checkHeldLength(info.Size-headerSize) != nil ||
+		h.length != length || h.crc != crc {
+		return false
+	}
+	sum := crc32.New(castagnoli)
+	n, err := io.Copy(sum, body)
+	return err == nil && uint64(n) == length && sum.Sum32() == crc
 }
 
 // put sends one whole object in a single-part PUT; conditional adds
@@ -359,9 +397,11 @@ func (s *S3Store) classify(ctx context.Context, err error) error {
 	}
 	r := minio.ToErrorResponse(err)
 	switch {
-	case r.Code == "NoSuchKey" || r.StatusCode == http.StatusNotFound && r.Code != "NoSuchBucket":
+	case r.Code == "NoSuchKey" || r.StatusCode == http.StatusNotFound && r.Code == "":
+		// A HEAD's 404 comes without a body, hence without a code.
 		return fmt.Errorf("%w: %v", ErrNotFound, err)
 	case r.Code == "InvalidAccessKeyId" || r.Code == "SignatureDoesNotMatch" || r.Code == "AccessDenied" ||
+		r.Code == "XAdminUserNotFound" || // versitygw's unknown access key
 		r.StatusCode == http.StatusForbidden:
 		return fmt.Errorf("%w: credentials refused by %s (%s): %v; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
 			ErrIO, s.location, r.Code, err)

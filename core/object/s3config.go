@@ -165,4 +165,3 @@ func firstSet(vals ...string) string {
 	}
 	return ""
 }
-
