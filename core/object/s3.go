@@ -3,13 +3,11 @@ package object
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -113,9 +111,10 @@ func (s *S3Store) ObjectName(key Key) string { return s.prefix + key.String() }
 // Bucket returns the store's bucket.
 func (s *S3Store) Bucket() string { return s.bucket }
 
-// HasBlocks reports which objects exist, reading only their headers: one
-// ranged GET of the header per key, which costs the server what a HEAD
-// does and also proves the object is this key's and whole.
+// HasBlocks reports which objects exist with one HEAD per key: the
+// object's metadata (objectMeta) says which key, length and checksum it
+// holds, so an object this store did not write, or wrote under another
+// key, reads as corrupt without a byte of it being read.
 func (s *S3Store) HasBlocks(ctx context.Context, keys []Key) []Presence {
 	out := make([]Presence, len(keys))
 	forEach(ctx, len(keys), s.concurrency,
@@ -134,7 +133,7 @@ func (s *S3Store) hasOne(ctx context.Context, key Key) Presence {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	h, err := s.readHeader(ctx, key)
+	h, err := s.stat(ctx, key)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return p
@@ -146,62 +145,48 @@ func (s *S3Store) hasOne(ctx context.Context, key Key) Presence {
 	return p
 }
 
-// readHeader reads and checks the header of key's object: written under
-// key, and exactly as long as the header records.
-func (s *S3Store) readHeader(ctx context.Context, key Key) (header, error) {
+// metaName is the user metadata entry (x-amz-meta-kvbm-object) that
+// repeats an object's header: "{format version} {hex key} {payload length}
+// {payload CRC32C, 8 hex digits}". It is written by the same PUT as the
+// bytes, and S3 objects are never changed in place, so it describes the
+// bytes it came with; Get still checks the bytes themselves.
+const metaName = "Kvbm-Object"
+
+func objectMeta(key Key, length int, crc uint32) string {
+	return fmt.Sprintf("%d %s %d %08x", formatVersion, key, length, crc)
+}
+
+// stat reads key's object's metadata with a HEAD and checks it: written by
+// this store's format, under key, and as long as it records.
+func (s *S3Store) stat(ctx context.Context, key Key) (header, error) {
 	name := s.ObjectName(key)
-	var opts minio.GetObjectOptions
-	if err := opts.SetRange(0, headerSize-1); err != nil {
-		return header{}, err
-	}
-	body, info, hdr, err := s.core.GetObject(ctx, s.bucket, name, opts)
+	info, err := s.core.StatObject(ctx, s.bucket, name, minio.StatObjectOptions{})
 	if err != nil {
-		if minio.ToErrorResponse(err).Code == "InvalidRange" {
-			// An empty object: not even a magic.
-			return header{}, corruptf("truncated header: 0 of %d bytes", headerSize)
-		}
-		return header{}, fmt.Errorf("s3 get header of %s: %w", name, s.classify(ctx, err))
+		return header{}, fmt.Errorf("s3 head %s: %w", name, s.classify(ctx, err))
 	}
-	defer body.Close()
-	var hb [headerSize]byte
-	n, err := io.ReadFull(body, hb[:])
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return header{}, fmt.Errorf("s3 read header of %s: %w", name, s.classify(ctx, err))
+	meta := info.Metadata.Get("X-Amz-Meta-" + metaName)
+	if meta == "" {
+		return header{}, corruptf("no x-amz-meta-kvbm-object metadata: not an object of this store")
 	}
-	h, err := decodeHeader(hb[:n])
-	if err != nil {
-		return header{}, err
+	var version int
+	var hexKey string
+	var h header
+	if n, err := fmt.Sscanf(meta, "%d %s %d %x", &version, &hexKey, &h.length, &h.crc); err != nil || n != 4 {
+		return header{}, corruptf("malformed x-amz-meta-kvbm-object %q", meta)
+	}
+	if version != formatVersion {
+		return header{}, corruptf("unsupported format version %d, want %d", version, formatVersion)
+	}
+	if h.key, err = ParseKey(hexKey); err != nil {
+		return header{}, corruptf("x-amz-meta-kvbm-object: %v", err)
 	}
 	if err := h.checkKey(key); err != nil {
 		return header{}, err
 	}
-	size, err := objectSize(hdr, info.Size)
-	if err != nil {
-		return header{}, fmt.Errorf("s3 get header of %s: %w: %v", name, ErrIO, err)
-	}
-	if err := h.checkHeldLength(size - headerSize); err != nil {
+	if err := h.checkHeldLength(info.Size - headerSize); err != nil {
 		return header{}, err
 	}
 	return h, nil
-}
-
-// objectSize returns a whole object's size from the answer to a ranged GET:
-// the total of Content-Range ("bytes 0-87/2097240"), or the length of the
-// body when the server sent the whole object (status 200).
-func objectSize(hdr http.Header, bodyLen int64) (int64, error) {
-	cr := hdr.Get("Content-Range")
-	if cr == "" {
-		return bodyLen, nil
-	}
-	i := strings.LastIndexByte(cr, '/')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed Content-Range %q", cr)
-	}
-	n, err := strconv.ParseInt(cr[i+1:], 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("malformed Content-Range %q", cr)
-	}
-	return n, nil
 }
 
 // PutBlocksWithLayout writes each block of src to its key's object.
@@ -225,9 +210,9 @@ func (s *S3Store) PutBlocksWithLayout(ctx context.Context, keys []Key, src Block
 
 // putOne stores one block. The PUT is conditional (If-None-Match: *): when
 // an object already exists the server refuses it with 412, and the object
-// is kept if it is whole, valid and holds this very payload (the same
-// block, stored by another rank, instance or an earlier put: the server
-// writes nothing), and replaced by an unconditional PUT otherwise, as the
+// is kept if its metadata says it holds this very payload (the same block,
+// stored by another rank, instance or an earlier put: the server writes
+// nothing), and replaced by an unconditional PUT otherwise, as the
 // Store contract asks. A server that ignores the condition simply replaces
 // the object.
 func (s *S3Store) putOne(ctx context.Context, key Key, src BlockIO, id int, buf []byte) error {
@@ -239,45 +224,31 @@ func (s *S3Store) putOne(ctx context.Context, key Key, src BlockIO, id int, buf 
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
 
-	err := s.put(ctx, key, buf, true)
+	crc := binary.LittleEndian.Uint32(buf[16:20]) // the payload's, from the header
+	meta := objectMeta(key, len(payload), crc)
+	err := s.put(ctx, key, buf, meta, true)
 	if !isPreconditionFailed(err) {
 		return err
 	}
-	if s.holds(ctx, key, uint64(len(payload)), payloadCRC(payload)) {
+	if s.holds(ctx, key, len(payload), crc) {
 		return nil
 	}
-	return s.put(ctx, key, buf, false)
+	return s.put(ctx, key, buf, meta, false)
 }
 
-// holds reports whether key's object is whole and valid and holds a
-// payload of this length and CRC32C: the same block. The payload is
-// streamed through the checksum rather than trusted from the header, so
-// that an object damaged in place is replaced, not kept.
-func (s *S3Store) holds(ctx context.Context, key Key, length uint64, crc uint32) bool {
-	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.ObjectName(key), minio.GetObjectOptions{})
-	if err != nil {
-		return false
-	}
-	defer body.Close()
-	var hb [headerSize]byte
-	if _, err := io.ReadFull(body, hb[:]); err != nil {
-		return false
-	}
-	h, err := decodeHeader(hb[:])
-	if err != nil || h.checkKey(key) != nil || h.checkHeldLength(info.Size-headerSize) != nil ||
-		h.length != length || h.crc != crc {
-		return false
-	}
-	sum := crc32.New(castagnoli)
-	n, err := io.Copy(sum, body)
-	return err == nil && uint64(n) == length && sum.Sum32() == crc
+// holds reports whether key's object is this very block: its metadata
+// records this key, length and CRC32C.
+func (s *S3Store) holds(ctx context.Context, key Key, length int, crc uint32) bool {
+	h, err := s.stat(ctx, key)
+	return err == nil && h.length == uint64(length) && h.crc == crc
 }
 
-// put sends one whole object in a single-part PUT; conditional adds
-// If-None-Match: *.
-func (s *S3Store) put(ctx context.Context, key Key, obj []byte, conditional bool) error {
+// put sends one whole object, with its metadata, in a single-part PUT;
+// conditional adds If-None-Match: *.
+func (s *S3Store) put(ctx context.Context, key Key, obj []byte, meta string, conditional bool) error {
 	name := s.ObjectName(key)
-	opts := minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true}
+	opts := minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true,
+		UserMetadata: map[string]string{metaName: meta}}
 	if conditional {
 		opts.SetMatchETagExcept("*")
 	}

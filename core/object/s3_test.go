@@ -36,11 +36,28 @@ func newS3TestStore(t *testing.T, srv s3test.Server, cfg S3Config) *S3Store {
 	return s
 }
 
-// rawPut stores bytes under key's object name, bypassing the store.
-func rawPut(t *testing.T, srv s3test.Server, s *S3Store, key Key, b []byte) {
+// rawPut stores bytes under key's object name, bypassing the store, with
+// the metadata the store would give them when withMeta.
+func rawPut(t *testing.T, srv s3test.Server, s *S3Store, key Key, b []byte, withMeta bool) {
 	t.Helper()
+	var opts minio.PutObjectOptions
+	if withMeta && len(b) >= headerSize {
+		h, err := decodeHeader(b[:headerSize])
+		require.NoError(t, err)
+		opts.UserMetadata = map[string]string{metaName: objectMeta(h.key, int(h.length), h.crc)}
+	}
 	_, err := srv.Client(t).PutObject(context.Background(), s.Bucket(), s.ObjectName(key),
-		bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{})
+		bytes.NewReader(b), int64(len(b)), opts)
+	require.NoError(t, err)
+}
+
+// rawCopy copies from's object, metadata included, to key's name, as a
+// server-side copy by an operator would.
+func rawCopy(t *testing.T, srv s3test.Server, s *S3Store, from, key Key) {
+	t.Helper()
+	_, err := srv.Client(t).CopyObject(context.Background(),
+		minio.CopyDestOptions{Bucket: s.Bucket(), Object: s.ObjectName(key)},
+		minio.CopySrcOptions{Bucket: s.Bucket(), Object: s.ObjectName(from)})
 	require.NoError(t, err)
 }
 
@@ -190,10 +207,10 @@ func TestS3HasBlocks(t *testing.T) {
 	requireAllOK(t, keys[:2], s.PutBlocksWithLayout(ctx, keys[:2], src, seq(0, 2)))
 	// keys[2]: missing. keys[3..6]: corrupt in four ways.
 	good := encodeObject(keys[3], src.Block(0))
-	rawPut(t, srv, s, keys[3], good[:headerSize+100])               // truncated payload
-	rawPut(t, srv, s, keys[4], []byte("not an object"))             // foreign bytes
-	rawPut(t, srv, s, keys[5], encodeObject(keys[0], src.Block(0))) // another key's valid object
-	rawPut(t, srv, s, keys[6], nil)                                 // empty
+	rawPut(t, srv, s, keys[3], good[:headerSize+100], true) // truncated, its metadata recording the whole
+	rawPut(t, srv, s, keys[4], []byte("not an object"), false)
+	rawCopy(t, srv, s, keys[0], keys[5])    // another key's valid object, with its metadata
+	rawPut(t, srv, s, keys[6], good, false) // a valid object without the store's metadata
 
 	ps := s.HasBlocks(ctx, keys)
 	require.Len(t, ps, len(keys))
@@ -212,7 +229,9 @@ func TestS3HasBlocks(t *testing.T) {
 		require.False(t, ps[i].Found, "key %d", i)
 	}
 	require.ErrorContains(t, ps[3].Err, "length mismatch")
+	require.ErrorContains(t, ps[4].Err, "no x-amz-meta-kvbm-object")
 	require.ErrorContains(t, ps[5].Err, "holds the object of key "+keys[0].String())
+	require.ErrorContains(t, ps[6].Err, "no x-amz-meta-kvbm-object")
 }
 
 // A corrupt object, or another key's valid object under this key, fails
@@ -226,13 +245,16 @@ func TestS3CorruptAndForeignObjectsFailTheirBlock(t *testing.T) {
 	src := randomBlocks(t, 5, testBlockSize, 4)
 	requireAllOK(t, keys, s.PutBlocksWithLayout(ctx, keys, src, seq(0, 5)))
 
+	// Damage that HEAD cannot see (metadata as the store writes it) is
+	// found by Get's checks of the bytes.
 	flipped := encodeObject(keys[1], src.Block(1))
 	flipped[headerSize+testBlockSize/2] ^= 0x40
-	rawPut(t, srv, s, keys[1], flipped)
-	rawPut(t, srv, s, keys[2], rawGet(t, srv, s, keys[0])) // keys[0]'s object, copied
+	rawPut(t, srv, s, keys[1], flipped, true)
+	rawCopy(t, srv, s, keys[0], keys[2])
 	header := encodeObject(keys[3], src.Block(3))
+	rawPut(t, srv, s, keys[3], header, true)
 	header[9] ^= 0x01 // the length, under the header's CRC
-	rawPut(t, srv, s, keys[3], header)
+	rawPut(t, srv, s, keys[3], header, false)
 
 	dst := guardedBlocks(t, 5, testBlockSize)
 	res := s.GetBlocksWithLayout(ctx, keys, dst, seq(0, 5))
@@ -249,8 +271,10 @@ func TestS3CorruptAndForeignObjectsFailTheirBlock(t *testing.T) {
 	require.ErrorContains(t, res[2].Err, "holds the object of key "+keys[0].String())
 	require.ErrorContains(t, res[3].Err, "header crc32c mismatch")
 
-	// A put repairs a corrupt object: the conditional PUT finds it, its
-	// header does not match, and it is replaced.
+	// A put repairs a corrupt object whose metadata differs from the
+	// block's: the conditional PUT finds it, and it is replaced. (keys[1]'s
+	// damage is under metadata that matches: it stays until deleted.)
+	requireAllOK(t, keys[1:2], s.Delete(ctx, keys[1:2]))
 	requireAllOK(t, keys[1:4], s.PutBlocksWithLayout(ctx, keys[1:4], src, seq(1, 3)))
 	requireAllOK(t, keys, s.GetBlocksWithLayout(ctx, keys, dst, seq(0, 5)))
 	for i := range keys {
