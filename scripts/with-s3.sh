@@ -2,14 +2,14 @@
 # with-s3.sh COMMAND...: runs COMMAND beside a local S3-compatible server.
 #
 # Starts versitygw (posix backend on a temporary directory, listening on
-# 127.0.0.1 on a free port), creates nothing in it (tests make their own
-# buckets), exports what the S3 tests read, runs COMMAND, then stops the
+# 127.0.0.1 on a free port) with one bucket, exports what the S3 tests read, runs COMMAND, then stops the
 # server and removes its directory. Exits with COMMAND's status, or 1 when
 # the server cannot start.
 #
 # Exported to COMMAND:
 #   AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION
 #       the server and its root credentials
+#   KVBM_S3_BUCKET   a bucket that exists (Go tests make their own)
 #   KVBM_VERSITYGW   the server binary, for tests that stop and restart
 #                    servers of their own
 #
@@ -33,7 +33,8 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 
 access=kvbmtest
 secret=kvbmtest-secret-$RANDOM$RANDOM
-mkdir -p "$root/data"
+# The posix backend serves each top-level directory as a bucket.
+mkdir -p "$root/data/kvbm"
 ROOT_ACCESS_KEY=$access ROOT_SECRET_KEY=$secret \
 	"$gw" --port "127.0.0.1:$port" posix "$root/data" >"$root/server.log" 2>&1 &
 pid=$!
@@ -55,7 +56,7 @@ fi
 
 export AWS_ENDPOINT_URL_S3="http://127.0.0.1:$port"
 export AWS_ACCESS_KEY_ID=$access AWS_SECRET_ACCESS_KEY=$secret AWS_REGION=us-east-1
-export KVBM_VERSITYGW=$gw
+export KVBM_S3_BUCKET=kvbm KVBM_VERSITYGW=$gw
 set +e
 "$@"
 rc=$?
