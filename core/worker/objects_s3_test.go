@@ -24,7 +24,7 @@ func TestStandaloneOnS3(t *testing.T) {
 	const rank = 3
 	pw, err := NewStandalone(StandaloneConfig{WorkerID: 1, Driver: drv, Rank: rank,
 		ObjectDir: "s3://" + bucket + "/deploy/llama?endpoint=" + srv.Endpoint,
-		S3: object.S3Config{AccessKeyID: srv.AccessKey, SecretAccessKey: srv.SecretKey, OpTimeout: 2 * time.Second}})
+		S3:        object.S3Config{AccessKeyID: srv.AccessKey, SecretAccessKey: srv.SecretKey, OpTimeout: 2 * time.Second}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pw.Close()) })
 	w := &testWorker{PhysicalWorker: pw}
