@@ -453,3 +453,55 @@ func TestS3ContextCanceled(t *testing.T) {
 		require.False(t, p.Found)
 	}
 }
+
+// countingTransport counts requests by method.
+type countingTransport struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	n    map[string]int
+}
+
+func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.n[req.Method]++
+	c.mu.Unlock()
+	return c.next.RoundTrip(req)
+}
+
+func (c *countingTransport) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n
+	c.n = map[string]int{}
+	return n
+}
+
+// A put of a block already stored sends one conditional PUT, which the
+// server refuses, and one HEAD that finds the same block: nothing is
+// written again. A put of other bytes under the key replaces the object
+// with a second, unconditional PUT.
+func TestS3PutDedupes(t *testing.T) {
+	srv := s3test.Shared(t)
+	tr, err := minio.DefaultTransport(false)
+	require.NoError(t, err)
+	defer tr.CloseIdleConnections()
+	count := &countingTransport{next: tr, n: map[string]int{}}
+	s := newS3TestStore(t, srv, S3Config{Transport: count})
+	keys := testKeys(t, 4, "dedupe")
+	src := randomBlocks(t, 4, testBlockSize, 8)
+	ctx := context.Background()
+	count.take()
+	requireAllOK(t, keys, s.PutBlocksWithLayout(ctx, keys, src, seq(0, 4)))
+	require.Equal(t, map[string]int{http.MethodPut: 4}, count.take())
+
+	requireAllOK(t, keys, s.PutBlocksWithLayout(ctx, keys, src, seq(0, 4)))
+	require.Equal(t, map[string]int{http.MethodPut: 4, http.MethodHead: 4}, count.take(),
+		"a stored block is put again only conditionally")
+
+	other := randomBlocks(t, 4, testBlockSize, 9)
+	requireAllOK(t, keys, s.PutBlocksWithLayout(ctx, keys, other, seq(0, 4)))
+	require.Equal(t, map[string]int{http.MethodPut: 8, http.MethodHead: 4}, count.take())
+	dst := guardedBlocks(t, 4, testBlockSize)
+	requireAllOK(t, keys, s.GetBlocksWithLayout(ctx, keys, dst, seq(0, 4)))
+	requireSameBlock(t, other.Bytes(), dst.Bytes(), "replaced blocks")
+}
