@@ -61,8 +61,10 @@ bench-go: deps $(VERSITYGW)
 	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
 	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
 
-demo: deps
-	$(GO) run ./cmd/kvbm-demo -dir $(BUILD)/demo
+# KVBM_DEMO_S3=1: the G4 scene on S3, a local versitygw started for it.
+DEMO_S3 := $(filter 1,$(KVBM_DEMO_S3))
+demo: deps $(if $(DEMO_S3),$(VERSITYGW))
+	$(if $(DEMO_S3),$(WITH_S3)) $(GO) run ./cmd/kvbm-demo -dir $(BUILD)/demo
 
 clean:
 	rm -rf $(BUILD)
