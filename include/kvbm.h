@@ -256,14 +256,16 @@ typedef struct kvbm_worker_config {
  * else from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL and AWS_REGION or
  * AWS_DEFAULT_REGION (default: AWS's endpoint, us-east-1). Credentials come
  * only from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN,
- * read once here, never from the location and never logged; without them
- * this returns KVBM_ERR_INVALID_ARGUMENT, as for a malformed location (the
- * message names it). The server, the credentials and the bucket are checked
- * here. Afterwards each object block has a 30 s deadline, retries with
- * backoff included, and fails on its own: KVBM_ERR_NOT_FOUND,
- * KVBM_ERR_DATA_CORRUPTION (checks failed, or another key's object),
- * KVBM_ERR_IO (server error or refusal), KVBM_ERR_TIMEOUT; a restarted
- * server is used again without re-creating the worker. */
+ * never from the location, and are never logged; without them this returns
+ * KVBM_ERR_INVALID_ARGUMENT, as for a malformed location (the message names
+ * it). The AWS_* variables are read here, from the environment as it was
+ * when this library was loaded: later setenv() calls are not seen. The
+ * server, the credentials and the bucket are checked here. Afterwards each
+ * object block has a 30 s deadline, retries with backoff included, and
+ * fails on its own: KVBM_ERR_NOT_FOUND, KVBM_ERR_DATA_CORRUPTION (checks
+ * failed, or another key's object), KVBM_ERR_IO (server error or refusal),
+ * KVBM_ERR_TIMEOUT; a restarted server is used again without re-creating
+ * the worker. */
 kvbm_status_t kvbm_worker_create(const kvbm_worker_config_t *config, kvbm_worker_t *worker);
 
 /* Waits for transfers in flight — its own, and other workers' transfers
