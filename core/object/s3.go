@@ -3,7 +3,6 @@ package object
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -20,8 +19,8 @@ import (
 // that a block another worker or instance already stored is not written
 // again (see putOne).
 //
-// Each block of a batch is one request (two when a conditional PUT finds an
-// object), with a deadline of its own (S3Config.OpTimeout) covering the
+// Each block of a batch is one request (a put that finds an object: a HEAD
+// too, and a second PUT when the object differs), with a deadline of its own (S3Config.OpTimeout) covering the
 // client's retries, and the batch's context canceling it. The store holds
 // no connection state beyond the HTTP client's pool, so a restarted server
 // is used again by the next call.
@@ -211,8 +210,8 @@ func (s *S3Store) PutBlocksWithLayout(ctx context.Context, keys []Key, src Block
 // putOne stores one block. The PUT is conditional (If-None-Match: *): when
 // an object already exists the server refuses it with 412, and the object
 // is kept if its metadata says it holds this very payload (the same block,
-// stored by another rank, instance or an earlier put: the server writes
-// nothing), and replaced by an unconditional PUT otherwise, as the
+// stored by another instance of the deployment or an earlier put: the
+// server writes nothing), and replaced by an unconditional PUT otherwise, as the
 // Store contract asks. A server that ignores the condition simply replaces
 // the object.
 func (s *S3Store) putOne(ctx context.Context, key Key, src BlockIO, id int, buf []byte) error {
@@ -224,9 +223,13 @@ func (s *S3Store) putOne(ctx context.Context, key Key, src BlockIO, id int, buf 
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
 
-	crc := binary.LittleEndian.Uint32(buf[16:20]) // the payload's, from the header
+	h, err := decodeHeader(buf[:headerSize]) // for the payload's CRC32C, computed once
+	if err != nil {
+		return fmt.Errorf("object %s: %w", key, err)
+	}
+	crc := h.crc
 	meta := objectMeta(key, len(payload), crc)
-	err := s.put(ctx, key, buf, meta, true)
+	err = s.put(ctx, key, buf, meta, true)
 	if !isPreconditionFailed(err) {
 		return err
 	}
