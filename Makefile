@@ -6,9 +6,21 @@ BUILD     := build
 GOFLAGS_TEST ?= -race -count=1
 export GOFLAGS := -mod=mod
 
-.PHONY: all deps deps-c test test-go vet fuzz bench bench-go bench-cmd demo kvbm install-cmd clean
+.PHONY: all deps deps-c test test-go vet fuzz bench bench-go bench-cmd demo kvbm install-cmd clean versitygw
 
 all: lib
+
+# A real S3-compatible server for the S3 store's tests and benchmarks:
+# versitygw, built once into a cache outside the clone and reused.
+VERSITYGW_VERSION := v1.8.0
+KVBM_CACHE ?= $(HOME)/.cache/kvbm
+VERSITYGW  ?= $(KVBM_CACHE)/versitygw-$(VERSITYGW_VERSION)/versitygw
+WITH_S3    := VERSITYGW=$(VERSITYGW) scripts/with-s3.sh
+
+$(VERSITYGW):
+	GOFLAGS= GOBIN=$(dir $@) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+
+versitygw: $(VERSITYGW)
 
 include capi.mk
 include python.mk
@@ -31,8 +43,9 @@ deps-c:
 # All tests. Runs on a machine without a GPU (emulated device).
 test: vet test-go deps-c test-c test-py
 
-test-go: deps
-	$(GO) test $(GOFLAGS_TEST) ./...
+# KVBM_REQUIRE_S3=1: an S3 test that finds no server fails instead of skipping.
+test-go: deps $(VERSITYGW)
+	KVBM_REQUIRE_S3=1 $(WITH_S3) $(GO) test $(GOFLAGS_TEST) ./...
 
 # Fuzz every decoder and the C ABI's input paths for a while (not part of
 # `make test`): FUZZTIME per Go target, FUZZ_SECONDS for the ABI.
@@ -48,8 +61,8 @@ bench: bench-go bench-c bench-py bench-cmd
 bench-cmd: kvbm
 	$(BUILD)/kvbm bench -dir $(BUILD)/bench
 
-bench-go: deps
-	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
+bench-go: deps $(VERSITYGW)
+	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
 	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
 
 # The kvbm command (info, bench, demo): a Go program of its own, never
@@ -57,8 +70,10 @@ bench-go: deps
 kvbm: deps
 	$(GO) build -o $(BUILD)/kvbm ./cmd/kvbm
 
-demo: kvbm
-	$(BUILD)/kvbm demo -dir $(BUILD)/demo
+# KVBM_DEMO_S3=1: the G4 scene on S3, a local versitygw started for it.
+DEMO_S3 := $(filter 1,$(KVBM_DEMO_S3))
+demo: kvbm $(if $(DEMO_S3),$(VERSITYGW))
+	$(if $(DEMO_S3),$(WITH_S3)) $(BUILD)/kvbm demo -dir $(BUILD)/demo
 
 # go install ./cmd/kvbm: into GOBIN, or GOPATH/bin.
 install-cmd: deps

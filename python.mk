@@ -31,8 +31,8 @@ $(PYVENV)/.ready: python/pyproject.toml python/setup.py
 py-venv: py-lib $(PYVENV)/.ready
 	$(PYBIN) -m pip install -q --no-deps -e ./python
 
-test-py: py-venv
-	cd python && ../$(PYBIN) -m pytest -q tests
+test-py: py-venv $(VERSITYGW)
+	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests'
 
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py

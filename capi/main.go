@@ -154,7 +154,7 @@ func statusOf(err error) C.kvbm_status_t {
 		return errUnsupported
 	case errors.As(err, &cudaErr):
 		return errCUDA
-	case errors.As(err, &pathErr), errors.As(err, &errno):
+	case errors.As(err, &pathErr), errors.As(err, &errno), errors.Is(err, object.ErrIO):
 		return errIO
 	}
 	return errInternal

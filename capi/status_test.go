@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -45,6 +46,8 @@ func TestStatusOf(t *testing.T) {
 			cuda.NewError("cuMemcpyHtoDAsync", cuda.ErrCodeIllegalAddress, "bad address")), errCUDA},
 		{wrap(openErr), errIO},
 		{&fs.PathError{Op: "pwrite", Path: "/x", Err: errors.New("disk full")}, errIO},
+		{wrap(fmt.Errorf("%w: credentials refused", object.ErrIO)), errIO},
+		{wrap(fmt.Errorf("%w (s3 …): %w", context.DeadlineExceeded, object.ErrIO)), errTimeout},
 		{errors.New("something else"), errInternal},
 	}
 	for _, c := range cases {

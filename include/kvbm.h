@@ -227,7 +227,10 @@ typedef struct kvbm_worker_config {
     int32_t rank;           /* rank under its leader; prefixes object keys */
     uint64_t worker_id;     /* unique in the process and across instances */
     const char *disk_dir;   /* directory for G3 files; NULL or "": no G3 */
-    const char *object_dir; /* G4 filesystem store; NULL or "": no object store */
+    const char *object_dir; /* G4 object store location; NULL or "": none.
+                             * "/path" or "file:///path": a filesystem store;
+                             * "s3://bucket/prefix[?endpoint=URL&region=R]":
+                             * an S3 store (see kvbm_worker_create) */
 } kvbm_worker_config_t;
 #define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL}
 
@@ -240,8 +243,29 @@ typedef struct kvbm_worker_config {
  * device_id the backend does not have: the message names it and the
  * number of devices), KVBM_ERR_ALREADY_EXISTS (worker_id already used in
  * this process),
- * KVBM_ERR_IO (object_dir cannot be created), KVBM_ERR_UNSUPPORTED /
- * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()). */
+ * KVBM_ERR_IO (object_dir cannot be created; an S3 server refuses the
+ * credentials, lacks the bucket or does not answer), KVBM_ERR_TIMEOUT (an
+ * S3 server silent for 30 s), KVBM_ERR_UNSUPPORTED /
+ * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()).
+ *
+ * object_dir: a directory (created if missing) or file:///path names a
+ * filesystem store; s3://bucket/prefix an S3 store holding objects
+ * "prefix/{rank}/{hex key}" in bucket, which must exist (it is never
+ * created); put the deployment and model in prefix. The endpoint and region
+ * come from the location's query (endpoint=http://host:port, region=…),
+ * else from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL and AWS_REGION or
+ * AWS_DEFAULT_REGION (default: AWS's endpoint, us-east-1). Credentials come
+ * only from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN,
+ * never from the location, and are never logged; without them this returns
+ * KVBM_ERR_INVALID_ARGUMENT, as for a malformed location (the message names
+ * it). The AWS_* variables are read here, from the environment as it was
+ * when this library was loaded: later setenv() calls are not seen. The
+ * server, the credentials and the bucket are checked here. Afterwards each
+ * object block has a 30 s deadline, retries with backoff included, and
+ * fails on its own: KVBM_ERR_NOT_FOUND, KVBM_ERR_DATA_CORRUPTION (checks
+ * failed, or another key's object), KVBM_ERR_IO (server error or refusal),
+ * KVBM_ERR_TIMEOUT; a restarted server is used again without re-creating
+ * the worker. */
 kvbm_status_t kvbm_worker_create(const kvbm_worker_config_t *config, kvbm_worker_t *worker);
 
 /* Waits for transfers in flight — its own, and other workers' transfers

@@ -158,7 +158,7 @@ type demo struct {
 	n         int
 	blockSize int
 	loop      *transfer.Loopback
-	store     *object.FSStore
+	store     object.Store
 	prefill   *tierWorker
 	decode    *tierWorker
 	rows      []row
@@ -175,6 +175,9 @@ func (d *demo) setup(root string) (err error) {
 	if err := os.MkdirAll(g3, 0o755); err != nil {
 		return fmt.Errorf("G3 directory: %w", err)
 	}
+	if g4, err = objectLocation(g4); err != nil {
+		return err
+	}
 	// The prefill worker's G2 holds two copies: blocks [0, n) and [n, 2n).
 	d.prefill, err = newTierWorker(d.drv, tierSpec{name: "prefill", id: 0xA, g1: d.n, g2: 2 * d.n, g3: d.n,
 		diskDir: g3, objectDir: g4, loop: d.loop})
@@ -183,7 +186,7 @@ func (d *demo) setup(root string) (err error) {
 	}
 	// A store of the demo's own over the prefill worker's directory (rank
 	// 0), so that the check reads what the worker left there.
-	if d.store, err = object.NewFSStore(object.FSConfig{Dir: g4, HasRank: true, Rank: d.prefill.Rank()}); err != nil {
+	if d.store, err = object.Open(object.Location{URL: g4, HasRank: true, Rank: d.prefill.Rank()}); err != nil {
 		return fmt.Errorf("G4 object store: %w", err)
 	}
 	d.decode, err = newTierWorker(d.drv, tierSpec{name: "decode", id: 0xB, g1: d.n, g2: d.n, loop: d.loop})

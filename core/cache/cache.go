@@ -43,11 +43,11 @@ type Cache struct {
 	g4 *presence  // nil without an object store
 	// victims are the blocks the pools evicted during the current call
 	// that must be written down before their blocks are reused.
-	victims   []victim
-	events    []pool.Event
-	maxEvents int
-	counters  counters
-	closed    bool
+	victims  []victim
+	events   pool.EventQueue
+	drained  []pool.Event // scratch for collectEvents
+	counters counters
+	closed   bool
 
 	// inflight counts background work; Close waits for it.
 	inflight sync.WaitGroup
@@ -74,10 +74,8 @@ func New(cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: G1: %w", err)
 	}
-	c := &Cache{w: w, m: m, g1Blocks: g1.Config().NumBlocks, g1Layers: g1.Config().NumLayers, maxEvents: cfg.MaxEvents}
-	if c.maxEvents == 0 {
-		c.maxEvents = 1 << 16
-	}
+	c := &Cache{w: w, m: m, g1Blocks: g1.Config().NumBlocks, g1Layers: g1.Config().NumLayers,
+		events: pool.NewEventQueue(max(cfg.MaxEvents, 0))}
 	c.g3Mode, c.g4Mode = cfg.G3, cfg.G4
 	if hs.G3 == nil {
 		c.g3Mode = WriteOff
@@ -150,22 +148,16 @@ func (c *Cache) collectEvents() {
 		if p == nil {
 			continue
 		}
-		before := len(c.events)
-		c.events = p.DrainEvents(c.events, 0)
-		if over := len(c.events) - c.maxEvents; over > 0 {
-			c.counters.eventsDropped += uint64(min(over, len(c.events)-before))
-			c.events = c.events[:c.maxEvents]
+		c.drained = p.DrainEvents(c.drained[:0], 0)
+		for _, e := range c.drained {
+			c.events.Add(e)
 		}
 	}
 }
 
 // record appends a G4 event; callers hold c.mu.
 func (c *Cache) record(kind pool.EventKind, k pool.Key) {
-	if len(c.events) >= c.maxEvents {
-		c.counters.eventsDropped++
-		return
-	}
-	c.events = append(c.events, pool.Event{Kind: kind, Tier: int(worker.G4), Key: k})
+	c.events.Add(pool.Event{Kind: kind, Tier: int(worker.G4), Key: k})
 }
 
 // DrainEvents appends up to max of the oldest events (all when max <= 0)
@@ -174,14 +166,7 @@ func (c *Cache) DrainEvents(dst []pool.Event, max int) []pool.Event {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.collectEvents()
-	n := len(c.events)
-	if max > 0 && max < n {
-		n = max
-	}
-	dst = append(dst, c.events[:n]...)
-	rest := copy(c.events, c.events[n:])
-	c.events = c.events[:rest]
-	return dst
+	return c.events.Drain(dst, max)
 }
 
 // keysOf converts and checks a call's keys: 1 to 64 bytes each, no repeats.

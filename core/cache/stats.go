@@ -14,7 +14,6 @@ type counters struct {
 	onboarded, onboardFailed                                uint64
 	onboardedFrom                                           [5]uint64 // by source tier
 	writtenDown, writeDownFailed                            uint64
-	eventsDropped                                           uint64
 }
 
 // Stats are the cache's per-tier pools and its counters since it was made.
@@ -57,7 +56,7 @@ func (c *Cache) Stats() Stats {
 		Onboarded: k.onboarded, OnboardFailed: k.onboardFailed,
 		OnboardedFromG2: k.onboardedFrom[2], OnboardedFromG3: k.onboardedFrom[3], OnboardedFromG4: k.onboardedFrom[4],
 		WrittenDown: k.writtenDown, WriteDownFailed: k.writeDownFailed,
-		EventsDropped: k.eventsDropped,
+		EventsDropped: c.events.Dropped(),
 	}
 	if c.g3 != nil {
 		s.G3 = c.g3.Stats()

@@ -1,5 +1,7 @@
 // Package object is the G4 tier: block stores addressed by key rather than by
-// block id, such as a shared filesystem or (later) S3.
+// block id: a directory, local or a shared mount (FSStore), or an S3 bucket
+// (S3Store), chosen by a location string (Open: "/dir", "file:///dir",
+// "s3://bucket/prefix").
 //
 // A Store moves whole blocks between a resolved layout (a BlockIO) and
 // objects named by Keys. Every call is a batch: each block succeeds or fails
@@ -11,8 +13,8 @@
 // prefixed by the worker's rank inside the store, so SPMD workers that share
 // a bucket or mount never collide.
 //
-// Every object carries a small header with a magic, a format version, the
-// key it was written under, the payload length and a CRC32C of the payload
-// (format.go); Get verifies all of them before a byte reaches the
-// destination.
+// Both stores write the same objects: a small header with a magic, a format
+// version, the key it was written under, the payload length and a CRC32C of
+// the payload (format.go), then the payload; Get verifies all of them
+// before a byte reaches the destination.
 package object

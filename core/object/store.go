@@ -66,6 +66,10 @@ var (
 	// block ids out of range or repeated, invalid key); every block of the
 	// batch fails with it and nothing is read or written.
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrIO: the store could not be read or written: an S3 server that
+	// does not answer, refuses the credentials or fails the request. The
+	// filesystem store's errors are the operating system's own.
+	ErrIO = errors.New("object store I/O")
 )
 
 // FailedKeys returns the keys of the results that failed, in order.

@@ -20,24 +20,18 @@ type Key struct {
 
 // NewKey returns the key made of a copy of b, or an error unless b is 1 to
 // MaxKeyLen bytes long.
-func NewKey(b []byte) (Key, error) {
+func NewKey(b []byte) (Key, error) { return keyOf(b) }
+
+// KeyOf is NewKey over a string's bytes (SGLang's hex keys are strings).
+func KeyOf(s string) (Key, error) { return keyOf(s) }
+
+func keyOf[T string | []byte](b T) (Key, error) {
 	if len(b) < 1 || len(b) > MaxKeyLen {
 		return Key{}, fmt.Errorf("%w: key is %d bytes, want 1 to %d", ErrInvalidArgument, len(b), MaxKeyLen)
 	}
 	var k Key
 	k.n = uint8(len(b))
 	copy(k.b[:], b)
-	return k, nil
-}
-
-// KeyOf is NewKey over a string's bytes (SGLang's hex keys are strings).
-func KeyOf(s string) (Key, error) {
-	if len(s) < 1 || len(s) > MaxKeyLen {
-		return Key{}, fmt.Errorf("%w: key is %d bytes, want 1 to %d", ErrInvalidArgument, len(s), MaxKeyLen)
-	}
-	var k Key
-	k.n = uint8(len(s))
-	copy(k.b[:], s)
 	return k, nil
 }
 

@@ -73,8 +73,7 @@ type Pool struct {
 	pinned    int
 	seen      map[Key]uint32
 	seenLimit int
-	events    []Event
-	maxEvents int
+	events    EventQueue
 	stats     Stats
 	// epoch, hashes and seenIn check a call's ids and keys for repeats without
 	// allocating.
@@ -96,10 +95,7 @@ func New(cfg Config) (*Pool, error) {
 		blocks:    make([]block, cfg.Blocks+1),
 		free:      make([]int32, cfg.Blocks),
 		seenLimit: max(1024, 4*cfg.Blocks),
-		maxEvents: cfg.MaxEvents,
-	}
-	if p.maxEvents == 0 {
-		p.maxEvents = 1 << 16
+		events:    NewEventQueue(cfg.MaxEvents),
 	}
 	p.index = newIndex(p.blocks, cfg.Blocks)
 	if cfg.AdmitAfter > 1 {

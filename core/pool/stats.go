@@ -32,5 +32,6 @@ func (p *Pool) Stats() Stats {
 	s.Registered = p.count[stateRegistered]
 	s.Removing = p.count[stateRemoved]
 	s.Pinned = p.pinned
+	s.EventsDropped = p.events.Dropped()
 	return s
 }

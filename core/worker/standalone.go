@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -18,8 +19,15 @@ type StandaloneConfig struct {
 	Driver   cuda.Driver
 	// DiskDir is where G3 files go ("": no G3).
 	DiskDir string
-	// ObjectDir is the filesystem object store's directory ("": no G4).
+	// ObjectDir is the G4 object store's location ("": no G4): a
+	// directory or file:///path for the filesystem store, or
+	// s3://bucket/prefix for S3 (object.Location). Objects are namespaced
+	// by Rank inside it.
 	ObjectDir string
+	// S3 holds the S3 settings an s3:// ObjectDir does not give
+	// (endpoint, region, credentials, limits); empty fields take the AWS
+	// environment variables.
+	S3 object.S3Config
 	// Loopback, when set, is joined so that other workers of the process
 	// can import this one's layouts, and used to reach theirs.
 	Loopback *transfer.Loopback
@@ -37,7 +45,7 @@ func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
 	}
 	pc := PhysicalConfig{Manager: m, Rank: cfg.Rank}
 	if cfg.ObjectDir != "" {
-		store, err := object.NewFSStore(object.FSConfig{Dir: cfg.ObjectDir, HasRank: true, Rank: cfg.Rank})
+		store, err := object.Open(object.Location{URL: cfg.ObjectDir, HasRank: true, Rank: cfg.Rank, S3: cfg.S3})
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("object store: %w", err), m.Close())
 		}
@@ -46,7 +54,7 @@ func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
 	if cfg.Loopback != nil {
 		pc.Transport = cfg.Loopback
 		if err := cfg.Loopback.Add(m); err != nil {
-			return nil, errors.Join(err, m.Close())
+			return nil, errors.Join(err, closeStore(pc.Objects), m.Close())
 		}
 	}
 	w, err := NewPhysical(pc)
@@ -54,7 +62,7 @@ func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
 		if cfg.Loopback != nil {
 			cfg.Loopback.Remove(m)
 		}
-		return nil, errors.Join(err, m.Close())
+		return nil, errors.Join(err, closeStore(pc.Objects), m.Close())
 	}
 	w.owned = true
 	w.loopback = cfg.Loopback
@@ -70,7 +78,17 @@ func (w *PhysicalWorker) Close() error {
 	if w.loopback != nil {
 		w.loopback.Remove(w.m)
 	}
-	return w.m.Close()
+	err := w.m.Close()
+	return errors.Join(err, closeStore(w.objects))
+}
+
+// closeStore closes an object store that holds resources (an S3 store's
+// connections); nil and stores without Close are left alone.
+func closeStore(s object.Store) error {
+	if c, ok := s.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // checkDevice refuses a device ordinal the driver does not have, so that a

@@ -121,8 +121,11 @@ class Worker(Handle):
                  object_dir: Union[str, "PathLike[str]", None] = None) -> None:
         """Creates a worker on device device_id of the active backend.
         worker_id must be unique among the live workers of the process;
-        disk_dir enables G3, object_dir the G4 object store. Raises
-        AlreadyExistsError (worker_id in use), KvbmIOError (object_dir),
+        disk_dir enables G3, object_dir the G4 object store: a directory,
+        "file:///path" or "s3://bucket/prefix" (credentials from the AWS_*
+        variables; see the README). Raises InvalidArgumentError (a malformed
+        location, no S3 credentials), AlreadyExistsError (worker_id in use),
+        KvbmIOError (object_dir; an S3 server that refuses or lacks the bucket),
         UnsupportedError / CudaError (device backend), InvalidArgumentError
         (no such device; worker_id does not fit a uint64, device_id or rank
         an int32), TypeError (one is not an integer)."""
