@@ -29,7 +29,7 @@ deps-c:
 	  (apt-get update && apt-get install -y --no-install-recommends cmake gcc libc6-dev)
 
 # All tests. Runs on a machine without a GPU (emulated device).
-test: vet test-go deps-c test-c test-py
+test: vet test-go deps-c test-c test-py test-vllm
 
 test-go: deps
 	$(GO) test $(GOFLAGS_TEST) ./...
