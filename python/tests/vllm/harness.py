@@ -64,7 +64,10 @@ class Engine:
     """One scheduler and one worker connector, in one process."""
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
-                 max_batched=64):
+                 max_batched=64, serial=False):
+        """serial: each step waits until the cache moves nothing before the
+        next (tests whose outcome would depend on G2 stores in flight)."""
+        self.serial = serial
         mc = ModelConfig(model=MODEL, tokenizer=MODEL, skip_tokenizer_init=True,
                          dtype="float16", seed=42)
         sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_batched,
@@ -156,6 +159,8 @@ class Engine:
         if not so.has_sync_kv_loads:
             w.start_load_kv(self.ctx)
         w.wait_for_save()
+        if self.serial:
+            self.idle()
         sending, recving = w.get_finished(so.finished_req_ids)
         kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                 invalid_block_ids=w.get_block_ids_with_load_errors(),
@@ -175,12 +180,32 @@ class Engine:
         self.sched.update_from_output(so, out)
         return so, kvo
 
-    def run(self, max_steps=50, before_forward=None):
+    def idle(self, timeout=10.0):
+        """Waits until the cache moves nothing (write-backs to G3 included)."""
+        import time
+        cache = self.worker._worker.worker.cache
+        deadline = time.monotonic() + timeout
+        while True:
+            st = cache.stats()
+            if st.g2.in_flight == 0 and st.g3.in_flight == 0:
+                break
+            assert time.monotonic() < deadline, f"cache still busy: {st}"
+            time.sleep(0.005)
+
+    def settle(self):
+        """idle(), then a step, so the scheduler side hears every event."""
+        self.idle()
+        self.step()
+
+    def run(self, before_forward=None, timeout=20.0):
         """Steps until the scheduler holds no request (blocks held for
-        stores included)."""
-        for _ in range(max_steps):
-            if not self.sched.has_requests():
-                return
-            self.step(before_forward)
-        raise AssertionError(f"requests left after {max_steps} steps: "
-                             f"{list(self.sched.requests)}")
+        stores included), as an engine's busy loop does; steps that
+        schedule nothing sleep a millisecond."""
+        import time
+        deadline = time.monotonic() + timeout
+        while self.sched.has_requests():
+            assert time.monotonic() < deadline, \
+                f"requests left after {timeout} s: {list(self.sched.requests)}"
+            so, _ = self.step(before_forward)
+            if not so.num_scheduled_tokens:
+                time.sleep(0.001)
