@@ -6,8 +6,8 @@
 #               checkout, kvbmgo also loads build/libkvbm.so when it is newer
 #               than that copy, so `make lib` alone never leaves it stale.
 #   py-venv     build/pyvenv with numpy and pytest, kvbmgo installed editable
-#   test-py     the pytest suite under python/tests (but tests/vllm)
-#   test-vllm   python/tests/vllm in the vllm 0.33.0 venv that
+#   test-py     the pytest suite under python/tests (but tests/vllm_connector)
+#   test-vllm   python/tests/vllm_connector in the vllm 0.33.0 venv that
 #               scripts/engine-venv.sh keeps under ~/.cache/kvbm (built once,
 #               ~5 min, 9.4 GB); without it the tests are skipped with the
 #               reason, or fail when KVBM_REQUIRE_ENGINES=1 (CI)
@@ -36,7 +36,7 @@ py-venv: py-lib $(PYVENV)/.ready
 	$(PYBIN) -m pip install -q --no-deps -e ./python
 
 test-py: py-venv
-	cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm
+	cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector
 
 # kvbmgo is not installed into the engine venv (shared by every checkout):
 # the tests import it from python/ and load this checkout's build/libkvbm.so.
@@ -47,7 +47,7 @@ test-vllm: lib
 	  echo "test-vllm: SKIPPED: the vllm 0.33.0 venv could not be created (reason above)"; \
 	  exit 0; }; \
 	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
-	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm
+	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_connector
 
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py

@@ -14,7 +14,7 @@ def require_vllm():
     """Skips the calling module without vllm, or fails it when
     KVBM_REQUIRE_ENGINES=1."""
     try:
-        import vllm  # noqa: F401
+        import vllm.config  # noqa: F401 - a real vllm, not a directory named so
     except Exception as e:  # noqa: BLE001 - any import failure is a reason
         reason = (f"vllm is not importable ({type(e).__name__}: {e}); "
                   f"`make test-vllm` runs these tests in the engine venv")
