@@ -42,6 +42,9 @@ def test_b_loads_the_prefix_a_offloaded(engine):
             seen["scheduled"] = so.num_scheduled_tokens["B"]
     e.run(before_forward=check)
     assert seen["scheduled"] == 10, "B computes only its own 10 tokens"
+    # A's blocks were held after it finished until the worker said its
+    # stores had read them.
+    assert [o.finished_sending for o in e.outputs if o.finished_sending] == [{"A"}]
     st = e.worker._worker.worker.cache.stats()
     assert st.onboarded == 2 and st.onboarded_from_g2 == 2
     assert [bytes(h) for h in b.block_hashes[:2]] == a_keys
@@ -248,3 +251,13 @@ def test_events_name_the_stored_and_removed_hashes():
         assert first.block_size == BLOCK
     finally:
         e.close()
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_block(engine):
+    # vLLM computes at least one token: a prompt of exactly 3 cached blocks
+    # loads 2 and computes the third, as vLLM's own GPU prefix cache does.
+    e = engine
+    prompt = list(range(800, 800 + 3 * BLOCK))
+    a, b, seen = _a_then_b(e, prompt, prompt)
+    assert seen["B"] == 2 * BLOCK and seen["ok"]
+    assert e.worker._worker.worker.cache.stats().onboarded == 2
