@@ -68,6 +68,7 @@ class Engine:
         """serial: each step waits until the cache moves nothing before the
         next (tests whose outcome would depend on G2 stores in flight)."""
         self.serial = serial
+        self.verify = False  # check_computed before every forward
         mc = ModelConfig(model=MODEL, tokenizer=MODEL, skip_tokenizer_init=True,
                          dtype="float16", seed=42)
         sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_batched,
@@ -126,6 +127,19 @@ class Engine:
     def write(self, block_id, layer, data):
         self.views[LAYERS[layer]][block_id].view(torch.int16).copy_(data)
 
+    def check_computed(self, so):
+        """Every full block a scheduled request has computed already (GPU
+        hit, kvbm load, or an earlier step) holds its KV, in every layer."""
+        for req_id, n in so.num_scheduled_tokens.items():
+            r = self.sched.requests[req_id]
+            start = r.num_computed_tokens - n
+            ids = self.block_ids(req_id)
+            for b in range(start // BLOCK):
+                for layer in range(len(LAYERS)):
+                    assert torch.equal(self.read(ids[b], layer),
+                                       pattern(r.block_hashes[b], layer)), \
+                        f"{req_id} block {b} (G1 {ids[b]}) layer {layer}"
+
     def forward(self, so):
         """Writes the KV of every token scheduled this step: each full block
         gets its pattern, a partial one junk."""
@@ -153,6 +167,8 @@ class Engine:
             w.start_load_kv(self.ctx)
         for name in LAYERS:  # what each attention layer does before attention
             w.wait_for_layer_load(name)
+        if self.verify:
+            self.check_computed(so)
         if before_forward is not None:
             before_forward(so)
         self.forward(so)

@@ -261,3 +261,28 @@ def test_a_fully_cached_prompt_still_computes_its_last_block(engine):
     a, b, seen = _a_then_b(e, prompt, prompt)
     assert seen["B"] == 2 * BLOCK and seen["ok"]
     assert e.worker._worker.worker.cache.stats().onboarded == 2
+
+
+def test_preempted_requests_resume_from_the_cache():
+    # 6 usable GPU blocks for two requests that each grow to 4: one is
+    # preempted, its blocks freed, and it resumes by loading what it had
+    # offloaded. Every computed block is checked before every forward.
+    e = Engine({"g2_blocks": 32}, num_blocks=7, serial=True)
+    e.verify = True
+    try:
+        preempted = []
+        orig = e.step
+
+        def step(before_forward=None):
+            so, kvo = orig(before_forward)
+            preempted.extend(so.preempted_req_ids or ())
+            return so, kvo
+        e.step = step
+        e.add("A", list(range(900, 900 + 2 * BLOCK - 1)), max_tokens=2 * BLOCK)
+        e.add("B", list(range(950, 950 + 2 * BLOCK - 1)), max_tokens=2 * BLOCK)
+        e.run()
+        assert preempted, "a request was preempted"
+        st = e.worker._worker.worker.cache.stats()
+        assert st.onboarded >= 1, st  # what the GPU prefix cache no longer had
+    finally:
+        e.close()
