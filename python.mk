@@ -12,13 +12,14 @@
 #               ~5 min, 9.4 GB); without it the tests are skipped with the
 #               reason, or fail when KVBM_REQUIRE_ENGINES=1 (CI)
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
+#   bench-vllm  the vLLM connector's scheduler-side match, in the engine venv
 #   install-py  pip install ./python into $(PY)'s environment
 
 PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: py-lib py-venv test-py test-vllm bench-py install-py
+.PHONY: py-lib py-venv test-py test-vllm bench-py bench-vllm install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -51,6 +52,10 @@ test-vllm: lib
 
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py
+
+bench-vllm:
+	venv=$$(scripts/engine-venv.sh vllm) && \
+	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" python/bench/bench_vllm_scheduler.py
 
 install-py: lib
 	$(PY) -m pip install ./python

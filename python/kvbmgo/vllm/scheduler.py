@@ -15,6 +15,7 @@ meanwhile fails its load and is reported (and recomputed or failed, by
 from __future__ import annotations
 
 import logging
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -64,10 +65,11 @@ class KvbmScheduler:
         hashes = request.block_hashes
         # vLLM computes at least one token: never claim the last prompt token.
         limit = (request.num_tokens - 1) // bs
+        # vLLM's BlockHash is bytes at run time: looked up as it is.
         n = 0
         tiers = self._tiers
-        for i in range(start, min(len(hashes), limit)):
-            if bytes(hashes[i]) not in tiers:
+        for h in islice(hashes, start, limit):
+            if h not in tiers:
                 break
             n += 1
         st = self._requests.get(request.request_id)
