@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from itertools import islice
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 STORED, REMOVED = 1, 2
 #: vLLM's media names (vllm.distributed.kv_events.MEDIUM_*) per kvbm tier.
 _MEDIUM = {2: "CPU", 3: "STORAGE", 4: "STORAGE"}
+_MAX_TOKENS = 1 << 17
 
 
 @dataclass
@@ -47,7 +49,10 @@ class KvbmScheduler:
         self.config = config
         self.block_size = block_size
         self._tiers: Dict[bytes, Set[int]] = {}       # key -> tiers holding it
-        self._tokens: Dict[bytes, Tuple[Optional[bytes], List[int]]] = {}  # for BlockStored
+        # For BlockStored: (parent hash, tokens) of keys offered or cached,
+        # at most _MAX_TOKENS (oldest dropped first: their events then carry
+        # no tokens; offers the cache declined would otherwise stay forever).
+        self._tokens: "OrderedDict[bytes, Tuple[Optional[bytes], List[int]]]" = OrderedDict()
         self._requests: Dict[str, _Request] = {}
         self._loads: List[BlockLoad] = []
         self._held: List[str] = []
@@ -130,6 +135,8 @@ class KvbmScheduler:
                     parent = bytes(hashes[i - 1]) if i > 0 else None
                     self._tokens[k] = (parent,
                                        list(st.request.all_token_ids[i * bs:(i + 1) * bs]))
+                    if len(self._tokens) > _MAX_TOKENS:
+                        self._tokens.popitem(last=False)
             stores.append(BlockStore(req_id, keys, st.block_ids[st.next_store:full]))
             st.next_store = full
             st.stored_any = True
