@@ -143,6 +143,8 @@ class KvbmWorker:
             if self._cuda:
                 import torch
                 self._events = [torch.cuda.Event() for _ in range(cfg.num_layers)]
+                for e in self._events:
+                    e.record()  # torch creates the CUevent at its first record
             else:
                 self._events = [Event() for _ in range(cfg.num_layers)]
         except BaseException:
