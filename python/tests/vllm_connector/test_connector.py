@@ -286,3 +286,29 @@ def test_preempted_requests_resume_from_the_cache():
         assert st.onboarded >= 1, st  # what the GPU prefix cache no longer had
     finally:
         e.close()
+
+
+def test_g2_spills_to_g4_and_b_loads_from_it(tmp_path):
+    e = Engine({"g2_blocks": 1, "g4_dir": str(tmp_path / "g4")}, max_batched=16, serial=True)
+    try:
+        prompt = list(range(700, 700 + 3 * BLOCK + 1))
+        a, b, seen = _a_then_b(e, prompt, prompt[:3 * BLOCK] + [4, 4])
+        assert seen["B"] == 3 * BLOCK and seen["ok"]
+        st = e.worker._worker.worker.cache.stats()
+        assert st.onboarded_from_g4 >= 1, st
+    finally:
+        e.close()
+
+
+def test_a_lost_block_is_reported_with_async_loads():
+    e = Engine({"g2_blocks": 32, "load_mode": "async"})
+    try:
+        a, b, loads = _lost_block_run(e)
+        assert len(loads) == 1 and loads[0].is_async
+        reported = set().union(*(o.invalid_block_ids for o in e.outputs))
+        assert reported == {loads[0].block_ids[2]}
+        # Reported in the step whose finished_recving names B, as vLLM requires.
+        step = next(o for o in e.outputs if o.finished_recving)
+        assert step.finished_recving == {"B"} and step.invalid_block_ids == reported
+    finally:
+        e.close()
