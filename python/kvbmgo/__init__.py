@@ -19,6 +19,7 @@ from ._counters import PathCounters, TransferPath
 from ._device import Event, Stream
 from ._info import Info, handle_count, info, status_string, version
 from ._layout import BlockDim, LayoutConfig, LayoutHandle, LayoutKind, Tier
+from ._memory import Buffer, dense_span
 from ._notification import Notification
 from ._worker import Worker
 from ._cache import (CacheEvent, CacheEventKind, CacheStats, CacheTierStats, Decision, PrefixCache,
@@ -37,5 +38,5 @@ __all__ = [
     "LayoutHandle", "Notification", "OutcomeKind", "TransferPath", "PathCounters", "Stream", "Tier", "TimingMode", "Worker",
     "handle_count", "info", "status_string", "version", "BlockDim", "LayoutConfig",
     "LayoutKind", "__version__", "CacheEvent", "CacheEventKind", "CacheStats", "CacheTierStats",
-    "Decision", "PrefixCache", "WriteMode",
+    "Decision", "PrefixCache", "WriteMode", "Buffer", "dense_span",
 ] + list(errors.__all__)

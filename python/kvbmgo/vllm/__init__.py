@@ -1,0 +1,40 @@
+"""kvbmgo.vllm: the vLLM (0.33) KV connector over kvbm's prefix cache.
+
+vLLM loads it with::
+
+    --kv-transfer-config '{"kv_connector": "KvbmConnector",
+                           "kv_connector_module_path": "kvbmgo.vllm",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {...}}'
+
+Importing this package imports neither vllm nor torch and does not load
+libkvbm.so: vLLM imports connector classes in its config process and may
+fork workers afterwards. The classes are built on first attribute access
+(vLLM's factory does ``getattr(module, "KvbmConnector")``), which imports
+vllm; the library loads when a worker-side connector registers its KV caches.
+"""
+
+from typing import Any
+
+__all__ = ["KvbmConnector", "KvbmConnectorMetadata", "KvbmWorkerMetadata", "KvbmConfig"]
+
+_WHERE = {
+    "KvbmConnector": ".connector",
+    "KvbmConnectorMetadata": ".metadata",
+    "KvbmWorkerMetadata": ".metadata",
+    "KvbmConfig": ".config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> "list[str]":
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,83 @@
+"""The connector's settings: ``kv_connector_extra_config`` keys, checked.
+
+Pure Python: no vllm, no torch, no libkvbm.so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Optional
+
+__all__ = ["KvbmConfig"]
+
+_GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class KvbmConfig:
+    """The ``kv_connector_extra_config`` keys of KvbmConnector (README lists
+    them). Sizes in blocks win over sizes in bytes."""
+
+    #: G2 (pinned host memory) size: blocks, else bytes (default 4 GiB).
+    g2_blocks: Optional[int] = None
+    g2_bytes: int = 4 * _GiB
+    #: G3 (local disk): a directory enables it; size in blocks, else bytes.
+    g3_dir: Optional[str] = None
+    g3_blocks: Optional[int] = None
+    g3_bytes: int = 16 * _GiB
+    #: G4 (object store): a directory (an s3:// URL once the library takes one).
+    g4_dir: Optional[str] = None
+    #: When blocks are written down to G3 / G4: auto, off, write_back, write_through.
+    g3_mode: str = "auto"
+    g4_mode: str = "auto"
+    #: Offload a block once it was offered this many times (0 or 1: always).
+    admit_after: int = 0
+    #: sync: loads run layer by layer before the forward that needs them;
+    #: async: the request waits for its load outside the forward pass.
+    load_mode: str = "sync"
+    #: Cache events kept by the library until drained (0: its default).
+    max_events: int = 0
+    #: The kvbm worker id of rank 0 (rank r uses worker_id + r); unique
+    #: among the kvbm workers of one process.
+    worker_id: int = 0x766C6C6D  # "vllm"
+
+    @classmethod
+    def from_extra(cls, extra: Optional[Mapping[str, Any]]) -> "KvbmConfig":
+        """Reads the known keys of extra (others are ignored: vLLM passes
+        one dict to every connector of a MultiConnector). Raises ValueError
+        naming a bad value."""
+        extra = dict(extra or {})
+        kw: dict = {}
+        for f in fields(cls):
+            if f.name not in extra or extra[f.name] is None:
+                continue
+            v = extra[f.name]
+            if f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode"):
+                if not isinstance(v, str) or not v:
+                    raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected a "
+                                     f"non-empty string, got {v!r}")
+            else:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected an "
+                                     f"integer >= 0, got {v!r}")
+            kw[f.name] = v
+        cfg = cls(**kw)
+        if cfg.load_mode not in ("sync", "async"):
+            raise ValueError(f"kv_connector_extra_config['load_mode']: 'sync' or 'async', "
+                             f"got {cfg.load_mode!r}")
+        for name in ("g2_blocks", "g3_blocks"):
+            if getattr(cfg, name) == 0:
+                raise ValueError(f"kv_connector_extra_config[{name!r}]: must be > 0")
+        return cfg
+
+    @property
+    def async_load(self) -> bool:
+        return self.load_mode == "async"
+
+    def tier_blocks(self, block_bytes: int) -> "tuple[int, int]":
+        """(G2 blocks, G3 blocks) for blocks of block_bytes (G3 0: no G3)."""
+        g2 = self.g2_blocks or max(1, self.g2_bytes // block_bytes)
+        g3 = 0
+        if self.g3_dir is not None:
+            g3 = self.g3_blocks or max(1, self.g3_bytes // block_bytes)
+        return g2, g3

@@ -1,0 +1,125 @@
+"""KvbmConnector: the class vLLM loads. A facade: it builds the scheduler
+side (scheduler.py) or the worker side (worker.py) from its role and
+forwards each call; the metadata between them is in metadata.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                               KVConnectorMetadata,
+                                                               KVConnectorRole)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from .config import KvbmConfig
+from .metadata import KvbmConnectorMetadata
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+__all__ = ["KvbmConnector"]
+
+
+def _rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - no TP group (a test, one process)
+        return 0
+
+
+class KvbmConnector(KVConnectorBase_V1):
+    """kvbm's prefix cache (G2 pinned host memory, G3 disk, G4 object store)
+    under vLLM's KV cache, for ``kv_role`` ``kv_both``."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "Optional[KVCacheConfig]" = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        kt = vllm_config.kv_transfer_config
+        if kt.kv_role != "kv_both":
+            raise ValueError(f"KvbmConnector: kv_role {kt.kv_role!r} is not supported yet "
+                             f"(only 'kv_both': offload and onboard)")
+        self.config = KvbmConfig.from_extra(kt.kv_connector_extra_config)
+        self._scheduler = None
+        self._worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            from .scheduler import KvbmScheduler
+            self._scheduler = KvbmScheduler(self.config, vllm_config.cache_config.block_size)
+        else:
+            from .worker import KvbmWorker
+            self._worker = KvbmWorker(self.config, rank=_rank())
+
+    # ---- scheduler side
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
+                                   ) -> "tuple[int | None, bool]":
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Any, block_ids: "list[int]"
+                         ) -> "tuple[bool, dict[str, Any] | None]":
+        return self._scheduler.request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._scheduler.update_connector_output(connector_output)
+
+    def take_events(self) -> Iterable[Any]:
+        return self._scheduler.take_events()
+
+    # ---- worker side
+
+    def register_kv_caches(self, kv_caches: "dict[str, Any]") -> None:
+        self._worker.register_kv_caches(kv_caches)
+
+    def _md(self) -> KvbmConnectorMetadata:
+        md = self._get_connector_metadata()
+        assert isinstance(md, KvbmConnectorMetadata)
+        return md
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            self._worker.bind()
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        if isinstance(kv_connector_metadata, KvbmConnectorMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._worker.start_load_kv(self._md())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        # Stores go whole blocks (every layer) at wait_for_save: one call per
+        # step instead of one per layer, and the block ids come from our own
+        # metadata, not from attn_metadata (whose shape differs per backend).
+        pass
+
+    def wait_for_save(self) -> None:
+        self._worker.wait_for_save(self._md())
+
+    def get_finished(self, finished_req_ids: "set[str]"
+                     ) -> "tuple[set[str] | None, set[str] | None]":
+        return self._worker.get_finished()
+
+    def get_block_ids_with_load_errors(self) -> "set[int]":
+        return self._worker.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self) -> Any:
+        return self._worker.build_worker_meta()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()

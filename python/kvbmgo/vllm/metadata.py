@@ -1,0 +1,60 @@
+"""What the scheduler side tells the worker side each step, and what the
+worker side tells back (cache events, to feed the scheduler's key index)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetadata,
+                                                               KVConnectorWorkerMetadata)
+
+__all__ = ["BlockLoad", "BlockStore", "KvbmConnectorMetadata", "KvbmWorkerMetadata"]
+
+
+@dataclass
+class BlockLoad:
+    """Load keys[i] (vLLM block hashes) into G1 block block_ids[i]."""
+    req_id: str
+    keys: List[bytes]
+    block_ids: List[int]
+    is_async: bool = False
+
+
+@dataclass
+class BlockStore:
+    """Offer G1 block block_ids[i], which holds keys[i], to the cache once
+    this step's forward has written it."""
+    req_id: str
+    keys: List[bytes]
+    block_ids: List[int]
+
+
+@dataclass
+class KvbmConnectorMetadata(KVConnectorMetadata):
+    """One step's work for the worker side, built by the scheduler side."""
+    loads: List[BlockLoad] = field(default_factory=list)
+    stores: List[BlockStore] = field(default_factory=list)
+    #: Finished requests whose blocks vLLM frees only when the worker side
+    #: reports them in finished_sending (their stores are done).
+    held: List[str] = field(default_factory=list)
+    #: Requests preempted this step: their G1 blocks may be reused now.
+    preempted: List[str] = field(default_factory=list)
+
+
+#: A cache event as it crosses processes: (kind, tier, key); kind 1 stored,
+#: 2 removed; tier 2 = G2, 3 = G3, 4 = G4.
+WireEvent = Tuple[int, int, bytes]
+
+
+@dataclass
+class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
+    """The cache events a worker drained this step, in order."""
+    events: List[WireEvent] = field(default_factory=list)
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KvbmWorkerMetadata":
+        # Several ranks: their events, one after the other. The scheduler's
+        # index is a mirror, and a block one rank lacks fails its load
+        # (reported through get_block_ids_with_load_errors), never a wrong byte.
+        assert isinstance(other, KvbmWorkerMetadata)
+        return KvbmWorkerMetadata(self.events + other.events)

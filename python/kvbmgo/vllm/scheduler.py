@@ -1,0 +1,215 @@
+"""The scheduler side of KvbmConnector: which of a request's blocks the
+cache holds, which to load and which to offer for storing, per step.
+
+It touches no tensor and no libkvbm.so. The cache lives in the worker
+processes (it reads and writes their G1 memory); the scheduler learns what
+it holds from the cache's own events (a key entered or left G2, G3 or G4),
+which each worker drains every step and sends back with its step output.
+The scheduler keeps them as an index: key -> tiers holding it. That index is
+a mirror, not a policy: what is stored, evicted, deduplicated or admitted is
+decided by the library; a block the index still names but the cache dropped
+meanwhile fails its load and is reported (and recomputed or failed, by
+``kv_load_failure_policy``), never loaded wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+from itertools import islice
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+
+from .config import KvbmConfig
+from .metadata import BlockLoad, BlockStore, KvbmConnectorMetadata, KvbmWorkerMetadata
+
+__all__ = ["KvbmScheduler"]
+
+log = logging.getLogger(__name__)
+
+STORED, REMOVED = 1, 2
+#: vLLM's media names (vllm.distributed.kv_events.MEDIUM_*) per kvbm tier.
+_MEDIUM = {2: "CPU", 3: "STORAGE", 4: "STORAGE"}
+_MAX_TOKENS = 1 << 17
+
+
+@dataclass
+class _Request:
+    request: Any                      # vllm.v1.request.Request (its block_hashes grow)
+    block_ids: List[int] = field(default_factory=list)
+    next_store: int = 0               # blocks before it were offered or hit already
+    stored_any: bool = False          # a store was sent: hold the blocks at finish
+    match: Tuple[int, int] = (0, 0)   # (first block, blocks) of the last match
+
+
+class KvbmScheduler:
+    def __init__(self, config: KvbmConfig, block_size: int) -> None:
+        self.config = config
+        self.block_size = block_size
+        self._tiers: Dict[bytes, Set[int]] = {}       # key -> tiers holding it
+        # For BlockStored: (parent hash, tokens) of keys offered or cached,
+        # at most _MAX_TOKENS (oldest dropped first: their events then carry
+        # no tokens; offers the cache declined would otherwise stay forever).
+        self._tokens: "OrderedDict[bytes, Tuple[Optional[bytes], List[int]]]" = OrderedDict()
+        self._requests: Dict[str, _Request] = {}
+        self._loads: List[BlockLoad] = []
+        self._held: List[str] = []
+        self._events: List[KVCacheEvent] = []
+
+    # ---- vLLM's scheduler calls, in its order
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
+                                   ) -> Tuple[int, bool]:
+        """Tokens beyond num_computed_tokens the cache can load: whole
+        blocks that follow the GPU's hit, leaving at least one prompt token
+        to compute. Side-effect free but for remembering the answer."""
+        bs = self.block_size
+        start = num_computed_tokens // bs
+        hashes = request.block_hashes
+        # vLLM computes at least one token: never claim the last prompt token.
+        limit = (request.num_tokens - 1) // bs
+        # vLLM's BlockHash is bytes at run time: looked up as it is.
+        n = 0
+        tiers = self._tiers
+        for h in islice(hashes, start, limit):
+            if h not in tiers:
+                break
+            n += 1
+        st = self._requests.get(request.request_id)
+        if st is not None:
+            st.match = (start, n)
+        else:
+            self._requests[request.request_id] = _Request(request, match=(start, n))
+        if n == 0:
+            return 0, False
+        return n * bs, self.config.async_load
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
+        st = self._requests.get(request.request_id)
+        if st is None:
+            st = self._requests[request.request_id] = _Request(request)
+        st.request = request
+        start, n = st.match
+        # Blocks the GPU or the cache hit are not offered again.
+        nb = num_external_tokens // self.block_size
+        st.next_store = max(st.next_store, start + nb)
+        if nb == 0:
+            return
+        if nb > n:
+            raise RuntimeError(f"request {request.request_id}: vLLM asks for {nb} external "
+                               f"blocks, the cache matched {n}")
+        ids = blocks.get_block_ids()[0]
+        # blocks: the request's blocks from its first; the load fills those
+        # after the GPU's hit.
+        load_ids = list(ids[start:start + nb])
+        keys = [bytes(h) for h in request.block_hashes[start:start + nb]]
+        self._loads.append(BlockLoad(request.request_id, keys, load_ids, self.config.async_load))
+
+    def build_connector_meta(self, scheduler_output: Any) -> KvbmConnectorMetadata:
+        """This step's loads, the stores of every block this step completes,
+        the finished requests whose blocks wait for their stores, and the
+        preempted ones. Resets the step's state."""
+        bs = self.block_size
+        stores: List[BlockStore] = []
+        scheduled = scheduler_output.num_scheduled_tokens
+
+        def offer(req_id: str, computed: int, computed_after: int) -> None:
+            st = self._requests.get(req_id)
+            if st is None:
+                return
+            # Fewer tokens computed than blocks offered: vLLM rewound the
+            # request (a failed load, a preemption); its blocks are computed
+            # again and offered again.
+            st.next_store = min(st.next_store, computed // bs)
+            hashes = st.request.block_hashes
+            full = min(len(hashes), computed_after // bs, len(st.block_ids))
+            if full <= st.next_store:
+                return
+            keys = [bytes(h) for h in hashes[st.next_store:full]]
+            for i in range(st.next_store, full):
+                k = keys[i - st.next_store]
+                if k not in self._tokens:
+                    parent = bytes(hashes[i - 1]) if i > 0 else None
+                    self._tokens[k] = (parent,
+                                       list(st.request.all_token_ids[i * bs:(i + 1) * bs]))
+                    if len(self._tokens) > _MAX_TOKENS:
+                        self._tokens.popitem(last=False)
+            stores.append(BlockStore(req_id, keys, st.block_ids[st.next_store:full]))
+            st.next_store = full
+            st.stored_any = True
+
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self._requests.get(new.req_id)
+            if st is None:
+                continue
+            st.block_ids = list(new.block_ids[0])
+            offer(new.req_id, new.num_computed_tokens,
+                  new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._requests.get(req_id)
+            if st is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in resumed:
+                st.block_ids = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                st.block_ids.extend(new_ids[0])
+            offer(req_id, cached.num_computed_tokens[i],
+                  cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
+        preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        for req_id in preempted:
+            st = self._requests.get(req_id)
+            if st is not None:
+                st.block_ids = []
+        md = KvbmConnectorMetadata(loads=self._loads, stores=stores, held=self._held,
+                                   preempted=preempted)
+        self._loads, self._held = [], []
+        return md
+
+    def request_finished(self, request: Any, block_ids: List[int]
+                         ) -> Tuple[bool, Optional[dict]]:
+        """Holds the blocks of a request that sent stores until the worker
+        side reports them done (finished_sending)."""
+        st = self._requests.pop(request.request_id, None)
+        if st is None or not st.stored_any:
+            return False, None
+        self._held.append(request.request_id)
+        return True, None
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """Feeds the workers' cache events into the index and into take_events."""
+        md = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(md, KvbmWorkerMetadata):
+            self.apply_events(md.events)
+
+    def apply_events(self, events: Iterable[Tuple[int, int, bytes]]) -> None:
+        bs = self.block_size
+        for kind, tier, key in events:
+            medium = _MEDIUM.get(tier, "STORAGE")
+            if kind == STORED:
+                self._tiers.setdefault(key, set()).add(tier)
+                parent, tokens = self._tokens.get(key, (None, []))
+                self._events.append(BlockStored(block_hashes=[key], parent_block_hash=parent,
+                                                token_ids=tokens, block_size=bs, lora_id=None,
+                                                medium=medium, lora_name=None))
+            elif kind == REMOVED:
+                tiers = self._tiers.get(key)
+                if tiers is not None:
+                    tiers.discard(tier)
+                    if not tiers:
+                        del self._tiers[key]
+                        self._tokens.pop(key, None)
+                self._events.append(BlockRemoved(block_hashes=[key], medium=medium))
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def cached_tiers(self, key: bytes) -> Set[int]:
+        """The tiers the index says hold key (for tests and stats)."""
+        return set(self._tiers.get(key, ()))

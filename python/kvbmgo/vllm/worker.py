@@ -1,0 +1,330 @@
+"""The worker side of KvbmConnector: registers vLLM's KV cache as G1 and
+runs the loads and stores the scheduler side put in the step's metadata on
+the worker's kvbm prefix cache. It decides nothing: which blocks are
+loaded or offered is the scheduler side's metadata, and what the cache
+keeps is the library's policy."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from .. import Event, LayoutConfig, Worker, dense_span
+from ..errors import AlreadyExistsError, KvbmError
+from .config import KvbmConfig
+from .metadata import KvbmConnectorMetadata, KvbmWorkerMetadata
+
+__all__ = ["KvbmWorker", "g1_layout"]
+
+log = logging.getLogger(__name__)
+
+
+def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[str, int]]:
+    """How to register vLLM 0.33's per-layer KV views as G1, without a copy.
+
+    Each view is ``[num_blocks, num_kv_heads, block_size, 2*head_size]`` with
+    the strides of the KV cache layout. kvbm needs, per (block, layer), one
+    dense region: true when the block is the outermost dimension of the
+    layer's storage (LBNHC, LBHNC: one region per layer, registered
+    layer_separate) or of the whole cache with layers next inside it (BLNHC,
+    BLHNC: one region, registered fully_contiguous). The bytes inside a
+    region keep vLLM's order; G2/G3 copy them as they are. Returns the
+    config, the buffers to register and each layer name's kvbm layer index.
+    Raises ValueError for another layout (BHLNC, LHBNC)."""
+    names = list(kv_caches)
+    if not names:
+        raise ValueError("register_kv_caches: no KV caches")
+    # Layers that share one KV cache (KV sharing) are registered once.
+    first_of: Dict[int, str] = {}
+    for name in names:
+        first_of.setdefault(int(kv_caches[name].data_ptr()), name)
+    views = [kv_caches[n] for n in first_of.values()]
+    shape = tuple(int(d) for d in views[0].shape)
+    if len(shape) != 4:
+        raise ValueError(f"register_kv_caches: a KV view of shape {shape}; expected "
+                         f"[num_blocks, num_kv_heads, block_size, 2*head_size]")
+    nb, heads, page, content = shape
+    width = int(views[0].element_size())
+    for n, v in zip(first_of.values(), views):
+        if tuple(int(d) for d in v.shape) != shape or int(v.element_size()) != width:
+            raise ValueError(f"register_kv_caches: layer {n} has shape {tuple(v.shape)}, "
+                             f"the first {shape}: every layer must be alike")
+    region = heads * page * content * width  # one block of one layer
+    for n, v in zip(first_of.values(), views):
+        try:
+            if dense_span(v[0]).nbytes != region:
+                raise ValueError("")
+        except ValueError:
+            raise ValueError(f"register_kv_caches: layer {n} (strides {tuple(v.stride())}) "
+                             f"does not keep a block of a layer in one dense region; layouts "
+                             f"LBNHC, LBHNC, BLNHC and BLHNC are supported") from None
+    block_stride = int(views[0].stride(0)) * width
+    num_layers = len(views)
+    cfg = LayoutConfig(num_blocks=nb, num_layers=num_layers, outer_dim=1, page_size=page,
+                       inner_dim=heads * content, dtype_width=width)
+    if block_stride == region:
+        # A region per layer: layer i is kvbm layer i.
+        buffers = [dense_span(v, f"KV cache of {n}") for n, v in zip(first_of.values(), views)]
+        index = {n: i for i, n in enumerate(first_of.values())}
+        cfg = cfg.replace(layout="layer_separate", block_dim="first")
+    elif block_stride == region * num_layers:
+        # Cross-layer: [block][layer][region]; kvbm's layer i is the one at offset i*region.
+        base = min(int(v.data_ptr()) for v in views)
+        offsets = {n: (int(v.data_ptr()) - base) for n, v in zip(first_of.values(), views)}
+        if sorted(offsets.values()) != [i * region for i in range(num_layers)]:
+            raise ValueError("register_kv_caches: cross-layer KV views that are not "
+                             "[block][layer] in one tensor")
+        index = {n: off // region for n, off in offsets.items()}
+        from .._memory import Buffer
+        dev = views[0].device
+        device = (dev.index or 0) if dev.type == "cuda" else None
+        buffers = [Buffer(base, nb * num_layers * region, width, device, list(views))]
+        cfg = cfg.replace(layout="fully_contiguous")
+    else:
+        raise ValueError(f"register_kv_caches: block stride {block_stride} bytes is neither a "
+                         f"layer's block ({region}) nor all layers' ({region * num_layers})")
+    for name in names:  # the layers sharing another's cache
+        index.setdefault(name, index[first_of[int(kv_caches[name].data_ptr())]])
+    return cfg, buffers, index
+
+
+class KvbmWorker:
+    def __init__(self, config: KvbmConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        self.worker: Optional[Worker] = None
+        self._g3_dir: Optional[str] = None
+        self._layer_index: Dict[str, int] = {}
+        self._events: List[Any] = []     # one per kvbm layer, for layer-wise loads
+        self._cuda = False
+        self._started = False  # start_load_kv ran for the bound metadata
+        # Sync loads of this step: (notification, G1 ids), or None.
+        self._sync_load: Optional[Tuple[Any, List[int]]] = None
+        self._async_loads: Dict[str, Tuple[Any, List[int]]] = {}
+        # Stores in flight: (notification, requests, the CUDA event it waits for).
+        self._stores: List[Tuple[Any, Set[str], Any]] = []
+        self._held: Set[str] = set()
+        self._load_errors: Set[int] = set()
+
+    # ---- setup and teardown
+
+    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+        cfg, buffers, self._layer_index = g1_layout(kv_caches)
+        self._cuda = buffers[0].device is not None
+        c = self.config
+        g2, g3 = c.tier_blocks(cfg.block_bytes)
+        g4_dir = os.path.join(c.g4_dir, f"rank{self.rank}") if c.g4_dir else None
+        if c.g3_dir is not None:
+            os.makedirs(c.g3_dir, exist_ok=True)
+            self._g3_dir = tempfile.mkdtemp(prefix=f"kvbm-rank{self.rank}-", dir=c.g3_dir)
+        wid = c.worker_id + self.rank
+        for attempt in range(64):
+            try:
+                w = Worker(wid + attempt * 0x10000,
+                           device_id=buffers[0].device or 0, rank=self.rank,
+                           disk_dir=self._g3_dir, object_dir=g4_dir)
+                break
+            except AlreadyExistsError:
+                continue
+        else:
+            raise AlreadyExistsError(f"no free kvbm worker id from {wid}")
+        self.worker = w
+        try:
+            w.register_g1(cfg, buffers)
+            host = cfg.replace(layout="fully_contiguous")
+            w.allocate_g2(host.replace(num_blocks=g2))
+            if g3:
+                w.allocate_g3(host.replace(num_blocks=g3))
+            w.enable_cache(admit_after=c.admit_after, g3=c.g3_mode, g4=c.g4_mode,
+                           max_events=c.max_events)
+            if self._cuda:
+                import torch
+                self._events = [torch.cuda.Event() for _ in range(cfg.num_layers)]
+                for e in self._events:
+                    e.record()  # torch creates the CUevent at its first record
+            else:
+                self._events = [Event() for _ in range(cfg.num_layers)]
+        except BaseException:
+            self.shutdown()
+            raise
+        log.info("kvbm: G1 %s, G2 %d blocks, G3 %d blocks%s", cfg, g2, g3,
+                 ", G4 " + g4_dir if g4_dir else "")
+
+    def shutdown(self) -> None:
+        """Waits for the transfers in flight, then releases the worker, its
+        tiers and its events."""
+        for n, _, _ in self._stores:
+            self._finish(n)
+        self._stores = []
+        for n, _ in self._async_loads.values():
+            self._finish(n)
+        self._async_loads = {}
+        if self._sync_load is not None:
+            self._finish(self._sync_load[0])
+            self._sync_load = None
+        if not self._cuda:
+            for e in self._events:
+                e.close()
+        self._events = []
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        if self._g3_dir is not None:
+            shutil.rmtree(self._g3_dir, ignore_errors=True)
+            self._g3_dir = None
+
+    # ---- each step
+
+    def _event_handle(self, e: Any) -> Any:
+        return e.cuda_event if self._cuda else e
+
+    def bind(self) -> None:
+        """A step's metadata was bound."""
+        self._started = False
+
+    def start_load_kv(self, md: KvbmConnectorMetadata) -> None:
+        """Starts this step's loads: the sync ones layer by layer (one event
+        per layer, which wait_for_layer_load waits on), the async ones whole."""
+        if self._started:
+            return
+        self._started = True
+        self._held.update(md.held)
+        cache = self.worker.cache
+        keys: List[bytes] = []
+        ids: List[int] = []
+        for ld in md.loads:
+            if ld.is_async:
+                self._async_loads[ld.req_id] = (self._onboard(ld.keys, ld.block_ids, None),
+                                                list(ld.block_ids))
+            else:
+                keys.extend(ld.keys)
+                ids.extend(ld.block_ids)
+        if keys:
+            events = [self._event_handle(e) for e in self._events]
+            self._sync_load = (self._onboard(keys, ids, events), ids)
+
+    def _onboard(self, keys: List[bytes], ids: List[int], events: Optional[List[Any]]) -> Any:
+        try:
+            stream = None
+            if self._cuda and events is not None:
+                import torch
+                stream = torch.cuda.current_stream().cuda_stream
+            return self.worker.cache.onboard(keys, ids, layer_events=events, stream=stream)
+        except (KvbmError, ValueError) as e:
+            # Nothing started: every block of the load failed.
+            log.warning("kvbm: load of %d blocks refused: %s", len(ids), e)
+            self._load_errors.update(ids)
+            return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._sync_load is None or self._sync_load[0] is None:
+            return
+        i = self._layer_index.get(layer_name)
+        if i is None:
+            return
+        e = self._events[i]
+        if self._cuda:
+            import torch
+            torch.cuda.current_stream().wait_event(e)
+        else:
+            e.synchronize()
+
+    def _finish(self, n: Any) -> List[int]:
+        """Waits for n and closes it; the blocks that failed."""
+        if n is None:
+            return []
+        with n:
+            try:
+                n.wait()
+            except KvbmError:
+                pass
+            return n.failed_blocks()
+
+    def wait_for_save(self, md: KvbmConnectorMetadata) -> None:
+        """Ends the step's sync loads (their failures are reported by
+        get_block_ids_with_load_errors), then offers the blocks this step
+        completed to the cache, after the forward's writes (on CUDA: after
+        an event recorded on the current stream; the copies wait for it)."""
+        self.start_load_kv(md)  # a step whose start_load_kv was not called
+        if self._sync_load is not None:
+            n, ids = self._sync_load
+            if n is not None:
+                self._load_errors.update(self._finish(n))
+            self._sync_load = None
+        if not md.stores:
+            return
+        keys: List[bytes] = []
+        ids: List[int] = []
+        reqs: Set[str] = set()
+        seen: Set[bytes] = set()
+        for st in md.stores:
+            reqs.add(st.req_id)
+            for k, b in zip(st.keys, st.block_ids):
+                if k not in seen:  # two requests with one prefix: store it once
+                    seen.add(k)
+                    keys.append(k)
+                    ids.append(b)
+        ev: Any = None
+        if self._cuda:
+            import torch
+            ev = torch.cuda.Event()
+            ev.record()
+        try:
+            n, _ = self.worker.cache.offload(keys, ids, precondition=None if ev is None
+                                             else ev.cuda_event)
+        except (KvbmError, ValueError) as e:
+            log.warning("kvbm: offload of %d blocks refused: %s", len(ids), e)
+            return
+        self._stores.append((n, reqs, ev))
+
+    def handle_preemptions(self, md: KvbmConnectorMetadata) -> None:
+        """The G1 blocks of preempted requests may be reused this step: their
+        stores must have read them first."""
+        pre = set(md.preempted)
+        if not pre:
+            return
+        keep = []
+        for n, reqs, ev in self._stores:
+            if reqs & pre:
+                self._finish(n)
+            else:
+                keep.append((n, reqs, ev))
+        self._stores = keep
+
+    def get_finished(self) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        """(held requests whose stores are done, async loads done)."""
+        keep = []
+        pending: Set[str] = set()
+        for n, reqs, ev in self._stores:
+            if n.done():
+                failed = self._finish(n)
+                if failed:
+                    log.info("kvbm: %d blocks not offloaded: %s", len(failed), failed)
+            else:
+                keep.append((n, reqs, ev))
+                pending |= reqs
+        self._stores = keep
+        sending = {r for r in self._held if r not in pending}
+        self._held -= sending
+        recving: Set[str] = set()
+        for req_id, (n, ids) in list(self._async_loads.items()):
+            if n is None or n.done():
+                self._load_errors.update(self._finish(n))
+                del self._async_loads[req_id]
+                recving.add(req_id)
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def build_worker_meta(self) -> Optional[KvbmWorkerMetadata]:
+        if self.worker is None:
+            return None
+        events = self.worker.cache.events()
+        if not events:
+            return None
+        return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events])

@@ -1,0 +1,34 @@
+"""kvbmgo.vllm's extra config keys (pure Python: runs without vllm)."""
+import sys
+
+import pytest
+
+from kvbmgo.vllm.config import KvbmConfig
+
+
+def test_defaults_and_sizes():
+    c = KvbmConfig.from_extra(None)
+    assert (c.load_mode, c.g3_dir, c.g4_dir, c.admit_after) == ("sync", None, None, 0)
+    assert c.tier_blocks(1 << 20) == (4096, 0)  # 4 GiB of 1 MiB blocks, no G3
+    c = KvbmConfig.from_extra({"g2_blocks": 10, "g2_bytes": 1, "g3_dir": "/d", "g3_bytes": 5 << 20,
+                               "other_connector_key": 1})
+    assert c.tier_blocks(1 << 20) == (10, 5)
+    assert KvbmConfig.from_extra({"load_mode": "async"}).async_load
+
+
+@pytest.mark.parametrize("extra, what", [
+    ({"g2_blocks": -1}, "g2_blocks"), ({"g2_blocks": 0}, "g2_blocks"),
+    ({"admit_after": True}, "admit_after"), ({"g3_dir": ""}, "g3_dir"),
+    ({"load_mode": "later"}, "load_mode"), ({"g2_bytes": "4G"}, "g2_bytes"),
+])
+def test_bad_values_name_the_key(extra, what):
+    with pytest.raises(ValueError, match=what):
+        KvbmConfig.from_extra(extra)
+
+
+def test_the_package_imports_without_vllm():
+    import kvbmgo.vllm
+    assert "KvbmConnector" in dir(kvbmgo.vllm)
+    with pytest.raises(AttributeError):
+        kvbmgo.vllm.NoSuchThing
+    assert "vllm" not in sys.modules or hasattr(sys.modules["vllm"], "__version__")

@@ -1,0 +1,227 @@
+"""A real vLLM 0.33 Scheduler built offline (a tiny local Llama config),
+KvbmConnector loaded by vLLM's factory through kv_connector_module_path, and
+its worker side over KV views made by vLLM's own create_kv_cache_views on
+the emulated device. Engine.step() runs one step as vLLM's model runner
+does (kv_connector_model_runner_mixin._get_kv_connector_output), with a
+"forward" that writes each computed full block's KV as a pattern derived
+from its block hash, so every loaded byte can be checked."""
+import os
+
+import pytest
+
+
+def require_vllm():
+    """Skips the calling module without vllm, or fails it when
+    KVBM_REQUIRE_ENGINES=1."""
+    try:
+        import vllm.config  # noqa: F401 - a real vllm, not a directory named so
+    except Exception as e:  # noqa: BLE001 - any import failure is a reason
+        reason = (f"vllm is not importable ({type(e).__name__}: {e}); "
+                  f"`make test-vllm` runs these tests in the engine venv")
+        if os.environ.get("KVBM_REQUIRE_ENGINES") == "1":
+            raise RuntimeError(f"KVBM_REQUIRE_ENGINES=1: {reason}") from e
+        pytest.skip(reason, allow_module_level=True)
+
+
+require_vllm()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.forward_context import ForwardContext  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
+                                        KVCacheGroupSpec, KVCacheTensor,
+                                        compute_layout_strides, create_kv_cache_views)
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+MODEL = os.path.join(os.path.dirname(__file__), "tiny-llama")
+BLOCK, HEADS, HEAD = 16, 2, 16  # the tiny Llama: 4 heads of 16 dims, 2 KV heads
+LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(2)]
+EOS = 2
+
+init_none_hash(sha256)
+_hasher = get_request_block_hasher(BLOCK, sha256)
+
+
+def pattern(key: bytes, layer: int) -> torch.Tensor:
+    """The KV of one block of one layer, as int16, derived from its block hash."""
+    rng = np.random.default_rng(int.from_bytes(bytes(key)[:8], "little") + 7919 * layer)
+    return torch.from_numpy(rng.integers(-32768, 32767, size=(HEADS, BLOCK, 2 * HEAD),
+                                         dtype=np.int16))
+
+
+class Engine:
+    """One scheduler and one worker connector, in one process."""
+
+    def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
+                 max_batched=64, serial=False):
+        """serial: each step waits until the cache moves nothing before the
+        next (tests whose outcome would depend on G2 stores in flight)."""
+        self.serial = serial
+        self.verify = False  # check_computed before every forward
+        mc = ModelConfig(model=MODEL, tokenizer=MODEL, skip_tokenizer_init=True,
+                         dtype="float16", seed=42)
+        sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_batched,
+                             max_model_len=2048, enable_chunked_prefill=True,
+                             is_encoder_decoder=False)
+        cc = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
+                         enable_prefix_caching=True)
+        kt = KVTransferConfig(kv_connector="KvbmConnector", kv_connector_module_path="kvbmgo.vllm",
+                              kv_role="kv_both", kv_load_failure_policy=policy,
+                              kv_connector_extra_config=dict(extra or {}))
+        self.vc = vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
+                                  kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
+        self.spec = spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS,
+                                             head_size=HEAD, dtype=torch.float16)
+        lay = KVCacheLayout[layout]
+        ls, bs, *_ = compute_layout_strides(spec, num_blocks, len(LAYERS), lay)
+        size = num_blocks * len(LAYERS) * spec.page_size_bytes
+        tensor = KVCacheTensor(size=size, layers=list(LAYERS), layer_stride=ls, block_stride=bs)
+        self.kvc = kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                                       kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+        vc.cache_config.num_gpu_blocks = num_blocks
+        self.raw = torch.zeros(size, dtype=torch.int8)
+        self.views = dict(zip(LAYERS, create_kv_cache_views(self.raw, spec, num_blocks, lay,
+                                                            tensor)))
+        self.sched = Scheduler(vllm_config=vc, kv_cache_config=kvc, log_stats=True,
+                               structured_output_manager=StructuredOutputManager(vc),
+                               block_size=BLOCK)
+        self.worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kvc)
+        self.worker.register_kv_caches(self.views)
+        self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+        self.events = []  # what the scheduler side's take_events() yielded
+        self.outputs = []
+
+    @property
+    def connector(self):
+        """The scheduler-side connector."""
+        return self.sched.connector
+
+    def close(self):
+        self.worker.shutdown()
+
+    def add(self, req_id, prompt, max_tokens=1):
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        sp.update_from_generation_config({}, EOS)
+        r = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
+                    pooling_params=None, block_hasher=_hasher)
+        self.sched.add_request(r)
+        return r
+
+    def block_ids(self, req_id):
+        return list(self.sched.kv_cache_manager.get_block_ids(req_id)[0])
+
+    def read(self, block_id, layer):
+        return self.views[LAYERS[layer]][block_id].view(torch.int16).clone()
+
+    def write(self, block_id, layer, data):
+        self.views[LAYERS[layer]][block_id].view(torch.int16).copy_(data)
+
+    def check_computed(self, so):
+        """Every full block a scheduled request has computed already (GPU
+        hit, kvbm load, or an earlier step) holds its KV, in every layer."""
+        for req_id, n in so.num_scheduled_tokens.items():
+            r = self.sched.requests[req_id]
+            start = r.num_computed_tokens - n
+            ids = self.block_ids(req_id)
+            for b in range(start // BLOCK):
+                for layer in range(len(LAYERS)):
+                    assert torch.equal(self.read(ids[b], layer),
+                                       pattern(r.block_hashes[b], layer)), \
+                        f"{req_id} block {b} (G1 {ids[b]}) layer {layer}"
+
+    def forward(self, so):
+        """Writes the KV of every token scheduled this step: each full block
+        gets its pattern, a partial one junk."""
+        for req_id, n in so.num_scheduled_tokens.items():
+            r = self.sched.requests[req_id]
+            end = r.num_computed_tokens
+            start = end - n
+            ids = self.block_ids(req_id)
+            for b in range(start // BLOCK, (end - 1) // BLOCK + 1):
+                for layer in range(len(LAYERS)):
+                    if b < len(r.block_hashes) and (b + 1) * BLOCK <= end:
+                        self.write(ids[b], layer, pattern(r.block_hashes[b], layer))
+                    else:
+                        self.write(ids[b], layer, torch.full((HEADS, BLOCK, 2 * HEAD), -7,
+                                                             dtype=torch.int16))
+
+    def step(self, before_forward=None):
+        """One engine step; before_forward(so) sees G1 after the step's loads."""
+        so = self.sched.schedule()
+        w = self.worker
+        md = so.kv_connector_metadata
+        w.handle_preemptions(md)
+        w.bind_connector_metadata(md)
+        if so.has_sync_kv_loads:
+            w.start_load_kv(self.ctx)
+        for name in LAYERS:  # what each attention layer does before attention
+            w.wait_for_layer_load(name)
+        if self.verify:
+            self.check_computed(so)
+        if before_forward is not None:
+            before_forward(so)
+        self.forward(so)
+        if not so.has_sync_kv_loads:
+            w.start_load_kv(self.ctx)
+        w.wait_for_save()
+        if self.serial:
+            self.idle()
+        sending, recving = w.get_finished(so.finished_req_ids)
+        kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                invalid_block_ids=w.get_block_ids_with_load_errors(),
+                                kv_connector_worker_meta=w.build_connector_worker_meta())
+        w.clear_connector_metadata()
+        req_ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            r = self.sched.requests[rid]
+            sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
+        out = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
+                                                                   enumerate(req_ids)},
+                                sampled_token_ids=sampled, logprobs=None,
+                                prompt_logprobs_dict={}, pooler_output=None,
+                                kv_connector_output=kvo)
+        self.outputs.append(kvo)
+        self.sched.update_from_output(so, out)
+        return so, kvo
+
+    def idle(self, timeout=10.0):
+        """Waits until the cache moves nothing (write-backs to G3 included)."""
+        import time
+        cache = self.worker._worker.worker.cache
+        deadline = time.monotonic() + timeout
+        while True:
+            st = cache.stats()
+            if st.g2.in_flight == 0 and st.g3.in_flight == 0:
+                break
+            assert time.monotonic() < deadline, f"cache still busy: {st}"
+            time.sleep(0.005)
+
+    def settle(self):
+        """idle(), then a step, so the scheduler side hears every event."""
+        self.idle()
+        self.step()
+
+    def run(self, before_forward=None, timeout=20.0):
+        """Steps until the scheduler holds no request (blocks held for
+        stores included), as an engine's busy loop does; steps that
+        schedule nothing sleep a millisecond."""
+        import time
+        deadline = time.monotonic() + timeout
+        while self.sched.has_requests():
+            assert time.monotonic() < deadline, \
+                f"requests left after {timeout} s: {list(self.sched.requests)}"
+            so, _ = self.step(before_forward)
+            if not so.num_scheduled_tokens:
+                time.sleep(0.001)

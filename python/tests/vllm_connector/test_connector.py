@@ -1,0 +1,314 @@
+"""KvbmConnector with the real vLLM 0.33 scheduler: offload, onboard, errors."""
+from harness import require_vllm
+
+require_vllm()
+
+import torch  # noqa: E402
+import pytest  # noqa: E402
+
+from harness import BLOCK, LAYERS, Engine, pattern  # noqa: E402
+
+
+@pytest.fixture
+def engine():
+    e = Engine({"g2_blocks": 32})
+    yield e
+    e.close()
+
+
+def test_b_loads_the_prefix_a_offloaded(engine):
+    e = engine
+    a_prompt = list(range(100, 100 + 2 * BLOCK + 8))          # 2 full blocks + 8
+    a = e.add("A", a_prompt)
+    e.run()
+    a_keys = [bytes(h) for h in a.block_hashes[:2]]
+    sched = e.connector._scheduler
+    assert all(sched.cached_tiers(k) == {2} for k in a_keys)
+    # The GPU forgets A: its blocks are reused, B's hit can only be kvbm's.
+    assert e.sched.reset_prefix_cache()
+    e.raw.zero_()
+    b = e.add("B", a_prompt[:2 * BLOCK] + list(range(500, 510)))
+    seen = {}
+
+    def check(so):
+        if "B" in so.num_scheduled_tokens and not seen:
+            ids = e.block_ids("B")
+            seen["ids"] = ids[:2]
+            for i, key in enumerate(a_keys):
+                for layer in range(len(LAYERS)):
+                    assert torch.equal(e.read(ids[i], layer), pattern(key, layer)), \
+                        f"block {i} (G1 {ids[i]}) layer {layer}"
+            seen["computed"] = e.sched.requests["B"].num_computed_tokens
+            seen["scheduled"] = so.num_scheduled_tokens["B"]
+    e.run(before_forward=check)
+    assert seen["scheduled"] == 10, "B computes only its own 10 tokens"
+    # A's blocks were held after it finished until the worker said its
+    # stores had read them.
+    assert [o.finished_sending for o in e.outputs if o.finished_sending] == [{"A"}]
+    st = e.worker._worker.worker.cache.stats()
+    assert st.onboarded == 2 and st.onboarded_from_g2 == 2
+    assert [bytes(h) for h in b.block_hashes[:2]] == a_keys
+
+
+def _lost_block_run(e):
+    """A caches 2 blocks; the scheduler's index is told (as a stale event
+    would) that B's third block is cached too: B's load of it fails."""
+    prompt = list(range(7, 7 + 2 * BLOCK + 1))
+    a = e.add("A", prompt)
+    e.run()
+    assert e.sched.reset_prefix_cache()
+    e.raw.zero_()
+    b_prompt = prompt[:2 * BLOCK] + list(range(600, 600 + BLOCK + 3))
+    b = e.add("B", b_prompt)
+    lost = bytes(b.block_hashes[2])
+    e.connector._scheduler.apply_events([(1, 2, lost)])
+    loads = []
+
+    def check(so):
+        for ld in so.kv_connector_metadata.loads:
+            loads.append(ld)
+    e.run(before_forward=check)
+    return a, b, loads
+
+
+def test_a_block_the_cache_lost_is_reported_and_recomputed(engine):
+    e = engine
+    a, b, loads = _lost_block_run(e)
+    assert len(loads) == 1 and len(loads[0].block_ids) == 3
+    lost_id = loads[0].block_ids[2]
+    reported = set().union(*(o.invalid_block_ids for o in e.outputs))
+    assert reported == {lost_id}
+    # Recomputed: B's third block was written by the forward and stored.
+    cache = e.worker._worker.worker.cache
+    assert cache.match([bytes(h) for h in b.block_hashes[:3]])[0] == 3
+    st = cache.stats()
+    assert st.onboard_failed >= 1
+
+
+def test_a_lost_block_fails_the_request_under_policy_fail():
+    e = Engine({"g2_blocks": 32}, policy="fail")
+    try:
+        finished = []
+        orig = e.sched.update_from_output
+
+        def spy(so, out):
+            eco = orig(so, out)
+            for outs in eco.values():
+                for o in outs.outputs:
+                    if o.finish_reason is not None:
+                        finished.append((o.request_id, o.finish_reason))
+            return eco
+        e.sched.update_from_output = spy
+        a, b, loads = _lost_block_run(e)
+        reported = set().union(*(o.invalid_block_ids for o in e.outputs))
+        assert reported == {loads[0].block_ids[2]}
+        assert ("B", "error") in [(r, str(f.name).lower() if hasattr(f, "name") else str(f))
+                                  for r, f in finished], finished
+    finally:
+        e.close()
+
+
+def _a_then_b(e, a_prompt, b_prompt, before_b=None):
+    """A runs to the end (its blocks offloaded); the GPU forgets it; B runs.
+    Returns (a, b, bytes_ok) where bytes_ok says B's loaded blocks held A's
+    KV, checked in the step B was first scheduled, before its forward."""
+    a = e.add("A", a_prompt)
+    e.run()
+    e.settle()
+    assert e.sched.reset_prefix_cache()
+    e.raw.zero_()
+    if before_b is not None:
+        before_b()
+    b = e.add("B", b_prompt)
+    seen = {}
+
+    def check(so):
+        if "B" in so.num_scheduled_tokens and "B" not in seen:
+            r = e.sched.requests["B"]
+            start = r.num_computed_tokens - so.num_scheduled_tokens["B"]
+            ids = e.block_ids("B")
+            seen["B"] = start
+            seen["ok"] = all(torch.equal(e.read(ids[i], layer), pattern(r.block_hashes[i], layer))
+                             for i in range(start // BLOCK) for layer in range(len(LAYERS)))
+    e.run(before_forward=check)
+    return a, b, seen
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC", "BLNHC", "BLHNC"])
+def test_every_supported_layout_registered_without_a_copy(layout):
+    e = Engine({"g2_blocks": 32}, layout=layout)
+    try:
+        w = e.worker._worker
+        # G1 is vLLM's own memory: the registered regions lie in e.raw.
+        base, end = e.raw.data_ptr(), e.raw.data_ptr() + e.raw.numel()
+        for v in e.views.values():
+            assert base <= v.data_ptr() < end
+        prompt = list(range(3, 3 + 3 * BLOCK + 5))
+        a, b, seen = _a_then_b(e, prompt, prompt[:3 * BLOCK] + [9, 9])
+        assert seen["B"] == 3 * BLOCK and seen["ok"]
+        assert w.worker.cache.stats().onboarded == 3
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("layout", ["LHBNC", "BHLNC"])
+def test_layouts_without_a_dense_block_are_refused(layout):
+    with pytest.raises(ValueError, match="dense region|block stride"):
+        Engine({"g2_blocks": 32}, layout=layout)
+
+
+def test_async_load_waits_outside_the_forward():
+    e = Engine({"g2_blocks": 32, "load_mode": "async"})
+    try:
+        prompt = list(range(50, 50 + 2 * BLOCK + 3))
+        states = []
+        orig = e.step
+
+        def step(before_forward=None):
+            so, kvo = orig(before_forward)
+            if "B" in e.sched.requests:
+                states.append((e.sched.requests["B"].status.name, kvo.finished_recving))
+            return so, kvo
+        e.step = step
+        a, b, seen = _a_then_b(e, prompt, prompt[:2 * BLOCK] + [1, 2, 3, 4])
+        assert seen["B"] == 2 * BLOCK and seen["ok"]
+        assert states[0][0] == "WAITING_FOR_REMOTE_KVS", states
+        assert [r for _, r in states if r] == [{"B"}], states
+    finally:
+        e.close()
+
+
+def test_g2_spills_to_g3_and_b_loads_from_both(tmp_path):
+    # One block per step (16-token batches), G2 of 2 blocks: A's first blocks
+    # are written back to G3 when later ones push them out of G2.
+    e = Engine({"g2_blocks": 2, "g3_dir": str(tmp_path / "g3"), "g3_blocks": 16},
+               max_batched=16, serial=True)
+    try:
+        prompt = list(range(200, 200 + 4 * BLOCK + 1))
+        a, b, seen = _a_then_b(e, prompt, prompt[:4 * BLOCK] + [5] * 7)
+        assert seen["B"] == 4 * BLOCK and seen["ok"]
+        st = e.worker._worker.worker.cache.stats()
+        assert st.onboarded_from_g3 >= 1 and st.onboarded_from_g2 >= 1, st
+    finally:
+        e.close()
+
+
+def test_a_corrupt_g3_block_is_reported(tmp_path):
+    e = Engine({"g2_blocks": 1, "g3_dir": str(tmp_path / "g3"), "g3_blocks": 16},
+               max_batched=16, serial=True)
+    try:
+        prompt = list(range(300, 300 + 3 * BLOCK + 1))
+
+        def corrupt():
+            files = [p for p in (tmp_path / "g3").rglob("*") if p.is_file()]
+            assert files, "G3 has a file"
+            for p in files:
+                p.write_bytes(b"\xaa" * p.stat().st_size)
+        loads = []
+        orig = e.step
+
+        def step(before_forward=None):
+            so, kvo = orig(before_forward)
+            loads.extend(so.kv_connector_metadata.loads)
+            return so, kvo
+        e.step = step
+        a, b, seen = _a_then_b(e, prompt, prompt[:3 * BLOCK] + [1], before_b=corrupt)
+        assert len(loads) == 1
+        ids = loads[0].block_ids
+        reported = set().union(*(o.invalid_block_ids for o in e.outputs))
+        # G2 held the last block; the two before it came from the corrupt G3.
+        assert reported == set(ids[:2]), (reported, ids)
+    finally:
+        e.close()
+
+
+def test_events_name_the_stored_and_removed_hashes():
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+    e = Engine({"g2_blocks": 2}, max_batched=16, serial=True)
+    try:
+        batches = []
+
+        class Spy:
+            def publish(self, batch):
+                batches.append(batch)
+
+            def shutdown(self):
+                pass
+        e.sched.kv_event_publisher = Spy()
+        a = e.add("A", list(range(400, 400 + 3 * BLOCK + 1)))
+        e.run()
+        events = [ev for bt in batches for ev in bt.events
+                  if isinstance(ev, (BlockStored, BlockRemoved)) and ev.medium != "GPU"]
+        keys = [bytes(h) for h in a.block_hashes[:3]]
+        stored = [bytes(ev.block_hashes[0]) for ev in events if isinstance(ev, BlockStored)]
+        removed = [bytes(ev.block_hashes[0]) for ev in events if isinstance(ev, BlockRemoved)]
+        assert stored == keys
+        assert all(ev.medium == "CPU" for ev in events)
+        # G2 holds 2 blocks: the first one left it.
+        assert removed == keys[:1]
+        first = next(ev for ev in events if isinstance(ev, BlockStored))
+        assert list(first.token_ids) == list(range(400, 400 + BLOCK))
+        assert first.block_size == BLOCK
+    finally:
+        e.close()
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_block(engine):
+    # vLLM computes at least one token: a prompt of exactly 3 cached blocks
+    # loads 2 and computes the third, as vLLM's own GPU prefix cache does.
+    e = engine
+    prompt = list(range(800, 800 + 3 * BLOCK))
+    a, b, seen = _a_then_b(e, prompt, prompt)
+    assert seen["B"] == 2 * BLOCK and seen["ok"]
+    assert e.worker._worker.worker.cache.stats().onboarded == 2
+
+
+def test_preempted_requests_resume_from_the_cache():
+    # 6 usable GPU blocks for two requests that each grow to 4: one is
+    # preempted, its blocks freed, and it resumes by loading what it had
+    # offloaded. Every computed block is checked before every forward.
+    e = Engine({"g2_blocks": 32}, num_blocks=7, serial=True)
+    e.verify = True
+    try:
+        preempted = []
+        orig = e.step
+
+        def step(before_forward=None):
+            so, kvo = orig(before_forward)
+            preempted.extend(so.preempted_req_ids or ())
+            return so, kvo
+        e.step = step
+        e.add("A", list(range(900, 900 + 2 * BLOCK - 1)), max_tokens=2 * BLOCK)
+        e.add("B", list(range(950, 950 + 2 * BLOCK - 1)), max_tokens=2 * BLOCK)
+        e.run()
+        assert preempted, "a request was preempted"
+        st = e.worker._worker.worker.cache.stats()
+        assert st.onboarded >= 1, st  # what the GPU prefix cache no longer had
+    finally:
+        e.close()
+
+
+def test_g2_spills_to_g4_and_b_loads_from_it(tmp_path):
+    e = Engine({"g2_blocks": 1, "g4_dir": str(tmp_path / "g4")}, max_batched=16, serial=True)
+    try:
+        prompt = list(range(700, 700 + 3 * BLOCK + 1))
+        a, b, seen = _a_then_b(e, prompt, prompt[:3 * BLOCK] + [4, 4])
+        assert seen["B"] == 3 * BLOCK and seen["ok"]
+        st = e.worker._worker.worker.cache.stats()
+        assert st.onboarded_from_g4 >= 1, st
+    finally:
+        e.close()
+
+
+def test_a_lost_block_is_reported_with_async_loads():
+    e = Engine({"g2_blocks": 32, "load_mode": "async"})
+    try:
+        a, b, loads = _lost_block_run(e)
+        assert len(loads) == 1 and loads[0].is_async
+        reported = set().union(*(o.invalid_block_ids for o in e.outputs))
+        assert reported == {loads[0].block_ids[2]}
+        # Reported in the step whose finished_recving names B, as vLLM requires.
+        step = next(o for o in e.outputs if o.finished_recving)
+        assert step.finished_recving == {"B"} and step.invalid_block_ids == reported
+    finally:
+        e.close()
