@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# engine-venv.sh ENGINE — print the path of a Python venv with ENGINE installed,
+# creating it first if it is absent or was left half-built.
+#
+# The venv lives outside the clone ($KVBM_ENGINE_VENV_DIR, default
+# $HOME/.cache/kvbm) because it is large (vllm 0.33.0: ~9.4 GB, ~5 min to
+# install; sglang 0.5.23: ~11 GB, ~4.5 min) and the same for every checkout.
+# vLLM and SGLang pin different torch versions, so each engine has its own venv. A marker file written as the last
+# step says the venv is complete; without it the venv is removed and redone.
+# kvbmgo is not installed into it: tests use PYTHONPATH=python and
+# KVBM_LIBRARY=build/libkvbm.so, so one venv serves every checkout.
+#
+# Exit status: 0 and the venv path on stdout; 1 with the reason on stderr.
+set -euo pipefail
+
+engine=${1:-}
+case "$engine" in
+  vllm) version=0.33.0; pins=("vllm==$version") ;;
+  sglang) version=0.5.23; pins=("sglang==$version") ;;
+  *) echo "engine-venv.sh: unknown engine '${engine}' (known: vllm, sglang)" >&2; exit 1 ;;
+esac
+
+root=${KVBM_ENGINE_VENV_DIR:-$HOME/.cache/kvbm}
+venv="$root/venv-$engine-$version"
+marker="$venv/.kvbm-complete"
+# The marker records what was asked for; a different request rebuilds.
+want="${pins[*]} numpy pytest"
+
+if [[ -f "$marker" && "$(cat "$marker")" == "$want" ]]; then
+  echo "$venv"
+  exit 0
+fi
+
+# vLLM 0.33.0 requires Python >=3.11,<3.15; SGLang 0.5.23 >=3.11 (wheels for 3.11-3.13).
+py=${KVBM_ENGINE_PYTHON:-}
+if [[ -z "$py" ]]; then
+  for cand in python3.12 python3.11 python3.13 python3; do
+    if command -v "$cand" >/dev/null 2>&1 &&
+       "$cand" -c 'import sys; sys.exit(0 if (3,11) <= sys.version_info[:2] < (3,15) else 1)' 2>/dev/null; then
+      py=$cand; break
+    fi
+  done
+fi
+if [[ -z "$py" ]]; then
+  echo "engine-venv.sh: no python >=3.11,<3.15 found for $engine" >&2
+  exit 1
+fi
+
+mkdir -p "$root"
+# One builder at a time per venv; a second caller waits and then reuses it.
+exec 9>"$venv.lock"
+flock 9
+if [[ -f "$marker" && "$(cat "$marker")" == "$want" ]]; then
+  echo "$venv"
+  exit 0
+fi
+
+log="$venv.log"
+echo "engine-venv.sh: building $venv with $want (log: $log)" >&2
+start=$(date +%s)
+rm -rf "$venv"
+{
+  "$py" -m venv "$venv" &&
+  "$venv/bin/python" -m pip install --quiet --upgrade pip &&
+  "$venv/bin/python" -m pip install --quiet "${pins[@]}" numpy pytest &&
+  "$venv/bin/python" -c "import $engine"
+} >"$log" 2>&1 || {
+  echo "engine-venv.sh: building $venv failed; last lines of $log:" >&2
+  tail -n 20 "$log" >&2
+  exit 1
+}
+echo "$want" >"$marker"
+echo "engine-venv.sh: built $venv in $(( $(date +%s) - start )) s" >&2
+echo "$venv"
