@@ -41,7 +41,7 @@ deps-c:
 	  (apt-get update && apt-get install -y --no-install-recommends cmake gcc libc6-dev)
 
 # All tests. Runs on a machine without a GPU (emulated device).
-test: vet test-go deps-c test-c test-py test-vllm
+test: vet test-go deps-c test-c test-py test-vllm test-sglang
 
 # KVBM_REQUIRE_S3=1: an S3 test that finds no server fails instead of skipping.
 test-go: deps $(VERSITYGW)

@@ -6,10 +6,11 @@
 #               checkout, kvbmgo also loads build/libkvbm.so when it is newer
 #               than that copy, so `make lib` alone never leaves it stale.
 #   py-venv     build/pyvenv with numpy and pytest, kvbmgo installed editable
-#   test-py     the pytest suite under python/tests (but tests/vllm_connector)
+#   test-py     the pytest suite under python/tests (but the engines' tests)
 #   test-vllm   python/tests/vllm_connector in the vllm 0.33.0 venv that
 #               scripts/engine-venv.sh keeps under ~/.cache/kvbm (built once,
-#               ~5 min, 9.4 GB); without it the tests are skipped with the
+#               ~5 min, 9.4 GB); test-sglang, python/tests/sglang in the
+#               sglang 0.5.23 venv (~4.5 min, 11 GB); without it the tests are skipped with the
 #               reason, or fail when KVBM_REQUIRE_ENGINES=1 (CI)
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match, in the engine venv
@@ -19,7 +20,7 @@ PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: py-lib py-venv test-py test-vllm bench-py bench-vllm install-py
+.PHONY: py-lib py-venv test-py test-vllm test-sglang bench-py bench-vllm install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -37,7 +38,7 @@ py-venv: py-lib $(PYVENV)/.ready
 	$(PYBIN) -m pip install -q --no-deps -e ./python
 
 test-py: py-venv $(VERSITYGW)
-	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector'
+	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector --ignore=tests/sglang'
 
 # kvbmgo is not installed into the engine venv (shared by every checkout):
 # the tests import it from python/ and load this checkout's build/libkvbm.so.
@@ -49,6 +50,15 @@ test-vllm: lib
 	  exit 0; }; \
 	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
 	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_connector
+
+test-sglang: lib
+	@venv=$$(scripts/engine-venv.sh sglang) || { \
+	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \
+	    echo "test-sglang: FAILED: no sglang 0.5.23 venv (KVBM_REQUIRE_ENGINES=1)" >&2; exit 1; fi; \
+	  echo "test-sglang: SKIPPED: the sglang 0.5.23 venv could not be created (reason above)"; \
+	  exit 0; }; \
+	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated \
+	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/sglang
 
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py

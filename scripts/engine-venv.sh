@@ -4,7 +4,8 @@
 #
 # The venv lives outside the clone ($KVBM_ENGINE_VENV_DIR, default
 # $HOME/.cache/kvbm) because it is large (vllm 0.33.0: ~9.4 GB, ~5 min to
-# install) and the same for every checkout. A marker file written as the last
+# install; sglang 0.5.23: ~11 GB, ~4.5 min) and the same for every checkout.
+# vLLM and SGLang pin different torch versions, so each engine has its own venv. A marker file written as the last
 # step says the venv is complete; without it the venv is removed and redone.
 # kvbmgo is not installed into it: tests use PYTHONPATH=python and
 # KVBM_LIBRARY=build/libkvbm.so, so one venv serves every checkout.
@@ -15,7 +16,8 @@ set -euo pipefail
 engine=${1:-}
 case "$engine" in
   vllm) version=0.33.0; pins=("vllm==$version") ;;
-  *) echo "engine-venv.sh: unknown engine '${engine}' (known: vllm)" >&2; exit 1 ;;
+  sglang) version=0.5.23; pins=("sglang==$version") ;;
+  *) echo "engine-venv.sh: unknown engine '${engine}' (known: vllm, sglang)" >&2; exit 1 ;;
 esac
 
 root=${KVBM_ENGINE_VENV_DIR:-$HOME/.cache/kvbm}
@@ -29,7 +31,7 @@ if [[ -f "$marker" && "$(cat "$marker")" == "$want" ]]; then
   exit 0
 fi
 
-# vLLM 0.33.0 requires Python >=3.11,<3.15.
+# vLLM 0.33.0 requires Python >=3.11,<3.15; SGLang 0.5.23 >=3.11 (wheels for 3.11-3.13).
 py=${KVBM_ENGINE_PYTHON:-}
 if [[ -z "$py" ]]; then
   for cand in python3.12 python3.11 python3.13 python3; do

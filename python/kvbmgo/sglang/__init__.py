@@ -1,0 +1,43 @@
+"""kvbmgo.sglang: SGLang (0.5.23) adapters over kvbm.
+
+HiCache loads the storage backend with::
+
+    --enable-hierarchical-cache --hicache-mem-layout page_first
+    --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "kvbm",
+        "module_path": "kvbmgo.sglang", "class_name": "KvbmHiCacheStorage",
+        "interface_v1": 1, "disk_dir": "/nvme/kvbm", "g3_pages": 4096}'
+
+(the keys of ``KvbmHiCacheConfig`` may be given there too).
+
+Importing this package imports neither sglang nor torch and does not load
+libkvbm.so: SGLang imports backend classes before it forks its scheduler
+processes. The classes are built on first attribute access (SGLang's
+factory does ``getattr(module, class_name)``), which imports sglang; the
+library loads when the backend registers SGLang's host pool.
+"""
+
+from typing import Any
+
+__all__ = ["KvbmHiCacheStorage", "KvbmHiCacheConfig", "HostPoolLayout", "host_pool_layout"]
+
+_WHERE = {
+    "KvbmHiCacheStorage": ".hicache",
+    "KvbmHiCacheConfig": ".config",
+    "HostPoolLayout": ".host_pool",
+    "host_pool_layout": ".host_pool",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> "list[str]":
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,415 @@
+"""KvbmHiCacheStorage: SGLang's HiCache storage backend (L3) over kvbm's
+prefix cache.
+
+In kvbm's terms SGLang's host KV pool is the memory kvbm loads into and
+saves from (registered as kvbm's G1, without copies); kvbm keeps the pages
+in its own pinned G2, its disk G3 and its object store G4, picks what to
+evict and write down, dedupes, and checks a CRC on every page that comes
+back from disk or the store. This class only translates SGLang's calls:
+
+=====================================  ======================================
+SGLang                                 kvbm
+=====================================  ======================================
+register_mem_pool_host(pool)           Worker.register_g1(pool's kv_buffer),
+                                       allocate_g2/g3, enable_cache
+batch_exists(keys)                     cache.match(keys): the leading run
+batch_set_v1(keys, host_indices)       cache.offload(keys, pages), waited
+batch_get_v1(keys, host_indices)       cache.onboard(keys, pages), waited:
+                                       a failed page is False
+get/set/batch_get/batch_set/exists     the same through a staging area
+=====================================  ======================================
+
+The library loads, and the worker is created, in register_mem_pool_host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+
+from .._cache import Decision
+from .._worker import Worker
+from ..errors import KvbmError
+from .config import KvbmHiCacheConfig, namespace_of
+from .host_pool import HostPoolLayout, host_pool_layout
+
+__all__ = ["KvbmHiCacheStorage"]
+
+logger = logging.getLogger(__name__)
+
+#: SGLang's controller asks and moves pages in batches of this many keys
+#: (cache_controller.STORAGE_BATCH_SIZE). kvbm's G2 holds two by default: a
+#: backup batch and a prefetch batch (staged through G2 when it comes from
+#: G3 or G4) run at once; an offload that finds every G2 block held by a
+#: transfer is refused (NO_SPACE) and reported False.
+_SGLANG_BATCH = 128
+
+_worker_ids = itertools.count(1)
+
+
+def _rounds(keys: Sequence[bytes]) -> List[List[int]]:
+    """Indices of keys split into rounds without a repeated key (kvbm
+    refuses a key twice in one call); almost always one round."""
+    rounds: List[List[int]] = []
+    seen: List[set] = []
+    for i, k in enumerate(keys):
+        for r, s in zip(rounds, seen):
+            if k not in s:
+                r.append(i)
+                s.add(k)
+                break
+        else:
+            rounds.append([i])
+            seen.append({k})
+    return rounds
+
+
+def _chunks(idx: List[int], size: int) -> List[List[int]]:
+    return [idx[i:i + size] for i in range(0, len(idx), size)]
+
+
+class KvbmHiCacheStorage(HiCacheStorage):
+    """HiCache storage over kvbm. Built by SGLang's
+    ``StorageBackendFactory.create_backend("dynamic", storage_config, ...)``
+    as ``KvbmHiCacheStorage(storage_config, kwargs)``; settings come from
+    ``storage_config.extra_config`` (see KvbmHiCacheConfig). Safe to use
+    from SGLang's prefetch and backup threads at once."""
+
+    def __init__(self, storage_config: Any, kwargs: Optional[Dict[str, Any]] = None) -> None:
+        self.storage_config = storage_config
+        self.config = KvbmHiCacheConfig.from_extra_config(
+            getattr(storage_config, "extra_config", None))
+        self.mem_pool_host: Any = None
+        self.layout: Optional[HostPoolLayout] = None
+        self._worker: Optional[Worker] = None
+        self._namespace = b""
+        self._g2_pages = 0
+        self._staging: Any = None  # torch tensor [staging_pages, page elements]
+        self._staging_lock = threading.Lock()
+        self._warned: set = set()
+
+    # ---- setup
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Describes SGLang's host pool to kvbm and makes the worker: the
+        pool itself (interface_v1) or a staging area (copying path) as G1,
+        kvbm's G2 and G3, the cache. Raises ValueError/TypeError for a host
+        pool kvbm cannot use (host_pool_layout), RuntimeError under the
+        cuda device backend, KvbmError from the library."""
+        from .._info import backend
+
+        if self._worker is not None:
+            raise RuntimeError("kvbm HiCache storage: a host pool is registered already")
+        layout = host_pool_layout(mem_pool_host)
+        if getattr(self.storage_config, "should_split_heads", False):
+            raise ValueError("kvbm HiCache storage: should_split_heads (tp_lcm_size) is not "
+                             "supported")
+        active = backend()
+        if active == "cuda":
+            # kvbm has no call that registers caller-owned host memory as a
+            # tier (G2 is always allocated by kvbm); host memory can be G1
+            # only under the emulated device.
+            raise RuntimeError("kvbm HiCache storage: registering SGLang's host pool needs "
+                               "the emulated device backend (KVBM_DEVICE=emulated); libkvbm "
+                               "cannot register external host memory under the cuda backend")
+        c = self.config
+        sc = self.storage_config
+        self._namespace = namespace_of(sc, layout.layout, layout.config.page_size,
+                                       layout.config.dtype_width)
+        if c.disk_dir:
+            os.makedirs(c.disk_dir, exist_ok=True)
+        wid = c.worker_id or ((os.getpid() & 0xFFFFFFFF) << 24 | next(_worker_ids))
+        # The worker's rank prefixes its object (G4) keys: MLA tensor ranks
+        # hold the same KV (one shard per decode-context rank) and share
+        # them, other models' ranks never do. Every rank writes, writer or
+        # not: G2 and G3 are its own, and SGLang takes the smallest hit of
+        # the tensor ranks.
+        rank = int((getattr(sc, "dcp_rank", 0) if layout.mla else getattr(sc, "tp_rank", 0))
+                   or 0)
+        w = Worker(wid, device_id=c.device_id, rank=rank,
+                   disk_dir=c.disk_dir or None, object_dir=c.object_dir or None)
+        try:
+            if c.interface_v1:
+                w.register_g1(layout.config, list(layout.regions))
+            else:
+                import torch
+                buf = mem_pool_host.kv_buffer
+                page_elems = layout.page_bytes // buf.element_size()
+                self._staging = torch.zeros((c.staging_pages, page_elems), dtype=buf.dtype)
+                w.register_g1(layout.staging(c.staging_pages), self._staging)
+            self._g2_pages = c.g2_pages or 2 * _SGLANG_BATCH
+            w.allocate_g2(layout.staging(self._g2_pages))
+            if c.disk_dir:
+                w.allocate_g3(layout.staging(c.g3_pages))
+            w.enable_cache(g3=c.g3_mode, g4=c.g4_mode)
+        except BaseException:
+            w.close()
+            self._staging = None
+            raise
+        self.layout = layout
+        self.mem_pool_host = mem_pool_host
+        self._worker = w  # last: the calls check it, then use the rest
+        logger.info("kvbm HiCache storage: worker %#x, %s host pool of %d pages (%d bytes "
+                    "each), %s path, G2 %d pages, G3 %s, G4 %s", wid, layout.layout,
+                    layout.num_pages, layout.page_bytes,
+                    "zero-copy v1" if c.interface_v1 else "copying",
+                    self._g2_pages, f"{c.g3_pages} pages" if c.disk_dir else "none",
+                    c.object_dir or "none")
+
+    def close(self) -> None:
+        """Closes the worker (waits for its transfers)."""
+        w, self._worker = self._worker, None
+        if w is not None:
+            w.close()
+
+    def clear(self) -> None:
+        """Makes every page stored so far unreachable to this backend: keys
+        move to a new namespace, the old pages age out of G2/G3 by LRU.
+        kvbm's cache has no call that removes keys, so pages in the object
+        store (G4) stay, and a backend made after a restart finds them."""
+        self._namespace = hashlib.sha256(b"cleared|" + self._namespace).digest()
+        self._warn_once("clear", "kvbm HiCache storage: clear() hides the pages stored so "
+                        "far from this backend; the library cannot delete them, and pages "
+                        "in the object store are found again after a restart")
+
+    # ---- keys and pages
+
+    def _key(self, key: Any) -> bytes:
+        """SGLang's page key in this rank's namespace, as kvbm's key (32 bytes)."""
+        raw = key.encode() if isinstance(key, str) else bytes(key)
+        return hashlib.sha256(self._namespace + raw).digest()
+
+    def _warn_once(self, what: str, msg: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning(msg)
+
+    def _pages(self, n: int, host_indices: Any) -> List[Optional[int]]:
+        """SGLang's page of each key: host_indices[i * page_size] (token
+        slots) / page_size; None when the slots of key i are not a whole
+        page (then that key fails)."""
+        ps = self.layout.config.page_size
+        idx = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
+        out: List[Optional[int]] = []
+        for i in range(n):
+            run = idx[i * ps:(i + 1) * ps]
+            first = run[0] if run else -1
+            if (len(run) != ps or first < 0 or first % ps or
+                    first // ps >= self.layout.num_pages or run[-1] != first + ps - 1):
+                out.append(None)
+            else:
+                out.append(first // ps)
+        return out
+
+    def _ready(self, what: str) -> bool:
+        if self._worker is None:
+            self._warn_once("unregistered", f"kvbm HiCache storage: {what} before "
+                            f"register_mem_pool_host: nothing stored or loaded")
+            return False
+        return True
+
+    # ---- the moves, by G1 block (the host pool's page, or a staging row)
+
+    def _offload(self, keys: List[bytes], ids: List[int]) -> List[bool]:
+        """Saves G1 blocks ids under keys; True per block stored or present."""
+        ok = [False] * len(keys)
+        cache = self._worker.cache
+        for rnd in _rounds(keys):
+            for chunk in _chunks(rnd, self._g2_pages):
+                ck, ci = [keys[i] for i in chunk], [ids[i] for i in chunk]
+                try:
+                    n, decisions = cache.offload(ck, ci)
+                except KvbmError as e:
+                    logger.warning("kvbm HiCache storage: offload of %d pages refused: %s",
+                                   len(ck), e)
+                    continue
+                with n:
+                    failed: set = set()
+                    try:
+                        n.wait(None)
+                    except KvbmError as e:
+                        failed = set(n.failed_blocks()) or set(ci)
+                        logger.warning("kvbm HiCache storage: %d pages not saved: %s",
+                                       len(failed), e)
+                for i, b, d in zip(chunk, ci, decisions):
+                    ok[i] = (d in (Decision.PRESENT, Decision.IN_FLIGHT) or
+                             (d == Decision.STORE and b not in failed))
+        return ok
+
+    def _onboard(self, keys: List[bytes], ids: List[int]) -> List[bool]:
+        """Loads keys into G1 blocks ids; True per block loaded, never for
+        one that failed (missing, corrupt, a failed copy)."""
+        ok = [False] * len(keys)
+        cache = self._worker.cache
+        for rnd in _rounds(keys):
+            for chunk in _chunks(rnd, self._g2_pages):
+                ck, ci = [keys[i] for i in chunk], [ids[i] for i in chunk]
+                try:
+                    n = cache.onboard(ck, ci)
+                except KvbmError as e:
+                    logger.warning("kvbm HiCache storage: load of %d pages refused: %s",
+                                   len(ck), e)
+                    continue
+                with n:
+                    failed: set = set()
+                    try:
+                        n.wait(None)
+                    except KvbmError as e:
+                        failed = set(n.failed_blocks()) or set(ci)
+                        logger.info("kvbm HiCache storage: %d of %d pages not loaded: %s",
+                                    len(failed), len(ci), e)
+                for i, b in zip(chunk, ci):
+                    ok[i] = b not in failed
+        return ok
+
+    # ---- zero-copy interface (interface_v1)
+
+    def _v1(self, what: str) -> bool:
+        if not self._ready(what):
+            return False
+        if self._staging is not None:
+            self._warn_once("v1", f"kvbm HiCache storage: {what} needs \"interface_v1\": 1 in "
+                            f"extra_config (the host pool is not registered with kvbm)")
+            return False
+        return True
+
+    def batch_set_v1(self, keys: List[str], host_indices: Any,
+                     extra_info: Any = None) -> List[bool]:
+        """Saves the host pool pages at host_indices (page_size slots per
+        key) under keys; True per page stored (or already present)."""
+        if not keys:
+            return []
+        if not self._v1("batch_set_v1"):
+            return [False] * len(keys)
+        pages = self._pages(len(keys), host_indices)
+        sel = [i for i, p in enumerate(pages) if p is not None]
+        ok = [False] * len(keys)
+        res = self._offload([self._key(keys[i]) for i in sel], [pages[i] for i in sel])
+        for i, r in zip(sel, res):
+            ok[i] = r
+        return ok
+
+    def batch_get_v1(self, keys: List[str], host_indices: Any,
+                     extra_info: Any = None) -> List[bool]:
+        """Loads keys into the host pool pages at host_indices; True per
+        page loaded, False for one that is missing or failed."""
+        if not keys:
+            return []
+        if not self._v1("batch_get_v1"):
+            return [False] * len(keys)
+        pages = self._pages(len(keys), host_indices)
+        sel = [i for i, p in enumerate(pages) if p is not None]
+        ok = [False] * len(keys)
+        res = self._onboard([self._key(keys[i]) for i in sel], [pages[i] for i in sel])
+        for i, r in zip(sel, res):
+            ok[i] = r
+        return ok
+
+    # ---- queries
+
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        """How many leading keys can be loaded now."""
+        if not keys or not self._ready("batch_exists"):
+            return 0
+        kb = [self._key(k) for k in keys]
+        seen: set = set()
+        for i, k in enumerate(kb):  # a key repeated ends the prefix kvbm can be asked
+            if k in seen:
+                kb = kb[:i]
+                break
+            seen.add(k)
+        matched, _ = self._worker.cache.match(kb)
+        return matched
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # ---- copying interface, through the staging area
+
+    def _copying(self, what: str) -> bool:
+        if not self._ready(what):
+            return False
+        if self._staging is None:
+            self._warn_once("copy", f"kvbm HiCache storage: {what} (the copying path) needs "
+                            f"\"interface_v1\": 0: with interface_v1 the host pool itself is "
+                            f"registered with kvbm and there is no staging area")
+            return False
+        return True
+
+    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        """Saves flat pages values[i] (SGLang's get_data_page(..., flat=True))
+        under keys; True when every page was stored."""
+        return all(self._set_pages(keys, values)) if keys else True
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        return self._set_pages([key], [value])[0]
+
+    def _set_pages(self, keys: List[str], values: Any) -> List[bool]:
+        if not self._copying("set"):
+            return [False] * len(keys)
+        if values is None or len(values) != len(keys):
+            raise ValueError(f"kvbm HiCache storage: {len(keys)} keys for "
+                             f"{None if values is None else len(values)} values")
+        ok = [False] * len(keys)
+        rows = self._staging.shape[0]
+        with self._staging_lock:
+            for chunk in _chunks(list(range(len(keys))), rows):
+                use = []
+                for r, i in enumerate(chunk):
+                    v = values[i]
+                    if v is None or v.numel() * v.element_size() != self.layout.page_bytes:
+                        self._warn_once("size", f"kvbm HiCache storage: a value of "
+                                        f"{None if v is None else v.numel() * v.element_size()}"
+                                        f" bytes, a page is {self.layout.page_bytes}")
+                        continue
+                    self._staging[r].copy_(v.reshape(-1).view(self._staging.dtype))
+                    use.append((r, i))
+                res = self._offload([self._key(keys[i]) for _, i in use], [r for r, _ in use])
+                for (_, i), x in zip(use, res):
+                    ok[i] = x
+        return ok
+
+    def batch_get(self, keys: List[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> List[Any]:
+        """Loads keys as flat pages: into target_locations[i] when given
+        (SGLang's dummy pages), else into new tensors; None for a key that
+        is missing or failed."""
+        if not keys:
+            return []
+        if not self._copying("get"):
+            return [None] * len(keys)
+        out: List[Any] = [None] * len(keys)
+        rows = self._staging.shape[0]
+        with self._staging_lock:
+            for chunk in _chunks(list(range(len(keys))), rows):
+                res = self._onboard([self._key(keys[i]) for i in chunk], list(range(len(chunk))))
+                for r, (i, loaded) in enumerate(zip(chunk, res)):
+                    if not loaded:
+                        continue
+                    page = self._staging[r]
+                    t = target_locations[i] if target_locations is not None else None
+                    if t is None:
+                        out[i] = page.clone()
+                    elif t.numel() * t.element_size() != self.layout.page_bytes:
+                        self._warn_once("size", f"kvbm HiCache storage: a target of "
+                                        f"{t.numel() * t.element_size()} bytes, a page is "
+                                        f"{self.layout.page_bytes}")
+                    else:
+                        t.copy_(page.view(t.dtype).reshape(t.shape))
+                        out[i] = t
+        return out
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        return self.batch_get([key], None if target_location is None else [target_location])[0]
+
+    def __repr__(self) -> str:
+        return (f"KvbmHiCacheStorage({'v1' if self.config.interface_v1 else 'copying'}, "
+                f"{self.layout.layout if self.layout else 'no host pool'})")
