@@ -67,6 +67,38 @@ func anySucceeded(results []Result) bool {
 	return false
 }
 
+// eachKey runs one(i) for every key of a batch on at most limit
+// goroutines and returns one result per key, in input order.
+func eachKey(ctx context.Context, keys []Key, limit int, one func(i int) error) []Result {
+	out := make([]Result, len(keys))
+	forEach(ctx, len(keys), limit,
+		func() func(int) {
+			return func(i int) { out[i] = Result{Key: keys[i], Err: one(i)} }
+		},
+		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
+	return out
+}
+
+// eachBlock checks a batch of blocks of bio (as the source or destination
+// role), then runs one(i, buf) for every key as eachKey does, where buf is
+// a buffer of extra bytes and one block that each goroutine owns for its
+// lifetime.
+func eachBlock(ctx context.Context, keys []Key, bio BlockIO, blockIDs []int, role string, limit, extra int,
+	one func(i int, buf []byte) error) []Result {
+	if err := checkBatch(keys, bio, blockIDs, role); err != nil {
+		return failAll(keys, err)
+	}
+	bufSize := extra + bio.BlockSize()
+	out := make([]Result, len(keys))
+	forEach(ctx, len(keys), limit,
+		func() func(int) {
+			buf := make([]byte, bufSize)
+			return func(i int) { out[i] = Result{Key: keys[i], Err: one(i, buf)} }
+		},
+		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
+	return out
+}
+
 // forEach runs the blocks 0 to n-1 on at most limit goroutines and returns
 // when all are done, so no goroutine outlives the call. Each goroutine gets
 // its own do from newWorker (to own a buffer for its lifetime). Once ctx is

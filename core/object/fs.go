@@ -137,20 +137,9 @@ func (s *FSStore) hasOne(key Key) Presence {
 
 // PutBlocksWithLayout writes each block of src to its key's object.
 func (s *FSStore) PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result {
-	if err := checkBatch(keys, src, blockIDs, roleSource); err != nil {
-		return failAll(keys, err)
-	}
-	bs := src.BlockSize()
-	out := make([]Result, len(keys))
-	forEach(ctx, len(keys), s.concurrency,
-		func() func(int) {
-			// One object's bytes, header then payload, written in one call.
-			buf := make([]byte, headerSize+bs)
-			return func(i int) {
-				out[i] = Result{Key: keys[i], Err: s.putOne(keys[i], src, blockIDs[i], buf)}
-			}
-		},
-		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
+	// One object's bytes, header then payload, written in one call.
+	out := eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, headerSize,
+		func(i int, buf []byte) error { return s.putOne(keys[i], src, blockIDs[i], buf) })
 
 	// One fsync of the directory makes every rename of the batch durable;
 	// per-object syncs would cost one per block for the same guarantee,
@@ -230,21 +219,9 @@ func (s *FSStore) createTemp(key Key) (*os.File, error) {
 
 // GetBlocksWithLayout loads each key's object into its block of dst.
 func (s *FSStore) GetBlocksWithLayout(ctx context.Context, keys []Key, dst BlockIO, blockIDs []int) []Result {
-	if err := checkBatch(keys, dst, blockIDs, roleDestination); err != nil {
-		return failAll(keys, err)
-	}
-	bs := dst.BlockSize()
-	out := make([]Result, len(keys))
-	forEach(ctx, len(keys), s.concurrency,
-		func() func(int) {
-			// The payload is verified here before it reaches dst.
-			buf := make([]byte, bs)
-			return func(i int) {
-				out[i] = Result{Key: keys[i], Err: s.getOne(keys[i], dst, blockIDs[i], buf)}
-			}
-		},
-		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
-	return out
+	// The payload is verified in buf before it reaches dst.
+	return eachBlock(ctx, keys, dst, blockIDs, roleDestination, s.concurrency, 0,
+		func(i int, buf []byte) error { return s.getOne(keys[i], dst, blockIDs[i], buf) })
 }
 
 func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf []byte) error {
@@ -311,13 +288,7 @@ func readHeader(f *os.File, key Key) (header, error) {
 // The directory is not synced: an object that reappears after a crash is
 // still whole and valid, merely not evicted.
 func (s *FSStore) Delete(ctx context.Context, keys []Key) []Result {
-	out := make([]Result, len(keys))
-	forEach(ctx, len(keys), s.concurrency,
-		func() func(int) {
-			return func(i int) { out[i] = Result{Key: keys[i], Err: s.deleteOne(keys[i])} }
-		},
-		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
-	return out
+	return eachKey(ctx, keys, s.concurrency, func(i int) error { return s.deleteOne(keys[i]) })
 }
 
 func (s *FSStore) deleteOne(key Key) error {

@@ -190,21 +190,9 @@ func (s *S3Store) stat(ctx context.Context, key Key) (header, error) {
 
 // PutBlocksWithLayout writes each block of src to its key's object.
 func (s *S3Store) PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result {
-	if err := checkBatch(keys, src, blockIDs, roleSource); err != nil {
-		return failAll(keys, err)
-	}
-	bs := src.BlockSize()
-	out := make([]Result, len(keys))
-	forEach(ctx, len(keys), s.concurrency,
-		func() func(int) {
-			// One object's bytes, header then payload, sent in one PUT.
-			buf := make([]byte, headerSize+bs)
-			return func(i int) {
-				out[i] = Result{Key: keys[i], Err: s.putOne(ctx, keys[i], src, blockIDs[i], buf)}
-			}
-		},
-		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
-	return out
+	// One object's bytes, header then payload, sent in one PUT.
+	return eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, headerSize,
+		func(i int, buf []byte) error { return s.putOne(ctx, keys[i], src, blockIDs[i], buf) })
 }
 
 // putOne stores one block. The PUT is conditional (If-None-Match: *): when
@@ -276,21 +264,9 @@ func isPreconditionFailedResponse(err error) bool {
 
 // GetBlocksWithLayout loads each key's object into its block of dst.
 func (s *S3Store) GetBlocksWithLayout(ctx context.Context, keys []Key, dst BlockIO, blockIDs []int) []Result {
-	if err := checkBatch(keys, dst, blockIDs, roleDestination); err != nil {
-		return failAll(keys, err)
-	}
-	bs := dst.BlockSize()
-	out := make([]Result, len(keys))
-	forEach(ctx, len(keys), s.concurrency,
-		func() func(int) {
-			// The payload is verified here before it reaches dst.
-			buf := make([]byte, bs)
-			return func(i int) {
-				out[i] = Result{Key: keys[i], Err: s.getOne(ctx, keys[i], dst, blockIDs[i], buf)}
-			}
-		},
-		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
-	return out
+	// The payload is verified in buf before it reaches dst.
+	return eachBlock(ctx, keys, dst, blockIDs, roleDestination, s.concurrency, 0,
+		func(i int, buf []byte) error { return s.getOne(ctx, keys[i], dst, blockIDs[i], buf) })
 }
 
 func (s *S3Store) getOne(ctx context.Context, key Key, dst BlockIO, id int, buf []byte) error {
@@ -338,13 +314,7 @@ func (s *S3Store) getOne(ctx context.Context, key Key, dst BlockIO, id int, buf 
 
 // Delete removes the objects of keys; a missing object counts as deleted.
 func (s *S3Store) Delete(ctx context.Context, keys []Key) []Result {
-	out := make([]Result, len(keys))
-	forEach(ctx, len(keys), s.concurrency,
-		func() func(int) {
-			return func(i int) { out[i] = Result{Key: keys[i], Err: s.deleteOne(ctx, keys[i])} }
-		},
-		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })
-	return out
+	return eachKey(ctx, keys, s.concurrency, func(i int) error { return s.deleteOne(ctx, keys[i]) })
 }
 
 func (s *S3Store) deleteOne(ctx context.Context, key Key) error {
