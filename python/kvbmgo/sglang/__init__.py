@@ -17,7 +17,7 @@ factory does ``getattr(module, class_name)``), which imports sglang; the
 library loads when the backend registers SGLang's host pool.
 """
 
-from typing import Any
+from .._lazy import lazy_attributes
 
 __all__ = ["KvbmHiCacheStorage", "KvbmHiCacheConfig", "HostPoolLayout", "host_pool_layout"]
 
@@ -29,15 +29,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    value = getattr(importlib.import_module(where, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> "list[str]":
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _WHERE)

@@ -14,7 +14,7 @@ fork workers afterwards. The classes are built on first attribute access
 vllm; the library loads when a worker-side connector registers its KV caches.
 """
 
-from typing import Any
+from .._lazy import lazy_attributes
 
 __all__ = ["KvbmConnector", "KvbmConnectorMetadata", "KvbmWorkerMetadata", "KvbmConfig"]
 
@@ -26,15 +26,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    value = getattr(importlib.import_module(where, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> "list[str]":
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _WHERE)
