@@ -407,7 +407,17 @@ func (d *demo) layerwise(src, dst []int) (time.Duration, error) {
 // notification, as the engine's attention would; every layer's event must
 // be complete by then.
 func layerwiseOnboard(drv cuda.Driver, w *tierWorker, src, dst []int) (time.Duration, error) {
-	layers := w.g1cfg.NumLayers
+	return timeLayerwise(drv, w.g1cfg.NumLayers, "layer-wise onboard", func(events []cuda.Event) (*transfer.Notification, error) {
+		return w.ExecuteLayerwiseOnboard(src, dst, events, nil)
+	})
+}
+
+// timeLayerwise makes one driver event per layer, starts a layer-wise load
+// that records them, and times it to the last layer's event and the
+// notification, as the engine's attention would wait; every layer's event
+// must be complete by then. what names the load in errors.
+func timeLayerwise(drv cuda.Driver, layers int, what string,
+	start func(events []cuda.Event) (*transfer.Notification, error)) (time.Duration, error) {
 	events := make([]cuda.Event, 0, layers)
 	defer func() {
 		for _, ev := range events {
@@ -417,30 +427,30 @@ func layerwiseOnboard(drv cuda.Driver, w *tierWorker, src, dst []int) (time.Dura
 	for l := range layers {
 		ev, err := drv.EventCreate(0)
 		if err != nil {
-			return 0, fmt.Errorf("layer-wise onboard: create event for layer %d: %w", l, err)
+			return 0, fmt.Errorf("%s: create event for layer %d: %w", what, l, err)
 		}
 		events = append(events, ev)
 	}
 	t0 := time.Now()
-	nt, err := w.ExecuteLayerwiseOnboard(src, dst, events, nil)
+	nt, err := start(events)
 	if err != nil {
-		return 0, fmt.Errorf("layer-wise onboard: %w", err)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	// What the engine's attention for the last layer would wait for.
 	if err := drv.EventSynchronize(events[layers-1]); err != nil {
-		return 0, fmt.Errorf("layer-wise onboard: last layer's event: %w", err)
+		return 0, fmt.Errorf("%s: last layer's event: %w", what, err)
 	}
 	if err := nt.WaitTimeout(waitLimit); err != nil {
-		return 0, fmt.Errorf("layer-wise onboard: %w (failed blocks %v)", err, nt.FailedBlocks())
+		return 0, fmt.Errorf("%s: %w (failed blocks %v)", what, err, nt.FailedBlocks())
 	}
 	el := time.Since(t0)
 	for l, ev := range events {
 		done, err := drv.EventQuery(ev)
 		if err != nil {
-			return 0, fmt.Errorf("layer-wise onboard: layer %d's event: %w", l, err)
+			return 0, fmt.Errorf("%s: layer %d's event: %w", what, l, err)
 		}
 		if !done {
-			return 0, fmt.Errorf("layer-wise onboard: layer %d's event is not complete after the last layer", l)
+			return 0, fmt.Errorf("%s: layer %d's event is not complete after the last layer", what, l)
 		}
 	}
 	return el, nil

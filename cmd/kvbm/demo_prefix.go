@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/pool"
+	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/baseline"
@@ -196,35 +197,11 @@ func computeAndOffload(w *tierWorker, c *cache.Cache, what string, keys [][]byte
 }
 
 // cacheOnboardLayerwise onboards keys into G1 blocks g1 through the cache, with
-// one event per layer, and waits for the last layer's event and the
-// notification, as the engine's attention would.
+// one event per layer, timed as timeLayerwise does.
 func cacheOnboardLayerwise(drv cuda.Driver, c *cache.Cache, keys [][]byte, g1 []int) (time.Duration, error) {
-	layers := llama3_8B(1).NumLayers
-	events := make([]cuda.Event, 0, layers)
-	defer func() {
-		for _, ev := range events {
-			_ = drv.EventDestroy(ev)
-		}
-	}()
-	for l := range layers {
-		ev, err := drv.EventCreate(0)
-		if err != nil {
-			return 0, fmt.Errorf("prefix: onboard: create event for layer %d: %w", l, err)
-		}
-		events = append(events, ev)
-	}
-	t0 := time.Now()
-	nt, err := c.Onboard(keys, g1, events, nil)
-	if err != nil {
-		return 0, fmt.Errorf("prefix: onboard: %w", err)
-	}
-	if err := drv.EventSynchronize(events[layers-1]); err != nil {
-		return 0, fmt.Errorf("prefix: onboard: last layer's event: %w", err)
-	}
-	if err := nt.WaitTimeout(waitLimit); err != nil {
-		return 0, fmt.Errorf("prefix: onboard: %w (failed G1 blocks %v)", err, nt.FailedBlocks())
-	}
-	return time.Since(t0), nil
+	return timeLayerwise(drv, llama3_8B(1).NumLayers, "prefix: onboard", func(events []cuda.Event) (*transfer.Notification, error) {
+		return c.Onboard(keys, g1, events, nil)
+	})
 }
 
 // printPrefix prints the scene: where B's prefix was found, the hit rate,
