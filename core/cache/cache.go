@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -206,11 +207,11 @@ func wrapPool(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errorsIs(err, pool.ErrOutOfRange):
+	case errors.Is(err, pool.ErrOutOfRange):
 		return fmt.Errorf("%w: %w", transfer.ErrOutOfRange, err)
-	case errorsIs(err, pool.ErrAlreadyExists):
+	case errors.Is(err, pool.ErrAlreadyExists):
 		return fmt.Errorf("%w: %w", transfer.ErrAlreadyExists, err)
-	case errorsIs(err, pool.ErrInvalidArgument):
+	case errors.Is(err, pool.ErrInvalidArgument):
 		return fmt.Errorf("%w: %w", transfer.ErrInvalidArgument, err)
 	}
 	return err

@@ -18,7 +18,6 @@ var ErrNotCached = errors.New("not cached")
 
 // onboard is one Onboard in progress.
 type onboard struct {
-	from2  blocks // G2 source (pinned), G1 destination
 	from3  blocks // G3 source (pinned), G1 destination
 	stage3 []int  // the G2 blocks from3 is staged in
 	from4  blocks // G1 destination
@@ -96,7 +95,8 @@ func (c *Cache) planOnboard(keys []pool.Key, g1 []int) *onboard {
 	var staged []int // indices of keys, in order
 	for i, k := range keys {
 		if id, ok := c.g2.Acquire(k); ok {
-			o.from2.add(k, id, g1[i])
+			o.ready.add(k, id, g1[i]) // pinned: unpinned once loaded
+			o.readyFrom = append(o.readyFrom, worker.G2)
 			continue
 		}
 		if c.g3 != nil {
@@ -133,11 +133,6 @@ func (c *Cache) planOnboard(keys []pool.Key, g1 []int) *onboard {
 		} else {
 			o.direct4.add(k, -1, g1[i])
 		}
-	}
-	o.ready = blocks{keys: append([]pool.Key(nil), o.from2.keys...), src: append([]int(nil), o.from2.src...),
-		dst: append([]int(nil), o.from2.dst...)}
-	for range o.from2.keys {
-		o.readyFrom = append(o.readyFrom, worker.G2)
 	}
 	o.wd = c.planWriteDown()
 	c.collectEvents()
@@ -249,7 +244,6 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 		failed, err = failedOf(n, err)
 	}
 	c.mu.Lock()
-	fromG2 := len(o.from2.keys)
 	for i, k := range o.ready.keys {
 		if failed(o.ready.dst[i]) {
 			o.failures.Add(fmt.Errorf("onboard G2→G1: %w", err), o.ready.dst[i])
@@ -257,7 +251,7 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 			c.counters.onboarded++
 			c.counters.onboardedFrom[o.readyFrom[i]]++
 		}
-		if i < fromG2 {
+		if o.readyFrom[i] == worker.G2 {
 			_ = c.g2.Unpin(o.ready.src[i : i+1])
 			continue
 		}

@@ -1,12 +1,6 @@
 package cache
 
-import (
-	"errors"
-
-	"github.com/kvbm/kvbm/core/pool"
-)
-
-var errorsIs = errors.Is
+import "github.com/kvbm/kvbm/core/pool"
 
 type counters struct {
 	g4Hits, g4Misses, g4Puts, g4PutFailures, g4Corrupt      uint64

@@ -82,7 +82,7 @@ func (c *Cache) runWriteDown(wd writeDown) {
 // copyDown copies G2 blocks to the G3 blocks prepared for them and
 // registers those that landed.
 func (c *Cache) copyDown(b blocks) {
-	failed, _ := c.copyBlocks(worker.G2, worker.G3, b.src, b.dst, transfer.Options{})
+	failed, _ := c.startCopy(worker.G2, worker.G3, b.src, b.dst)()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, k := range b.keys {
@@ -95,14 +95,6 @@ func (c *Cache) copyDown(b blocks) {
 		c.counters.writtenDown++
 	}
 	c.collectEvents()
-}
-
-// copyBlocks copies between two of the worker's tiers, waits, and returns
-// whether a destination block failed (every block, when the transfer could
-// not start or failed without naming blocks).
-func (c *Cache) copyBlocks(src, dst worker.Tier, srcIDs, dstIDs []int, opts transfer.Options) (func(dstID int) bool, error) {
-	n, err := c.w.ExecuteLocalTransfer(src, dst, srcIDs, dstIDs, opts)
-	return failedOf(n, err)
 }
 
 // failedOf waits for a transfer that started (err == nil) and tells which

@@ -229,14 +229,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
                     logger.warning("kvbm HiCache storage: offload of %d pages refused: %s",
                                    len(ck), e)
                     continue
-                with n:
-                    failed: set = set()
-                    try:
-                        n.wait(None)
-                    except KvbmError as e:
-                        failed = set(n.failed_blocks()) or set(ci)
-                        logger.warning("kvbm HiCache storage: %d pages not saved: %s",
-                                       len(failed), e)
+                failed = _wait_failed(n, ci, logger.warning, "not saved")
                 for i, b, d in zip(chunk, ci, decisions):
                     ok[i] = (d in (Decision.PRESENT, Decision.IN_FLIGHT) or
                              (d == Decision.STORE and b not in failed))
@@ -256,14 +249,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
                     logger.warning("kvbm HiCache storage: load of %d pages refused: %s",
                                    len(ck), e)
                     continue
-                with n:
-                    failed: set = set()
-                    try:
-                        n.wait(None)
-                    except KvbmError as e:
-                        failed = set(n.failed_blocks()) or set(ci)
-                        logger.info("kvbm HiCache storage: %d of %d pages not loaded: %s",
-                                    len(failed), len(ci), e)
+                failed = _wait_failed(n, ci, logger.info, "not loaded")
                 for i, b in zip(chunk, ci):
                     ok[i] = b not in failed
         return ok
@@ -413,3 +399,16 @@ class KvbmHiCacheStorage(HiCacheStorage):
     def __repr__(self) -> str:
         return (f"KvbmHiCacheStorage({'v1' if self.config.interface_v1 else 'copying'}, "
                 f"{self.layout.layout if self.layout else 'no host pool'})")
+
+
+def _wait_failed(n: Any, ids: List[int], log: Any, what: str) -> set:
+    """Waits for (and closes) notification n over G1 blocks ids and returns
+    the blocks that failed: all of them when it names none."""
+    with n:
+        try:
+            n.wait(None)
+        except KvbmError as e:
+            failed = set(n.failed_blocks()) or set(ids)
+            log("kvbm HiCache storage: %d of %d pages %s: %s", len(failed), len(ids), what, e)
+            return failed
+    return set()
