@@ -39,6 +39,7 @@ import (
 	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -81,7 +82,7 @@ var table = handles.New()
 
 // loopback is the in-process transport every worker joins, so that workers
 // of one process can transfer from each other.
-var loopback = transfer.NewLoopback()
+var loopback = remote.NewLoopback()
 
 // setError stores msg as the calling thread's last error. Exports run on
 // the calling C thread, so the C thread-local is the caller's.

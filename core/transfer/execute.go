@@ -15,7 +15,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	if err != nil {
 		return nil, err
 	}
-	strat, kind, err := strategyFor(p.src.kind, p.dst.kind)
+	strat, kind, err := strategyOf(p.src, p.dst)
 	if err != nil {
 		return nil, err
 	}

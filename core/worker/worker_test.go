@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
@@ -37,14 +38,11 @@ type testWorker struct {
 // newWorker makes a worker whose G1 is "engine" device memory registered by
 // pointer (one region per layer, vLLM's block-second shape), with G2, G3
 // and an object store.
-func newWorker(t *testing.T, drv cuda.Driver, id uint64, loop *transfer.Loopback, store object.Store) *testWorker {
+func newWorker(t *testing.T, drv cuda.Driver, id uint64, loop *remote.Loopback, store object.Store) *testWorker {
 	t.Helper()
 	m, err := transfer.NewManager(transfer.Config{WorkerID: id, Driver: drv, DiskDir: t.TempDir()})
 	require.NoError(t, err)
-	if loop != nil {
-		require.NoError(t, loop.Add(m))
-	}
-	w, err := NewPhysical(PhysicalConfig{Manager: m, Objects: store, Transport: loop})
+	w, err := NewPhysical(PhysicalConfig{Manager: m, Objects: store, Loopback: loop})
 	require.NoError(t, err)
 	cfg := testConfig(8)
 	sizes, err := layout.RegionSizes(cfg, lsSecond.Kind, lsSecond.BlockDim)
@@ -64,9 +62,7 @@ func newWorker(t *testing.T, drv cuda.Driver, id uint64, loop *transfer.Loopback
 	_, err = w.AllocateG3(testConfig(16), transfer.FullyContiguous)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		if loop != nil {
-			loop.Remove(m)
-		}
+		require.NoError(t, w.Close())
 		require.NoError(t, m.Close())
 		for _, mem := range tw.g1mem {
 			require.NoError(t, mem.Close())
@@ -224,7 +220,7 @@ func FuzzDecodeMetadata(f *testing.F) {
 func TestRemoteTransferBetweenWorkers(t *testing.T) {
 	wait := waiter(t)
 	drv := newDriver(t)
-	loop := transfer.NewLoopback()
+	loop := remote.NewLoopback()
 	prefill := newWorker(t, drv, 0xA, loop, nil)
 	decode := newWorker(t, drv, 0xB, loop, nil)
 	size := testConfig(1).BlockSize()
@@ -270,7 +266,7 @@ func TestRemoteTransferBetweenWorkers(t *testing.T) {
 func TestCoordinatedWorker(t *testing.T) {
 	wait := waiter(t)
 	drv := newDriver(t)
-	loop := transfer.NewLoopback()
+	loop := remote.NewLoopback()
 	prefill := newWorker(t, drv, 0xA, loop, nil)
 	decode := newWorker(t, drv, 0xB, loop, nil)
 	size := testConfig(1).BlockSize()

@@ -1,0 +1,133 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// stageBytes is the pinned staging buffer a transport server moves device
+// memory through, one piece at a time.
+const stageBytes = 4 << 20
+
+// Serve lends a transport server the bytes [addr, addr+size) of layout h,
+// registered here (not imported), while fn runs; Close waits for it. fn
+// is called with consecutive pieces that cover the range in order: host
+// memory itself, device memory through pinned staging (for a read, copied
+// out before fn; for a write, copied in after fn returns nil). Disk
+// layouts are not served: peers read a disk tier after it is staged in
+// host memory.
+func (m *Manager) Serve(h LayoutHandle, addr, size uint64, write bool, fn func(piece []byte) error) error {
+	e, err := m.lookup(h)
+	if err != nil {
+		return err
+	}
+	if e.owner != nil || e.remote != nil {
+		return fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
+	}
+	if !e.layout.Contains(addr, size) {
+		return fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, addr, size, h)
+	}
+	release, err := m.hold(e)
+	if err != nil {
+		return err
+	}
+	defer release()
+	switch {
+	case e.kind.IsHost():
+		return fn(storage.HostBytes(addr, size))
+	case e.kind == storage.Device:
+		return m.serveDevice(addr, size, write, fn)
+	}
+	return fmt.Errorf("%w: layout %v is %v; peers can reach host and device memory only", ErrUnsupported, h, e.kind)
+}
+
+// serveDevice moves device memory through pinned staging buffers.
+func (m *Manager) serveDevice(addr, size uint64, write bool, fn func([]byte) error) error {
+	stage, err := m.stages.get(m)
+	if err != nil {
+		return err
+	}
+	defer m.stages.put(stage)
+	buf, err := stage.Bytes()
+	if err != nil {
+		return err
+	}
+	for off := uint64(0); off < size; off += stageBytes {
+		n := min(stageBytes, size-off)
+		dev, host := addr+off, stage.Addr()
+		if !write {
+			if err := m.syncCopy(cuda.DeviceToHost, copyOp{src: dev, dst: host, size: n}); err != nil {
+				return err
+			}
+		}
+		if err := fn(buf[:n]); err != nil {
+			return err
+		}
+		if write {
+			if err := m.syncCopy(cuda.HostToDevice, copyOp{src: host, dst: dev, size: n}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// syncCopy runs one device copy on a pool stream and waits for it.
+func (m *Manager) syncCopy(kind cuda.CopyKind, op copyOp) error {
+	s, err := m.streamsFor(kind).next()
+	if err != nil {
+		return err
+	}
+	if err := m.enqueueCopies([]copyOp{op}, kind, s, 0); err != nil {
+		return err
+	}
+	if err := m.drv.StreamSynchronize(s); err != nil {
+		m.streamsFor(kind).replace(s)
+		return fmt.Errorf("%v copy: %w", kind, err)
+	}
+	return nil
+}
+
+// stagePool keeps the pinned staging buffers of serveDevice.
+type stagePool struct {
+	mu   sync.Mutex
+	free []*storage.Memory
+	all  []*storage.Memory
+}
+
+func (p *stagePool) get(m *Manager) (*storage.Memory, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.free); n > 0 {
+		s := p.free[n-1]
+		p.free = p.free[:n-1]
+		return s, nil
+	}
+	s, err := storage.AllocPinned(m.drv, m.cfg.Device, stageBytes)
+	if err != nil {
+		return nil, fmt.Errorf("allocate pinned staging: %w", err)
+	}
+	p.all = append(p.all, s)
+	return s, nil
+}
+
+func (p *stagePool) put(s *storage.Memory) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.free = append(p.free, s)
+}
+
+func (p *stagePool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, s := range p.all {
+		errs = append(errs, s.Close())
+	}
+	p.all, p.free = nil, nil
+	return errors.Join(errs...)
+}
