@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -54,25 +53,22 @@ func (l *Loopback) Remove(m *transfer.Manager) {
 	}
 }
 
-// Serve adds m and returns its endpoint: this process's token and m's
-// worker id.
-func (l *Loopback) Serve(m *transfer.Manager) ([]byte, error) {
-	if err := l.Add(m); err != nil {
-		return nil, err
-	}
-	return binary.LittleEndian.AppendUint64(processToken[:], m.WorkerID()), nil
-}
+// Serve adds m.
+func (l *Loopback) Serve(m *transfer.Manager) error { return l.Add(m) }
+
+// Endpoint is this process's token: a loopback reaches its own process.
+func (l *Loopback) Endpoint() ([]byte, error) { return processToken[:], nil }
 
 // Local reports whether endpoint was published by a loopback of this
 // process.
 func (l *Loopback) Local(endpoint []byte) bool {
-	return len(endpoint) == 24 && bytes.Equal(endpoint[:16], processToken[:])
+	return bytes.Equal(endpoint, processToken[:])
 }
 
 // Connect returns the peer of a loopback endpoint of this process.
 func (l *Loopback) Connect(_ context.Context, endpoint []byte) (Peer, error) {
-	if len(endpoint) != 24 {
-		return nil, fmt.Errorf("%w: loopback endpoint is %d bytes, want 24", ErrBadEndpoint, len(endpoint))
+	if len(endpoint) != len(processToken) {
+		return nil, fmt.Errorf("%w: loopback endpoint is %d bytes, want %d", ErrBadEndpoint, len(endpoint), len(processToken))
 	}
 	if !l.Local(endpoint) {
 		return nil, fmt.Errorf("%w: the loopback endpoint belongs to another process; use a network transport (KVBM_TRANSPORT)",

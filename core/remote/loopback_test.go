@@ -76,10 +76,11 @@ func TestLoopbackRefusesASecondWorkerWithTheSameIDAndOtherProcesses(t *testing.T
 	require.NoError(t, err)
 	defer m2.Close()
 	loop := NewLoopback()
-	ep, err := loop.Serve(m1)
+	require.NoError(t, loop.Serve(m1))
+	ep, err := loop.Endpoint()
 	require.NoError(t, err)
 	require.True(t, loop.Local(ep))
-	_, err = loop.Serve(m2)
+	err = loop.Serve(m2)
 	require.ErrorIs(t, err, ErrAlreadyExists)
 
 	other := append([]byte(nil), ep...)

@@ -13,9 +13,14 @@ type Transport interface {
 	// Name identifies the transport in metadata and in the info call:
 	// "loopback", "tcp" or "ucx".
 	Name() string
-	// Serve makes m's layouts reachable by peers and returns the endpoint
-	// they connect to, opaque to everyone but this transport.
-	Serve(m *transfer.Manager) (endpoint []byte, err error)
+	// Serve makes m's layouts reachable by peers; a transport serves one
+	// manager.
+	Serve(m *transfer.Manager) error
+	// Endpoint is what peers need to connect and reach the layouts
+	// registered so far, opaque to everyone but this transport; asked at
+	// each metadata export (a transport that keys memory registrations
+	// registers new layouts then).
+	Endpoint() ([]byte, error)
 	// Connect reaches the worker that published endpoint, within ctx.
 	Connect(ctx context.Context, endpoint []byte) (Peer, error)
 	// Close stops serving and closes every peer; operations in flight on

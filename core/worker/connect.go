@@ -20,22 +20,43 @@ type Endpoint struct {
 // serve makes the worker's layouts reachable on each transport it has.
 func (w *PhysicalWorker) serve(loop *remote.Loopback, network remote.Transport) error {
 	if loop != nil {
-		ep, err := loop.Serve(w.m)
-		if err != nil {
+		if err := loop.Serve(w.m); err != nil {
 			return err
 		}
 		w.loopback = loop
-		w.endpoints = append(w.endpoints, Endpoint{Transport: loop.Name(), Address: ep})
 	}
 	if network != nil {
 		w.network = network
-		ep, err := network.Serve(w.m)
-		if err != nil {
+		if err := network.Serve(w.m); err != nil {
 			return errors.Join(fmt.Errorf("serve on %s: %w", network.Name(), err), w.leave())
 		}
-		w.endpoints = append(w.endpoints, Endpoint{Transport: network.Name(), Address: ep})
 	}
 	return nil
+}
+
+// transports are the worker's transports, loopback first.
+func (w *PhysicalWorker) transports() []remote.Transport {
+	var out []remote.Transport
+	if w.loopback != nil {
+		out = append(out, w.loopback)
+	}
+	if w.network != nil {
+		out = append(out, w.network)
+	}
+	return out
+}
+
+// exportEndpoints asks each transport for its current endpoint.
+func (w *PhysicalWorker) exportEndpoints() ([]Endpoint, error) {
+	var out []Endpoint
+	for _, t := range w.transports() {
+		ep, err := t.Endpoint()
+		if err != nil {
+			return nil, fmt.Errorf("%s endpoint: %w", t.Name(), err)
+		}
+		out = append(out, Endpoint{Transport: t.Name(), Address: ep})
+	}
+	return out, nil
 }
 
 // leave stops serving and closes the peers.
@@ -51,9 +72,9 @@ func (w *PhysicalWorker) leave() error {
 
 // Transports names the transports the worker serves on, loopback first.
 func (w *PhysicalWorker) Transports() []string {
-	out := make([]string, len(w.endpoints))
-	for i, ep := range w.endpoints {
-		out[i] = ep.Transport
+	var out []string
+	for _, t := range w.transports() {
+		out = append(out, t.Name())
 	}
 	return out
 }
@@ -96,7 +117,7 @@ func (w *PhysicalWorker) connect(md Metadata) (transfer.Attacher, error) {
 		offered[i] = ep.Transport
 	}
 	have := "no transport"
-	if len(w.endpoints) > 0 {
+	if len(w.transports()) > 0 {
 		have = "[" + strings.Join(w.Transports(), ", ") + "] (KVBM_TRANSPORT selects)"
 	}
 	return nil, fmt.Errorf("%w: the worker offers [%s] (loopback only within its own process); this worker has %s",

@@ -41,9 +41,6 @@ type PhysicalWorker struct {
 	objects  object.Store
 	loopback *remote.Loopback
 	network  remote.Transport
-	// endpoints are what the worker's metadata tells peers: one per
-	// transport serving it.
-	endpoints []Endpoint
 
 	mu      sync.RWMutex
 	handles Handles
@@ -173,7 +170,11 @@ func (w *PhysicalWorker) handle(t Tier, role string) (transfer.LayoutHandle, err
 
 // ExportMetadata encodes every registered tier's layout with its tier.
 func (w *PhysicalWorker) ExportMetadata() ([]byte, error) {
-	md := Metadata{WorkerID: w.m.WorkerID(), Endpoints: w.endpoints}
+	eps, err := w.exportEndpoints()
+	if err != nil {
+		return nil, fmt.Errorf("export metadata: %w", err)
+	}
+	md := Metadata{WorkerID: w.m.WorkerID(), Endpoints: eps}
 	hs := w.Handles()
 	for _, t := range []Tier{G1, G2, G3} {
 		if h := hs.get(t); h != nil {
