@@ -8,12 +8,15 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
 	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -119,9 +122,9 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if cfg == nil || out == nil {
 		return fail(errInvalidArgument, "worker_create: config and worker must not be NULL")
 	}
-	if cfg.struct_size < C.sizeof_kvbm_worker_config_t {
+	if cfg.struct_size < workerConfigV1Size {
 		return fail(errInvalidArgument, "worker_create: struct_size %d is less than %d (use KVBM_WORKER_CONFIG_INIT)",
-			cfg.struct_size, C.sizeof_kvbm_worker_config_t)
+			cfg.struct_size, workerConfigV1Size)
 	}
 	drv, st := driver()
 	if st != statusOK {
@@ -135,13 +138,28 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if cfg.object_dir != nil {
 		sc.ObjectDir = C.GoString(cfg.object_dir)
 	}
+	if cfg.struct_size >= C.sizeof_kvbm_worker_config_t {
+		sc.RemoteDeadline = time.Duration(cfg.remote_deadline_ms) * time.Millisecond
+	}
+	network, err := remote.FromEnv()
+	if err != nil {
+		return failErr(fmt.Errorf("worker_create: KVBM_TRANSPORT: %w", err))
+	}
+	sc.Network = network
 	w, err := worker.NewStandalone(sc)
 	if err != nil {
+		if network != nil {
+			network.Close()
+		}
 		return failErr(err)
 	}
 	*out = C.uintptr_t(table.Add(kindWorker, &workerEntry{w: w}))
 	return statusOK
 }
+
+// workerConfigV1Size is kvbm_worker_config_t before remote_deadline_ms:
+// callers built against it keep working.
+var workerConfigV1Size = C.size_t(unsafe.Offsetof(C.kvbm_worker_config_t{}.remote_deadline_ms))
 
 //export kvbmgo_worker_destroy
 func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {

@@ -155,7 +155,9 @@ func statusOf(err error) C.kvbm_status_t {
 		return errUnsupported
 	case errors.As(err, &cudaErr):
 		return errCUDA
-	case errors.As(err, &pathErr), errors.As(err, &errno), errors.Is(err, object.ErrIO):
+	case errors.Is(err, remote.ErrBadEndpoint):
+		return errInvalidArgument
+	case errors.As(err, &pathErr), errors.As(err, &errno), errors.Is(err, object.ErrIO), errors.Is(err, remote.ErrPeerUnavailable):
 		return errIO
 	}
 	return errInternal
@@ -204,9 +206,9 @@ func kvbmgo_info(info *C.kvbm_info_t) (st C.kvbm_status_t) {
 	if info == nil {
 		return fail(errInvalidArgument, "info: info is NULL")
 	}
-	if info.struct_size < C.sizeof_kvbm_info_t {
+	if info.struct_size < infoV1Size {
 		return fail(errInvalidArgument, "info: struct_size %d is less than %d (use KVBM_INFO_INIT)",
-			info.struct_size, C.sizeof_kvbm_info_t)
+			info.struct_size, infoV1Size)
 	}
 	drv, err := cuda.Default()
 	if err != nil {
@@ -223,8 +225,21 @@ func kvbmgo_info(info *C.kvbm_info_t) (st C.kvbm_status_t) {
 	clear(buf)
 	copy(buf[:len(buf)-1], name)
 	info.device_count = C.int32_t(n)
+	if info.struct_size >= C.sizeof_kvbm_info_t {
+		choice, err := remote.EnvChoice()
+		if err != nil {
+			return failErr(err)
+		}
+		t := unsafe.Slice((*byte)(unsafe.Pointer(&info.transport[0])), len(info.transport))
+		clear(t)
+		copy(t[:len(t)-1], choice)
+	}
 	return statusOK
 }
+
+// infoV1Size is kvbm_info_t before the transport field: callers built
+// against it keep working.
+var infoV1Size = C.size_t(unsafe.Offsetof(C.kvbm_info_t{}.transport))
 
 // C types named for the package's tests (test files cannot refer to C
 // types).

@@ -21,28 +21,44 @@ const stageBytes = 4 << 20
 // layouts are not served: peers read a disk tier after it is staged in
 // host memory.
 func (m *Manager) Serve(h LayoutHandle, addr, size uint64, write bool, fn func(piece []byte) error) error {
-	e, err := m.lookup(h)
+	e, err := m.servable(h, addr, size)
 	if err != nil {
 		return err
-	}
-	if e.owner != nil || e.remote != nil {
-		return fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
-	}
-	if !e.layout.Contains(addr, size) {
-		return fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, addr, size, h)
 	}
 	release, err := m.hold(e)
 	if err != nil {
 		return err
 	}
 	defer release()
-	switch {
-	case e.kind.IsHost():
-		return fn(storage.HostBytes(addr, size))
-	case e.kind == storage.Device:
+	if e.kind == storage.Device {
 		return m.serveDevice(addr, size, write, fn)
 	}
-	return fmt.Errorf("%w: layout %v is %v; peers can reach host and device memory only", ErrUnsupported, h, e.kind)
+	return fn(storage.HostBytes(addr, size)) // servable admits host kinds and device only
+}
+
+// CheckServe reports whether Serve would lend [addr, addr+size) of layout
+// h, so that a server can refuse a request before it moves any byte.
+func (m *Manager) CheckServe(h LayoutHandle, addr, size uint64) error {
+	_, err := m.servable(h, addr, size)
+	return err
+}
+
+func (m *Manager) servable(h LayoutHandle, addr, size uint64) (*entry, error) {
+	e, err := m.lookup(h)
+	if err != nil {
+		return nil, err
+	}
+	if e.owner != nil || e.remote != nil {
+		return nil, fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
+	}
+	if !e.kind.IsHost() && e.kind != storage.Device {
+		return nil, fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
+			ErrUnsupported, h, e.kind)
+	}
+	if !e.layout.Contains(addr, size) {
+		return nil, fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, addr, size, h)
+	}
+	return e, nil
 }
 
 // serveDevice moves device memory through pinned staging buffers.

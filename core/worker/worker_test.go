@@ -44,19 +44,7 @@ func newWorker(t *testing.T, drv cuda.Driver, id uint64, loop *remote.Loopback, 
 	require.NoError(t, err)
 	w, err := NewPhysical(PhysicalConfig{Manager: m, Objects: store, Loopback: loop})
 	require.NoError(t, err)
-	cfg := testConfig(8)
-	sizes, err := layout.RegionSizes(cfg, lsSecond.Kind, lsSecond.BlockDim)
-	require.NoError(t, err)
-	tw := &testWorker{PhysicalWorker: w}
-	var ptrs []uint64
-	for _, s := range sizes {
-		mem, err := storage.AllocDevice(drv, 0, s) // the engine's cudaMalloc'd tensors
-		require.NoError(t, err)
-		tw.g1mem = append(tw.g1mem, mem)
-		ptrs = append(ptrs, mem.Addr())
-	}
-	_, err = w.RegisterG1(cfg, lsSecond, ptrs)
-	require.NoError(t, err)
+	tw := &testWorker{PhysicalWorker: w, g1mem: registerEngineG1(t, w, drv, 8)}
 	_, err = w.AllocateG2(testConfig(16), transfer.FullyContiguous)
 	require.NoError(t, err)
 	_, err = w.AllocateG3(testConfig(16), transfer.FullyContiguous)
@@ -83,6 +71,27 @@ func (w *testWorker) read(t *testing.T, tier Tier, id int) []byte {
 	b := make([]byte, bio.BlockSize())
 	require.NoError(t, bio.ReadBlock(id, b))
 	return b
+}
+
+// registerEngineG1 registers "engine" device memory as G1: one region per
+// layer, vLLM's block-second shape, like cudaMalloc'd tensors. The caller
+// frees the memory after the worker closes.
+func registerEngineG1(t *testing.T, w *PhysicalWorker, drv cuda.Driver, blocks int) []*storage.Memory {
+	t.Helper()
+	cfg := testConfig(blocks)
+	sizes, err := layout.RegionSizes(cfg, lsSecond.Kind, lsSecond.BlockDim)
+	require.NoError(t, err)
+	var mems []*storage.Memory
+	var ptrs []uint64
+	for _, s := range sizes {
+		mem, err := storage.AllocDevice(drv, 0, s)
+		require.NoError(t, err)
+		mems = append(mems, mem)
+		ptrs = append(ptrs, mem.Addr())
+	}
+	_, err = w.RegisterG1(cfg, lsSecond, ptrs)
+	require.NoError(t, err)
+	return mems
 }
 
 // waiter returns a function that checks a transfer started and succeeded,
@@ -201,6 +210,10 @@ func FuzzDecodeMetadata(f *testing.F) {
 		Handle: transfer.LayoutHandle{Worker: 7, Layout: 1}, Kind: storage.Pinned, Config: testConfig(4),
 		Shape: transfer.FullyContiguous, Bases: []uint64{4096}}}}}
 	b, err := md.Encode()
+	require.NoError(f, err)
+	f.Add(b)
+	md.Endpoints = []Endpoint{{Transport: "loopback", Address: make([]byte, 16)}, {Transport: "tcp", Address: []byte("\x01\x07\x00\x00\x00\x00\x00\x00\x00127.0.0.1:4000")}}
+	b, err = md.Encode()
 	require.NoError(f, err)
 	f.Add(b)
 	f.Add([]byte("KVBM"))

@@ -118,12 +118,17 @@ class Worker(Handle):
 
     def __init__(self, worker_id: int, *, device_id: int = 0, rank: int = 0,
                  disk_dir: Union[str, "PathLike[str]", None] = None,
-                 object_dir: Union[str, "PathLike[str]", None] = None) -> None:
+                 object_dir: Union[str, "PathLike[str]", None] = None,
+                 remote_deadline: Optional[float] = None) -> None:
         """Creates a worker on device device_id of the active backend.
         worker_id must be unique among the live workers of the process;
         disk_dir enables G3, object_dir the G4 object store: a directory,
         "file:///path" or "s3://bucket/prefix" (credentials from the AWS_*
-        variables; see the README). Raises InvalidArgumentError (a malformed
+        variables; see the README). remote_deadline (seconds; default 30)
+        bounds each operation on another process's memory: a dead, frozen or
+        unreachable peer fails the transfer's blocks within it. The worker
+        serves its layouts to other processes on the transport KVBM_TRANSPORT
+        selects (kvbmgo.info().transport). Raises InvalidArgumentError (a malformed
         location, no S3 credentials), AlreadyExistsError (worker_id in use),
         KvbmIOError (object_dir; an S3 server that refuses or lacks the bucket),
         UnsupportedError / CudaError (device backend), InvalidArgumentError
@@ -136,6 +141,12 @@ class Worker(Handle):
         c.device_id, c.rank, c.worker_id = device_id, int32(rank, "rank"), worker_id
         c.disk_dir = fspath(disk_dir).encode() if disk_dir is not None else None
         c.object_dir = fspath(object_dir).encode() if object_dir is not None else None
+        if remote_deadline is not None:
+            ms = round(remote_deadline * 1000)
+            if not 0 < ms < 2**32:
+                raise InvalidArgumentError(
+                    f"remote_deadline must be > 0 and < {2**32 // 1000} s, got {remote_deadline!r}")
+            c.remote_deadline_ms = ms
         h = c_void_p()
         lib.kvbm_worker_create(byref(c), byref(h))
         self.worker_id = worker_id
