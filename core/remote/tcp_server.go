@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"time"
-
 )
 
 func (t *TCP) accept() {
