@@ -201,7 +201,8 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 	}
-	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 64<<10)}
+	// Small: reads of the bytes themselves, larger than it, bypass it.
+	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
 	hello := make([]byte, helloLen)
 	_, err = nc.Write(appendHello(nil, p.worker))
 	if err == nil {

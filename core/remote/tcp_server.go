@@ -2,7 +2,6 @@ package remote
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -43,7 +42,8 @@ func (t *TCP) serveConn(c net.Conn) {
 	}()
 	setBuffers(c)
 	deadline := t.m.RemoteDeadline()
-	r := bufio.NewReaderSize(c, 64<<10)
+	// Small: reads of the bytes themselves, larger than it, bypass it.
+	r := bufio.NewReaderSize(c, 4<<10)
 	hello := make([]byte, helloLen)
 	c.SetDeadline(time.Now().Add(deadline))
 	if _, err := io.ReadFull(r, hello); err != nil {
@@ -96,37 +96,23 @@ func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
 		return err
 	}
 	if q.op == opRead {
-		if _, err := c.Write(appendStatus(nil, statusOK, "")); err != nil {
-			return err
-		}
-		for _, o := range q.ops {
-			if err := t.m.Serve(q.handle, o.Remote, o.Size, false, func(b []byte) error {
-				_, err := c.Write(b)
+		ok := net.Buffers{appendStatus(nil, statusOK, "")}
+		return t.m.Serve(q.handle, q.ops, false, func(pieces [][]byte) error {
+			bufs := append(ok, pieces...)
+			ok = nil // the status goes once, before the first piece
+			_, err := bufs.WriteTo(c)
+			return err // on an error the peer sees the connection close mid-reply
+		})
+	}
+	if err := t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
+		for _, p := range pieces {
+			if _, err := io.ReadFull(r, p); err != nil {
 				return err
-			}); err != nil {
-				return err // the peer sees the connection close mid-reply
 			}
 		}
 		return nil
-	}
-	var failed error
-	for _, o := range q.ops {
-		err := t.m.Serve(q.handle, o.Remote, o.Size, true, func(b []byte) error {
-			_, err := io.ReadFull(r, b)
-			return err
-		})
-		var ne net.Error
-		if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-			return err
-		}
-		if err != nil {
-			// The bytes of the ops not yet served are still on the wire.
-			failed = err
-			break
-		}
-	}
-	if failed != nil {
-		return failed // the stream is out of step: close; the peer sees the write fail
+	}); err != nil {
+		return err // the stream is out of step: close; the peer sees the write fail
 	}
 	_, err := c.Write(appendStatus(nil, statusOK, ""))
 	return err

@@ -13,17 +13,25 @@ import (
 // memory through, one piece at a time.
 const stageBytes = 4 << 20
 
-// Serve lends a transport server the bytes [addr, addr+size) of layout h,
-// registered here (not imported), while fn runs; Close waits for it. fn
-// is called with consecutive pieces that cover the range in order: host
-// memory itself, device memory through pinned staging (for a read, copied
-// out before fn; for a write, copied in after fn returns nil). Disk
-// layouts are not served: peers read a disk tier after it is staged in
-// host memory.
-func (m *Manager) Serve(h LayoutHandle, addr, size uint64, write bool, fn func(piece []byte) error) error {
-	e, err := m.servable(h, addr, size)
-	if err != nil {
-		return err
+// Serve lends a transport server the bytes of ops (Remote and Size; Local
+// is ignored) in layout h, registered here (not imported), while fn runs;
+// Close waits for it. Every op is checked before fn is first called. fn
+// gets the pieces that cover the ops in order: for host memory, all of
+// them in one call, the memory itself (so that a socket moves them in one
+// vectored call); for device memory, one staged piece per call (for a
+// read, copied out before fn; for a write, copied in after fn returns
+// nil). Disk layouts are not served: peers read a disk tier after it is
+// staged in host memory.
+func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(pieces [][]byte) error) error {
+	var e *entry
+	for _, o := range ops {
+		var err error
+		if e, err = m.servable(h, o.Remote, o.Size); err != nil {
+			return err
+		}
+	}
+	if e == nil {
+		return nil
 	}
 	release, err := m.hold(e)
 	if err != nil {
@@ -31,38 +39,22 @@ func (m *Manager) Serve(h LayoutHandle, addr, size uint64, write bool, fn func(p
 	}
 	defer release()
 	if e.kind == storage.Device {
-		return m.serveDevice(addr, size, write, fn)
+		for _, o := range ops {
+			if err := m.serveDevice(o.Remote, o.Size, write, fn); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	return fn(storage.HostBytes(addr, size)) // servable admits host kinds and device only
-}
-
-// CheckServe reports whether Serve would lend [addr, addr+size) of layout
-// h, so that a server can refuse a request before it moves any byte.
-func (m *Manager) CheckServe(h LayoutHandle, addr, size uint64) error {
-	_, err := m.servable(h, addr, size)
-	return err
-}
-
-func (m *Manager) servable(h LayoutHandle, addr, size uint64) (*entry, error) {
-	e, err := m.lookup(h)
-	if err != nil {
-		return nil, err
+	pieces := make([][]byte, len(ops)) // servable admits host kinds and device only
+	for i, o := range ops {
+		pieces[i] = storage.HostBytes(o.Remote, o.Size)
 	}
-	if e.owner != nil || e.remote != nil {
-		return nil, fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
-	}
-	if !e.kind.IsHost() && e.kind != storage.Device {
-		return nil, fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
-			ErrUnsupported, h, e.kind)
-	}
-	if !e.layout.Contains(addr, size) {
-		return nil, fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, addr, size, h)
-	}
-	return e, nil
+	return fn(pieces)
 }
 
 // serveDevice moves device memory through pinned staging buffers.
-func (m *Manager) serveDevice(addr, size uint64, write bool, fn func([]byte) error) error {
+func (m *Manager) serveDevice(addr, size uint64, write bool, fn func([][]byte) error) error {
 	stage, err := m.stages.get(m)
 	if err != nil {
 		return err
@@ -80,7 +72,7 @@ func (m *Manager) serveDevice(addr, size uint64, write bool, fn func([]byte) err
 				return err
 			}
 		}
-		if err := fn(buf[:n]); err != nil {
+		if err := fn([][]byte{buf[:n]}); err != nil {
 			return err
 		}
 		if write {
@@ -146,4 +138,29 @@ func (p *stagePool) close() error {
 	}
 	p.all, p.free = nil, nil
 	return errors.Join(errs...)
+}
+
+// CheckServe reports whether Serve would lend [addr, addr+size) of layout
+// h, so that a server can refuse a request before it moves any byte.
+func (m *Manager) CheckServe(h LayoutHandle, addr, size uint64) error {
+	_, err := m.servable(h, addr, size)
+	return err
+}
+
+func (m *Manager) servable(h LayoutHandle, addr, size uint64) (*entry, error) {
+	e, err := m.lookup(h)
+	if err != nil {
+		return nil, err
+	}
+	if e.owner != nil || e.remote != nil {
+		return nil, fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
+	}
+	if !e.kind.IsHost() && e.kind != storage.Device {
+		return nil, fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
+			ErrUnsupported, h, e.kind)
+	}
+	if !e.layout.Contains(addr, size) {
+		return nil, fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, addr, size, h)
+	}
+	return e, nil
 }

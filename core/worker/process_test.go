@@ -47,6 +47,10 @@ func TestExporterProcess(t *testing.T) {
 	w, err := NewStandalone(StandaloneConfig{WorkerID: id, Driver: drv, Network: network, Loopback: remote.NewLoopback()})
 	require.NoError(t, err)
 	defer w.Close()
+	if os.Getenv(benchEnv) != "" {
+		serveBench(t, w, drv)
+		return
+	}
 	_, err = w.AllocateG2(testConfig(exporterBlocks), transfer.FullyContiguous)
 	require.NoError(t, err)
 	mems := registerEngineG1(t, w, drv, exporterBlocks)
@@ -88,12 +92,14 @@ type exporter struct {
 	stdin    io.WriteCloser
 	out      *bufio.Scanner
 	metadata []byte
+	lines    []string // what it printed before its metadata
 }
 
-func startExporter(t *testing.T, id uint64) *exporter {
+func startExporter(t testing.TB, id uint64, env ...string) *exporter {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestExporterProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%x", exporterEnv, id), "KVBM_TCP_LISTEN=127.0.0.1:0")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -108,6 +114,7 @@ func startExporter(t *testing.T, id uint64) *exporter {
 			require.NoError(t, err)
 			return e
 		}
+		e.lines = append(e.lines, e.out.Text())
 	}
 	t.Fatalf("the exporter process printed no metadata: %v", e.out.Err())
 	return nil
