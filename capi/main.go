@@ -147,6 +147,10 @@ func statusOf(err error) C.kvbm_status_t {
 	case errors.Is(err, transfer.ErrCorrupt), errors.Is(err, object.ErrCorrupt),
 		errors.Is(err, worker.ErrBadMetadata):
 		return errDataCorruption
+	case errors.Is(err, remote.ErrPeerUnavailable):
+		// Before timeouts: a silent peer is a failed transfer, never to be
+		// mistaken for a wait that ran out of time.
+		return errIO
 	case errors.Is(err, transfer.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return errTimeout
 	case errors.Is(err, transfer.ErrClosed), errors.Is(err, context.Canceled):
@@ -157,7 +161,7 @@ func statusOf(err error) C.kvbm_status_t {
 		return errCUDA
 	case errors.Is(err, remote.ErrBadEndpoint):
 		return errInvalidArgument
-	case errors.As(err, &pathErr), errors.As(err, &errno), errors.Is(err, object.ErrIO), errors.Is(err, remote.ErrPeerUnavailable):
+	case errors.As(err, &pathErr), errors.As(err, &errno), errors.Is(err, object.ErrIO):
 		return errIO
 	}
 	return errInternal

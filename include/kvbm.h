@@ -386,8 +386,10 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, si
  * another, over the network transport both have (KVBM_TRANSPORT): the call
  * connects to it, within the worker's remote deadline. Every later
  * operation on its memory has that deadline too: a peer that died, froze
- * or cannot be reached fails the transfer's blocks (KVBM_ERR_IO, or
- * KVBM_ERR_TIMEOUT when it went silent), never reports them done, and
+ * or cannot be reached fails the transfer's blocks with KVBM_ERR_IO (the
+ * message says which: closed, reset, silent past the deadline; never
+ * KVBM_ERR_TIMEOUT, which a wait returns for a transfer still pending),
+ * never reports them done, and
  * fails later transfers at once; importing its metadata again reconnects.
  * Peers reach host (G2) and device (G1) layouts; a disk (G3) layout is
  * staged in G2 first. Importing a worker's metadata again replaces the
@@ -397,8 +399,8 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, si
  * written by a kvbm with another metadata version: the message names both),
  * KVBM_ERR_NOT_FOUND (the exporting worker is gone, or the peer now runs
  * another worker), KVBM_ERR_UNSUPPORTED (no transport in common: the
- * message lists both sides'), KVBM_ERR_IO / KVBM_ERR_TIMEOUT (the peer
- * cannot be reached / did not answer within the deadline),
+ * message lists both sides'), KVBM_ERR_IO (the peer cannot be reached or
+ * did not answer within the deadline),
  * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t worker, const uint8_t *metadata, size_t len);
 
