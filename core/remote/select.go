@@ -76,3 +76,19 @@ func FromEnv() (Transport, error) { return Open(os.Getenv("KVBM_TRANSPORT")) }
 
 // EnvChoice is Choice(KVBM_TRANSPORT).
 func EnvChoice() (string, error) { return Choice(os.Getenv("KVBM_TRANSPORT")) }
+
+// Status says, for each network transport linked in, why it cannot open
+// (nil when it can): what the info command reports.
+func Status() map[string]error {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	out := make(map[string]error, len(openers))
+	for name, open := range openers {
+		t, err := open()
+		if err == nil {
+			t.Close()
+		}
+		out[name] = err
+	}
+	return out
+}

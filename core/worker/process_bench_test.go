@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -209,4 +210,49 @@ func startBenchExporter(b *testing.B, env []string) (*exporter, string) {
 	}
 	require.NotEmpty(b, raw, "the helper printed its plain TCP server's address")
 	return exp, raw
+}
+
+// BenchmarkPeerFailureDetection measures how long a pull waits on a dead
+// or frozen peer before its blocks fail: after kill -9 (the sockets
+// reset; the figure is the time from the kill), and after SIGSTOP with a
+// 300 ms deadline (the figure is the time past the deadline; the issue's
+// bound is 100 ms).
+func BenchmarkPeerFailureDetection(b *testing.B) {
+	const deadline = 300 * time.Millisecond
+	drv := cuda.NewEmulated(1)
+	defer drv.Close()
+	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"))
+	require.NoError(b, err)
+	dec, err := NewStandalone(StandaloneConfig{WorkerID: 0xDEC, Driver: drv, Network: network, RemoteDeadline: deadline})
+	require.NoError(b, err)
+	defer dec.Close()
+	_, err = dec.AllocateG2(testConfig(exporterBlocks), transfer.FullyContiguous)
+	require.NoError(b, err)
+	ids := []int{0, 1, 2, 3}
+	var killed, frozen time.Duration
+	for range b.N {
+		for _, kill := range []bool{true, false} {
+			exp := startExporter(b, 0xA)
+			require.NoError(b, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+			require.NoError(b, exp.cmd.Process.Signal(syscall.SIGSTOP))
+			waitStopped(b, exp)
+			start := time.Now()
+			n, err := dec.ExecuteRemoteOnboardForInstance(7, G2, ids, G2, ids, transfer.Options{})
+			require.NoError(b, err)
+			if kill {
+				time.Sleep(20 * time.Millisecond) // the request is on the wire
+				start = time.Now()
+				require.NoError(b, exp.cmd.Process.Kill())
+			}
+			require.ErrorIs(b, n.WaitTimeout(-1), remote.ErrPeerUnavailable)
+			if kill {
+				killed += time.Since(start)
+			} else {
+				frozen += time.Since(start) - deadline
+			}
+			exp.kill()
+		}
+	}
+	b.ReportMetric(float64(killed.Milliseconds())/float64(b.N), "ms-after-kill")
+	b.ReportMetric(float64(frozen.Milliseconds())/float64(b.N), "ms-past-deadline")
 }

@@ -131,11 +131,16 @@ func (e *exporter) check(t *testing.T, tier Tier, block int, tag uint64) {
 func (e *exporter) signal(t *testing.T, s syscall.Signal) {
 	t.Helper()
 	require.NoError(t, e.cmd.Process.Signal(s))
-	if s != syscall.SIGSTOP {
-		return
+	if s == syscall.SIGSTOP {
+		waitStopped(t, e)
 	}
-	// A signal takes effect when the process next runs: wait until it is
-	// stopped, so that nothing it serves after this point gets through.
+}
+
+// waitStopped waits until a stopped process is stopped: a signal takes
+// effect when the process next runs, and nothing it serves after this
+// point may get through.
+func waitStopped(t testing.TB, e *exporter) {
+	t.Helper()
 	stat := fmt.Sprintf("/proc/%d/stat", e.cmd.Process.Pid)
 	require.Eventually(t, func() bool {
 		b, err := os.ReadFile(stat)
