@@ -76,6 +76,8 @@ type Manager struct {
 	h2d  *streamPool
 	d2h  *streamPool
 	d2d  *streamPool
+	// events are the completion events of device transfers, reused.
+	events eventPool
 
 	mu      sync.RWMutex
 	entries map[LayoutHandle]*entry
@@ -124,6 +126,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.d2h = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.d2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.bounce.m = m
+	m.events = eventPool{drv: cfg.Driver, device: cfg.Device}
 	return m, nil
 }
 
@@ -148,7 +151,7 @@ func (m *Manager) Close() error {
 	for _, e := range entries {
 		errs = append(errs, e.release())
 	}
-	errs = append(errs, m.bounce.close(), m.stages.close(), m.h2d.close(), m.d2h.close(), m.d2d.close())
+	errs = append(errs, m.bounce.close(), m.stages.close(), m.events.close(), m.h2d.close(), m.d2h.close(), m.d2d.close())
 	m.host.close()
 	m.disk.close()
 	m.net.close()
