@@ -175,14 +175,29 @@ func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {
 func kvbmgo_worker_register_g1(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
 	out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
+	return registerExternal("worker_register_g1", h, c, ptrs, n, out, (*worker.PhysicalWorker).RegisterG1)
+}
+
+//export kvbmgo_worker_register_g2
+func kvbmgo_worker_register_g2(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
+	out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	return registerExternal("worker_register_g2", h, c, ptrs, n, out, (*worker.PhysicalWorker).RegisterG2)
+}
+
+// registerExternal serves the register calls: what names the call in
+// messages.
+func registerExternal(what string, h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
+	out *C.kvbm_layout_handle_t,
+	register func(*worker.PhysicalWorker, layout.Config, transfer.Shape, []uint64) (transfer.LayoutHandle, error)) C.kvbm_status_t {
 	e, st := getWorker(h)
 	if st != statusOK {
 		return st
 	}
 	if ptrs == nil || n == 0 {
-		return fail(errInvalidArgument, "worker_register_g1: ptrs is NULL or num_ptrs is 0")
+		return fail(errInvalidArgument, "%s: ptrs is NULL or num_ptrs is 0", what)
 	}
-	cfg, shape, st := layoutConfig("worker_register_g1", c)
+	cfg, shape, st := layoutConfig(what, c)
 	if st != statusOK {
 		return st
 	}
@@ -191,7 +206,7 @@ func kvbmgo_worker_register_g1(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C
 	for i, v := range src {
 		p[i] = uint64(v)
 	}
-	lh, err := e.w.RegisterG1(cfg, shape, p)
+	lh, err := register(e.w, cfg, shape, p)
 	if err != nil {
 		return failErr(err)
 	}

@@ -310,6 +310,22 @@ kvbm_status_t kvbm_worker_register_g1(kvbm_worker_t worker, const kvbm_layout_co
                                       const uint64_t *ptrs, size_t num_ptrs,
                                       kvbm_layout_handle_t *handle);
 
+/* Registers host memory the caller owns as G2 — an engine's host KV pool
+ * (SGLang's HiCache host pool, say) — so that transfers read and write it
+ * in place: ptrs are host pointers, one per layer for
+ * KVBM_LAYOUT_LAYER_SEPARATE, one for KVBM_LAYOUT_FULLY_CONTIGUOUS. The
+ * library pins the memory with the driver (cuMemHostRegister) and unpins it
+ * at kvbm_worker_destroy; memory the caller already pinned with CUDA is
+ * refused (KVBM_ERR_CUDA, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED).
+ * Ownership: the memory stays the caller's and must outlive the worker;
+ * config and ptrs are read during the call only. handle may be NULL.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, counts, config),
+ * KVBM_ERR_ALREADY_EXISTS (G2 already registered or allocated),
+ * KVBM_ERR_CUDA, KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_register_g2(kvbm_worker_t worker, const kvbm_layout_config_t *config,
+                                      const uint64_t *ptrs, size_t num_ptrs,
+                                      kvbm_layout_handle_t *handle);
+
 /* Allocates G2 (pinned host memory, owned by the worker). handle may be
  * NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_ALREADY_EXISTS,
  * KVBM_ERR_CUDA (allocation), KVBM_ERR_INVALID_HANDLE,

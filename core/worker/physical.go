@@ -127,6 +127,15 @@ func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptr
 	})
 }
 
+// RegisterG2 registers host memory the engine owns (its host KV pool) as
+// G2, pinning it with the driver: transfers then read and write it in
+// place, with no copy into memory of the worker's own.
+func (w *PhysicalWorker) RegisterG2(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	return w.register(G2, func() (transfer.LayoutHandle, error) {
+		return w.m.RegisterExternal(storage.Pinned, cfg, shape, ptrs)
+	})
+}
+
 // AllocateG2 allocates pinned host memory for G2.
 func (w *PhysicalWorker) AllocateG2(cfg layout.Config, shape transfer.Shape) (transfer.LayoutHandle, error) {
 	return w.register(G2, func() (transfer.LayoutHandle, error) {

@@ -202,25 +202,7 @@ class Worker(Handle):
         a CUDA tensor on another device than device_id), AlreadyExistsError (G1
         registered), CudaError, InvalidArgumentError."""
         h = self.handle
-        if not isinstance(buffers, (list, tuple)):
-            buffers = [buffers]
-        separate = config.layout_kind == LayoutKind.LAYER_SEPARATE
-        want_n = config.num_layers if separate else 1
-        if len(buffers) != want_n:
-            raise ValueError(f"register_g1: {len(buffers)} buffers for a "
-                             f"{'layer_separate' if separate else 'fully_contiguous'} layout "
-                             f"that needs {want_n}")
-        want_bytes = config.layer_bytes if separate else config.total_bytes
-        descs = []
-        for i, b in enumerate(buffers):
-            d = buffer_of(b, f"register_g1 buffer {i}")
-            if d.itemsize != config.dtype_width:
-                raise TypeError(f"register_g1 buffer {i}: element size {d.itemsize} != "
-                                f"dtype_width {config.dtype_width}")
-            if d.nbytes != want_bytes:
-                raise ValueError(f"register_g1 buffer {i}: {d.nbytes} bytes, the layout needs "
-                                 f"{want_bytes}")
-            descs.append(d)
+        descs = self._buffers("register_g1", config, buffers)
         active = backend()
         for i, d in enumerate(descs):
             if d.device is None:
@@ -239,6 +221,53 @@ class Worker(Handle):
         lib.kvbm_worker_register_g1(h, byref(cfg), ptrs, len(descs), byref(out))
         self._g1.extend(d.owner for d in descs)
         return handle_of(out)
+
+    def register_g2(self, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
+                    ) -> LayoutHandle:
+        """Registers host memory the engine owns (its host KV pool: numpy
+        arrays or CPU torch tensors, one per layer for layer_separate, one for
+        fully_contiguous) as G2, pinned by the library: transfers read and
+        write it in place. The worker keeps the buffers alive until it closes.
+
+        Raises TypeError (not a buffer, dtype width != config.dtype_width, a
+        CUDA tensor), ValueError (count or byte size mismatch, not C-contiguous,
+        read-only), AlreadyExistsError (G2 registered or allocated), CudaError
+        (memory already pinned with CUDA), InvalidArgumentError."""
+        descs = self._buffers("register_g2", config, buffers)
+        for i, d in enumerate(descs):
+            if d.device is not None:
+                raise TypeError(f"register_g2 buffer {i}: a CUDA tensor (cuda:{d.device}); "
+                                "G2 is host memory")
+        ptrs = (ctypes.c_uint64 * len(descs))(*(d.address for d in descs))
+        out = _lib.LayoutHandleC()
+        cfg = config.to_c()
+        lib.kvbm_worker_register_g2(self.handle, byref(cfg), ptrs, len(descs), byref(out))
+        self._g1.extend(d.owner for d in descs)  # kept alive as G1 memory is
+        return handle_of(out)
+
+    def _buffers(self, what: str, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
+                 ) -> List[Any]:
+        """The buffer descriptions of a register call, checked against config."""
+        if not isinstance(buffers, (list, tuple)):
+            buffers = [buffers]
+        separate = config.layout_kind == LayoutKind.LAYER_SEPARATE
+        want_n = config.num_layers if separate else 1
+        if len(buffers) != want_n:
+            raise ValueError(f"{what}: {len(buffers)} buffers for a "
+                             f"{'layer_separate' if separate else 'fully_contiguous'} layout "
+                             f"that needs {want_n}")
+        want_bytes = config.layer_bytes if separate else config.total_bytes
+        descs = []
+        for i, b in enumerate(buffers):
+            d = buffer_of(b, f"{what} buffer {i}")
+            if d.itemsize != config.dtype_width:
+                raise TypeError(f"{what} buffer {i}: element size {d.itemsize} != "
+                                f"dtype_width {config.dtype_width}")
+            if d.nbytes != want_bytes:
+                raise ValueError(f"{what} buffer {i}: {d.nbytes} bytes, the layout needs "
+                                 f"{want_bytes}")
+            descs.append(d)
+        return descs
 
     def register_kv_caches(self, kv_caches: Union[Mapping[str, Any], Sequence[Any]], *,
                            page_size: Optional[int] = None,
