@@ -23,6 +23,10 @@ type infoReport struct {
 	NUMAError  string      `json:"numa_error,omitempty"`
 	Disk       diskReport  `json:"disk"`
 	Transports []string    `json:"transports"`
+	NICs       []nicInfo   `json:"nics"`
+	// GPUNICTopology[i][j] is how GPU i reaches NIC j (PIX, PXB, PHB,
+	// NODE, SYS), from the PCI tree in sysfs.
+	GPUNICTopology [][]string `json:"gpu_nic_topology,omitempty"`
 }
 
 type libraryInfo struct {
@@ -127,6 +131,8 @@ func gatherInfo(gpus func() gpuReport, sysfs, dir string) infoReport {
 		r.NUMAError = err.Error()
 	}
 	r.Disk = probeDisk(dir)
+	r.NICs = hostNICs(sysfs)
+	r.GPUNICTopology = gpuNICTopology(sysfs, r.NVML.GPUs, r.NICs)
 	return r
 }
 
@@ -186,6 +192,7 @@ func printInfo(w io.Writer, r infoReport) {
 			}
 		}
 	}
+	printNICs(w, r)
 	if r.NUMAError != "" {
 		fmt.Fprintf(w, "NUMA: %s\n", r.NUMAError)
 	} else {
