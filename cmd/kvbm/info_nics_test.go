@@ -39,9 +39,9 @@ func TestGPUToNICTopologyFollowsThePCITree(t *testing.T) {
 		"0000:04:00.0": "pci0000:00/0000:00:02.0/0000:03:00.0/0000:04:00.0", // GPU 0, behind a switch
 		"0000:04:01.0": "pci0000:00/0000:00:02.0/0000:03:00.0/0000:04:01.0", // HCA on the same switch
 		"0000:07:00.0": "pci0000:00/0000:00:02.0/0000:05:00.0/0000:06:00.0/0000:07:00.0",
-		"0000:09:00.0": "pci0000:00/0000:00:1c.0/0000:09:00.0",     // NIC on another root port
-		"0000:41:00.0": "pci0000:40/0000:40:01.0/0000:41:00.0",     // NIC on the other host bridge, node 0
-		"0000:81:00.0": "pci0000:80/0000:80:01.0/0000:81:00.0",     // NIC on node 1
+		"0000:09:00.0": "pci0000:00/0000:00:1c.0/0000:09:00.0", // NIC on another root port
+		"0000:41:00.0": "pci0000:40/0000:40:01.0/0000:41:00.0", // NIC on the other host bridge, node 0
+		"0000:81:00.0": "pci0000:80/0000:80:01.0/0000:81:00.0", // NIC on node 1
 	}, map[string]int{"0000:81:00.0": 1}, map[string]string{
 		"infiniband/mlx5_0": "0000:04:01.0", "infiniband/mlx5_1": "0000:07:00.0",
 		"net/eth0": "0000:09:00.0", "net/eth1": "0000:41:00.0", "net/eth2": "0000:81:00.0",
