@@ -8,10 +8,11 @@ import (
 )
 
 // ExecuteLayerwiseOnboard copies blocks from a host layout to a device
-// layout one layer at a time on one stream, recording events[L] on that
-// stream right after layer L's copies, so that the engine can make its
-// compute stream wait on layer L's event before attention of layer L while
-// later layers are still in flight.
+// layout one layer at a time, recording events[L] on the stream right after
+// layer L's copies (and those of every layer before it), so that the engine
+// can make its compute stream wait on layer L's event before attention of
+// layer L while later layers are still in flight. Large layers are split
+// over two streams (enqueueLayers).
 //
 // stream is the caller's stream, or nil for one of the manager's. The
 // number of events must equal the number of layers, and the id lists must
@@ -54,16 +55,9 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 		return nil, err
 	}
 	start := time.Now()
-	for layer := range numLayers {
-		lp := subPlan(p.src, p.dst, srcIDs, dstIDs, LayerRange{layer, layer + 1})
-		if err := m.enqueueCopies(lp.ops, kind, s, 0); err != nil {
-			release()
-			return nil, fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
-		}
-		if err := m.drv.EventRecord(events[layer], s); err != nil {
-			release()
-			return nil, fmt.Errorf("layer-wise onboard, layer %d: record event: %w", layer, err)
-		}
+	if err := m.enqueueLayers(p, srcIDs, dstIDs, events, s, kind); err != nil {
+		release()
+		return nil, err
 	}
 	// An empty plan on the same stream yields the completion of the whole.
 	done, err := m.enqueueDevice(subPlan(p.src, p.dst, nil, nil, p.layers), kind, Options{Stream: &s})
@@ -77,4 +71,72 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 		m.finish(n, p, PathH2D, start, done())
 	}()
 	return n, nil
+}
+
+// layerSplitBytes is the least a layer moves for its copies to be split
+// over two streams.
+const layerSplitBytes = 256 << 10
+
+// enqueueLayers enqueues each layer's copies and records its event on s.
+// A large layer's copies are split in two: one half on s, the other on a
+// second stream that runs ahead of s through the layers, and s waits for
+// that half before it records the layer's event. So layer L's event still
+// covers layers 0..L (a reader that waits on it sees them all), and the two
+// halves copy at once where the device has the engines (or host cores) for
+// it. The second stream first waits for the work queued on s before the
+// call, as the copies on s do.
+func (m *Manager) enqueueLayers(p *plan, srcIDs, dstIDs []int, events []cuda.Event, s cuda.Stream, kind cuda.CopyKind) error {
+	numLayers := len(events)
+	var side cuda.Stream
+	if p.bytes()/uint64(numLayers) >= layerSplitBytes && m.cfg.StreamsPerDirection > 1 {
+		for range m.cfg.StreamsPerDirection { // a pool stream other than s
+			next, err := m.h2d.next()
+			if err != nil {
+				return err
+			}
+			if next != s {
+				side = next
+				break
+			}
+		}
+	}
+	if side != 0 {
+		if err := m.chain(s, side); err != nil {
+			return fmt.Errorf("layer-wise onboard: %w", err)
+		}
+	}
+	for layer := range numLayers {
+		ops := subPlan(p.src, p.dst, srcIDs, dstIDs, LayerRange{layer, layer + 1}).ops
+		if side != 0 && len(ops) > 1 {
+			half := len(ops) / 2
+			if err := m.enqueueCopies(ops[half:], kind, side, 0); err != nil {
+				return fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
+			}
+			if err := m.chain(side, s); err != nil {
+				return fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
+			}
+			ops = ops[:half]
+		}
+		if err := m.enqueueCopies(ops, kind, s, 0); err != nil {
+			return fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
+		}
+		if err := m.drv.EventRecord(events[layer], s); err != nil {
+			return fmt.Errorf("layer-wise onboard, layer %d: record event: %w", layer, err)
+		}
+	}
+	return nil
+}
+
+// chain makes work queued on to from now on wait for the work queued on
+// from so far.
+func (m *Manager) chain(from, to cuda.Stream) error {
+	ev, err := m.events.get()
+	if err != nil {
+		return err
+	}
+	defer m.events.put(ev) // a wait captures the record at the call: reuse is safe
+	if err := m.drv.EventRecord(ev, from); err != nil {
+		return fmt.Errorf("record join event: %w", err)
+	}
+	return m.drv.StreamWaitEvent(to, ev)
 }
