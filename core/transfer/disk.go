@@ -45,16 +45,28 @@ func layerCRC(e *entry, block, layer int) uint32 {
 }
 
 // writeDisk writes host blocks to a disk layout and records their checksums.
+// Blocks adjacent on both sides go in one request (coalesce).
 func (m *Manager) writeDisk(p *plan) error {
 	disk := p.dst
 	return forEachChunk(m.disk, p, func(lo, hi int, failed *Failures) {
-		for i := lo; i < hi; i++ {
-			if err := m.writeDiskBlock(p, i); err != nil {
-				failed.Add(err, i)
+		for _, r := range coalesce(p, lo, hi) {
+			if err := disk.disk.WriteAt(storage.HostBytes(r.op.src, r.op.size), r.op.dst); err != nil {
+				// Block by block, so that only the blocks that fail are named.
+				for i := r.first; i < r.end; i++ {
+					if err := m.writeDiskBlock(p, i); err != nil {
+						failed.Add(err, i)
+						continue
+					}
+					for layer := p.layers.Start; layer < p.layers.End; layer++ {
+						disk.crc.set(p.dstIDs[i], layer, layerCRC(p.src, p.srcIDs[i], layer))
+					}
+				}
 				continue
 			}
-			for layer := p.layers.Start; layer < p.layers.End; layer++ {
-				disk.crc.set(p.dstIDs[i], layer, layerCRC(p.src, p.srcIDs[i], layer))
+			for i := r.first; i < r.end; i++ {
+				for layer := p.layers.Start; layer < p.layers.End; layer++ {
+					disk.crc.set(p.dstIDs[i], layer, layerCRC(p.src, p.srcIDs[i], layer))
+				}
 			}
 		}
 	})
@@ -69,18 +81,65 @@ func (m *Manager) writeDiskBlock(p *plan, i int) error {
 	return nil
 }
 
+// diskRun is one disk request: a copy covering the plan's blocks first to
+// end-1, whole.
+type diskRun struct {
+	op         copyOp
+	first, end int
+}
+
+// coalesce merges the copies of blocks lo to hi-1 into as few requests as
+// possible: a block's copies join the previous request when both its
+// source and destination continue it. A request holds whole blocks only,
+// so that a failed one names exactly its blocks.
+func coalesce(p *plan, lo, hi int) []diskRun {
+	var runs []diskRun
+	for i := lo; i < hi; i++ {
+		ops := p.blockCopies(i)
+		if len(ops) == 1 && len(runs) > 0 {
+			last := &runs[len(runs)-1]
+			if last.end == i && last.op.src+last.op.size == ops[0].src && last.op.dst+last.op.size == ops[0].dst {
+				last.op.size += ops[0].size
+				last.end = i + 1
+				continue
+			}
+		}
+		if len(ops) == 1 {
+			runs = append(runs, diskRun{op: ops[0], first: i, end: i + 1})
+			continue
+		}
+		for _, op := range ops { // a block of several ranges: one request each, not merged
+			runs = append(runs, diskRun{op: op, first: i, end: i + 1})
+		}
+	}
+	return runs
+}
+
 // readDisk reads disk blocks into a host layout and checks every layer
-// read against the checksum recorded when it was written.
+// read against the checksum recorded when it was written. Blocks adjacent
+// on both sides come in one request (coalesce).
 func (m *Manager) readDisk(p *plan) error {
 	disk := p.src
 	return forEachChunk(m.disk, p, func(lo, hi int, failed *Failures) {
+		bad := map[int]bool{}
+		for _, r := range coalesce(p, lo, hi) {
+			if err := disk.disk.ReadAt(storage.HostBytes(r.op.dst, r.op.size), r.op.src); err != nil {
+				// Block by block, so that only the blocks that fail are named.
+				for i := r.first; i < r.end; i++ {
+					for _, op := range p.blockCopies(i) {
+						if err := disk.disk.ReadAt(storage.HostBytes(op.dst, op.size), op.src); err != nil {
+							failed.Add(diskReadError(p.srcIDs[i], err), i)
+							bad[i] = true
+							break
+						}
+					}
+				}
+			}
+		}
 	blocks:
 		for i := lo; i < hi; i++ {
-			for _, op := range p.blockCopies(i) {
-				if err := disk.disk.ReadAt(storage.HostBytes(op.dst, op.size), op.src); err != nil {
-					failed.Add(diskReadError(p.srcIDs[i], err), i)
-					continue blocks
-				}
+			if bad[i] {
+				continue
 			}
 			for layer := p.layers.Start; layer < p.layers.End; layer++ {
 				want, written := disk.crc.get(p.srcIDs[i], layer)

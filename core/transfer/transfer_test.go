@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -189,8 +190,8 @@ func TestDiskWriteFailureSurfaces(t *testing.T) {
 	f.fill(src, 1)
 	blockBytes := uint64(4096) // disk blocks are 4 KiB-aligned: block b at b*4096
 	diskOf(t, f.m, disk).SetFaultInjector(func(op string, off int64, n int) error {
-		if op == "write" && uint64(off)/blockBytes == 5 {
-			return syscall.ENOSPC
+		if op == "write" && uint64(off) <= 5*blockBytes && 5*blockBytes < uint64(off)+uint64(n) {
+			return syscall.ENOSPC // any write that covers block 5
 		}
 		return nil
 	})
@@ -403,3 +404,33 @@ func TestNotificationWaitTimeoutAndAggregateErrors(t *testing.T) {
 }
 
 var _ = layout.FullyContiguous
+
+// Blocks adjacent on both sides go to disk in one request each way, and a
+// request that fails is retried block by block, so that only the failing
+// blocks are named.
+func TestDiskRequestsAreCoalesced(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(16)
+	g2 := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	g3 := f.alloc(storage.Disk, cfg, FullyContiguous)
+	back := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	f.fill(g2, 40)
+	var mu sync.Mutex
+	requests := map[string]int{}
+	diskOf(t, f.m, g3).SetFaultInjector(func(op string, off int64, n int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		requests[op]++
+		return nil
+	})
+	require.NoError(t, f.transfer(g2, []int{0, 1, 2, 3, 4, 5}, g3, []int{8, 9, 10, 11, 12, 13}, Options{}))
+	require.NoError(t, f.transfer(g3, []int{8, 9, 10, 11, 12, 13}, back, []int{0, 1, 2, 3, 4, 5}, Options{}))
+	require.Equal(t, map[string]int{"write": 1, "read": 1}, requests)
+	for b := range 6 {
+		require.Equal(t, pattern(cfg.BlockSize(), 40+uint64(b)), f.readBlock(back, b))
+	}
+
+	clear(requests)
+	require.NoError(t, f.transfer(g2, []int{0, 1, 7, 3}, g3, []int{0, 1, 2, 5}, Options{}))
+	require.Equal(t, map[string]int{"write": 3}, requests, "0-1 together; 7->2 and 3->5 alone")
+}
