@@ -39,7 +39,7 @@ test-c: lib
 	$(CTEST) --test-dir $(BUILD)/cmake-asan --output-on-failure
 
 bench-c: lib
-	$(CC) -O2 -std=c11 -Iinclude examples/c/bench/bench.c examples/c/bench/empty.c \
+	$(CC) -O2 -std=c11 -Iinclude examples/c/bench/bench.c examples/c/bench/empty.c -pthread \
 	  -L$(BUILD) -lkvbm -Wl,-rpath,$(abspath $(BUILD)) -o $(BUILD)/bench-c
 	$(BUILD)/bench-c
 

@@ -12,7 +12,10 @@
 // process maps, so a handle is never mistaken for a pointer.
 package handles
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Kind is the type of object a handle names; a handle of one kind is
 // invalid where another is expected.
@@ -34,23 +37,41 @@ const (
 // slot. A variable so that tests can reach it without 2^24 reuses.
 var maxGen = uint32(genMask)
 
-type slot struct {
-	gen  uint32 // current generation, 1..maxGen; maxGen+1: retired
-	kind Kind   // 0 when free
+// entry is what a live slot holds. It is immutable: Add and Remove swap
+// entries, so that Get reads a slot without a lock.
+type entry struct {
+	gen  uint32
+	kind Kind
 	val  any
 }
 
-// Table maps handles to values. Safe for concurrent use.
+// chunkBits sets the slots per chunk; chunks never move once made, so a
+// reader holding a directory snapshot finds the same slots a writer sees.
+const (
+	chunkBits = 10
+	chunkLen  = 1 << chunkBits
+)
+
+type chunk [chunkLen]atomic.Pointer[entry]
+
+// Table maps handles to values. Safe for concurrent use. Get takes no
+// lock — it is the call every ABI function makes, and threads using their
+// own handles must not queue behind each other; Add and Remove take mu.
 type Table struct {
-	mu    sync.Mutex
-	slots []slot
-	free  []uint32
-	live  int
+	dir atomic.Pointer[[]*chunk] // grown by copy under mu
+
+	mu   sync.Mutex
+	gens []uint32 // each slot's current generation, 1..maxGen; maxGen+1: retired
+	free []uint32
+	live int
 }
 
 // New returns an empty table.
 func New() *Table {
-	return &Table{slots: make([]slot, firstIdx)}
+	t := &Table{gens: make([]uint32, firstIdx)}
+	dir := []*chunk{new(chunk)}
+	t.dir.Store(&dir)
+	return t
 }
 
 func encode(idx, gen uint32) Handle {
@@ -65,6 +86,16 @@ func decode(h Handle) (idx, gen uint32, ok bool) {
 	return uint32(v & idxMask), uint32(v >> 32 & genMask), true
 }
 
+// slotOf is slot idx's cell, or nil past the directory.
+func (t *Table) slotOf(idx uint32) *atomic.Pointer[entry] {
+	dir := *t.dir.Load()
+	c := int(idx >> chunkBits)
+	if c >= len(dir) {
+		return nil
+	}
+	return &dir[c][idx&(chunkLen-1)]
+}
+
 // Add stores v under a new handle of kind k (k must not be 0).
 func (t *Table) Add(k Kind, v any) Handle {
 	if k == 0 {
@@ -77,41 +108,47 @@ func (t *Table) Add(k Kind, v any) Handle {
 		idx = t.free[n-1]
 		t.free = t.free[:n-1]
 	} else {
-		if uint64(len(t.slots)) > idxMask {
+		if uint64(len(t.gens)) > idxMask {
 			// 2^32 slots, each retired after 2^24 uses: unreachable.
 			panic("handles: every slot index has been used up")
 		}
-		idx = uint32(len(t.slots))
-		t.slots = append(t.slots, slot{gen: 1})
+		idx = uint32(len(t.gens))
+		t.gens = append(t.gens, 1)
+		if dir := *t.dir.Load(); int(idx>>chunkBits) >= len(dir) {
+			grown := append(append([]*chunk(nil), dir...), new(chunk))
+			t.dir.Store(&grown)
+		}
 	}
-	s := &t.slots[idx]
-	s.kind, s.val = k, v
+	gen := t.gens[idx]
+	t.slotOf(idx).Store(&entry{gen: gen, kind: k, val: v})
 	t.live++
-	return encode(idx, s.gen)
+	return encode(idx, gen)
 }
 
-// lookup returns the live slot h names, if h is current and of kind k.
-func (t *Table) lookup(h Handle, k Kind) (*slot, uint32, bool) {
+// lookup returns the live entry h names, if h is current and of kind k.
+func (t *Table) lookup(h Handle, k Kind) (*entry, uint32, bool) {
 	idx, gen, ok := decode(h)
-	if !ok || idx < firstIdx || int(idx) >= len(t.slots) {
+	if !ok || idx < firstIdx {
 		return nil, 0, false
 	}
-	s := &t.slots[idx]
-	if s.kind == 0 || s.kind != k || s.gen != gen {
+	cell := t.slotOf(idx)
+	if cell == nil {
 		return nil, 0, false
 	}
-	return s, idx, true
+	e := cell.Load()
+	if e == nil || e.kind != k || e.gen != gen {
+		return nil, 0, false
+	}
+	return e, idx, true
 }
 
 // Get returns the value under h if h is a live handle of kind k.
 func (t *Table) Get(h Handle, k Kind) (any, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s, _, ok := t.lookup(h, k)
+	e, _, ok := t.lookup(h, k)
 	if !ok {
 		return nil, false
 	}
-	return s.val, true
+	return e.val, true
 }
 
 // Remove deletes h and returns its value if h is a live handle of kind k.
@@ -121,18 +158,17 @@ func (t *Table) Get(h Handle, k Kind) (any, bool) {
 func (t *Table) Remove(h Handle, k Kind) (any, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s, idx, ok := t.lookup(h, k)
+	e, idx, ok := t.lookup(h, k)
 	if !ok {
 		return nil, false
 	}
-	v := s.val
-	s.kind, s.val = 0, nil
-	s.gen++
-	if s.gen <= maxGen {
+	t.slotOf(idx).Store(nil)
+	t.gens[idx]++
+	if t.gens[idx] <= maxGen {
 		t.free = append(t.free, idx)
 	}
 	t.live--
-	return v, true
+	return e.val, true
 }
 
 // Len is the number of live handles.

@@ -2,6 +2,7 @@ package handles
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -155,4 +156,23 @@ func TestFreedHandleNeverComesBack(t *testing.T) {
 	_, ok = tb.Remove(h0, kindA)
 	require.False(t, ok)
 	require.Equal(t, 0, tb.Len())
+}
+
+// BenchmarkGetParallel is Get from every P at once, each on its own
+// handle: what threads of an engine calling the ABI do.
+func BenchmarkGetParallel(b *testing.B) {
+	t := New()
+	hs := make([]Handle, 64)
+	for i := range hs {
+		hs[i] = t.Add(1, i)
+	}
+	var next atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		h := hs[next.Add(1)%int64(len(hs))]
+		for pb.Next() {
+			if _, ok := t.Get(h, 1); !ok {
+				b.Fatal("lost a handle")
+			}
+		}
+	})
 }

@@ -2,6 +2,7 @@
  * kvbm_version() is answered in C; kvbm_handle_count() and
  * kvbm_notification_poll() cross into the Go runtime (a cgo callback). */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,81 @@ static double now_ns(void) {
 static void die(const char *what, kvbm_status_t st) {
     fprintf(stderr, "%s: %s: %s\n", what, kvbm_status_string(st), kvbm_last_error());
     exit(1);
+}
+
+/* Threads, each on its own worker: 4 KiB G2 -> G1 transfer + wait in a
+ * loop, and the poll of a done notification (the ABI call alone). The
+ * figure is ns per call per thread; with no lock shared between workers it
+ * stays as one thread's while there are cores for the threads. */
+enum { TH_BLOCKS = 64, TH_BYTES = 4096 };
+
+struct thread_arg {
+    int index;
+    long iters;
+    int poll_only;
+    double ns;
+};
+
+static void *thread_main(void *p) {
+    struct thread_arg *a = p;
+    kvbm_worker_config_t wc = KVBM_WORKER_CONFIG_INIT;
+    wc.worker_id = 0x7000 + (uint64_t)a->index;
+    kvbm_worker_t w;
+    kvbm_status_t st = kvbm_worker_create(&wc, &w);
+    if (st != KVBM_OK) die("thread worker_create", st);
+    uint8_t *g1mem;
+    if (posix_memalign((void **)&g1mem, 4096, TH_BLOCKS * TH_BYTES) != 0) die("posix_memalign", KVBM_ERR_INTERNAL);
+    memset(g1mem, 0, TH_BLOCKS * TH_BYTES);
+    kvbm_layout_config_t sc = KVBM_LAYOUT_CONFIG_INIT;
+    sc.num_blocks = TH_BLOCKS;
+    sc.num_layers = 1;
+    sc.outer_dim = 1;
+    sc.page_size = 1;
+    sc.inner_dim = TH_BYTES;
+    sc.dtype_width = 1;
+    sc.layout_kind = KVBM_LAYOUT_FULLY_CONTIGUOUS;
+    uint64_t ptr = (uint64_t)(uintptr_t)g1mem;
+    if ((st = kvbm_worker_register_g1(w, &sc, &ptr, 1, NULL)) != KVBM_OK) die("thread register_g1", st);
+    if ((st = kvbm_worker_allocate_g2(w, &sc, NULL)) != KVBM_OK) die("thread allocate_g2", st);
+    uint32_t id = 0;
+    kvbm_notification_t done;
+    if ((st = kvbm_worker_transfer(w, KVBM_TIER_G2, &id, KVBM_TIER_G1, &id, 1, NULL, &done)) != KVBM_OK)
+        die("thread transfer", st);
+    if ((st = kvbm_notification_wait(done, -1)) != KVBM_OK) die("thread wait", st);
+    double t0 = now_ns();
+    for (long i = 0; i < a->iters; i++) {
+        if (a->poll_only) {
+            if (kvbm_notification_poll(done) != KVBM_OK) die("thread poll", KVBM_ERR_INTERNAL);
+            continue;
+        }
+        id = (uint32_t)(i % TH_BLOCKS);
+        kvbm_notification_t n;
+        if ((st = kvbm_worker_transfer(w, KVBM_TIER_G2, &id, KVBM_TIER_G1, &id, 1, NULL, &n)) != KVBM_OK)
+            die("thread transfer", st);
+        if ((st = kvbm_notification_wait(n, -1)) != KVBM_OK) die("thread wait", st);
+        kvbm_notification_free(n);
+    }
+    a->ns = (now_ns() - t0) / (double)a->iters;
+    kvbm_notification_free(done);
+    kvbm_worker_destroy(w);
+    free(g1mem);
+    return NULL;
+}
+
+/* Runs n threads and returns their mean ns per call. */
+static double run_threads(int n, long iters, int poll_only) {
+    pthread_t th[8];
+    struct thread_arg args[8];
+    for (int i = 0; i < n; i++) {
+        args[i] = (struct thread_arg){.index = i + 16 * poll_only, .iters = iters, .poll_only = poll_only};
+        pthread_create(&th[i], NULL, thread_main, &args[i]);
+    }
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        sum += args[i].ns;
+    }
+    return sum / n;
 }
 
 int main(void) {
@@ -113,5 +189,17 @@ int main(void) {
 
     kvbm_notification_free(n);
     kvbm_worker_destroy(w);
+
+    for (int poll_only = 1; poll_only >= 0; poll_only--) {
+        const char *what = poll_only ? "notification_poll" : "4 KiB transfer+wait";
+        long it = poll_only ? iters : small_iters;
+        double one = run_threads(1, it, poll_only);
+        for (int n = 1; n <= 2; n++) {
+            double ns = n == 1 ? one : run_threads(n, it, poll_only);
+            char name[64];
+            snprintf(name, sizeof name, "%s, %d thread%s", what, n, n == 1 ? "" : "s");
+            printf("%-36s %9.1f ns/call  %8.2fx 1 thread\n", name, ns, ns / one);
+        }
+    }
     return 0;
 }
