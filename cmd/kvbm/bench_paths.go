@@ -151,6 +151,21 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
 			})
 		}, filesBase(false)},
+		// Cold: both sides' files dropped from the page cache before each run
+		// (outside the timing), so that both read the device.
+		{"G4→G2 get, cold cache", "read file per block, cold", func() (time.Duration, error) {
+			if err := baseline.DropCache(filepath.Join(dir, "g4")); err != nil {
+				return 0, err
+			}
+			return inParallel(parts, func(part []int) error {
+				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
+			})
+		}, func() (time.Duration, error) {
+			if err := files.DropCache(); err != nil {
+				return 0, err
+			}
+			return files.IO(blockBufs, false, conc)
+		}},
 	}
 	if cfg.wants(cacheOffloadPath) || cfg.wants(cacheOnboardPath) {
 		// Last: the cache owns G2 from now on.

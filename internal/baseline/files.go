@@ -87,5 +87,8 @@ func readInto(path string, b []byte) error {
 	return nil
 }
 
+// DropCache drops the files' cached pages: the next IO reads the device.
+func (f *Files) DropCache() error { return DropCache(f.dir) }
+
 // Close removes the directory and its files.
 func (f *Files) Close() error { return os.RemoveAll(f.dir) }
