@@ -95,5 +95,5 @@ func TestBench(t *testing.T) {
 	require.Contains(t, stdout, "| G2→G3 disk write ")
 	require.Contains(t, stdout, "| 1 MiB ")
 	require.NotContains(t, stdout, "layer-wise")
-	require.Equal(t, 2+4, strings.Count(stdout, "\n|"), stdout) // header, rule, 4 rows
+	require.Equal(t, 2+5, strings.Count(stdout, "\n|"), stdout) // header, rule, 5 rows (G3 write, read; G4 put, get, cold get)
 }
