@@ -213,6 +213,11 @@ func runBench(cfg benchConfig) (rep *benchReport, err error) {
 	}
 	small, err := benchSmall(drv, cfg, p)
 	rep.Results = append(rep.Results, small...)
+	if err == nil {
+		var net []benchResult
+		net, err = benchRemote(drv, cfg, p)
+		rep.Results = append(rep.Results, net...)
+	}
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, err
 }
