@@ -38,8 +38,9 @@ class KvbmConfig:
     #: Cache events kept by the library until drained (0: its default).
     max_events: int = 0
     #: The kvbm worker id of rank 0 (rank r uses worker_id + r); unique
-    #: among the kvbm workers of one process.
-    worker_id: int = 0x766C6C6D  # "vllm"
+    #: among the kvbm workers of one process, and among the instances that
+    #: pull from each other (P/D). None: derived from the engine id.
+    worker_id: Optional[int] = None
     #: Disaggregated prefill->decode (kv_producer / kv_consumer / kv_both).
     #: The address a prefill worker's side channel binds to and that its
     #: kv_transfer_params name (remote_host); decode instances must reach it.

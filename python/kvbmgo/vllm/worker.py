@@ -91,6 +91,16 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     return cfg, buffers, index
 
 
+def engine_worker_id(engine_id: str) -> int:
+    """Rank 0's kvbm worker id when the config names none: from the engine
+    id (vLLM makes one per instance), so that a prefill and a decode
+    instance, which import each other's metadata, never share one. 48 bits:
+    room above for ranks and retries."""
+    import hashlib
+    d = hashlib.blake2b(f"kvbm-vllm/{engine_id}".encode(), digest_size=6).digest()
+    return int.from_bytes(d, "little") | 1
+
+
 class KvbmWorker:
     def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
                  engine_id: str = "", tp_size: int = 1, dp_index: int = 0) -> None:
@@ -128,7 +138,8 @@ class KvbmWorker:
         if c.g3_dir is not None:
             os.makedirs(c.g3_dir, exist_ok=True)
             self._g3_dir = tempfile.mkdtemp(prefix=f"kvbm-rank{self.rank}-", dir=c.g3_dir)
-        wid = c.worker_id + self.rank
+        wid = (c.worker_id if c.worker_id is not None else engine_worker_id(self.engine_id)) \
+            + self.rank
         for attempt in range(64):
             try:
                 w = Worker(wid + attempt * 0x10000,

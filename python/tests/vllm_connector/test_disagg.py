@@ -235,3 +235,95 @@ def test_a_prefill_nobody_pulls_lets_go_after_its_hold():
         assert [o.finished_sending for o in p.outputs if o.finished_sending] == [{"R"}]
     finally:
         p.close()
+
+
+def test_a_transfer_that_fails_in_the_library_fails_the_pull(pd):
+    """The side channel answers but the prefill's kvbm worker is gone (its
+    memory no longer exported): the library's transfer fails, and so does
+    every block of the pull."""
+    p, d = pd
+    _, params, _ = prefill(p)
+    p.step()  # the prefill worker learns that it holds R
+    assert p.worker._worker._server.held() == {"R"}
+    p.worker._worker.worker.close()
+    d.add("R-decode", PROMPT, kv_transfer_params=params)
+    d.step()
+    ids = d.block_ids("R-decode")[:3]
+    d.run(timeout=5)
+    failed = set().union(*(o.invalid_block_ids for o in d.outputs))
+    assert failed == set(ids)
+    assert d.finished["R-decode"].finish_reason.name == "ERROR"
+
+
+def _transport():
+    import kvbmgo
+    return getattr(kvbmgo.info(), "transport", "loopback") or "loopback"
+
+
+def _start_prefill_process(port):
+    import json
+    import os
+    import subprocess
+    import sys
+    import kvbmgo
+    from kvbmgo._lib import lib
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kvbmgo.__file__)))
+    env = dict(os.environ, KVBM_LIBRARY=os.path.abspath(lib.path),
+               PYTHONPATH=os.pathsep.join([here, root]))
+    child = subprocess.Popen([sys.executable, os.path.join(here, "prefill_process.py"),
+                              str(port), json.dumps(PROMPT)], stdout=subprocess.PIPE,
+                             text=True, env=env, cwd=here)
+    line = child.stdout.readline()
+    if not line:
+        child.kill()
+        raise AssertionError(f"the prefill process ended with {child.wait()}")
+    return child, json.loads(line)
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_two_processes(kill):
+    """The prefill in its own process, the decode here: bytes verified; a
+    prefill killed after its prefill fails the decode's pull in time."""
+    if _transport() == "loopback":
+        pytest.skip("cross-process transport not available (issue 11)")
+    import signal
+    timeout = 3.0
+    d = decode_engine(timeout_s=timeout)
+    child, first = _start_prefill_process(free_port())
+    try:
+        params = first["params"]
+        want = [[torch.frombuffer(bytearray.fromhex(h), dtype=torch.int16).view(
+            d.read(0, 0).shape) for h in layers] for layers in first["blocks"]]
+        if kill:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        d.add("R-decode", PROMPT, kv_transfer_params=params)
+        seen = {}
+
+        def check(so):
+            if "R-decode" in so.num_scheduled_tokens and "ids" not in seen:
+                seen["ids"] = ids = d.block_ids("R-decode")[:3]
+                for i, b in enumerate(ids):
+                    for layer in range(len(LAYERS)):
+                        assert torch.equal(d.read(b, layer), want[i][layer]), \
+                            f"block {i} (decode G1 {b}) layer {layer}"
+        t0 = time.monotonic()
+        d.run(before_forward=None if kill else check, timeout=timeout + 5)
+        failed = set().union(*(o.invalid_block_ids for o in d.outputs))
+        if kill:
+            assert time.monotonic() - t0 < timeout + 1.5
+            assert len(failed) == 3
+            assert d.finished["R-decode"].finish_reason.name == "ERROR"
+        else:
+            assert not failed and seen["ids"]
+            assert d.finished["R-decode"].finish_reason.name == "LENGTH"
+            import json
+            last = json.loads(child.stdout.readline())
+            assert last["finished_sending"] == [["R"]]
+            assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        d.close()
