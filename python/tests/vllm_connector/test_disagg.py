@@ -23,13 +23,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def prefill_engine(**kw):
-    return Engine({"g2_blocks": 8, "pd_port": free_port()}, role="kv_producer",
+def prefill_engine(role="kv_producer", **kw):
+    return Engine({"g2_blocks": 8, "pd_port": free_port()}, role=role,
                   engine_id="prefill-engine", **kw)
 
 
-def decode_engine(timeout_s=10.0, policy="fail", **kw):
-    return Engine({"g2_blocks": 8, "pd_timeout_s": timeout_s}, role="kv_consumer",
+def decode_engine(timeout_s=10.0, policy="fail", role="kv_consumer", **kw):
+    return Engine({"g2_blocks": 8, "pd_timeout_s": timeout_s}, role=role,
                   engine_id="decode-engine", policy=policy, **kw)
 
 
@@ -67,8 +67,10 @@ def run_both(p, d, before_forward=None, timeout=20.0):
 
 
 @pytest.fixture
-def pd():
-    p, d = prefill_engine(), decode_engine()
+def pd(request):
+    role = getattr(request, "param", None)
+    p, d = (prefill_engine(), decode_engine()) if role is None else (
+        prefill_engine(role=role), decode_engine(role=role))
     yield p, d
     d.close()
     p.close()
@@ -91,6 +93,8 @@ def test_params_follow_nixl_convention(pd):
     assert p.finished["R"].finish_reason is not None
 
 
+@pytest.mark.parametrize("pd", [None, "kv_both"], indirect=True,
+                         ids=["producer-consumer", "kv_both"])
 def test_a_request_is_handed_over_byte_for_byte(pd):
     p, d = pd
     r, params, want = prefill(p)
