@@ -8,12 +8,15 @@ over pyzmq (a vLLM dependency), one request and one reply each:
 - ``pull``: a decode worker asks the prefill worker of the same tensor-parallel
   rank for a request's blocks. The reply carries the prefill worker's
   exported metadata (the decode side connects to it, keyed by engine id and
-  rank, again when it changes) and grants a lease: the prefill keeps the
-  blocks at least until the decode side's deadline has passed, so a pull
-  never reads blocks the prefill has let go of.
+  rank, again when it changes) and grants a lease, named by a token: the
+  prefill keeps the blocks while any lease runs (a lease outlasts the
+  decode side's deadline), so a pull never reads blocks the prefill has let
+  go of, even when two decode instances were sent the same request.
 - ``done``: the decode worker is done with the request (pulled, failed or
-  aborted); the prefill reports it in ``finished_sending`` and vLLM frees
-  its blocks. A prefill that never hears it lets go after ``pd_hold_s``.
+  aborted), with its lease's token if it has one; once no lease runs, the
+  prefill reports the request in ``finished_sending`` and vLLM frees its
+  blocks. A prefill that never hears it lets go after ``pd_hold_s`` (and
+  after the last lease).
 
 The decode side sequences each pull with the library's hand-off coordinator
 (vLLM's order: source first) and bounds it by ``pd_timeout_s``: a prefill
@@ -62,6 +65,22 @@ def instance_id(engine_id: str, rank: int) -> int:
     return int.from_bytes(d, "little") | 1  # never 0
 
 
+class _Hold:
+    """A request held for decode instances."""
+    __slots__ = ("until", "leases", "done")
+
+    def __init__(self, until: float) -> None:
+        self.until = until                 # let go then if unclaimed
+        self.leases: Dict[str, float] = {}  # token -> end of that pull's lease
+        self.done = False                  # a decode instance was done with it
+
+    def leased(self, now: float) -> bool:
+        for token, end in list(self.leases.items()):
+            if end <= now:
+                del self.leases[token]
+        return bool(self.leases)
+
+
 def _header(frame: bytes) -> Dict[str, Any]:
     try:
         h = json.loads(frame)
@@ -83,7 +102,7 @@ class PrefillServer:
         self._md = metadata
         self._hold_s = hold_s
         self._lock = threading.Lock()
-        self._held: Dict[str, float] = {}          # request -> let go at (monotonic)
+        self._held: Dict[str, _Hold] = {}
         self._released: Set[str] = set()           # let go, not yet reported
         self._gone: "OrderedDict[str, None]" = OrderedDict()
         self._early: "OrderedDict[str, None]" = OrderedDict()  # done before held
@@ -117,7 +136,7 @@ class PrefillServer:
             if self._early.pop(req_id, "absent") is None:
                 self._let_go(req_id)
                 return
-            self._held[req_id] = time.monotonic() + self._hold_s
+            self._held[req_id] = _Hold(time.monotonic() + self._hold_s)
 
     def held(self) -> Set[str]:
         with self._lock:
@@ -128,12 +147,16 @@ class PrefillServer:
         or their hold expired (logged)."""
         now = time.monotonic()
         with self._lock:
-            for req_id, until in list(self._held.items()):
-                if until <= now:
-                    log.warning("kvbm: no decode instance took request %s within its hold; "
-                                "its blocks are freed", req_id)
-                    del self._held[req_id]
-                    self._let_go(req_id)
+            for req_id, h in list(self._held.items()):
+                if h.leased(now):
+                    continue
+                if not h.done and h.until > now:
+                    continue
+                if not h.done:
+                    log.warning("kvbm: no decode instance was done with request %s within "
+                                "its hold; its blocks are freed", req_id)
+                del self._held[req_id]
+                self._let_go(req_id)
             out, self._released = self._released, set()
             return out
 
@@ -177,18 +200,26 @@ class PrefillServer:
                 lease = h.get("lease_s")
                 if not isinstance(lease, (int, float)) or not 0 <= lease < 1e6:
                     return [json.dumps({"ok": False, "why": "malformed lease"}).encode()]
-                until = self._held.get(req_id)
-                if until is not None:
-                    self._held[req_id] = max(until, time.monotonic() + lease + _LEASE_MARGIN_S)
-                    return [json.dumps({"ok": True}).encode(), self._md]
+                hold = self._held.get(req_id)
+                if hold is not None:
+                    token = uuid.uuid4().hex
+                    hold.leases[token] = time.monotonic() + lease + _LEASE_MARGIN_S
+                    return [json.dumps({"ok": True, "token": token}).encode(), self._md]
                 if req_id in self._gone:
                     return [json.dumps({"ok": False, "why": "released"}).encode()]
                 # Not held yet: vLLM answered the client before this worker's
                 # next step told it; the decode side asks again.
                 return [json.dumps({"ok": False, "retry": True}).encode()]
             if op == "done":
-                if self._held.pop(req_id, None) is not None:
-                    self._let_go(req_id)
+                hold = self._held.get(req_id)
+                if hold is not None:
+                    token = h.get("token")
+                    if isinstance(token, str):
+                        hold.leases.pop(token, None)
+                    hold.done = True
+                    if not hold.leased(time.monotonic()):
+                        del self._held[req_id]
+                        self._let_go(req_id)
                     return [json.dumps({"ok": True}).encode()]
                 if req_id in self._gone:
                     return [json.dumps({"ok": False, "why": "released"}).encode()]
@@ -258,10 +289,11 @@ class DecodePuller:
     def _run(self, p: RemotePull, deadline: float) -> List[int]:
         """Returns the G1 blocks of p that did not load (all or none)."""
         if not p.block_ids:
-            self._release(p, deadline, "done")
+            self._release(p, deadline, {})
             return []
         h = HandoffCoordinator(uuid.uuid4(), HandoffOrder.SOURCE_FIRST)
         n = None  # the transfer's notification
+        lease: Dict[str, Any] = {}  # the prefill's answer to our pull (its token)
         completion = Completion.NONE
         try:
             todo = deque(h.start())
@@ -278,7 +310,7 @@ class DecodePuller:
                     todo.extend(h.on_fact(FactKind.DESTINATION_RESERVED))
                 elif k == ActionKind.START_TRANSFER:
                     try:
-                        n = self._start_transfer(p, deadline)
+                        n = self._start_transfer(p, deadline, lease)
                     except (_Unanswered, _Refused, KvbmError, ValueError) as e:
                         log.warning("kvbm: pull of request %s from engine %s: %s",
                                     p.req_id, p.engine_id, e)
@@ -292,9 +324,9 @@ class DecodePuller:
                     todo.extend(h.on_outcome(a.id, OutcomeKind.APPLIED))
                 elif k == ActionKind.RELEASE_SOURCE:
                     todo.extend(h.on_outcome(a.id, self._release(
-                        p, max(deadline, time.monotonic() + _RELEASE_MIN_S), "done")))
+                        p, max(deadline, time.monotonic() + _RELEASE_MIN_S), lease)))
                 elif k == ActionKind.CANCEL_SOURCE:
-                    self._release(p, time.monotonic(), "done")  # best effort, no wait
+                    self._release(p, time.monotonic(), lease)  # best effort, no wait
                     todo.extend(h.on_outcome(a.id, OutcomeKind.APPLIED))
                 elif k == ActionKind.CANCEL_DESTINATION:
                     # Every block of the request is reported failed.
@@ -307,18 +339,20 @@ class DecodePuller:
                 self._drain(p, n)
         return [] if completion == Completion.SUCCESS else list(p.block_ids)
 
-    def _start_transfer(self, p: RemotePull, deadline: float) -> Any:
+    def _start_transfer(self, p: RemotePull, deadline: float, lease: Dict[str, Any]) -> Any:
         if p.tp_size != self.tp_size:
             raise _Refused(f"the prefill has tensor-parallel size {p.tp_size}, this decode "
                            f"{self.tp_size}: kvbm pulls rank to rank")
         if len(p.remote_block_ids) != len(p.block_ids):
             raise _Refused(f"{len(p.remote_block_ids)} remote blocks for "
                            f"{len(p.block_ids)} local ones")
-        lease = max(0.0, deadline - time.monotonic())
         head, md = self._ask(p, {"op": "pull", "req": p.remote_request_id,
-                                 "engine": p.engine_id, "lease_s": lease}, deadline, retry=True)
+                                 "engine": p.engine_id,
+                                 "lease_s": max(0.0, deadline - time.monotonic())},
+                             deadline, retry=True)
         if not head.get("ok") or md is None:
             raise _Refused(f"the prefill refused: {head.get('why', 'no reason')}")
+        lease.update(head)
         key = (p.engine_id, self.rank)
         inst = instance_id(*key)
         with self._lock:
@@ -357,13 +391,14 @@ class DecodePuller:
                 except KvbmError:
                     break
 
-    def _release(self, p: RemotePull, deadline: float, op: str) -> OutcomeKind:
+    def _release(self, p: RemotePull, deadline: float, lease: Dict[str, Any]) -> OutcomeKind:
         """Tells the prefill it may let go of p's blocks: APPLIED once it
         says so, NOOP when it cannot be reached by the deadline (it lets
         go by itself after pd_hold_s), FAILED when it had let go already."""
         try:
-            head, _ = self._ask(p, {"op": op, "req": p.remote_request_id,
-                                    "engine": p.engine_id}, deadline, retry=False)
+            head, _ = self._ask(p, {"op": "done", "req": p.remote_request_id,
+                                    "engine": p.engine_id, "token": lease.get("token")},
+                                deadline, retry=False)
         except _Unanswered as e:
             log.info("kvbm: release of request %s: %s", p.req_id, e)
             return OutcomeKind.NOOP
