@@ -240,7 +240,14 @@ class KvbmWorker:
         self._started = True
         self._held.update(md.held)
         for send in md.sends:
-            self._prefill_server().hold(send.req_id)
+            try:
+                self._prefill_server().hold(send.req_id)
+            except OSError as e:
+                # No side channel (kv_both: its port is taken): nobody can
+                # pull, so the blocks go back to vLLM with the stores' hold.
+                log.error("kvbm: request %s cannot be held for a decode instance: %s",
+                          send.req_id, e)
+                self._held.add(send.req_id)
         for pull in md.pulls:
             if self.worker is None:
                 self._load_errors.update(pull.block_ids)

@@ -377,3 +377,20 @@ def test_the_prefill_keeps_blocks_while_any_pull_is_leased():
     finally:
         ctx.term()
         srv.close()
+
+
+def test_a_prefill_without_its_side_channel_frees_the_blocks():
+    """kv_both starts its side channel with the first held request; when its
+    port is taken, nobody can pull: the blocks go back to vLLM at once."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = Engine({"g2_blocks": 8, "pd_port": port}, role="kv_both", engine_id="prefill-engine")
+        try:
+            prefill(p)
+            p.run(timeout=5)
+            assert [o.finished_sending for o in p.outputs if o.finished_sending] == [{"R"}]
+            assert p.worker._worker._server is None
+        finally:
+            p.close()
