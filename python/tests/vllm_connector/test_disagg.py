@@ -394,3 +394,33 @@ def test_a_prefill_without_its_side_channel_frees_the_blocks():
             assert p.worker._worker._server is None
         finally:
             p.close()
+
+
+def test_a_restarted_prefill_is_connected_again():
+    """The prefill instance restarts under the same engine id (its kvbm
+    worker, exported anew): the decode connects to it again and pulls the
+    right bytes."""
+    d = decode_engine()
+    try:
+        for round_ in range(2):
+            p = prefill_engine()
+            try:
+                prompt = [round_ + 1] + PROMPT
+                _, params, want = prefill(p, f"R{round_}", prompt)
+                d.add(f"D{round_}", prompt, kv_transfer_params=params)
+                seen = []
+
+                def check(so):
+                    if f"D{round_}" in so.num_scheduled_tokens and not seen:
+                        ids = d.block_ids(f"D{round_}")[:3]
+                        seen.append(ids)
+                        for i, b in enumerate(ids):
+                            for layer in range(len(LAYERS)):
+                                assert torch.equal(d.read(b, layer), want[i][layer])
+                run_both(p, d, before_forward=check)
+                assert seen and d.finished[f"D{round_}"].finish_reason.name == "LENGTH"
+            finally:
+                p.close()
+        assert not set().union(*(o.invalid_block_ids for o in d.outputs))
+    finally:
+        d.close()
