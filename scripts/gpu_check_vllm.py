@@ -16,7 +16,6 @@ The machine may have torch without vllm: then the two vllm classes the
 worker side imports (KVConnectorMetadata, KVConnectorWorkerMetadata) are
 stood in for, since the worker side touches nothing else of vllm.
 """
-import os
 import sys
 import time
 import types
