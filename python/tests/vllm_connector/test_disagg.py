@@ -264,72 +264,86 @@ def _transport():
     return getattr(kvbmgo.info(), "transport", "loopback") or "loopback"
 
 
-def _start_prefill_process(port):
-    import json
-    import os
-    import subprocess
-    import sys
-    import kvbmgo
-    from kvbmgo._lib import lib
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(kvbmgo.__file__)))
-    env = dict(os.environ, KVBM_LIBRARY=os.path.abspath(lib.path),
-               PYTHONPATH=os.pathsep.join([here, root]))
-    child = subprocess.Popen([sys.executable, os.path.join(here, "prefill_process.py"),
-                              str(port), json.dumps(PROMPT)], stdout=subprocess.PIPE,
-                             text=True, env=env, cwd=here)
-    line = child.stdout.readline()
-    if not line:
-        child.kill()
-        raise AssertionError(f"the prefill process ended with {child.wait()}")
-    return child, json.loads(line)
+class PrefillProcess:
+    """prefill_process.py in a child process; its JSON lines read by a thread."""
+
+    def __init__(self, port, prompts):
+        import json
+        import os
+        import queue
+        import subprocess
+        import sys
+        import threading
+        import kvbmgo
+        from kvbmgo._lib import lib
+        here = os.path.dirname(os.path.abspath(__file__))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(kvbmgo.__file__)))
+        env = dict(os.environ, KVBM_LIBRARY=os.path.abspath(lib.path),
+                   PYTHONPATH=os.pathsep.join([here, root]))
+        self.child = subprocess.Popen(
+            [sys.executable, os.path.join(here, "prefill_process.py"), str(port),
+             json.dumps(prompts)], stdout=subprocess.PIPE, text=True, env=env, cwd=here)
+        self.lines = queue.Queue()
+
+        def read():
+            for line in self.child.stdout:
+                self.lines.put(json.loads(line))
+            self.lines.put(None)
+        threading.Thread(target=read, daemon=True).start()
+
+    def next(self, timeout=90):
+        msg = self.lines.get(timeout=timeout)
+        assert msg is not None, f"the prefill process ended with {self.child.wait()}"
+        return msg
+
+    def kill(self):
+        if self.child.poll() is None:
+            self.child.kill()
+        self.child.wait()
 
 
-@pytest.mark.parametrize("kill", [False, True])
-def test_two_processes(kill):
-    """The prefill in its own process, the decode here: bytes verified; a
-    prefill killed after its prefill fails the decode's pull in time."""
+def test_two_processes():
+    """The prefill in its own process, the decode here: R0 is handed over,
+    bytes verified, and the prefill hears the decode is done with it; then
+    the prefill process is killed (SIGKILL) and R1's pull fails, every block
+    of it, within the deadline."""
     if _transport() == "loopback":
         pytest.skip("cross-process transport not available (issue 11)")
-    import signal
     timeout = 3.0
+    prompts = {"R0": [1] + PROMPT, "R1": [2] + PROMPT}
     d = decode_engine(timeout_s=timeout)
-    child, first = _start_prefill_process(free_port())
+    proc = PrefillProcess(free_port(), prompts)
     try:
-        params = first["params"]
-        want = [[torch.frombuffer(bytearray.fromhex(h), dtype=torch.int16).view(
-            d.read(0, 0).shape) for h in layers] for layers in first["blocks"]]
-        if kill:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
-        d.add("R-decode", PROMPT, kv_transfer_params=params)
-        seen = {}
+        first = proc.next()
+        shape = d.read(0, 0).shape
+        want = [[torch.frombuffer(bytearray.fromhex(h), dtype=torch.int16).view(shape)
+                 for h in layers] for layers in first["blocks"]["R0"]]
+        d.add("D0", prompts["R0"], kv_transfer_params=first["params"]["R0"])
+        seen = []
 
         def check(so):
-            if "R-decode" in so.num_scheduled_tokens and "ids" not in seen:
-                seen["ids"] = ids = d.block_ids("R-decode")[:3]
-                for i, b in enumerate(ids):
+            if "D0" in so.num_scheduled_tokens and not seen:
+                seen.append(d.block_ids("D0")[:3])
+                for i, b in enumerate(seen[0]):
                     for layer in range(len(LAYERS)):
                         assert torch.equal(d.read(b, layer), want[i][layer]), \
                             f"block {i} (decode G1 {b}) layer {layer}"
+        d.run(before_forward=check, timeout=timeout + 10)
+        assert seen and d.finished["D0"].finish_reason.name == "LENGTH"
+        assert not set().union(*(o.invalid_block_ids for o in d.outputs))
+        assert proc.next() == {"finished_sending": ["R0"]}
+
+        proc.kill()
+        n_out = len(d.outputs)
+        d.add("D1", prompts["R1"], kv_transfer_params=first["params"]["R1"])
         t0 = time.monotonic()
-        d.run(before_forward=None if kill else check, timeout=timeout + 5)
-        failed = set().union(*(o.invalid_block_ids for o in d.outputs))
-        if kill:
-            assert time.monotonic() - t0 < timeout + 1.5
-            assert len(failed) == 3
-            assert d.finished["R-decode"].finish_reason.name == "ERROR"
-        else:
-            assert not failed and seen["ids"]
-            assert d.finished["R-decode"].finish_reason.name == "LENGTH"
-            import json
-            last = json.loads(child.stdout.readline())
-            assert last["finished_sending"] == [["R"]]
-            assert child.wait(timeout=30) == 0
+        d.run(timeout=timeout + 5)
+        assert time.monotonic() - t0 < timeout + 1.5
+        failed = set().union(*(o.invalid_block_ids for o in d.outputs[n_out:]))
+        assert len(failed) == 3
+        assert d.finished["D1"].finish_reason.name == "ERROR"
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        proc.kill()
         d.close()
 
 
