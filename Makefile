@@ -53,6 +53,8 @@ FUZZTIME ?= 30s
 fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeMetadata -fuzztime $(FUZZTIME) ./core/worker
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
+	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime $(FUZZTIME) ./core/remote
+	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote
 
 # Benchmarks: every figure beside the limit measured in the same run.
 bench: bench-go bench-c bench-py bench-cmd
@@ -64,6 +66,7 @@ bench-cmd: kvbm
 bench-go: deps $(VERSITYGW)
 	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
 	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
+	$(GO) test -run '^$$' -bench 'CrossProcess|PeerFailure' -benchtime 3x ./core/worker
 
 # The kvbm command (info, bench, demo): a Go program of its own, never
 # linked into libkvbm.so.

@@ -8,12 +8,15 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
 	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -119,9 +122,9 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if cfg == nil || out == nil {
 		return fail(errInvalidArgument, "worker_create: config and worker must not be NULL")
 	}
-	if cfg.struct_size < C.sizeof_kvbm_worker_config_t {
+	if cfg.struct_size < workerConfigV1Size {
 		return fail(errInvalidArgument, "worker_create: struct_size %d is less than %d (use KVBM_WORKER_CONFIG_INIT)",
-			cfg.struct_size, C.sizeof_kvbm_worker_config_t)
+			cfg.struct_size, workerConfigV1Size)
 	}
 	drv, st := driver()
 	if st != statusOK {
@@ -135,13 +138,28 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if cfg.object_dir != nil {
 		sc.ObjectDir = C.GoString(cfg.object_dir)
 	}
+	if cfg.struct_size >= C.sizeof_kvbm_worker_config_t {
+		sc.RemoteDeadline = time.Duration(cfg.remote_deadline_ms) * time.Millisecond
+	}
+	network, err := remote.FromEnv()
+	if err != nil {
+		return failErr(fmt.Errorf("worker_create: KVBM_TRANSPORT: %w", err))
+	}
+	sc.Network = network
 	w, err := worker.NewStandalone(sc)
 	if err != nil {
+		if network != nil {
+			network.Close()
+		}
 		return failErr(err)
 	}
 	*out = C.uintptr_t(table.Add(kindWorker, &workerEntry{w: w}))
 	return statusOK
 }
+
+// workerConfigV1Size is kvbm_worker_config_t before remote_deadline_ms:
+// callers built against it keep working.
+var workerConfigV1Size = C.size_t(unsafe.Offsetof(C.kvbm_worker_config_t{}.remote_deadline_ms))
 
 //export kvbmgo_worker_destroy
 func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {
@@ -157,14 +175,29 @@ func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {
 func kvbmgo_worker_register_g1(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
 	out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
+	return registerExternal("worker_register_g1", h, c, ptrs, n, out, (*worker.PhysicalWorker).RegisterG1)
+}
+
+//export kvbmgo_worker_register_g2
+func kvbmgo_worker_register_g2(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
+	out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	return registerExternal("worker_register_g2", h, c, ptrs, n, out, (*worker.PhysicalWorker).RegisterG2)
+}
+
+// registerExternal serves the register calls: what names the call in
+// messages.
+func registerExternal(what string, h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
+	out *C.kvbm_layout_handle_t,
+	register func(*worker.PhysicalWorker, layout.Config, transfer.Shape, []uint64) (transfer.LayoutHandle, error)) C.kvbm_status_t {
 	e, st := getWorker(h)
 	if st != statusOK {
 		return st
 	}
 	if ptrs == nil || n == 0 {
-		return fail(errInvalidArgument, "worker_register_g1: ptrs is NULL or num_ptrs is 0")
+		return fail(errInvalidArgument, "%s: ptrs is NULL or num_ptrs is 0", what)
 	}
-	cfg, shape, st := layoutConfig("worker_register_g1", c)
+	cfg, shape, st := layoutConfig(what, c)
 	if st != statusOK {
 		return st
 	}
@@ -173,7 +206,7 @@ func kvbmgo_worker_register_g1(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C
 	for i, v := range src {
 		p[i] = uint64(v)
 	}
-	lh, err := e.w.RegisterG1(cfg, shape, p)
+	lh, err := register(e.w, cfg, shape, p)
 	if err != nil {
 		return failErr(err)
 	}

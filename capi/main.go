@@ -39,6 +39,7 @@ import (
 	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -81,7 +82,7 @@ var table = handles.New()
 
 // loopback is the in-process transport every worker joins, so that workers
 // of one process can transfer from each other.
-var loopback = transfer.NewLoopback()
+var loopback = remote.NewLoopback()
 
 // setError stores msg as the calling thread's last error. Exports run on
 // the calling C thread, so the C thread-local is the caller's.
@@ -146,6 +147,10 @@ func statusOf(err error) C.kvbm_status_t {
 	case errors.Is(err, transfer.ErrCorrupt), errors.Is(err, object.ErrCorrupt),
 		errors.Is(err, worker.ErrBadMetadata):
 		return errDataCorruption
+	case errors.Is(err, remote.ErrPeerUnavailable):
+		// Before timeouts: a silent peer is a failed transfer, never to be
+		// mistaken for a wait that ran out of time.
+		return errIO
 	case errors.Is(err, transfer.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return errTimeout
 	case errors.Is(err, transfer.ErrClosed), errors.Is(err, context.Canceled):
@@ -154,6 +159,8 @@ func statusOf(err error) C.kvbm_status_t {
 		return errUnsupported
 	case errors.As(err, &cudaErr):
 		return errCUDA
+	case errors.Is(err, remote.ErrBadEndpoint):
+		return errInvalidArgument
 	case errors.As(err, &pathErr), errors.As(err, &errno), errors.Is(err, object.ErrIO):
 		return errIO
 	}
@@ -203,9 +210,9 @@ func kvbmgo_info(info *C.kvbm_info_t) (st C.kvbm_status_t) {
 	if info == nil {
 		return fail(errInvalidArgument, "info: info is NULL")
 	}
-	if info.struct_size < C.sizeof_kvbm_info_t {
+	if info.struct_size < infoV1Size {
 		return fail(errInvalidArgument, "info: struct_size %d is less than %d (use KVBM_INFO_INIT)",
-			info.struct_size, C.sizeof_kvbm_info_t)
+			info.struct_size, infoV1Size)
 	}
 	drv, err := cuda.Default()
 	if err != nil {
@@ -222,8 +229,21 @@ func kvbmgo_info(info *C.kvbm_info_t) (st C.kvbm_status_t) {
 	clear(buf)
 	copy(buf[:len(buf)-1], name)
 	info.device_count = C.int32_t(n)
+	if info.struct_size >= C.sizeof_kvbm_info_t {
+		choice, err := remote.EnvChoice()
+		if err != nil {
+			return failErr(err)
+		}
+		t := unsafe.Slice((*byte)(unsafe.Pointer(&info.transport[0])), len(info.transport))
+		clear(t)
+		copy(t[:len(t)-1], choice)
+	}
 	return statusOK
 }
+
+// infoV1Size is kvbm_info_t before the transport field: callers built
+// against it keep working.
+var infoV1Size = C.size_t(unsafe.Offsetof(C.kvbm_info_t{}.transport))
 
 // C types named for the package's tests (test files cannot refer to C
 // types).

@@ -6,7 +6,15 @@ import (
 )
 
 // Streams of the emulated device: each is an unbounded ordered queue run by
-// one goroutine. Enqueueing never blocks on the work.
+// one goroutine. Enqueueing never blocks on the work, with one exception
+// that CUDA allows too (an async call may complete before it returns): work
+// that is small and has nothing ahead of it on an idle stream runs on the
+// caller, so that a small transfer costs no hand-off to the stream's
+// goroutine. Never while a copy-fault hook is set, so that tests that hold
+// copies in the device see them queued.
+
+// inlineBytes is the most a copy item may move to run on the caller.
+const inlineBytes = 256 << 10
 
 type opKind uint8
 
@@ -53,6 +61,7 @@ type stream struct {
 	mu        sync.Mutex
 	cond      sync.Cond
 	q         []item
+	busy      bool // work is executing, on the goroutine or inline
 	destroyed bool // StreamDestroy: drain, then exit
 	stopped   bool // Close: abandon, then exit
 
@@ -77,11 +86,45 @@ func (s *stream) push(op string, it item) error {
 	case s.destroyed:
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("stream %d is destroyed", s.handle))
 	}
+	if len(s.q) == 0 && !s.busy && s.inlinable(&it) {
+		s.busy = true
+		s.mu.Unlock()
+		s.exec(&it)
+		s.mu.Lock()
+		s.busy = false
+		s.cond.Signal() // queued work, or a destroy, waited for this
+		return nil
+	}
 	s.q = append(s.q, it)
 	if len(s.q) == 1 {
 		s.cond.Signal()
 	}
 	return nil
+}
+
+// inlinable reports whether it may run on the caller: a marker, a wait
+// already satisfied, or a small copy while no fault hook is set.
+func (s *stream) inlinable(it *item) bool {
+	switch it.op {
+	case opMarker:
+		return true
+	case opWait:
+		done, _ := it.m.complete()
+		return done
+	}
+	if s.e.fault.Load() != nil || s.e.shutdown.Load() {
+		return false
+	}
+	if it.op == opCopy {
+		return it.c.Size <= inlineBytes
+	}
+	var n uint64
+	for _, c := range it.batch {
+		if n += c.Size; n > inlineBytes {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *stream) stop() {
@@ -103,7 +146,7 @@ func (s *stream) run() {
 	var work []item
 	for {
 		s.mu.Lock()
-		for len(s.q) == 0 && !s.destroyed && !s.stopped {
+		for (len(s.q) == 0 || s.busy) && !(len(s.q) == 0 && (s.destroyed || s.stopped) && !s.busy) {
 			s.cond.Wait()
 		}
 		if len(s.q) == 0 {
@@ -111,11 +154,15 @@ func (s *stream) run() {
 			return
 		}
 		work, s.q = s.q, work[:0]
+		s.busy = true
 		s.mu.Unlock()
 		for i := range work {
 			s.exec(&work[i])
 			work[i] = item{} // drop references to batches and markers
 		}
+		s.mu.Lock()
+		s.busy = false
+		s.mu.Unlock()
 	}
 }
 

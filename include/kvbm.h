@@ -26,7 +26,12 @@
  *     exec a fresh process).
  *
  * Environment (defaults only): KVBM_DEVICE=auto|cuda|emulated picks the
- * device backend at first use; KVBM_LOG sets the log level (stderr only).
+ * device backend at first use; KVBM_LOG sets the log level (stderr only);
+ * KVBM_TRANSPORT=auto|ucx|tcp|loopback picks how workers of other processes
+ * are reached (auto: UCX when libucp loads, else TCP; loopback: this
+ * process only), with KVBM_TCP_LISTEN (default ":0", every interface) and
+ * KVBM_TCP_ADVERTISE (the host peers dial; default this host's first
+ * non-loopback IPv4 address) for TCP.
  */
 #ifndef KVBM_H
 #define KVBM_H
@@ -121,8 +126,11 @@ typedef struct kvbm_info {
     uint32_t abi_version;     /* as kvbm_abi_version() */
     char device_backend[16];  /* "emulated" or "cuda", NUL-terminated */
     int32_t device_count;     /* devices the backend sees */
+    char transport[16];       /* the network transport new workers get:
+                                 "ucx", "tcp" or "loopback" (KVBM_TRANSPORT);
+                                 filled when struct_size covers it */
 } kvbm_info_t;
-#define KVBM_INFO_INIT {sizeof(kvbm_info_t), 0, 0, {0}, 0}
+#define KVBM_INFO_INIT {sizeof(kvbm_info_t), 0, 0, {0}, 0, {0}}
 
 /* Fills *info; opens the device backend (KVBM_DEVICE) if not yet open.
  * info is the caller's. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL or
@@ -231,12 +239,22 @@ typedef struct kvbm_worker_config {
                              * "/path" or "file:///path": a filesystem store;
                              * "s3://bucket/prefix[?endpoint=URL&region=R]":
                              * an S3 store (see kvbm_worker_create) */
+    uint32_t remote_deadline_ms; /* bound on each operation on a peer's
+                                  * memory: a dead, frozen or unreachable
+                                  * peer fails the transfer's blocks within
+                                  * it; 0: 30000. Read when struct_size
+                                  * covers it. */
 } kvbm_worker_config_t;
-#define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL}
+#define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL, 0}
 
 /* Creates a worker with its own transfer manager on the active device
- * backend, and joins it to the process-wide in-process transport so that
- * other workers of this process can import its metadata. The strings are
+ * backend, joins it to the process-wide in-process transport so that
+ * other workers of this process can import its metadata, and serves its
+ * layouts to other processes on the network transport KVBM_TRANSPORT
+ * selects (TCP: a listening port, KVBM_TCP_LISTEN; its exported metadata
+ * carries the address peers dial, which only peers that import it learn:
+ * a peer may read and write the worker's registered memory, nothing
+ * else). The strings are
  * copied. The caller destroys the worker with kvbm_worker_destroy.
  * Thread safety: a worker may be used from many threads at once.
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size, a
@@ -289,6 +307,22 @@ kvbm_status_t kvbm_worker_destroy(kvbm_worker_t worker);
  * KVBM_ERR_ALREADY_EXISTS (G1 already registered), KVBM_ERR_CUDA,
  * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_register_g1(kvbm_worker_t worker, const kvbm_layout_config_t *config,
+                                      const uint64_t *ptrs, size_t num_ptrs,
+                                      kvbm_layout_handle_t *handle);
+
+/* Registers host memory the caller owns as G2 — an engine's host KV pool
+ * (SGLang's HiCache host pool, say) — so that transfers read and write it
+ * in place: ptrs are host pointers, one per layer for
+ * KVBM_LAYOUT_LAYER_SEPARATE, one for KVBM_LAYOUT_FULLY_CONTIGUOUS. The
+ * library pins the memory with the driver (cuMemHostRegister) and unpins it
+ * at kvbm_worker_destroy; memory the caller already pinned with CUDA is
+ * refused (KVBM_ERR_CUDA, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED).
+ * Ownership: the memory stays the caller's and must outlive the worker;
+ * config and ptrs are read during the call only. handle may be NULL.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, counts, config),
+ * KVBM_ERR_ALREADY_EXISTS (G2 already registered or allocated),
+ * KVBM_ERR_CUDA, KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_register_g2(kvbm_worker_t worker, const kvbm_layout_config_t *config,
                                       const uint64_t *ptrs, size_t num_ptrs,
                                       kvbm_layout_handle_t *handle);
 
@@ -362,13 +396,28 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, si
                                           size_t *size);
 
 /* Imports another worker's metadata so its layouts can be transfer
- * sources and destinations. The exporting worker must live in this process
- * (in-process transport); once it is destroyed, transfers on its layouts
- * fail with KVBM_ERR_CANCELED. Returns KVBM_OK,
- * KVBM_ERR_INVALID_ARGUMENT (NULL, len 0, own metadata),
- * KVBM_ERR_DATA_CORRUPTION (bytes fail decoding), KVBM_ERR_NOT_FOUND (the
- * exporting worker is gone), KVBM_ERR_INVALID_HANDLE,
- * KVBM_ERR_FAILED_PRECONDITION. */
+ * sources and destinations. A worker of this process is reached directly
+ * (once it is destroyed, transfers on its layouts fail with
+ * KVBM_ERR_CANCELED); a worker of another process, on this host or
+ * another, over the network transport both have (KVBM_TRANSPORT): the call
+ * connects to it, within the worker's remote deadline. Every later
+ * operation on its memory has that deadline too: a peer that died, froze
+ * or cannot be reached fails the transfer's blocks with KVBM_ERR_IO (the
+ * message says which: closed, reset, silent past the deadline; never
+ * KVBM_ERR_TIMEOUT, which a wait returns for a transfer still pending),
+ * never reports them done, and
+ * fails later transfers at once; importing its metadata again reconnects.
+ * Peers reach host (G2) and device (G1) layouts; a disk (G3) layout is
+ * staged in G2 first. Importing a worker's metadata again replaces the
+ * earlier import. Returns KVBM_OK,
+ * KVBM_ERR_INVALID_ARGUMENT (NULL, len 0, own metadata, an endpoint that
+ * does not parse), KVBM_ERR_DATA_CORRUPTION (bytes fail decoding, or were
+ * written by a kvbm with another metadata version: the message names both),
+ * KVBM_ERR_NOT_FOUND (the exporting worker is gone, or the peer now runs
+ * another worker), KVBM_ERR_UNSUPPORTED (no transport in common: the
+ * message lists both sides'), KVBM_ERR_IO (the peer cannot be reached or
+ * did not answer within the deadline),
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t worker, const uint8_t *metadata, size_t len);
 
 /* Writes the id of the worker that exported metadata (bytes from
@@ -428,8 +477,11 @@ typedef enum kvbm_path {
     KVBM_PATH_D2D = 3,        /* device -> device */
     KVBM_PATH_DISK_WRITE = 4, /* host -> disk */
     KVBM_PATH_DISK_READ = 5,  /* disk -> host */
-    KVBM_PATH_TWO_HOP = 6,    /* disk <-> device, disk <-> disk via a bounce buffer */
-    KVBM_PATH_COUNT = 7
+    KVBM_PATH_TWO_HOP = 6,    /* disk <-> device, disk <-> disk, a peer <-> device
+                                 or disk, via a bounce buffer */
+    KVBM_PATH_REMOTE_READ = 7,  /* a peer's memory -> host, over the transport */
+    KVBM_PATH_REMOTE_WRITE = 8, /* host -> a peer's memory */
+    KVBM_PATH_COUNT = 9
 } kvbm_path_t;
 
 /* Totals of one path since the worker was created. Object store calls are

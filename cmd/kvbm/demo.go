@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -157,7 +158,7 @@ type demo struct {
 	drv       cuda.Driver
 	n         int
 	blockSize int
-	loop      *transfer.Loopback
+	loop      *remote.Loopback
 	store     object.Store
 	prefill   *tierWorker
 	decode    *tierWorker
@@ -170,7 +171,7 @@ func (d *demo) setup(root string) (err error) {
 	if d.copy, err = baseline.NewCopy(copyChunk); err != nil {
 		return err
 	}
-	d.loop = transfer.NewLoopback()
+	d.loop = remote.NewLoopback()
 	g3, g4 := filepath.Join(root, "g3"), filepath.Join(root, "g4")
 	if err := os.MkdirAll(g3, 0o755); err != nil {
 		return fmt.Errorf("G3 directory: %w", err)

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/version"
 )
@@ -46,8 +48,32 @@ type device struct {
 	NUMANode    int    `json:"numa_node"` // -1 when unknown
 }
 
-// transports are the data planes between instances this build has.
-var transports = []string{"in-process loopback"}
+// transports are the data planes between instances: loopback (one
+// process) always, each network transport linked in with whether it opens
+// here, and which one KVBM_TRANSPORT selects for new workers.
+func transports() []string {
+	out := []string{"loopback (workers of one process)"}
+	choice, err := remote.EnvChoice()
+	status := remote.Status()
+	names := make([]string, 0, len(status))
+	for name := range status {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		line := name
+		if err := status[name]; err != nil {
+			line += " (unavailable: " + err.Error() + ")"
+		} else if name == choice {
+			line += " (selected)"
+		}
+		out = append(out, line)
+	}
+	if err != nil {
+		out = append(out, "KVBM_TRANSPORT: "+err.Error())
+	}
+	return out
+}
 
 func infoCommand(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("kvbm info", flag.ContinueOnError)
@@ -73,7 +99,7 @@ func gatherInfo(gpus func() gpuReport, sysfs, dir string) infoReport {
 	r := infoReport{
 		Library:    libraryInfo{Version: version.String(), ABIVersion: version.ABI},
 		Device:     deviceInfo{Choice: os.Getenv(cuda.EnvDevice), Devices: []device{}},
-		Transports: transports,
+		Transports: transports(),
 	}
 	if r.Device.Choice == "" {
 		r.Device.Choice = "auto"

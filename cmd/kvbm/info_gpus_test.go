@@ -113,7 +113,7 @@ func TestQueryGPUs(t *testing.T) {
 	require.Equal(t, "SYS", r.Topology[0][2])
 
 	var text strings.Builder
-	printInfo(&text, infoReport{NVML: r, Transports: transports})
+	printInfo(&text, infoReport{NVML: r, Transports: transports()})
 	require.Contains(t, text.String(), "GPU 0: NVIDIA H200, memory 141.0 GiB total, 140.0 GiB free, PCI 00000000:1A:00.0, NUMA node 0")
 	require.Contains(t, text.String(), "GPU2  SYS         X", "GPU 1 is lost: no topology to it")
 }

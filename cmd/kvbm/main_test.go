@@ -52,7 +52,8 @@ func TestInfo(t *testing.T) {
 	require.Contains(t, stdout, "device backend: ")
 	require.Contains(t, stdout, "GPUs")
 	require.Contains(t, stdout, "disk tier: "+dir)
-	require.Contains(t, stdout, "transports: in-process loopback")
+	require.Contains(t, stdout, "transports: loopback (workers of one process)")
+	require.Regexp(t, `tcp( \(selected\))?`, stdout)
 
 	rc, stdout, stderr = kvbm("info", "--json", "-dir", dir)
 	require.Equal(t, 0, rc, stderr)

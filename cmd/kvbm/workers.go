@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
@@ -50,7 +51,7 @@ type tierSpec struct {
 	tokens     int // tokens per block; 0 is 16 (2 MiB blocks)
 	diskDir    string
 	objectDir  string // "": no G4
-	loop       *transfer.Loopback
+	loop       *remote.Loopback
 }
 
 // newTierWorker builds a worker as an engine process would through the C

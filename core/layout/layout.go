@@ -144,6 +144,20 @@ func (l *Layout) Regions() []Region {
 	return out
 }
 
+// Contains reports whether [addr, addr+size) is a non-empty range inside
+// one region: what a peer may ask to read or write.
+func (l *Layout) Contains(addr, size uint64) bool {
+	if size == 0 || addr+size < addr {
+		return false
+	}
+	for _, r := range l.Regions() {
+		if addr >= r.Addr && addr+size <= r.Addr+r.Size {
+			return true
+		}
+	}
+	return false
+}
+
 // IsBlockContiguous reports whether each block's bytes (all layers, all
 // outers) form one range, so that whole blocks can be copied at once.
 func (l *Layout) IsBlockContiguous() bool { return l.kind == FullyContiguous }

@@ -145,3 +145,17 @@ func TestMemoryRegionBounds(t *testing.T) {
 	_, err = NewFullyContiguous(cfg, ^uint64(0)-10)
 	require.ErrorContains(t, err, "overflows the address space")
 }
+
+func TestContainsOnlyRangesInsideOneRegion(t *testing.T) {
+	cfg := Config{NumBlocks: 2, NumLayers: 2, OuterDim: 1, PageSize: 1, InnerDim: 8, DtypeWidth: 1}
+	// Two layer regions of 16 bytes, far apart.
+	l, err := New(cfg, LayerSeparate, BlockIsFirstDim, []uint64{0x1000, 0x2000})
+	require.NoError(t, err)
+	require.True(t, l.Contains(0x1000, 16))
+	require.True(t, l.Contains(0x2008, 8))
+	require.False(t, l.Contains(0x1000, 17), "runs past the region's end")
+	require.False(t, l.Contains(0x0fff, 2), "starts before the region")
+	require.False(t, l.Contains(0x1000, 0), "empty")
+	require.False(t, l.Contains(0x1010, 1), "between regions")
+	require.False(t, l.Contains(^uint64(0)-1, 4), "wraps around")
+}

@@ -142,7 +142,7 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 
 // runHop executes one single-hop plan and waits for it.
 func (m *Manager) runHop(p *plan, opts Options) error {
-	strat, kind, err := strategyFor(p.src.kind, p.dst.kind)
+	strat, kind, err := strategyOf(p.src, p.dst)
 	if err != nil {
 		return err
 	}
@@ -165,6 +165,8 @@ func (m *Manager) runHop(p *plan, opts Options) error {
 		return m.writeDisk(p)
 	case diskRead:
 		return m.readDisk(p)
+	case remoteRead, remoteWrite:
+		return m.moveRemote(p, strat == remoteWrite)
 	}
 	return fmt.Errorf("%w: %v is not a single hop", ErrUnsupported, strat)
 }

@@ -14,18 +14,20 @@ type Path uint8
 // The paths, in the order Counters reports them. The values are stable:
 // the C ABI mirrors them.
 const (
-	PathHostCopy  Path = iota // host ↔ host memcpy
-	PathH2D                   // pinned → device
-	PathD2H                   // device → pinned
-	PathD2D                   // device → device
-	PathDiskWrite             // host → disk
-	PathDiskRead              // disk → host
-	PathTwoHop                // disk ↔ device, disk ↔ disk through a bounce buffer
+	PathHostCopy    Path = iota // host ↔ host memcpy
+	PathH2D                     // pinned → device
+	PathD2H                     // device → pinned
+	PathD2D                     // device → device
+	PathDiskWrite               // host → disk
+	PathDiskRead                // disk → host
+	PathTwoHop                  // disk ↔ device, disk ↔ disk, peer ↔ device or disk, through a bounce buffer
+	PathRemoteRead              // a peer's memory → host, through the transport
+	PathRemoteWrite             // host → a peer's memory
 	NumPaths
 )
 
 func (p Path) String() string {
-	names := [...]string{"host-copy", "h2d", "d2h", "d2d", "disk-write", "disk-read", "two-hop"}
+	names := [...]string{"host-copy", "h2d", "d2h", "d2d", "disk-write", "disk-read", "two-hop", "remote-read", "remote-write"}
 	if int(p) < len(names) {
 		return names[p]
 	}
@@ -60,6 +62,10 @@ func pathOf(s strategy, kind cuda.CopyKind) Path {
 		return PathDiskRead
 	case twoHop:
 		return PathTwoHop
+	case remoteRead:
+		return PathRemoteRead
+	case remoteWrite:
+		return PathRemoteWrite
 	}
 	switch kind {
 	case cuda.HostToDevice:

@@ -51,15 +51,6 @@ func TestOutOfRangeAndAlreadyExistsSentinels(t *testing.T) {
 	require.ErrorIs(t, err, ErrOutOfRange)
 	_, err = f.m.ExecuteTransfer(a, []int{0, 1}, b, []int{0}, Options{})
 	require.NotErrorIs(t, err, ErrOutOfRange)
-
-	emu := cuda.NewEmulated(1)
-	defer emu.Close()
-	m2, err := NewManager(Config{WorkerID: 0xA1, Driver: emu})
-	require.NoError(t, err)
-	defer m2.Close()
-	loop := NewLoopback()
-	require.NoError(t, loop.Add(f.m))
-	require.ErrorIs(t, loop.Add(m2), ErrAlreadyExists)
 }
 
 // Work outside ExecuteTransfer (object I/O) is waited for by Close and

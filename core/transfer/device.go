@@ -87,6 +87,14 @@ const splitBytes = 16 << 20
 // records afterwards covers them; without one, a large plan is spread over
 // several of the pool's streams.
 func (m *Manager) enqueueDevice(p *plan, kind cuda.CopyKind, opts Options) (wait func() error, err error) {
+	wait, _, err = m.enqueueDeviceQuery(p, kind, opts)
+	return wait, err
+}
+
+// enqueueDeviceQuery is enqueueDevice, and also returns whether the copies
+// are already complete (the device ran them before the call returned), so
+// that the caller can finish without a goroutine waiting for them.
+func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) (wait func() error, done bool, err error) {
 	var streams []cuda.Stream
 	var parts [][]copyOp
 	if opts.Stream != nil {
@@ -98,7 +106,7 @@ func (m *Manager) enqueueDevice(p *plan, kind cuda.CopyKind, opts Options) (wait
 		for i := 0; i < k; i++ {
 			s, err := m.streamsFor(kind).next()
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
 			streams = append(streams, s)
 			parts = append(parts, p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))])
@@ -107,23 +115,30 @@ func (m *Manager) enqueueDevice(p *plan, kind cuda.CopyKind, opts Options) (wait
 	events := make([]cuda.Event, 0, len(streams))
 	release := func() {
 		for _, ev := range events {
-			m.drv.EventDestroy(ev)
+			m.events.put(ev)
 		}
 	}
 	for i, s := range streams {
 		if err := m.enqueueCopies(parts[i], kind, s, opts.Precondition); err != nil {
 			release()
-			return nil, err
+			return nil, false, err
 		}
-		ev, err := m.drv.EventCreate(m.cfg.Device)
+		ev, err := m.events.get()
 		if err != nil {
 			release()
-			return nil, fmt.Errorf("create completion event: %w", err)
+			return nil, false, fmt.Errorf("create completion event: %w", err)
 		}
 		events = append(events, ev)
 		if err := m.drv.EventRecord(ev, s); err != nil {
 			release()
-			return nil, fmt.Errorf("record completion event: %w", err)
+			return nil, false, fmt.Errorf("record completion event: %w", err)
+		}
+	}
+	done = true
+	for _, ev := range events {
+		if ok, _ := m.drv.EventQuery(ev); !ok {
+			done = false
+			break
 		}
 	}
 	return func() error {
@@ -141,7 +156,7 @@ func (m *Manager) enqueueDevice(p *plan, kind cuda.CopyKind, opts Options) (wait
 			return fmt.Errorf("%v copies failed: %w", kind, err)
 		}
 		return nil
-	}, nil
+	}, done, nil
 }
 
 // enqueueCopies puts copies on stream, behind precondition when
@@ -160,4 +175,43 @@ func (m *Manager) enqueueCopies(ops []copyOp, kind cuda.CopyKind, stream cuda.St
 		return fmt.Errorf("enqueue %d %v copies: %w", len(copies), kind, err)
 	}
 	return nil
+}
+
+// eventPool keeps completion events for reuse: creating and destroying one
+// per transfer costs more than a small transfer itself.
+type eventPool struct {
+	drv    cuda.Driver
+	device int
+	mu     sync.Mutex
+	free   []cuda.Event
+}
+
+func (p *eventPool) get() (cuda.Event, error) {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		ev := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return ev, nil
+	}
+	p.mu.Unlock()
+	return p.drv.EventCreate(p.device)
+}
+
+// put returns an event; recording it again replaces what it captured.
+func (p *eventPool) put(ev cuda.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.free = append(p.free, ev)
+}
+
+func (p *eventPool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, ev := range p.free {
+		errs = append(errs, p.drv.EventDestroy(ev))
+	}
+	p.free = nil
+	return errors.Join(errs...)
 }

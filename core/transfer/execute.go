@@ -2,6 +2,9 @@ package transfer
 
 import "time"
 
+// inlineCopyBytes is the most a host copy moves on the caller's goroutine.
+const inlineCopyBytes = 256 << 10
+
 // ExecuteTransfer copies blocks srcIDs of layout src into blocks dstIDs of
 // layout dst. The request is validated before any byte moves; a bad request
 // returns an error and no notification. Otherwise the returned notification
@@ -15,7 +18,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	if err != nil {
 		return nil, err
 	}
-	strat, kind, err := strategyFor(p.src.kind, p.dst.kind)
+	strat, kind, err := strategyOf(p.src, p.dst)
 	if err != nil {
 		return nil, err
 	}
@@ -35,15 +38,26 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	start, path := time.Now(), pathOf(strat, kind)
 	n := newNotification()
 	if strat == deviceCopy {
-		wait, err := m.enqueueDevice(p, kind, opts)
+		wait, done, err := m.enqueueDeviceQuery(p, kind, opts)
 		if err != nil {
 			release()
 			return nil, err
+		}
+		if done { // the device already ran them: no one need wait
+			defer release()
+			m.finish(n, p, path, start, wait())
+			return n, nil
 		}
 		go func() {
 			defer release()
 			m.finish(n, p, path, start, wait())
 		}()
+		return n, nil
+	}
+	if strat == hostCopy && opts.Precondition == 0 && p.bytes() <= inlineCopyBytes {
+		// A small memcpy costs less than handing it to a goroutine.
+		defer release()
+		m.finish(n, p, path, start, m.copyHost(p))
 		return n, nil
 	}
 	go func() {

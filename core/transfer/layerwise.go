@@ -35,7 +35,7 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 			return nil, fmt.Errorf("%w: layer-wise onboard: layer event %d is null", ErrInvalidArgument, i)
 		}
 	}
-	strat, kind, err := strategyFor(p.src.kind, p.dst.kind)
+	strat, kind, err := strategyOf(p.src, p.dst)
 	if err != nil {
 		return nil, fmt.Errorf("layer-wise onboard: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
@@ -39,6 +40,13 @@ type Config struct {
 	// BounceBlocks is the number of blocks in each internal bounce buffer
 	// used for two-hop transfers without a caller bounce (default 16).
 	BounceBlocks int
+	// RemoteDeadline bounds each operation on a peer's memory (default
+	// DefaultRemoteDeadline): a dead, frozen or unreachable peer fails the
+	// transfer's blocks within it.
+	RemoteDeadline time.Duration
+	// NetWorkers bounds the remote operations in flight (default 4), each
+	// on its own connection to the peer.
+	NetWorkers int
 }
 
 // entry is one registered layout and the storage behind it.
@@ -50,6 +58,9 @@ type entry struct {
 	disk   *storage.DiskFile // kind Disk
 	crc    *checksums        // kind Disk
 	owned  []io.Closer       // released on Unregister (not for imported layouts)
+	// remote reaches the memory of a layout imported from another
+	// process (nil otherwise).
+	remote RemoteMemory
 	// owner is the exporting manager of an imported layout (nil for local
 	// ones): transfers on it hold that manager open.
 	owner *Manager
@@ -61,9 +72,12 @@ type Manager struct {
 	drv  cuda.Driver
 	host *hostPool // memcpy
 	disk *hostPool // disk requests
+	net  *hostPool // remote operations
 	h2d  *streamPool
 	d2h  *streamPool
 	d2d  *streamPool
+	// events are the completion events of device transfers, reused.
+	events eventPool
 
 	mu      sync.RWMutex
 	entries map[LayoutHandle]*entry
@@ -71,6 +85,7 @@ type Manager struct {
 	closed  bool
 
 	bounce   bouncePool
+	stages   stagePool
 	inflight sync.WaitGroup
 	counters counters
 }
@@ -92,11 +107,18 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.BounceBlocks <= 0 {
 		cfg.BounceBlocks = 16
 	}
+	if cfg.RemoteDeadline <= 0 {
+		cfg.RemoteDeadline = DefaultRemoteDeadline
+	}
+	if cfg.NetWorkers <= 0 {
+		cfg.NetWorkers = 4
+	}
 	m := &Manager{
 		cfg:     cfg,
 		drv:     cfg.Driver,
 		host:    newHostPool(cfg.HostWorkers),
 		disk:    newHostPool(cfg.DiskWorkers),
+		net:     newHostPool(cfg.NetWorkers),
 		entries: make(map[LayoutHandle]*entry),
 		nextID:  1,
 	}
@@ -104,6 +126,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.d2h = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.d2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.bounce.m = m
+	m.events = eventPool{drv: cfg.Driver, device: cfg.Device}
 	return m, nil
 }
 
@@ -128,9 +151,10 @@ func (m *Manager) Close() error {
 	for _, e := range entries {
 		errs = append(errs, e.release())
 	}
-	errs = append(errs, m.bounce.close(), m.h2d.close(), m.d2h.close(), m.d2d.close())
+	errs = append(errs, m.bounce.close(), m.stages.close(), m.events.close(), m.h2d.close(), m.d2h.close(), m.d2d.close())
 	m.host.close()
 	m.disk.close()
+	m.net.close()
 	return errors.Join(errs...)
 }
 

@@ -3,6 +3,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // copyOp is one contiguous copy between two layouts' address spaces.
@@ -73,22 +74,32 @@ func (m *Manager) prepare(src, dst LayoutHandle, srcIDs, dstIDs []int, opts Opti
 
 func checkIDs(what string, ids []int, numBlocks int, unique bool) error {
 	var seen map[int]int
-	if unique {
+	if unique && len(ids) > smallIDs {
 		seen = make(map[int]int, len(ids))
 	}
 	for i, id := range ids {
 		if id < 0 || id >= numBlocks {
 			return fmt.Errorf("%w: %s block id %d (index %d) out of range [0, %d)", ErrOutOfRange, what, id, i, numBlocks)
 		}
-		if unique {
-			if j, dup := seen[id]; dup {
-				return fmt.Errorf("%w: %s block id %d appears twice (indices %d and %d)", ErrInvalidArgument, what, id, j, i)
-			}
+		if !unique {
+			continue
+		}
+		j, dup := -1, false
+		if seen == nil { // few ids: a scan costs less than a map
+			j = slices.Index(ids[:i], id)
+			dup = j >= 0
+		} else if j, dup = seen[id]; !dup {
 			seen[id] = i
+		}
+		if dup {
+			return fmt.Errorf("%w: %s block id %d appears twice (indices %d and %d)", ErrInvalidArgument, what, id, j, i)
 		}
 	}
 	return nil
 }
+
+// smallIDs is the longest id list checked for duplicates by a scan.
+const smallIDs = 32
 
 // build lists the copies: whole blocks when both layouts are fully
 // contiguous and every layer moves, otherwise one copy per (block, layer,

@@ -1,9 +1,10 @@
 package transfer
 
 import (
+	"context"
 	"fmt"
 	"slices"
-	"sync"
+	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
@@ -42,42 +43,74 @@ func describe(e *entry) Descriptor {
 	}
 }
 
-func (d Descriptor) equal(o Descriptor) bool {
+// Equal reports whether two descriptors name the same layout, shape and
+// memory.
+func (d Descriptor) Equal(o Descriptor) bool {
 	return d.Handle == o.Handle && d.Kind == o.Kind && d.Device == o.Device && d.Config == o.Config &&
 		d.Shape == o.Shape && slices.Equal(d.Bases, o.Bases)
 }
 
-// Attachment is a remote layout made reachable by a Transport.
-type Attachment struct {
-	e     *entry
-	owner *Manager // the exporting manager, which owns the memory
+// RemoteOp is one contiguous copy between a peer's memory (Remote, an
+// address inside one region of the peer's layout) and host memory of this
+// process (Local).
+type RemoteOp struct{ Remote, Local, Size uint64 }
+
+// RemoteMemory moves bytes of a layout that lives in another process. It
+// is what a transport implements for its peers; the transfer manager plans
+// the copies, validates them and reports failures by block.
+type RemoteMemory interface {
+	// Read copies each op's bytes from the peer's layout h into local host
+	// memory. It returns once every byte is in place or with an error; it
+	// gives up when ctx ends.
+	Read(ctx context.Context, h LayoutHandle, ops []RemoteOp) error
+	// Write copies each op's bytes from local host memory into the peer's
+	// layout h.
+	Write(ctx context.Context, h LayoutHandle, ops []RemoteOp) error
 }
 
-// Transport makes other workers' layouts reachable from this manager, so
-// that ExecuteTransfer can read and write them like local ones.
-type Transport interface {
-	// Attach resolves a descriptor exported by another worker.
+// Attachment is a remote layout made reachable by a transport: either the
+// exporting manager itself, when it lives in this process and its memory
+// can be used directly, or a RemoteMemory that reaches another process.
+// Exactly one is set.
+type Attachment struct {
+	Exporter *Manager
+	Memory   RemoteMemory
+}
+
+// Attacher resolves descriptors exported by other workers; transports
+// implement it for their peers.
+type Attacher interface {
 	Attach(d Descriptor) (Attachment, error)
 }
+
+// DefaultRemoteDeadline bounds each remote operation when the manager's
+// Config does not say otherwise.
+const DefaultRemoteDeadline = 30 * time.Second
+
+// RemoteDeadline is how long one remote operation may take before its
+// blocks fail.
+func (m *Manager) RemoteDeadline() time.Duration { return m.cfg.RemoteDeadline }
 
 // Import makes the layouts of another worker usable as transfer sources
 // and destinations under their own handles. Importing a handle again
 // replaces the earlier import.
-func (m *Manager) Import(t Transport, descs []Descriptor) ([]LayoutHandle, error) {
-	if t == nil {
+func (m *Manager) Import(a Attacher, descs []Descriptor) ([]LayoutHandle, error) {
+	if a == nil {
 		return nil, fmt.Errorf("%w: import needs a transport", ErrInvalidArgument)
 	}
-	atts := make([]Attachment, len(descs))
+	entries := make([]*entry, len(descs))
 	for i, d := range descs {
 		if d.Handle.Worker == m.cfg.WorkerID {
 			return nil, fmt.Errorf("%w: layout %v belongs to this worker (%x); only remote layouts are imported",
 				ErrInvalidArgument, d.Handle, m.cfg.WorkerID)
 		}
-		a, err := t.Attach(d)
+		att, err := a.Attach(d)
 		if err != nil {
 			return nil, fmt.Errorf("import layout %v: %w", d.Handle, err)
 		}
-		atts[i] = a
+		if entries[i], err = attached(d, att); err != nil {
+			return nil, fmt.Errorf("import layout %v: %w", d.Handle, err)
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -85,65 +118,44 @@ func (m *Manager) Import(t Transport, descs []Descriptor) ([]LayoutHandle, error
 		return nil, ErrClosed
 	}
 	handles := make([]LayoutHandle, len(descs))
-	for i, a := range atts {
-		imported := *a.e
-		imported.owned = nil // the exporting worker owns the memory
-		imported.owner = a.owner
-		m.entries[descs[i].Handle] = &imported
+	for i, e := range entries {
+		m.entries[descs[i].Handle] = e
 		handles[i] = descs[i].Handle
 	}
 	return handles, nil
 }
 
-// Loopback is the in-process transport: workers in one process reach each
-// other's memory directly. It stands in for a network data plane in tests
-// and single-process deployments. Transfers on an imported layout hold the
-// exporting manager open: its Close waits for them, and once it is closed
-// they are refused.
-type Loopback struct {
-	mu       sync.RWMutex
-	managers map[uint64]*Manager
-}
-
-// NewLoopback makes an empty loopback transport.
-func NewLoopback() *Loopback { return &Loopback{managers: map[uint64]*Manager{}} }
-
-// Add makes a manager's layouts reachable through the transport.
-func (l *Loopback) Add(m *Manager) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, dup := l.managers[m.WorkerID()]; dup {
-		return fmt.Errorf("%w: loopback: worker %x is already attached", ErrAlreadyExists, m.WorkerID())
+// attached makes the entry of an imported layout.
+func attached(d Descriptor, a Attachment) (*entry, error) {
+	switch {
+	case (a.Exporter == nil) == (a.Memory == nil):
+		return nil, fmt.Errorf("%w: a transport attachment names exactly one of an exporter and a remote memory", ErrInvalidArgument)
+	case a.Exporter != nil:
+		e, err := a.Exporter.lookup(d.Handle)
+		if err != nil {
+			return nil, err
+		}
+		if !describe(e).Equal(d) {
+			return nil, fmt.Errorf("%w: descriptor of %v does not match the exporting worker's layout", ErrInvalidArgument, d.Handle)
+		}
+		imported := *e
+		imported.owned = nil // the exporting worker owns the memory
+		imported.owner = a.Exporter
+		return &imported, nil
 	}
-	l.managers[m.WorkerID()] = m
-	return nil
-}
-
-// Remove detaches a manager.
-func (l *Loopback) Remove(m *Manager) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.managers[m.WorkerID()] == m {
-		delete(l.managers, m.WorkerID())
-	}
-}
-
-// Attach finds the exporting manager's layout and checks that the
-// descriptor still matches it.
-func (l *Loopback) Attach(d Descriptor) (Attachment, error) {
-	l.mu.RLock()
-	m, ok := l.managers[d.Handle.Worker]
-	l.mu.RUnlock()
-	if !ok {
-		return Attachment{}, fmt.Errorf("%w: loopback: no worker %x attached", ErrNotFound, d.Handle.Worker)
-	}
-	e, err := m.lookup(d.Handle)
+	l, err := layout.New(d.Config, d.Shape.Kind, d.Shape.BlockDim, d.Bases)
 	if err != nil {
-		return Attachment{}, fmt.Errorf("loopback: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
-	if !describe(e).equal(d) {
-		return Attachment{}, fmt.Errorf("%w: loopback: descriptor of %v does not match the exporting worker's layout",
-			ErrInvalidArgument, d.Handle)
+	return &entry{handle: d.Handle, layout: l, kind: d.Kind, device: d.Device, remote: a.Memory}, nil
+}
+
+// Hold marks work on this manager's memory in flight, for a transport
+// that serves it to peers: Close waits until release is called, and once
+// the manager is closed Hold fails.
+func (m *Manager) Hold() (release func(), err error) {
+	if err := m.begin(); err != nil {
+		return nil, err
 	}
-	return Attachment{e: e, owner: m}, nil
+	return m.inflight.Done, nil
 }

@@ -19,12 +19,34 @@ const (
 	diskWrite
 	// diskRead: pread into host memory, with checksums verified.
 	diskRead
-	// twoHop: through a pinned bounce buffer (disk↔device, disk↔disk).
+	// twoHop: through a pinned bounce buffer (disk↔device, disk↔disk, and
+	// another process's memory ↔ device or disk).
 	twoHop
+	// remoteRead: a peer's memory into host memory, through its transport.
+	remoteRead
+	// remoteWrite: host memory into a peer's memory.
+	remoteWrite
 )
 
 func (s strategy) String() string {
-	return [...]string{"?", "host memcpy", "device copy", "disk write", "disk read", "two hops via bounce"}[s]
+	return [...]string{"?", "host memcpy", "device copy", "disk write", "disk read", "two hops via bounce", "remote read", "remote write"}[s]
+}
+
+// strategyOf is the strategy between two layouts: through the transport
+// where one lives in another process, otherwise by their storage kinds.
+func strategyOf(src, dst *entry) (strategy, cuda.CopyKind, error) {
+	switch {
+	case src.remote != nil && dst.remote != nil:
+		return 0, 0, fmt.Errorf("%w: %v -> %v: both layouts live in other processes; move blocks between a peer and this worker",
+			ErrUnsupported, src.handle, dst.handle)
+	case src.remote != nil && dst.kind.IsHost():
+		return remoteRead, 0, nil
+	case dst.remote != nil && src.kind.IsHost():
+		return remoteWrite, 0, nil
+	case src.remote != nil || dst.remote != nil:
+		return twoHop, 0, nil
+	}
+	return strategyFor(src.kind, dst.kind)
 }
 
 // strategyFor is the strategy table: one entry per (source, destination)

@@ -12,10 +12,12 @@ import (
 )
 
 // Metadata is what a worker exports so that peers can address its layouts:
-// the worker's id and one descriptor per registered tier.
+// the worker's id, one descriptor per registered tier, and the endpoints
+// of the transports that serve them.
 type Metadata struct {
-	WorkerID uint64
-	Layouts  []LogicalDescriptor
+	WorkerID  uint64
+	Layouts   []LogicalDescriptor
+	Endpoints []Endpoint
 }
 
 // LogicalDescriptor is a layout descriptor with the tier it serves as.
@@ -30,10 +32,15 @@ type LogicalDescriptor struct {
 //	count × { tier u8 | storage kind u8 | layout kind u8 | block dim u8 |
 //	          device i32 | handle worker u64 | handle layout u16 |
 //	          config 7 × u64 | region count u16 | bases region count × u64 }
+//	endpoint count u8
+//	endpoint count × { name length u8 | name | address length u16 | address }
 //	crc32c u32 of everything before it
+//
+// Version 2 added the endpoints; both sides must speak the same version.
 const (
 	metadataMagic   = "KVBM"
-	metadataVersion = 1
+	metadataVersion = 2
+	maxEndpoints    = 16
 	headerLen       = 4 + 2 + 2 + 8
 	fixedLayoutLen  = 4 + 4 + 8 + 2 + 7*8 + 2
 	maxRegions      = 1 << 12
@@ -71,6 +78,20 @@ func (md Metadata) Encode() ([]byte, error) {
 			b = binary.LittleEndian.AppendUint64(b, base)
 		}
 	}
+	if len(md.Endpoints) > maxEndpoints {
+		return nil, fmt.Errorf("encode metadata: %d endpoints, at most %d", len(md.Endpoints), maxEndpoints)
+	}
+	b = append(b, byte(len(md.Endpoints)))
+	for _, ep := range md.Endpoints {
+		if len(ep.Transport) == 0 || len(ep.Transport) > 0xFF || len(ep.Address) > 0xFFFF {
+			return nil, fmt.Errorf("encode metadata: endpoint %q: name of 1 to 255 bytes and address of at most 65535 bytes",
+				ep.Transport)
+		}
+		b = append(b, byte(len(ep.Transport)))
+		b = append(b, ep.Transport...)
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(ep.Address)))
+		b = append(b, ep.Address...)
+	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
 
@@ -87,7 +108,8 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 		return bad("magic %q, want %q", b[:4], metadataMagic)
 	}
 	if v := binary.LittleEndian.Uint16(b[4:]); v != metadataVersion {
-		return bad("version %d, this library reads version %d", v, metadataVersion)
+		return bad("version %d, this library reads version %d (both instances must run kvbm with the same metadata version)",
+			v, metadataVersion)
 	}
 	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
 	if got := crc32.Checksum(body, castagnoli); got != sum {
@@ -136,8 +158,35 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 		}
 		md.Layouts = append(md.Layouts, l)
 	}
+	if len(r) < 1 {
+		return bad("truncated before the endpoint count")
+	}
+	ne := int(r[0])
+	r = r[1:]
+	if ne > maxEndpoints {
+		return bad("%d endpoints, at most %d", ne, maxEndpoints)
+	}
+	for i := range ne {
+		if len(r) < 1 || len(r) < 1+int(r[0])+2 {
+			return bad("endpoint %d: truncated", i)
+		}
+		n := int(r[0])
+		if n == 0 {
+			return bad("endpoint %d: empty transport name", i)
+		}
+		ep := Endpoint{Transport: string(r[1 : 1+n])}
+		r = r[1+n:]
+		a := int(binary.LittleEndian.Uint16(r))
+		r = r[2:]
+		if len(r) < a {
+			return bad("endpoint %d (%s): address of %d bytes, %d left", i, ep.Transport, a, len(r))
+		}
+		ep.Address = append([]byte(nil), r[:a]...)
+		r = r[a:]
+		md.Endpoints = append(md.Endpoints, ep)
+	}
 	if len(r) != 0 {
-		return bad("%d bytes after the last layout", len(r))
+		return bad("%d bytes after the last endpoint", len(r))
 	}
 	return md, nil
 }

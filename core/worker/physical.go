@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
@@ -24,27 +25,33 @@ type PhysicalConfig struct {
 	Rank int
 	// Objects is the G4 store, or nil.
 	Objects object.Store
-	// Transport reaches other workers' layouts (nil: none).
-	Transport transfer.Transport
+	// Loopback, when set, serves the worker's layouts to workers of this
+	// process and reaches theirs directly.
+	Loopback *remote.Loopback
+	// Network, when set, serves the worker's layouts to other processes
+	// and reaches theirs (TCP or UCX). The worker closes it.
+	Network remote.Transport
 }
 
 // PhysicalWorker executes transfers with its own transfer manager. Safe
 // for concurrent use.
 type PhysicalWorker struct {
-	m         *transfer.Manager
-	rank      int
-	objects   object.Store
-	transport transfer.Transport
+	m        *transfer.Manager
+	rank     int
+	objects  object.Store
+	loopback *remote.Loopback
+	network  remote.Transport
 
 	mu      sync.RWMutex
 	handles Handles
 	// remote maps (instance, tier) to the instance's handle, from
 	// ConnectRemote.
 	remote map[remoteTier]transfer.LayoutHandle
+	// peers are the network connections made by imports, by worker id.
+	peers map[uint64]remote.Peer
 
-	// owned is set by NewStandalone: Close closes m and leaves loopback.
-	owned    bool
-	loopback *transfer.Loopback
+	// owned is set by NewStandalone: Close closes m.
+	owned bool
 }
 
 type remoteTier struct {
@@ -59,12 +66,15 @@ func NewPhysical(cfg PhysicalConfig) (*PhysicalWorker, error) {
 	if cfg.Manager == nil {
 		return nil, fmt.Errorf("physical worker: a transfer manager is required")
 	}
-	w := &PhysicalWorker{m: cfg.Manager, rank: cfg.Rank, objects: cfg.Objects, transport: cfg.Transport,
-		remote: map[remoteTier]transfer.LayoutHandle{}}
+	w := &PhysicalWorker{m: cfg.Manager, rank: cfg.Rank, objects: cfg.Objects,
+		remote: map[remoteTier]transfer.LayoutHandle{}, peers: map[uint64]remote.Peer{}}
+	if err := w.serve(cfg.Loopback, cfg.Network); err != nil {
+		return nil, err
+	}
 	for _, t := range []Tier{G1, G2, G3} {
 		if h := cfg.Handles.get(t); h != nil {
 			if err := w.SetHandle(t, *h); err != nil {
-				return nil, err
+				return nil, errors.Join(err, w.leave())
 			}
 		}
 	}
@@ -117,6 +127,15 @@ func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptr
 	})
 }
 
+// RegisterG2 registers host memory the engine owns (its host KV pool) as
+// G2, pinning it with the driver: transfers then read and write it in
+// place, with no copy into memory of the worker's own.
+func (w *PhysicalWorker) RegisterG2(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	return w.register(G2, func() (transfer.LayoutHandle, error) {
+		return w.m.RegisterExternal(storage.Pinned, cfg, shape, ptrs)
+	})
+}
+
 // AllocateG2 allocates pinned host memory for G2.
 func (w *PhysicalWorker) AllocateG2(cfg layout.Config, shape transfer.Shape) (transfer.LayoutHandle, error) {
 	return w.register(G2, func() (transfer.LayoutHandle, error) {
@@ -160,7 +179,11 @@ func (w *PhysicalWorker) handle(t Tier, role string) (transfer.LayoutHandle, err
 
 // ExportMetadata encodes every registered tier's layout with its tier.
 func (w *PhysicalWorker) ExportMetadata() ([]byte, error) {
-	md := Metadata{WorkerID: w.m.WorkerID()}
+	eps, err := w.exportEndpoints()
+	if err != nil {
+		return nil, fmt.Errorf("export metadata: %w", err)
+	}
+	md := Metadata{WorkerID: w.m.WorkerID(), Endpoints: eps}
 	hs := w.Handles()
 	for _, t := range []Tier{G1, G2, G3} {
 		if h := hs.get(t); h != nil {
@@ -188,11 +211,11 @@ func (w *PhysicalWorker) importDecoded(md Metadata) ([]transfer.LayoutHandle, er
 	if md.WorkerID == w.m.WorkerID() {
 		return nil, fmt.Errorf("%w: metadata of worker %x is this worker's own", transfer.ErrInvalidArgument, md.WorkerID)
 	}
-	if w.transport == nil {
-		return nil, fmt.Errorf("%w: import metadata: the worker has no transport to reach worker %x",
-			transfer.ErrUnsupported, md.WorkerID)
+	a, err := w.connect(md)
+	if err != nil {
+		return nil, fmt.Errorf("import metadata of worker %x: %w", md.WorkerID, err)
 	}
-	return w.m.Import(w.transport, md.descriptors())
+	return w.m.Import(a, md.descriptors())
 }
 
 // ExecuteLocalTransfer copies blocks between two of this worker's tiers.

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 )
@@ -30,7 +32,13 @@ type StandaloneConfig struct {
 	S3 object.S3Config
 	// Loopback, when set, is joined so that other workers of the process
 	// can import this one's layouts, and used to reach theirs.
-	Loopback *transfer.Loopback
+	Loopback *remote.Loopback
+	// Network, when set, is the transport to other processes; the worker
+	// takes it over and closes it.
+	Network remote.Transport
+	// RemoteDeadline bounds each remote operation (0: the default,
+	// transfer.DefaultRemoteDeadline).
+	RemoteDeadline time.Duration
 }
 
 // NewStandalone makes a worker with its own transfer manager; Close
@@ -39,11 +47,12 @@ func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
 	if err := checkDevice(cfg.Driver, cfg.Device); err != nil {
 		return nil, err
 	}
-	m, err := transfer.NewManager(transfer.Config{WorkerID: cfg.WorkerID, Device: cfg.Device, Driver: cfg.Driver, DiskDir: cfg.DiskDir})
+	m, err := transfer.NewManager(transfer.Config{WorkerID: cfg.WorkerID, Device: cfg.Device, Driver: cfg.Driver, DiskDir: cfg.DiskDir,
+		RemoteDeadline: cfg.RemoteDeadline})
 	if err != nil {
 		return nil, err
 	}
-	pc := PhysicalConfig{Manager: m, Rank: cfg.Rank}
+	pc := PhysicalConfig{Manager: m, Rank: cfg.Rank, Loopback: cfg.Loopback, Network: cfg.Network}
 	if cfg.ObjectDir != "" {
 		store, err := object.Open(object.Location{URL: cfg.ObjectDir, HasRank: true, Rank: cfg.Rank, S3: cfg.S3})
 		if err != nil {
@@ -51,35 +60,23 @@ func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
 		}
 		pc.Objects = store
 	}
-	if cfg.Loopback != nil {
-		pc.Transport = cfg.Loopback
-		if err := cfg.Loopback.Add(m); err != nil {
-			return nil, errors.Join(err, closeStore(pc.Objects), m.Close())
-		}
-	}
 	w, err := NewPhysical(pc)
 	if err != nil {
-		if cfg.Loopback != nil {
-			cfg.Loopback.Remove(m)
-		}
 		return nil, errors.Join(err, closeStore(pc.Objects), m.Close())
 	}
 	w.owned = true
-	w.loopback = cfg.Loopback
 	return w, nil
 }
 
-// Close waits for transfers in flight and releases the manager of a worker
-// made by NewStandalone (a worker over a caller's manager leaves it open).
+// Close stops serving peers, closes the connections to them, and for a
+// worker made by NewStandalone waits for transfers in flight and releases
+// the manager (a worker over a caller's manager leaves it open).
 func (w *PhysicalWorker) Close() error {
+	err := w.leave()
 	if !w.owned {
-		return nil
+		return err
 	}
-	if w.loopback != nil {
-		w.loopback.Remove(w.m)
-	}
-	err := w.m.Close()
-	return errors.Join(err, closeStore(w.objects))
+	return errors.Join(err, w.m.Close(), closeStore(w.objects))
 }
 
 // closeStore closes an object store that holds resources (an S3 store's

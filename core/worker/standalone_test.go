@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
@@ -11,7 +12,7 @@ import (
 
 func TestStandaloneOwnsItsManager(t *testing.T) {
 	drv := newDriver(t)
-	loop := transfer.NewLoopback()
+	loop := remote.NewLoopback()
 	dir := t.TempDir()
 	a, err := NewStandalone(StandaloneConfig{WorkerID: 1, Driver: drv, DiskDir: dir, ObjectDir: dir + "/g4", Rank: 3, Loopback: loop})
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
@@ -37,36 +38,19 @@ type testWorker struct {
 // newWorker makes a worker whose G1 is "engine" device memory registered by
 // pointer (one region per layer, vLLM's block-second shape), with G2, G3
 // and an object store.
-func newWorker(t *testing.T, drv cuda.Driver, id uint64, loop *transfer.Loopback, store object.Store) *testWorker {
+func newWorker(t *testing.T, drv cuda.Driver, id uint64, loop *remote.Loopback, store object.Store) *testWorker {
 	t.Helper()
 	m, err := transfer.NewManager(transfer.Config{WorkerID: id, Driver: drv, DiskDir: t.TempDir()})
 	require.NoError(t, err)
-	if loop != nil {
-		require.NoError(t, loop.Add(m))
-	}
-	w, err := NewPhysical(PhysicalConfig{Manager: m, Objects: store, Transport: loop})
+	w, err := NewPhysical(PhysicalConfig{Manager: m, Objects: store, Loopback: loop})
 	require.NoError(t, err)
-	cfg := testConfig(8)
-	sizes, err := layout.RegionSizes(cfg, lsSecond.Kind, lsSecond.BlockDim)
-	require.NoError(t, err)
-	tw := &testWorker{PhysicalWorker: w}
-	var ptrs []uint64
-	for _, s := range sizes {
-		mem, err := storage.AllocDevice(drv, 0, s) // the engine's cudaMalloc'd tensors
-		require.NoError(t, err)
-		tw.g1mem = append(tw.g1mem, mem)
-		ptrs = append(ptrs, mem.Addr())
-	}
-	_, err = w.RegisterG1(cfg, lsSecond, ptrs)
-	require.NoError(t, err)
+	tw := &testWorker{PhysicalWorker: w, g1mem: registerEngineG1(t, w, drv, 8)}
 	_, err = w.AllocateG2(testConfig(16), transfer.FullyContiguous)
 	require.NoError(t, err)
 	_, err = w.AllocateG3(testConfig(16), transfer.FullyContiguous)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		if loop != nil {
-			loop.Remove(m)
-		}
+		require.NoError(t, w.Close())
 		require.NoError(t, m.Close())
 		for _, mem := range tw.g1mem {
 			require.NoError(t, mem.Close())
@@ -87,6 +71,27 @@ func (w *testWorker) read(t *testing.T, tier Tier, id int) []byte {
 	b := make([]byte, bio.BlockSize())
 	require.NoError(t, bio.ReadBlock(id, b))
 	return b
+}
+
+// registerEngineG1 registers "engine" device memory as G1: one region per
+// layer, vLLM's block-second shape, like cudaMalloc'd tensors. The caller
+// frees the memory after the worker closes.
+func registerEngineG1(t *testing.T, w *PhysicalWorker, drv cuda.Driver, blocks int) []*storage.Memory {
+	t.Helper()
+	cfg := testConfig(blocks)
+	sizes, err := layout.RegionSizes(cfg, lsSecond.Kind, lsSecond.BlockDim)
+	require.NoError(t, err)
+	var mems []*storage.Memory
+	var ptrs []uint64
+	for _, s := range sizes {
+		mem, err := storage.AllocDevice(drv, 0, s)
+		require.NoError(t, err)
+		mems = append(mems, mem)
+		ptrs = append(ptrs, mem.Addr())
+	}
+	_, err = w.RegisterG1(cfg, lsSecond, ptrs)
+	require.NoError(t, err)
+	return mems
 }
 
 // waiter returns a function that checks a transfer started and succeeded,
@@ -207,6 +212,10 @@ func FuzzDecodeMetadata(f *testing.F) {
 	b, err := md.Encode()
 	require.NoError(f, err)
 	f.Add(b)
+	md.Endpoints = []Endpoint{{Transport: "loopback", Address: make([]byte, 16)}, {Transport: "tcp", Address: []byte("\x01\x07\x00\x00\x00\x00\x00\x00\x00127.0.0.1:4000")}}
+	b, err = md.Encode()
+	require.NoError(f, err)
+	f.Add(b)
 	f.Add([]byte("KVBM"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		md, err := DecodeMetadata(data)
@@ -224,7 +233,7 @@ func FuzzDecodeMetadata(f *testing.F) {
 func TestRemoteTransferBetweenWorkers(t *testing.T) {
 	wait := waiter(t)
 	drv := newDriver(t)
-	loop := transfer.NewLoopback()
+	loop := remote.NewLoopback()
 	prefill := newWorker(t, drv, 0xA, loop, nil)
 	decode := newWorker(t, drv, 0xB, loop, nil)
 	size := testConfig(1).BlockSize()
@@ -270,7 +279,7 @@ func TestRemoteTransferBetweenWorkers(t *testing.T) {
 func TestCoordinatedWorker(t *testing.T) {
 	wait := waiter(t)
 	drv := newDriver(t)
-	loop := transfer.NewLoopback()
+	loop := remote.NewLoopback()
 	prefill := newWorker(t, drv, 0xA, loop, nil)
 	decode := newWorker(t, drv, 0xB, loop, nil)
 	size := testConfig(1).BlockSize()

@@ -110,6 +110,8 @@ static void handles(void) {
     bad.page_size = 3;
     EXPECT_STATUS(kvbm_worker_register_g1(w, &bad, (uint64_t[]){4096}, 1, NULL), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_register_g1(w, &c, NULL, 1, NULL), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_register_g2(w, &c, NULL, 1, NULL), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_register_g2(w, &c, (uint64_t[]){4096}, 1, NULL), KVBM_ERR_ALREADY_EXISTS);
 
     uint32_t ids[2] = {0, 1}, far[2] = {0, 99}, dup[2] = {1, 1};
     kvbm_notification_t n;

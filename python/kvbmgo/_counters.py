@@ -16,7 +16,9 @@ class TransferPath(enum.IntEnum):
     D2D = 3         # device -> device
     DISK_WRITE = 4  # host -> disk
     DISK_READ = 5   # disk -> host
-    TWO_HOP = 6     # disk <-> device, disk <-> disk via a bounce buffer
+    TWO_HOP = 6     # disk <-> device, disk <-> disk, a peer <-> device or disk, via a bounce buffer
+    REMOTE_READ = 7   # a peer's memory -> host, over the transport
+    REMOTE_WRITE = 8  # host -> a peer's memory
 
 
 class PathCounters(NamedTuple):

@@ -20,6 +20,7 @@ class Info:
     abi_version: int
     device_backend: str
     device_count: int
+    transport: str  # the network transport new workers get: "ucx", "tcp" or "loopback"
 
 
 def info() -> Info:
@@ -29,7 +30,7 @@ def info() -> Info:
     c = _lib.InfoC()
     c.struct_size = sizeof(c)
     lib.kvbm_info(byref(c))
-    return Info(c.version, c.abi_version, c.device_backend.decode(), c.device_count)
+    return Info(c.version, c.abi_version, c.device_backend.decode(), c.device_count, c.transport.decode())
 
 
 def version() -> Tuple[int, int, int]:

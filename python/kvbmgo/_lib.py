@@ -36,7 +36,8 @@ KVBM_MAX_KEY_LEN = 64
 
 class InfoC(Structure):
     _fields_ = [("struct_size", c_size_t), ("version", c_uint32), ("abi_version", c_uint32),
-                ("device_backend", c_char * 16), ("device_count", c_int32)]
+                ("device_backend", c_char * 16), ("device_count", c_int32),
+                ("transport", c_char * 16)]
 
 
 class LayoutConfigC(Structure):
@@ -51,7 +52,8 @@ class LayoutHandleC(Structure):
 
 class WorkerConfigC(Structure):
     _fields_ = [("struct_size", c_size_t), ("device_id", c_int32), ("rank", c_int32),
-                ("worker_id", c_uint64), ("disk_dir", c_char_p), ("object_dir", c_char_p)]
+                ("worker_id", c_uint64), ("disk_dir", c_char_p), ("object_dir", c_char_p),
+                ("remote_deadline_ms", c_uint32)]
 
 
 class TransferOptionsC(Structure):
@@ -74,7 +76,7 @@ class HandoffActionC(Structure):
 
 ActionArray = HandoffActionC * KVBM_HANDOFF_MAX_ACTIONS
 
-KVBM_PATH_COUNT = 7
+KVBM_PATH_COUNT = 9
 
 
 class PathCountersC(Structure):
@@ -190,6 +192,8 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
     "kvbm_worker_create": (_status, [POINTER(WorkerConfigC), POINTER(c_void_p)], _S),
     "kvbm_worker_destroy": (_status, [_p], _S),
     "kvbm_worker_register_g1": (_status, [_p, POINTER(LayoutConfigC), _p, c_size_t,
+                                          POINTER(LayoutHandleC)], _S),
+    "kvbm_worker_register_g2": (_status, [_p, POINTER(LayoutConfigC), _p, c_size_t,
                                           POINTER(LayoutHandleC)], _S),
     "kvbm_worker_allocate_g2": (_status, [_p, POINTER(LayoutConfigC), POINTER(LayoutHandleC)], _S),
     "kvbm_worker_allocate_g3": (_status, [_p, POINTER(LayoutConfigC), POINTER(LayoutHandleC)], _S),

@@ -118,12 +118,17 @@ class Worker(Handle):
 
     def __init__(self, worker_id: int, *, device_id: int = 0, rank: int = 0,
                  disk_dir: Union[str, "PathLike[str]", None] = None,
-                 object_dir: Union[str, "PathLike[str]", None] = None) -> None:
+                 object_dir: Union[str, "PathLike[str]", None] = None,
+                 remote_deadline: Optional[float] = None) -> None:
         """Creates a worker on device device_id of the active backend.
         worker_id must be unique among the live workers of the process;
         disk_dir enables G3, object_dir the G4 object store: a directory,
         "file:///path" or "s3://bucket/prefix" (credentials from the AWS_*
-        variables; see the README). Raises InvalidArgumentError (a malformed
+        variables; see the README). remote_deadline (seconds; default 30)
+        bounds each operation on another process's memory: a dead, frozen or
+        unreachable peer fails the transfer's blocks within it. The worker
+        serves its layouts to other processes on the transport KVBM_TRANSPORT
+        selects (kvbmgo.info().transport). Raises InvalidArgumentError (a malformed
         location, no S3 credentials), AlreadyExistsError (worker_id in use),
         KvbmIOError (object_dir; an S3 server that refuses or lacks the bucket),
         UnsupportedError / CudaError (device backend), InvalidArgumentError
@@ -136,6 +141,12 @@ class Worker(Handle):
         c.device_id, c.rank, c.worker_id = device_id, int32(rank, "rank"), worker_id
         c.disk_dir = fspath(disk_dir).encode() if disk_dir is not None else None
         c.object_dir = fspath(object_dir).encode() if object_dir is not None else None
+        if remote_deadline is not None:
+            ms = round(remote_deadline * 1000)
+            if not 0 < ms < 2**32:
+                raise InvalidArgumentError(
+                    f"remote_deadline must be > 0 and < {2**32 // 1000} s, got {remote_deadline!r}")
+            c.remote_deadline_ms = ms
         h = c_void_p()
         lib.kvbm_worker_create(byref(c), byref(h))
         self.worker_id = worker_id
@@ -191,25 +202,7 @@ class Worker(Handle):
         a CUDA tensor on another device than device_id), AlreadyExistsError (G1
         registered), CudaError, InvalidArgumentError."""
         h = self.handle
-        if not isinstance(buffers, (list, tuple)):
-            buffers = [buffers]
-        separate = config.layout_kind == LayoutKind.LAYER_SEPARATE
-        want_n = config.num_layers if separate else 1
-        if len(buffers) != want_n:
-            raise ValueError(f"register_g1: {len(buffers)} buffers for a "
-                             f"{'layer_separate' if separate else 'fully_contiguous'} layout "
-                             f"that needs {want_n}")
-        want_bytes = config.layer_bytes if separate else config.total_bytes
-        descs = []
-        for i, b in enumerate(buffers):
-            d = buffer_of(b, f"register_g1 buffer {i}")
-            if d.itemsize != config.dtype_width:
-                raise TypeError(f"register_g1 buffer {i}: element size {d.itemsize} != "
-                                f"dtype_width {config.dtype_width}")
-            if d.nbytes != want_bytes:
-                raise ValueError(f"register_g1 buffer {i}: {d.nbytes} bytes, the layout needs "
-                                 f"{want_bytes}")
-            descs.append(d)
+        descs = self._buffers("register_g1", config, buffers)
         active = backend()
         for i, d in enumerate(descs):
             if d.device is None:
@@ -228,6 +221,53 @@ class Worker(Handle):
         lib.kvbm_worker_register_g1(h, byref(cfg), ptrs, len(descs), byref(out))
         self._g1.extend(d.owner for d in descs)
         return handle_of(out)
+
+    def register_g2(self, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
+                    ) -> LayoutHandle:
+        """Registers host memory the engine owns (its host KV pool: numpy
+        arrays or CPU torch tensors, one per layer for layer_separate, one for
+        fully_contiguous) as G2, pinned by the library: transfers read and
+        write it in place. The worker keeps the buffers alive until it closes.
+
+        Raises TypeError (not a buffer, dtype width != config.dtype_width, a
+        CUDA tensor), ValueError (count or byte size mismatch, not C-contiguous,
+        read-only), AlreadyExistsError (G2 registered or allocated), CudaError
+        (memory already pinned with CUDA), InvalidArgumentError."""
+        descs = self._buffers("register_g2", config, buffers)
+        for i, d in enumerate(descs):
+            if d.device is not None:
+                raise TypeError(f"register_g2 buffer {i}: a CUDA tensor (cuda:{d.device}); "
+                                "G2 is host memory")
+        ptrs = (ctypes.c_uint64 * len(descs))(*(d.address for d in descs))
+        out = _lib.LayoutHandleC()
+        cfg = config.to_c()
+        lib.kvbm_worker_register_g2(self.handle, byref(cfg), ptrs, len(descs), byref(out))
+        self._g1.extend(d.owner for d in descs)  # kept alive as G1 memory is
+        return handle_of(out)
+
+    def _buffers(self, what: str, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
+                 ) -> List[Any]:
+        """The buffer descriptions of a register call, checked against config."""
+        if not isinstance(buffers, (list, tuple)):
+            buffers = [buffers]
+        separate = config.layout_kind == LayoutKind.LAYER_SEPARATE
+        want_n = config.num_layers if separate else 1
+        if len(buffers) != want_n:
+            raise ValueError(f"{what}: {len(buffers)} buffers for a "
+                             f"{'layer_separate' if separate else 'fully_contiguous'} layout "
+                             f"that needs {want_n}")
+        want_bytes = config.layer_bytes if separate else config.total_bytes
+        descs = []
+        for i, b in enumerate(buffers):
+            d = buffer_of(b, f"{what} buffer {i}")
+            if d.itemsize != config.dtype_width:
+                raise TypeError(f"{what} buffer {i}: element size {d.itemsize} != "
+                                f"dtype_width {config.dtype_width}")
+            if d.nbytes != want_bytes:
+                raise ValueError(f"{what} buffer {i}: {d.nbytes} bytes, the layout needs "
+                                 f"{want_bytes}")
+            descs.append(d)
+        return descs
 
     def register_kv_caches(self, kv_caches: Union[Mapping[str, Any], Sequence[Any]], *,
                            page_size: Optional[int] = None,

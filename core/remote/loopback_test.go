@@ -1,10 +1,13 @@
-package transfer
+package remote
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
+	. "github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
 )
@@ -57,4 +60,34 @@ func TestImportedLayoutsHoldTheExporter(t *testing.T) {
 	_, err = importer.ExecuteTransfer(remote, []int{0}, local, []int{0}, Options{})
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorContains(t, err, "the worker that exported it (e) is closed")
+}
+
+func smallConfig(blocks int) layout.Config {
+	return layout.Config{NumBlocks: blocks, NumLayers: 4, OuterDim: 2, PageSize: 4, InnerDim: 64, DtypeWidth: 2}
+}
+
+func TestLoopbackRefusesASecondWorkerWithTheSameIDAndOtherProcesses(t *testing.T) {
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	m1, err := NewManager(Config{WorkerID: 0xA1, Driver: emu})
+	require.NoError(t, err)
+	defer m1.Close()
+	m2, err := NewManager(Config{WorkerID: 0xA1, Driver: emu})
+	require.NoError(t, err)
+	defer m2.Close()
+	loop := NewLoopback()
+	require.NoError(t, loop.Serve(m1))
+	ep, err := loop.Endpoint()
+	require.NoError(t, err)
+	require.True(t, loop.Local(ep))
+	err = loop.Serve(m2)
+	require.ErrorIs(t, err, ErrAlreadyExists)
+
+	other := append([]byte(nil), ep...)
+	other[0] ^= 0xFF // another process's token
+	_, err = loop.Connect(context.Background(), other)
+	require.ErrorIs(t, err, ErrBadEndpoint)
+	require.ErrorContains(t, err, "belongs to another process")
+	_, err = loop.Connect(context.Background(), ep[:5])
+	require.ErrorIs(t, err, ErrBadEndpoint)
 }

@@ -1,0 +1,94 @@
+package remote
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// Opener makes a network transport, or says why it cannot (a library that
+// does not load, say).
+type Opener func() (Transport, error)
+
+var (
+	openersMu sync.Mutex
+	openers   = map[string]Opener{"tcp": func() (Transport, error) { return NewTCP(TCPConfig{}), nil }}
+)
+
+// Register makes a network transport selectable by name; the UCX package
+// registers itself when it is linked in.
+func Register(name string, open Opener) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	openers[name] = open
+}
+
+// Choice is the network transport a name selects: "auto" (UCX when it
+// loads, else TCP), "ucx", "tcp", or "loopback" (none: workers reach only
+// their own process).
+func Choice(name string) (string, error) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	switch name {
+	case "", "auto":
+		if open, ok := openers["ucx"]; ok {
+			if t, err := open(); err == nil {
+				t.Close()
+				return "ucx", nil
+			}
+		}
+		return "tcp", nil
+	case "loopback":
+		return "loopback", nil
+	}
+	if _, ok := openers[name]; !ok {
+		names := []string{"auto", "loopback"}
+		for n := range openers {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return "", fmt.Errorf("%w: transport %q is not one of %v", transfer.ErrInvalidArgument, name, names)
+	}
+	return name, nil
+}
+
+// Open makes the network transport name selects (nil for "loopback").
+func Open(name string) (Transport, error) {
+	choice, err := Choice(name)
+	if err != nil || choice == "loopback" {
+		return nil, err
+	}
+	openersMu.Lock()
+	open := openers[choice]
+	openersMu.Unlock()
+	t, err := open()
+	if err != nil {
+		return nil, fmt.Errorf("transport %s: %w", choice, err)
+	}
+	return t, nil
+}
+
+// FromEnv is Open(KVBM_TRANSPORT).
+func FromEnv() (Transport, error) { return Open(os.Getenv("KVBM_TRANSPORT")) }
+
+// EnvChoice is Choice(KVBM_TRANSPORT).
+func EnvChoice() (string, error) { return Choice(os.Getenv("KVBM_TRANSPORT")) }
+
+// Status says, for each network transport linked in, why it cannot open
+// (nil when it can): what the info command reports.
+func Status() map[string]error {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	out := make(map[string]error, len(openers))
+	for name, open := range openers {
+		t, err := open()
+		if err == nil {
+			t.Close()
+		}
+		out[name] = err
+	}
+	return out
+}

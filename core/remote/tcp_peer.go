@@ -1,0 +1,286 @@
+package remote
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// tcpPeer is a connected TCP peer: a pool of up to Conns connections, each
+// carrying one request at a time. Once an operation fails for a reason
+// other than the server's refusal — the peer died, froze, or the network
+// failed — the peer is broken: every connection closes and later calls
+// fail at once, until the worker connects again.
+type tcpPeer struct {
+	t      *TCP
+	worker uint64
+	addr   string
+	slots  chan struct{} // one token per connection that may be open
+	idle   chan *tcpConn
+
+	mu     sync.Mutex
+	broken error
+	open   map[*tcpConn]struct{}
+}
+
+type tcpConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func newTCPPeer(t *TCP, worker uint64, addr string) *tcpPeer {
+	return &tcpPeer{t: t, worker: worker, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
+		idle: make(chan *tcpConn, t.cfg.Conns), open: map[*tcpConn]struct{}{}}
+}
+
+// Attach accepts the descriptors of the peer's own layouts.
+func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
+	if d.Handle.Worker != p.worker {
+		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
+			transfer.ErrInvalidArgument, d.Handle, p.worker)
+	}
+	return transfer.Attachment{Memory: p}, nil
+}
+
+// Read copies the peer's bytes into local host memory.
+func (p *tcpPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
+	return p.each(ctx, h, ops, opRead)
+}
+
+// Write copies local host memory into the peer's layout.
+func (p *tcpPeer) Write(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
+	return p.each(ctx, h, ops, opWrite)
+}
+
+// each sends ops in requests of at most maxOps.
+func (p *tcpPeer) each(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, op wireOp) error {
+	for len(ops) > 0 {
+		n := min(len(ops), maxOps)
+		if err := p.do(ctx, h, ops[:n], op); err != nil {
+			return err
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
+
+func (p *tcpPeer) do(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, op wireOp) error {
+	c, err := p.get(ctx)
+	if err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok {
+		c.c.SetDeadline(d)
+	} else {
+		c.c.SetDeadline(time.Time{})
+	}
+	stop := context.AfterFunc(ctx, func() { c.c.SetDeadline(time.Unix(1, 0)) })
+	err = p.exchange(c, h, ops, op)
+	if !stop() && err == nil {
+		p.drop(c) // done, but the deadline may be about to hit the connection
+		return nil
+	}
+	if err != nil {
+		var se *serverError
+		if errors.As(err, &se) {
+			p.put(c) // refused or failed there; the stream is in step
+			return fmt.Errorf("peer %x: %w", p.worker, err)
+		}
+		return p.fail(c, ctx, err)
+	}
+	p.put(c)
+	return nil
+}
+
+// exchange sends one request and takes its reply.
+func (p *tcpPeer) exchange(c *tcpConn, h transfer.LayoutHandle, ops []transfer.RemoteOp, op wireOp) error {
+	head := appendRequest(make([]byte, 0, reqHeadLen+opLen*len(ops)), op, h, ops)
+	if op == opRead {
+		if _, err := c.c.Write(head); err != nil {
+			return err
+		}
+		if err := readStatus(c.r); err != nil {
+			return err
+		}
+		for _, o := range ops {
+			if _, err := io.ReadFull(c.r, storage.HostBytes(o.Local, o.Size)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	bufs := make(net.Buffers, 0, 1+len(ops))
+	bufs = append(bufs, head)
+	for _, o := range ops {
+		bufs = append(bufs, storage.HostBytes(o.Local, o.Size))
+	}
+	if _, err := bufs.WriteTo(c.c); err != nil {
+		return err
+	}
+	return readStatus(c.r)
+}
+
+// fail closes a connection after a transport error and breaks the peer.
+func (p *tcpPeer) fail(c *tcpConn, ctx context.Context, cause error) error {
+	var err error
+	var ne net.Error
+	switch {
+	case ctx.Err() == context.DeadlineExceeded || (errors.As(cause, &ne) && ne.Timeout()):
+		err = fmt.Errorf("%w: %w: peer %x at %s did not answer within the deadline", ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+	case errors.Is(cause, io.EOF) || errors.Is(cause, io.ErrUnexpectedEOF):
+		err = fmt.Errorf("%w: peer %x at %s closed the connection mid-operation (it exited, or refused the stream)",
+			ErrPeerUnavailable, p.worker, p.addr)
+	default:
+		err = fmt.Errorf("%w: peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, cause)
+	}
+	p.mu.Lock()
+	if p.broken == nil {
+		p.broken = err
+	}
+	p.mu.Unlock()
+	p.drop(c)
+	p.closeIdle()
+	return err
+}
+
+// get returns an idle connection, or dials one while fewer than Conns are
+// open, or waits for one.
+func (p *tcpPeer) get(ctx context.Context) (*tcpConn, error) {
+	for {
+		if err := p.brokenErr(); err != nil {
+			return nil, err
+		}
+		select {
+		case c := <-p.idle:
+			return c, nil
+		default:
+		}
+		select {
+		case c := <-p.idle:
+			return c, nil
+		case p.slots <- struct{}{}:
+			c, err := p.dialConn(ctx)
+			if err != nil {
+				<-p.slots
+				return nil, err
+			}
+			return c, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w: no connection to peer %x at %s within the deadline",
+				ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+		}
+	}
+}
+
+// dial opens the first connection (Connect holds its slot).
+func (p *tcpPeer) dial(ctx context.Context) (*tcpConn, error) {
+	p.slots <- struct{}{}
+	c, err := p.dialConn(ctx)
+	if err != nil {
+		<-p.slots
+	}
+	return c, err
+}
+
+// dialConn connects and exchanges hellos.
+func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, err)
+	}
+	setBuffers(nc)
+	if dl, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	// Small: reads of the bytes themselves, larger than it, bypass it.
+	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
+	hello := make([]byte, helloLen)
+	_, err = nc.Write(appendHello(nil, p.worker))
+	if err == nil {
+		_, err = io.ReadFull(c.r, hello)
+	}
+	if err == nil {
+		_, err = parseHello(hello)
+	}
+	if err == nil {
+		err = readStatus(c.r)
+	}
+	if err != nil {
+		nc.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, fmt.Errorf("%w: %w: peer %x at %s accepted but did not answer the hello within the deadline",
+				ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+		}
+		return nil, fmt.Errorf("%w: hello to peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, err)
+	}
+	p.mu.Lock()
+	p.open[c] = struct{}{}
+	p.mu.Unlock()
+	return c, nil
+}
+
+func (p *tcpPeer) put(c *tcpConn) {
+	if p.brokenErr() != nil {
+		p.drop(c)
+		return
+	}
+	p.idle <- c // never blocks: at most Conns connections exist
+}
+
+// drop closes a connection and frees its slot.
+func (p *tcpPeer) drop(c *tcpConn) {
+	p.mu.Lock()
+	_, ok := p.open[c]
+	delete(p.open, c)
+	p.mu.Unlock()
+	c.c.Close()
+	if ok {
+		<-p.slots
+	}
+}
+
+func (p *tcpPeer) closeIdle() {
+	for {
+		select {
+		case c := <-p.idle:
+			p.drop(c)
+		default:
+			return
+		}
+	}
+}
+
+func (p *tcpPeer) brokenErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.broken
+}
+
+// Close breaks the peer: operations in flight fail, later ones are refused.
+func (p *tcpPeer) Close() error {
+	p.mu.Lock()
+	if p.broken == nil {
+		p.broken = fmt.Errorf("%w: the connection to peer %x at %s was closed", ErrPeerUnavailable, p.worker, p.addr)
+	}
+	open := make([]*tcpConn, 0, len(p.open))
+	for c := range p.open {
+		open = append(open, c)
+	}
+	p.mu.Unlock()
+	for _, c := range open {
+		c.c.Close() // in-flight operations fail; their owners drop them
+	}
+	p.closeIdle()
+	p.t.forget(p)
+	return nil
+}

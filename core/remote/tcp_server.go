@@ -1,0 +1,129 @@
+package remote
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+func (t *TCP) accept() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.conns[c] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go t.serveConn(c)
+	}
+}
+
+// serveConn answers one peer connection's requests until it closes. While
+// a request is in progress the connection has the manager's remote
+// deadline, so that a frozen peer cannot hold the manager open for ever;
+// between requests it waits without one.
+func (t *TCP) serveConn(c net.Conn) {
+	defer t.wg.Done()
+	defer func() {
+		c.Close()
+		t.mu.Lock()
+		delete(t.conns, c)
+		t.mu.Unlock()
+	}()
+	setBuffers(c)
+	deadline := t.m.RemoteDeadline()
+	// Small: reads of the bytes themselves, larger than it, bypass it.
+	r := bufio.NewReaderSize(c, 4<<10)
+	hello := make([]byte, helloLen)
+	c.SetDeadline(time.Now().Add(deadline))
+	if _, err := io.ReadFull(r, hello); err != nil {
+		return
+	}
+	want, err := parseHello(hello)
+	reply := appendHello(nil, t.m.WorkerID())
+	switch {
+	case err != nil:
+		reply = appendStatus(reply, statusInvalid, err.Error())
+	case want != t.m.WorkerID():
+		reply = appendStatus(reply, statusNotFound, "this server is worker "+hexID(t.m.WorkerID())+", not "+hexID(want)+
+			": the peer's metadata is stale; import the current metadata")
+	default:
+		reply = appendStatus(reply, statusOK, "")
+	}
+	if _, err := c.Write(reply); err != nil || reply[helloLen] != statusOK {
+		return
+	}
+	var buf []byte
+	for {
+		c.SetDeadline(time.Time{})
+		var q request
+		q, buf, err = readRequest(r, buf)
+		if err != nil {
+			return // closed, or a malformed request: the connection cannot be trusted further
+		}
+		c.SetDeadline(time.Now().Add(deadline))
+		if err := t.answer(c, r, q); err != nil {
+			return
+		}
+	}
+}
+
+// answer serves one request; an error means the connection must close.
+func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
+	var refused error
+	for _, o := range q.ops {
+		if refused = t.m.CheckServe(q.handle, o.Remote, o.Size); refused != nil {
+			break
+		}
+	}
+	if refused != nil {
+		if q.op == opWrite {
+			if _, err := io.CopyN(io.Discard, r, int64(q.bytes)); err != nil {
+				return err
+			}
+		}
+		_, err := c.Write(appendStatus(nil, statusOf(refused), refused.Error()))
+		return err
+	}
+	if q.op == opRead {
+		ok := net.Buffers{appendStatus(nil, statusOK, "")}
+		return t.m.Serve(q.handle, q.ops, false, func(pieces [][]byte) error {
+			bufs := append(ok, pieces...)
+			ok = nil // the status goes once, before the first piece
+			_, err := bufs.WriteTo(c)
+			return err // on an error the peer sees the connection close mid-reply
+		})
+	}
+	if err := t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
+		for _, p := range pieces {
+			if _, err := io.ReadFull(r, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return err // the stream is out of step: close; the peer sees the write fail
+	}
+	_, err := c.Write(appendStatus(nil, statusOK, ""))
+	return err
+}
+
+// setBuffers asks for socket buffers large enough to keep a fast link busy.
+func setBuffers(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetReadBuffer(4 << 20)
+		tc.SetWriteBuffer(4 << 20)
+	}
+}
+
+func hexID(id uint64) string { return fmt.Sprintf("%#x", id) }

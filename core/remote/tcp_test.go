@@ -1,0 +1,266 @@
+package remote
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
+	. "github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
+	"github.com/stretchr/testify/require"
+)
+
+// tcpPair is an exporter and an importer, each with its own TCP transport
+// on the loopback interface, in one process: the wire protocol, the server
+// and the peer are the same as between processes.
+type tcpPair struct {
+	emu            *cuda.Emulated
+	exp, imp       *Manager
+	expTCP, impTCP *TCP
+	peer           Peer
+	cfg            layout.Config
+	remote         map[string]LayoutHandle // exporter's layouts by name
+	local          map[string]LayoutHandle
+}
+
+func newTCPPair(t *testing.T, deadline time.Duration) *tcpPair {
+	t.Helper()
+	p := &tcpPair{emu: cuda.NewEmulated(1), cfg: smallConfig(8),
+		remote: map[string]LayoutHandle{}, local: map[string]LayoutHandle{}}
+	var err error
+	p.exp, err = NewManager(Config{WorkerID: 0xE1, Driver: p.emu, RemoteDeadline: deadline})
+	require.NoError(t, err)
+	p.imp, err = NewManager(Config{WorkerID: 0x11, Driver: p.emu, RemoteDeadline: deadline})
+	require.NoError(t, err)
+	p.expTCP = NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
+	p.impTCP = NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
+	require.NoError(t, p.expTCP.Serve(p.exp))
+	require.NoError(t, p.impTCP.Serve(p.imp))
+	t.Cleanup(func() {
+		require.NoError(t, p.impTCP.Close())
+		require.NoError(t, p.expTCP.Close())
+		require.NoError(t, p.imp.Close())
+		require.NoError(t, p.exp.Close())
+		require.NoError(t, p.emu.Close())
+	})
+	for name, s := range map[string]struct {
+		kind  storage.Kind
+		shape Shape
+	}{"g2": {storage.Pinned, FullyContiguous}, "g1": {storage.Device, Shape{Kind: layout.LayerSeparate, BlockDim: layout.BlockIsSecondDim}}} {
+		p.remote[name], err = p.exp.AllocateLayout(s.kind, p.cfg, s.shape)
+		require.NoError(t, err)
+		p.local[name], err = p.imp.AllocateLayout(s.kind, p.cfg, s.shape)
+		require.NoError(t, err)
+	}
+	ep, err := p.expTCP.Endpoint()
+	require.NoError(t, err)
+	p.peer, err = p.impTCP.Connect(context.Background(), ep)
+	require.NoError(t, err)
+	for _, h := range p.remote {
+		d, err := p.exp.Describe(h)
+		require.NoError(t, err)
+		_, err = p.imp.Import(p.peer, []Descriptor{d})
+		require.NoError(t, err)
+	}
+	return p
+}
+
+// fill writes a distinct pattern into every block of a layout.
+func fill(t *testing.T, m *Manager, h LayoutHandle, seed byte) {
+	t.Helper()
+	bio, err := m.BlockIO(h)
+	require.NoError(t, err)
+	for id := range bio.NumBlocks() {
+		require.NoError(t, bio.WriteBlock(id, pattern(bio.BlockSize(), seed, id)))
+	}
+}
+
+func pattern(size int, seed byte, id int) []byte {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(i*7) ^ seed ^ byte(id*31)
+	}
+	return b
+}
+
+func block(t *testing.T, m *Manager, h LayoutHandle, id int) []byte {
+	t.Helper()
+	bio, err := m.BlockIO(h)
+	require.NoError(t, err)
+	b := make([]byte, bio.BlockSize())
+	require.NoError(t, bio.ReadBlock(id, b))
+	return b
+}
+
+// Pull and push between every pair of host and device layouts, fragments
+// included (the device layouts are layer-separate, block-second), every
+// byte checked, and blocks not named left alone.
+func TestTCPMovesEveryByteBothWays(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second)
+	for _, src := range []string{"g2", "g1"} {
+		for _, dst := range []string{"g2", "g1"} {
+			t.Run(src+"->"+dst, func(t *testing.T) {
+				fill(t, p.exp, p.remote[src], 0x5A)
+				fill(t, p.imp, p.local[dst], 0x00)
+				n, err := p.imp.ExecuteTransfer(p.remote[src], []int{1, 6, 3}, p.local[dst], []int{0, 2, 7}, Options{})
+				require.NoError(t, err)
+				require.NoError(t, n.WaitTimeout(-1))
+				for i, pair := range [][2]int{{1, 0}, {6, 2}, {3, 7}} {
+					require.Equal(t, pattern(p.cfg.BlockSize(), 0x5A, pair[0]), block(t, p.imp, p.local[dst], pair[1]), "pulled block %d", i)
+				}
+				for _, guard := range []int{1, 3, 4, 5, 6} {
+					require.Equal(t, pattern(p.cfg.BlockSize(), 0, guard), block(t, p.imp, p.local[dst], guard), "guard %d", guard)
+				}
+
+				// Push back the other way: local src-kind blocks into the remote dst-kind layout.
+				fill(t, p.imp, p.local[src], 0xC3)
+				fill(t, p.exp, p.remote[dst], 0x00)
+				n, err = p.imp.ExecuteTransfer(p.local[src], []int{5, 0}, p.remote[dst], []int{4, 2}, Options{})
+				require.NoError(t, err)
+				require.NoError(t, n.WaitTimeout(-1))
+				require.Equal(t, pattern(p.cfg.BlockSize(), 0xC3, 5), block(t, p.exp, p.remote[dst], 4))
+				require.Equal(t, pattern(p.cfg.BlockSize(), 0xC3, 0), block(t, p.exp, p.remote[dst], 2))
+				for _, guard := range []int{0, 1, 3, 5, 6, 7} {
+					require.Equal(t, pattern(p.cfg.BlockSize(), 0, guard), block(t, p.exp, p.remote[dst], guard), "guard %d", guard)
+				}
+			})
+		}
+	}
+	c := p.imp.Counters()
+	require.NotZero(t, c[PathRemoteRead].Transfers)
+	require.NotZero(t, c[PathRemoteWrite].Transfers)
+	require.NotZero(t, c[PathTwoHop].Transfers, "device destinations go through a pinned bounce")
+}
+
+// A request the server refuses names the reason and leaves the connection
+// usable; the peer is not broken by it.
+func TestTCPServerRefusalKeepsThePeer(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second)
+	buf, err := storage.AllocSystem(64)
+	require.NoError(t, err)
+	defer buf.Close()
+	d, err := p.exp.Describe(p.remote["g2"])
+	require.NoError(t, err)
+	mem, err := p.peer.Attach(d)
+	require.NoError(t, err)
+	err = mem.Memory.Read(context.Background(), p.remote["g2"], []RemoteOp{{Remote: 0x10, Local: buf.Addr(), Size: 64}})
+	require.ErrorIs(t, err, ErrOutOfRange)
+	require.ErrorContains(t, err, "not inside one region")
+	err = mem.Memory.Read(context.Background(), LayoutHandle{Worker: 0xE1, Layout: 999}, []RemoteOp{{Remote: d.Bases[0], Local: buf.Addr(), Size: 64}})
+	require.ErrorIs(t, err, ErrNotFound)
+	err = mem.Memory.Write(context.Background(), p.remote["g2"], []RemoteOp{{Remote: d.Bases[0] - 1, Local: buf.Addr(), Size: 64}})
+	require.ErrorIs(t, err, ErrOutOfRange)
+	require.NotErrorIs(t, err, ErrPeerUnavailable)
+
+	fill(t, p.exp, p.remote["g2"], 0x77)
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{2}, Options{})
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(-1))
+	require.Equal(t, pattern(p.cfg.BlockSize(), 0x77, 2), block(t, p.imp, p.local["g2"], 2))
+
+	_, err = p.peer.Attach(Descriptor{Handle: LayoutHandle{Worker: 0x99, Layout: 1}})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+// A closed exporter fails the importer's transfers with the blocks named,
+// later ones at once, and a reconnect to a new server works.
+func TestTCPPeerGoneFailsBlocksAndReconnects(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second)
+	require.NoError(t, p.expTCP.Close())
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{0, 1}, p.local["g2"], []int{4, 5}, Options{})
+	require.NoError(t, err)
+	err = n.WaitTimeout(-1)
+	require.ErrorIs(t, err, ErrPeerUnavailable)
+	var te *Error
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, []int{4, 5}, te.FailedBlocks)
+	start := time.Now()
+	n, err = p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{6}, Options{})
+	require.NoError(t, err)
+	require.ErrorIs(t, n.WaitTimeout(-1), ErrPeerUnavailable)
+	require.Less(t, time.Since(start), time.Second, "a broken peer fails at once")
+
+	// The exporter serves again on a new transport; importing again reconnects.
+	again := NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
+	defer again.Close()
+	require.NoError(t, again.Serve(p.exp))
+	ep, err := again.Endpoint()
+	require.NoError(t, err)
+	peer, err := p.impTCP.Connect(context.Background(), ep)
+	require.NoError(t, err)
+	d, err := p.exp.Describe(p.remote["g2"])
+	require.NoError(t, err)
+	_, err = p.imp.Import(peer, []Descriptor{d})
+	require.NoError(t, err)
+	fill(t, p.exp, p.remote["g2"], 0x42)
+	n, err = p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{6}, Options{})
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(-1))
+	require.Equal(t, pattern(p.cfg.BlockSize(), 0x42, 2), block(t, p.imp, p.local["g2"], 6))
+}
+
+// A server that accepts and then says nothing — a frozen process — fails
+// the connect within the deadline.
+func TestTCPSilentPeerFailsWithinTheDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}
+	}()
+	ep := append([]byte{wireVersion, 0xE1, 0, 0, 0, 0, 0, 0, 0}, ln.Addr().String()...)
+	tr := NewTCP(TCPConfig{})
+	defer tr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = tr.Connect(ctx, ep)
+	require.ErrorIs(t, err, ErrPeerUnavailable)
+	require.ErrorIs(t, err, ErrTimeout)
+	require.Less(t, time.Since(start), 2*time.Second)
+	ln.Close()
+	for c := range accepted {
+		c.Close()
+	}
+}
+
+func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
+	tr := NewTCP(TCPConfig{})
+	defer tr.Close()
+	for _, ep := range [][]byte{nil, {9}, append([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0}, "127.0.0.1:1"...), append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "nohostport"...)} {
+		_, err := tr.Connect(context.Background(), ep)
+		require.ErrorIs(t, err, ErrBadEndpoint, "%q", ep)
+	}
+	_, err := parseHello([]byte("KVBX\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"))
+	require.ErrorContains(t, err, "not a kvbm TCP transport")
+	_, err = parseHello(appendHello(nil, 1)[:5])
+	require.ErrorIs(t, err, ErrBadEndpoint)
+
+	// A stale endpoint: the server is another worker now.
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	m, err := NewManager(Config{WorkerID: 0xAB, Driver: emu})
+	require.NoError(t, err)
+	defer m.Close()
+	srv := NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
+	defer srv.Close()
+	require.NoError(t, srv.Serve(m))
+	ep, err := srv.Endpoint()
+	require.NoError(t, err)
+	stale := append([]byte(nil), ep...)
+	stale[1] = 0xAC
+	_, err = tr.Connect(context.Background(), stale)
+	require.ErrorIs(t, err, ErrPeerUnavailable)
+	require.ErrorContains(t, err, "stale")
+}

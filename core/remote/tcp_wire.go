@@ -1,0 +1,196 @@
+package remote
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// The TCP transport's wire format, little endian. A connection starts with
+// a hello each way, then carries one request at a time:
+//
+//	hello:    magic "KVBT" | version u16 | worker u64
+//	welcome:  magic "KVBT" | version u16 | worker u64 | status u8 | message length u16 | message
+//	request:  op u8 | handle worker u64 | handle layout u16 | count u32 |
+//	          count × { address u64 | size u64 } | (write) the bytes
+//	reply:    status u8 | message length u16 | message | (read, status ok) the bytes
+//
+// The hello names the worker the client expects, so that a peer restarted
+// under another id (stale metadata) is refused at once.
+const (
+	wireMagic   = "KVBT"
+	wireVersion = 1
+	helloLen    = 4 + 2 + 8
+	reqHeadLen  = 1 + 8 + 2 + 4
+	opLen       = 16
+	// maxOps and maxRequestBytes bound what a server reads for one request.
+	maxOps          = 1 << 16
+	maxRequestBytes = 1 << 32
+	maxMessage      = 1 << 12
+)
+
+type wireOp uint8
+
+const (
+	opRead  wireOp = 1
+	opWrite wireOp = 2
+)
+
+// Reply statuses, mapped back to the transfer manager's sentinels.
+const (
+	statusOK byte = iota
+	statusInvalid
+	statusOutOfRange
+	statusNotFound
+	statusUnsupported
+	statusClosed
+	statusFailed
+)
+
+var statusErrs = []struct {
+	status byte
+	err    error
+}{
+	{statusOutOfRange, transfer.ErrOutOfRange}, // before ErrInvalidArgument, which it wraps
+	{statusInvalid, transfer.ErrInvalidArgument},
+	{statusNotFound, transfer.ErrNotFound},
+	{statusUnsupported, transfer.ErrUnsupported},
+	{statusClosed, transfer.ErrClosed},
+}
+
+func statusOf(err error) byte {
+	for _, s := range statusErrs {
+		if errors.Is(err, s.err) {
+			return s.status
+		}
+	}
+	return statusFailed
+}
+
+// serverError is an error the server reported: the request was refused or
+// failed there, the connection is fine.
+type serverError struct {
+	status byte
+	msg    string
+}
+
+func (e *serverError) Error() string { return e.msg }
+
+func (e *serverError) Unwrap() error {
+	for _, s := range statusErrs {
+		if s.status == e.status {
+			return s.err
+		}
+	}
+	return nil
+}
+
+func appendHello(b []byte, worker uint64) []byte {
+	b = append(b, wireMagic...)
+	b = binary.LittleEndian.AppendUint16(b, wireVersion)
+	return binary.LittleEndian.AppendUint64(b, worker)
+}
+
+// parseHello checks a hello's magic and version and returns its worker.
+func parseHello(b []byte) (uint64, error) {
+	if len(b) != helloLen {
+		return 0, fmt.Errorf("%w: hello of %d bytes, want %d", ErrBadEndpoint, len(b), helloLen)
+	}
+	if string(b[:4]) != wireMagic {
+		return 0, fmt.Errorf("%w: magic %q, want %q: not a kvbm TCP transport", ErrBadEndpoint, b[:4], wireMagic)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != wireVersion {
+		return 0, fmt.Errorf("%w: wire version %d, this library speaks %d", ErrBadEndpoint, v, wireVersion)
+	}
+	return binary.LittleEndian.Uint64(b[6:]), nil
+}
+
+func appendStatus(b []byte, status byte, msg string) []byte {
+	if len(msg) > maxMessage {
+		msg = msg[:maxMessage]
+	}
+	b = append(b, status)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(msg)))
+	return append(b, msg...)
+}
+
+// readStatus reads a status and its message; a non-ok status is returned
+// as a *serverError.
+func readStatus(r io.Reader) error {
+	var head [3]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return err
+	}
+	n := int(binary.LittleEndian.Uint16(head[1:]))
+	if n > maxMessage {
+		return fmt.Errorf("%w: status message of %d bytes", ErrBadEndpoint, n)
+	}
+	msg := make([]byte, n)
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return err
+	}
+	if head[0] == statusOK {
+		return nil
+	}
+	return &serverError{status: head[0], msg: string(msg)}
+}
+
+// request is a decoded request header.
+type request struct {
+	op     wireOp
+	handle transfer.LayoutHandle
+	ops    []transfer.RemoteOp // Remote and Size only
+	bytes  uint64
+}
+
+func appendRequest(b []byte, op wireOp, h transfer.LayoutHandle, ops []transfer.RemoteOp) []byte {
+	b = append(b, byte(op))
+	b = binary.LittleEndian.AppendUint64(b, h.Worker)
+	b = binary.LittleEndian.AppendUint16(b, h.Layout)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(ops)))
+	for _, o := range ops {
+		b = binary.LittleEndian.AppendUint64(b, o.Remote)
+		b = binary.LittleEndian.AppendUint64(b, o.Size)
+	}
+	return b
+}
+
+// readRequest reads and checks a request header (not its bytes). Malformed
+// input returns an error wrapping ErrBadEndpoint and never panics.
+func readRequest(r io.Reader, buf []byte) (request, []byte, error) {
+	var head [reqHeadLen]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return request{}, buf, err
+	}
+	q := request{op: wireOp(head[0]), handle: transfer.LayoutHandle{
+		Worker: binary.LittleEndian.Uint64(head[1:]), Layout: binary.LittleEndian.Uint16(head[9:])}}
+	if q.op != opRead && q.op != opWrite {
+		return q, buf, fmt.Errorf("%w: request op %d", ErrBadEndpoint, q.op)
+	}
+	n := binary.LittleEndian.Uint32(head[11:])
+	if n == 0 || n > maxOps {
+		return q, buf, fmt.Errorf("%w: request of %d ops, want 1 to %d", ErrBadEndpoint, n, maxOps)
+	}
+	need := int(n) * opLen
+	if cap(buf) < need {
+		buf = make([]byte, need)
+	}
+	buf = buf[:need]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return q, buf, err
+	}
+	q.ops = make([]transfer.RemoteOp, n)
+	for i := range q.ops {
+		o := &q.ops[i]
+		o.Remote = binary.LittleEndian.Uint64(buf[i*opLen:])
+		o.Size = binary.LittleEndian.Uint64(buf[i*opLen+8:])
+		if o.Size == 0 || o.Size > maxRequestBytes || q.bytes+o.Size > maxRequestBytes {
+			return q, buf, fmt.Errorf("%w: request op %d of %d bytes makes the request more than %d bytes", ErrBadEndpoint, i, o.Size, uint64(maxRequestBytes))
+		}
+		q.bytes += o.Size
+	}
+	return q, buf, nil
+}

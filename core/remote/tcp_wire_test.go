@@ -1,0 +1,67 @@
+package remote
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRequestRoundTripAndLimits(t *testing.T) {
+	h := transfer.LayoutHandle{Worker: 0xE1, Layout: 3}
+	ops := []transfer.RemoteOp{{Remote: 0x1000, Size: 64}, {Remote: 0x9000, Size: 1 << 20}}
+	b := appendRequest(nil, opWrite, h, ops)
+	q, _, err := readRequest(bytes.NewReader(b), nil)
+	require.NoError(t, err)
+	require.Equal(t, opWrite, q.op)
+	require.Equal(t, h, q.handle)
+	require.Equal(t, uint64(64+1<<20), q.bytes)
+	require.Equal(t, []transfer.RemoteOp{{Remote: 0x1000, Size: 64}, {Remote: 0x9000, Size: 1 << 20}}, q.ops)
+
+	for name, bad := range map[string][]byte{
+		"op":        append([]byte{9}, b[1:]...),
+		"no ops":    appendRequest(nil, opRead, h, nil),
+		"zero size": appendRequest(nil, opRead, h, []transfer.RemoteOp{{Remote: 1, Size: 0}}),
+		"too large": appendRequest(nil, opRead, h, []transfer.RemoteOp{{Remote: 1, Size: maxRequestBytes}, {Remote: 2, Size: 1}}),
+	} {
+		_, _, err := readRequest(bytes.NewReader(bad), nil)
+		require.ErrorIs(t, err, ErrBadEndpoint, name)
+	}
+	_, _, err = readRequest(bytes.NewReader(b[:len(b)-3]), nil)
+	require.Error(t, err, "truncated")
+}
+
+// FuzzReadRequest: whatever a peer sends, the server's decoder returns a
+// request within the limits or an error, never panics, and what it accepts
+// encodes back to the same bytes.
+func FuzzReadRequest(f *testing.F) {
+	f.Add(appendRequest(nil, opRead, transfer.LayoutHandle{Worker: 1, Layout: 2}, []transfer.RemoteOp{{Remote: 4096, Size: 512}}))
+	f.Add(appendRequest(nil, opWrite, transfer.LayoutHandle{Worker: 1, Layout: 2}, []transfer.RemoteOp{{Remote: 1, Size: 1}, {Remote: 2, Size: 3}}))
+	f.Add([]byte{1, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		q, _, err := readRequest(bytes.NewReader(data), nil)
+		if err != nil {
+			return
+		}
+		require.LessOrEqual(t, len(q.ops), maxOps)
+		require.LessOrEqual(t, q.bytes, uint64(maxRequestBytes))
+		again := appendRequest(nil, q.op, q.handle, q.ops)
+		require.Equal(t, data[:len(again)], again)
+	})
+}
+
+// FuzzTCPEndpoint: endpoints come from metadata, that is from the network.
+func FuzzTCPEndpoint(f *testing.F) {
+	f.Add(append([]byte{wireVersion, 1, 0, 0, 0, 0, 0, 0, 0}, "127.0.0.1:4000"...))
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, ep []byte) {
+		worker, addr, err := parseTCPEndpoint(ep)
+		if err != nil {
+			require.ErrorIs(t, err, ErrBadEndpoint)
+			return
+		}
+		require.Equal(t, ep[9:], []byte(addr))
+		_ = worker
+	})
+}

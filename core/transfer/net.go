@@ -1,0 +1,37 @@
+package transfer
+
+import "context"
+
+// moveRemote moves a plan between host memory here and a peer's memory,
+// chunk by chunk on the net pool, each chunk one operation of the peer's
+// transport bounded by the remote deadline. A chunk that fails names its
+// blocks; the others still complete.
+func (m *Manager) moveRemote(p *plan, write bool) error {
+	mem, h := p.src.remote, p.src.handle
+	if write {
+		mem, h = p.dst.remote, p.dst.handle
+	}
+	return forEachChunk(m.net, p, func(lo, hi int, failed *Failures) {
+		ops := make([]RemoteOp, 0, p.blockOps[hi]-p.blockOps[lo])
+		for _, op := range p.ops[p.blockOps[lo]:p.blockOps[hi]] {
+			if write {
+				ops = append(ops, RemoteOp{Remote: op.dst, Local: op.src, Size: op.size})
+			} else {
+				ops = append(ops, RemoteOp{Remote: op.src, Local: op.dst, Size: op.size})
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.RemoteDeadline)
+		defer cancel()
+		var err error
+		if write {
+			err = mem.Write(ctx, h, ops)
+		} else {
+			err = mem.Read(ctx, h, ops)
+		}
+		if err != nil {
+			for i := lo; i < hi; i++ {
+				failed.Add(err, i)
+			}
+		}
+	})
+}

@@ -1,0 +1,125 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// Endpoint is one transport's address of a worker, as its metadata
+// carries it: the transport's name and its opaque endpoint.
+type Endpoint struct {
+	Transport string
+	Address   []byte
+}
+
+// serve makes the worker's layouts reachable on each transport it has.
+func (w *PhysicalWorker) serve(loop *remote.Loopback, network remote.Transport) error {
+	if loop != nil {
+		if err := loop.Serve(w.m); err != nil {
+			return err
+		}
+		w.loopback = loop
+	}
+	if network != nil {
+		w.network = network
+		if err := network.Serve(w.m); err != nil {
+			return errors.Join(fmt.Errorf("serve on %s: %w", network.Name(), err), w.leave())
+		}
+	}
+	return nil
+}
+
+// transports are the worker's transports, loopback first.
+func (w *PhysicalWorker) transports() []remote.Transport {
+	var out []remote.Transport
+	if w.loopback != nil {
+		out = append(out, w.loopback)
+	}
+	if w.network != nil {
+		out = append(out, w.network)
+	}
+	return out
+}
+
+// exportEndpoints asks each transport for its current endpoint.
+func (w *PhysicalWorker) exportEndpoints() ([]Endpoint, error) {
+	var out []Endpoint
+	for _, t := range w.transports() {
+		ep, err := t.Endpoint()
+		if err != nil {
+			return nil, fmt.Errorf("%s endpoint: %w", t.Name(), err)
+		}
+		out = append(out, Endpoint{Transport: t.Name(), Address: ep})
+	}
+	return out, nil
+}
+
+// leave stops serving and closes the peers.
+func (w *PhysicalWorker) leave() error {
+	if w.loopback != nil {
+		w.loopback.Remove(w.m)
+	}
+	if w.network != nil {
+		return w.network.Close() // closes its peers too
+	}
+	return nil
+}
+
+// Transports names the transports the worker serves on, loopback first.
+func (w *PhysicalWorker) Transports() []string {
+	var out []string
+	for _, t := range w.transports() {
+		out = append(out, t.Name())
+	}
+	return out
+}
+
+// connect picks how to reach the worker of md: directly when it lives in
+// this process, otherwise over the network transport, connecting afresh
+// (a reimport after a peer failed reconnects it).
+func (w *PhysicalWorker) connect(md Metadata) (transfer.Attacher, error) {
+	if len(md.Endpoints) == 0 && w.loopback != nil {
+		return w.loopback, nil // metadata made without transports: this process only
+	}
+	for _, ep := range md.Endpoints {
+		if ep.Transport == "loopback" && w.loopback != nil && w.loopback.Local(ep.Address) {
+			return w.loopback, nil
+		}
+	}
+	if w.network != nil {
+		for _, ep := range md.Endpoints {
+			if ep.Transport != w.network.Name() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), w.m.RemoteDeadline())
+			defer cancel()
+			p, err := w.network.Connect(ctx, ep.Address)
+			if err != nil {
+				return nil, fmt.Errorf("connect over %s: %w", ep.Transport, err)
+			}
+			w.mu.Lock()
+			old := w.peers[md.WorkerID]
+			w.peers[md.WorkerID] = p
+			w.mu.Unlock()
+			if old != nil {
+				old.Close()
+			}
+			return p, nil
+		}
+	}
+	offered := make([]string, len(md.Endpoints))
+	for i, ep := range md.Endpoints {
+		offered[i] = ep.Transport
+	}
+	have := "no transport"
+	if len(w.transports()) > 0 {
+		have = "[" + strings.Join(w.Transports(), ", ") + "] (KVBM_TRANSPORT selects)"
+	}
+	return nil, fmt.Errorf("%w: the worker offers [%s] (loopback only within its own process); this worker has %s",
+		transfer.ErrUnsupported, strings.Join(offered, ", "), have)
+}

@@ -1,0 +1,302 @@
+package worker
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
+	"github.com/stretchr/testify/require"
+)
+
+// The cross-process tests run a prefill-side worker in a helper process —
+// this test binary again, running TestExporterProcess — and pull from it
+// and push to it over a network transport, as a decode instance would.
+
+const exporterEnv = "KVBM_TEST_EXPORTER"
+
+// exporterBlocks is the number of blocks of the exporter's G1 and G2.
+const exporterBlocks = 16
+
+// TestExporterProcess is the helper process: a worker with G1 (device,
+// layer-separate) and G2 (pinned) filled with pattern(…, tier<<8|block),
+// that prints its metadata and then answers commands on stdin:
+// "check TIER BLOCK TAG" prints ok or bad; "exit" (or EOF) ends it.
+func TestExporterProcess(t *testing.T) {
+	if os.Getenv(exporterEnv) == "" {
+		t.Skip("the exporter helper process of the cross-process tests")
+	}
+	drv := cuda.NewEmulated(1)
+	defer drv.Close()
+	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"))
+	require.NoError(t, err)
+	id, err := strconv.ParseUint(os.Getenv(exporterEnv), 16, 64)
+	require.NoError(t, err)
+	w, err := NewStandalone(StandaloneConfig{WorkerID: id, Driver: drv, Network: network, Loopback: remote.NewLoopback()})
+	require.NoError(t, err)
+	defer w.Close()
+	if os.Getenv(benchEnv) != "" {
+		serveBench(t, w, drv)
+		return
+	}
+	_, err = w.AllocateG2(testConfig(exporterBlocks), transfer.FullyContiguous)
+	require.NoError(t, err)
+	mems := registerEngineG1(t, w, drv, exporterBlocks)
+	defer func() {
+		for _, m := range mems {
+			m.Close()
+		}
+	}()
+	tw := &testWorker{PhysicalWorker: w}
+	size := testConfig(1).BlockSize()
+	for _, tier := range []Tier{G1, G2} {
+		for b := range exporterBlocks {
+			tw.write(t, tier, b, pattern(size, uint64(tier)<<8|uint64(b)))
+		}
+	}
+	md, err := w.ExportMetadata()
+	require.NoError(t, err)
+	fmt.Printf("metadata %s\n", hex.EncodeToString(md))
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 || f[0] == "exit" {
+			return
+		}
+		tier, _ := strconv.Atoi(f[1])
+		block, _ := strconv.Atoi(f[2])
+		tag, _ := strconv.ParseUint(f[3], 10, 64)
+		if string(tw.read(t, Tier(tier), block)) == string(pattern(size, tag)) {
+			fmt.Println("ok")
+		} else {
+			fmt.Println("bad")
+		}
+	}
+}
+
+// exporter is a running helper process.
+type exporter struct {
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	out      *bufio.Scanner
+	metadata []byte
+	lines    []string // what it printed before its metadata
+}
+
+func startExporter(t testing.TB, id uint64, env ...string) *exporter {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExporterProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%x", exporterEnv, id), "KVBM_TCP_LISTEN=127.0.0.1:0")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	e := &exporter{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
+	t.Cleanup(e.kill)
+	for e.out.Scan() {
+		if hexmd, ok := strings.CutPrefix(e.out.Text(), "metadata "); ok {
+			e.metadata, err = hex.DecodeString(hexmd)
+			require.NoError(t, err)
+			return e
+		}
+		e.lines = append(e.lines, e.out.Text())
+	}
+	t.Fatalf("the exporter process printed no metadata: %v", e.out.Err())
+	return nil
+}
+
+func (e *exporter) check(t *testing.T, tier Tier, block int, tag uint64) {
+	t.Helper()
+	_, err := fmt.Fprintf(e.stdin, "check %d %d %d\n", tier, block, tag)
+	require.NoError(t, err)
+	require.True(t, e.out.Scan())
+	require.Equal(t, "ok", e.out.Text(), "the exporter's %v block %d after the push", tier, block)
+}
+
+func (e *exporter) signal(t *testing.T, s syscall.Signal) {
+	t.Helper()
+	require.NoError(t, e.cmd.Process.Signal(s))
+	if s == syscall.SIGSTOP {
+		waitStopped(t, e)
+	}
+}
+
+// waitStopped waits until a stopped process is stopped: a signal takes
+// effect when the process next runs, and nothing it serves after this
+// point may get through.
+func waitStopped(t testing.TB, e *exporter) {
+	t.Helper()
+	stat := fmt.Sprintf("/proc/%d/stat", e.cmd.Process.Pid)
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return false
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		return len(f) > 0 && f[0] == "T"
+	}, 5*time.Second, time.Millisecond)
+}
+
+func (e *exporter) kill() {
+	e.cmd.Process.Signal(syscall.SIGCONT)
+	e.cmd.Process.Kill()
+	e.cmd.Wait()
+}
+
+// decodeWorker is this process's worker, on the TCP transport.
+func decodeWorker(t *testing.T, deadline time.Duration) *testWorker {
+	t.Helper()
+	drv := newDriver(t)
+	w, err := NewStandalone(StandaloneConfig{WorkerID: 0xDEC, Driver: drv, Loopback: remote.NewLoopback(),
+		Network: remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0"}), RemoteDeadline: deadline})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, w.Close()) })
+	_, err = w.AllocateG2(testConfig(exporterBlocks), transfer.FullyContiguous)
+	require.NoError(t, err)
+	mems := registerEngineG1(t, w, drv, exporterBlocks)
+	t.Cleanup(func() {
+		for _, m := range mems {
+			m.Close()
+		}
+	})
+	return &testWorker{PhysicalWorker: w}
+}
+
+// The decode side pulls the prefill side's G2 and G1 blocks into its own
+// G1 and G2, every byte checked, and pushes its blocks into the prefill
+// side's G2, checked there.
+func TestPullAndPushAcrossProcesses(t *testing.T) {
+	exp := startExporter(t, 0xA)
+	dec := decodeWorker(t, 10*time.Second)
+	wait := waiter(t)
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+	size := testConfig(1).BlockSize()
+	for _, src := range []Tier{G1, G2} {
+		for _, dst := range []Tier{G1, G2} {
+			for b := range exporterBlocks {
+				dec.write(t, dst, b, pattern(size, 0xFFFF))
+			}
+			srcIDs, dstIDs := []int{3, 0, 15, 7}, []int{1, 9, 4, 12}
+			wait(dec.ExecuteRemoteOnboardForInstance(7, src, srcIDs, dst, dstIDs, transfer.Options{}))
+			pulled := map[int]int{}
+			for i, d := range dstIDs {
+				pulled[d] = srcIDs[i]
+			}
+			for b := range exporterBlocks {
+				want := pattern(size, 0xFFFF)
+				if s, ok := pulled[b]; ok {
+					want = pattern(size, uint64(src)<<8|uint64(s))
+				}
+				require.Equal(t, want, dec.read(t, dst, b), "%v -> %v, block %d", src, dst, b)
+			}
+		}
+	}
+
+	h := requireRemote(t, dec, 7, G2)
+	dec.write(t, G1, 2, pattern(size, 0x5001))
+	dec.write(t, G1, 5, pattern(size, 0x5002))
+	wait(dec.ExecuteRemoteOffload(G1, []int{2, 5}, RemoteLayout(h, []int{11, 6}), transfer.Options{}))
+	exp.check(t, G2, 11, 0x5001)
+	exp.check(t, G2, 6, 0x5002)
+	exp.check(t, G2, 10, uint64(G2)<<8|10) // a neighbour stays as it was
+	c := dec.Counters()
+	require.NotZero(t, c[transfer.PathRemoteRead].Blocks)
+	require.NotZero(t, c[transfer.PathTwoHop].Blocks)
+}
+
+func requireRemote(t *testing.T, w *testWorker, instance InstanceID, tier Tier) transfer.LayoutHandle {
+	t.Helper()
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	h, ok := w.remote[remoteTier{instance, tier}]
+	require.True(t, ok)
+	return h
+}
+
+// A peer killed while a pull waits on it fails the pull's blocks at once
+// (its sockets reset), later pulls fail at once, and a new peer process
+// under the same worker id is reached by importing its metadata again.
+func TestKilledPeerFailsItsBlocksAndANewOneIsReconnected(t *testing.T) {
+	exp := startExporter(t, 0xA)
+	dec := decodeWorker(t, 20*time.Second)
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+	exp.signal(t, syscall.SIGSTOP) // the pull is certainly in flight when the kill comes
+	n, err := dec.ExecuteRemoteOnboardForInstance(7, G2, []int{1, 2, 3}, G2, []int{4, 5, 6}, transfer.Options{})
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	exp.signal(t, syscall.SIGKILL)
+	err = n.WaitTimeout(-1)
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	require.Equal(t, []int{4, 5, 6}, n.FailedBlocks())
+	require.Less(t, time.Since(start), 10*time.Second, "well within the 20 s deadline: the reset is seen at once")
+
+	n, err = dec.ExecuteRemoteOnboardForInstance(7, G2, []int{1}, G2, []int{4}, transfer.Options{})
+	require.NoError(t, err)
+	require.ErrorIs(t, n.WaitTimeout(-1), remote.ErrPeerUnavailable)
+
+	again := startExporter(t, 0xA)
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{again.metadata}))
+	waiter(t)(dec.ExecuteRemoteOnboardForInstance(7, G2, []int{1}, G2, []int{4}, transfer.Options{}))
+	require.Equal(t, pattern(testConfig(1).BlockSize(), uint64(G2)<<8|1), dec.read(t, G2, 4))
+}
+
+// A frozen peer (SIGSTOP) fails the pull within the deadline; once it runs
+// again, importing its metadata again reconnects.
+func TestFrozenPeerFailsWithinTheDeadline(t *testing.T) {
+	exp := startExporter(t, 0xA)
+	const deadline = 500 * time.Millisecond
+	dec := decodeWorker(t, deadline)
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+	exp.signal(t, syscall.SIGSTOP)
+	start := time.Now()
+	n, err := dec.ExecuteRemoteOnboardForInstance(7, G1, []int{0, 1}, G1, []int{2, 3}, transfer.Options{})
+	require.NoError(t, err)
+	err = n.WaitTimeout(-1)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	require.ErrorIs(t, err, transfer.ErrTimeout)
+	require.Equal(t, []int{2, 3}, n.FailedBlocks())
+	require.GreaterOrEqual(t, elapsed, deadline)
+	require.Less(t, elapsed, deadline+2*time.Second)
+
+	exp.signal(t, syscall.SIGCONT)
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+	waiter(t)(dec.ExecuteRemoteOnboardForInstance(7, G1, []int{0}, G1, []int{2}, transfer.Options{}))
+	require.Equal(t, pattern(testConfig(1).BlockSize(), uint64(G1)<<8|0), dec.read(t, G1, 2))
+}
+
+// Metadata that was damaged, or written by a kvbm with another metadata
+// version, is refused with the reason before anything connects.
+func TestDamagedOrForeignMetadataIsRefused(t *testing.T) {
+	exp := startExporter(t, 0xA)
+	dec := decodeWorker(t, 5*time.Second)
+	bad := append([]byte(nil), exp.metadata...)
+	bad[len(bad)/2] ^= 1
+	err := dec.ConnectRemote(7, [][]byte{bad})
+	require.ErrorIs(t, err, ErrBadMetadata)
+	require.ErrorContains(t, err, "checksum")
+
+	old := append([]byte(nil), exp.metadata...)
+	binary.LittleEndian.PutUint16(old[4:], 1)
+	binary.LittleEndian.PutUint32(old[len(old)-4:], crc32.Checksum(old[:len(old)-4], castagnoli))
+	err = dec.ConnectRemote(7, [][]byte{old})
+	require.ErrorIs(t, err, ErrBadMetadata)
+	require.ErrorContains(t, err, "version 1, this library reads version 2")
+	require.False(t, dec.HasRemoteMetadata(7))
+}

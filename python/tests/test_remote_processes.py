@@ -1,0 +1,162 @@
+"""Prefill and decode in two processes over the network transport (mirrors
+examples/c/remote_processes.c): pull and push with every byte checked, a
+killed or frozen prefill process failing the pull's blocks within the
+deadline, and a restarted one reached again by importing its metadata."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import kvbmgo
+from kvbmgo import LayoutConfig, Tier, Worker
+from kvbmgo.errors import KvbmIOError
+
+from conftest import new_worker_id, wait_ok
+
+NB = 8
+CFG = LayoutConfig(num_blocks=NB, num_layers=4, outer_dim=2, page_size=16, inner_dim=256,
+                   dtype_width=1, layout="fully_contiguous")
+IDS = list(range(NB))
+PREFILL = 0xB0B0
+
+# The prefill process: KV into G1, offloaded to G2; prints its metadata, then
+# answers "check SEED FIRST LAST" about its G2 and exits on EOF.
+PREFILL_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from kvbmgo import LayoutConfig, Tier, Worker
+    cfg = LayoutConfig(num_blocks=8, num_layers=4, outer_dim=2, page_size=16, inner_dim=256,
+                       dtype_width=1, layout="fully_contiguous")
+    ids = list(range(8))
+    def pattern(seed):
+        return ((np.arange(cfg.total_bytes, dtype=np.uint64) * 13 + seed) % 251).astype(np.uint8)
+    g1 = pattern(5)
+    with Worker(0xB1) as w:
+        w.register_g1(cfg, g1)
+        w.allocate_g2(cfg)
+        n = w.transfer(Tier.G1, ids, Tier.G2, ids); n.wait(); n.close()
+        print("metadata", w.export_metadata().hex(), flush=True)
+        for line in sys.stdin:
+            _, seed, first, last = line.split()
+            n = w.transfer(Tier.G2, ids, Tier.G1, ids); n.wait(); n.close()
+            lo, hi = int(first) * cfg.block_bytes, int(last) * cfg.block_bytes
+            ok = np.array_equal(g1[lo:hi], pattern(int(seed))[lo:hi])
+            print("ok" if ok else "bad", flush=True)
+""")
+
+
+def pattern(seed):
+    return ((np.arange(CFG.total_bytes, dtype=np.uint64) * 13 + seed) % 251).astype(np.uint8)
+
+
+pytestmark = pytest.mark.skipif(kvbmgo.info().transport == "loopback",
+                                reason="KVBM_TRANSPORT=loopback reaches only this process")
+
+
+class Prefill:
+    def __init__(self):
+        env = dict(os.environ, KVBM_TCP_LISTEN="127.0.0.1:0")
+        self.proc = subprocess.Popen([sys.executable, "-c", PREFILL_SCRIPT], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        assert line.startswith("metadata "), line
+        self.metadata = bytes.fromhex(line.split()[1])
+
+    def check(self, seed, first, last):
+        self.proc.stdin.write(f"check {seed} {first} {last}\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGSTOP)
+        stat = f"/proc/{self.proc.pid}/stat"
+        for _ in range(5000):  # the stop takes effect when the process next runs
+            with open(stat) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return
+            time.sleep(0.001)
+        raise AssertionError("the prefill process did not stop")
+
+    def close(self):
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def prefill():
+    p = Prefill()
+    yield p
+    p.close()
+
+
+def decode_worker(deadline):
+    g1 = np.zeros(CFG.total_bytes, dtype=np.uint8)
+    w = Worker(new_worker_id(), remote_deadline=deadline)
+    w.register_g1(CFG, g1)
+    w.allocate_g2(CFG)
+    return w, g1
+
+
+def test_pull_and_push_across_processes(prefill):
+    w, g1 = decode_worker(10.0)
+    with w:
+        w.connect_remote(PREFILL, prefill.metadata)
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS))
+        np.testing.assert_array_equal(g1, pattern(5))
+        g1[:] = pattern(9)
+        h = kvbmgo.LayoutHandle(0xB1, 2)  # the prefill worker's G2: its second layout
+        wait_ok(w.transfer_to_remote(Tier.G1, [2, 3], h, [2, 3]))
+        assert prefill.check(9, 2, 4) == "ok"
+        assert prefill.check(5, 4, NB) == "ok"  # the rest is as it was
+        assert w.counters()[kvbmgo.TransferPath.TWO_HOP].blocks == NB + 2
+
+
+def test_killed_prefill_fails_every_block_then_a_new_one_is_reached(prefill):
+    w, g1 = decode_worker(20.0)
+    with w:
+        w.connect_remote(PREFILL, prefill.metadata)
+        prefill.stop()
+        n = w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS)
+        start = time.monotonic()
+        prefill.proc.kill()
+        with n:
+            with pytest.raises(KvbmIOError, match="peer"):
+                n.wait(30.0)
+            assert n.failed_blocks() == IDS
+        assert time.monotonic() - start < 10.0  # the reset is seen at once, not at the deadline
+
+        again = Prefill()
+        try:
+            w.connect_remote(PREFILL, again.metadata)
+            wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS))
+            np.testing.assert_array_equal(g1, pattern(5))
+        finally:
+            again.close()
+
+
+def test_frozen_prefill_fails_within_the_deadline(prefill):
+    w, _ = decode_worker(0.5)
+    with w:
+        w.connect_remote(PREFILL, prefill.metadata)
+        prefill.stop()
+        start = time.monotonic()
+        n = w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS)
+        with n:
+            with pytest.raises(KvbmIOError, match="did not answer within the deadline"):
+                n.wait(30.0)
+            elapsed = time.monotonic() - start
+            assert n.failed_blocks() == IDS
+        assert 0.5 <= elapsed < 2.5
+
+
+def test_remote_deadline_is_checked():
+    with pytest.raises(kvbmgo.errors.InvalidArgumentError, match="remote_deadline"):
+        Worker(new_worker_id(), remote_deadline=0)
