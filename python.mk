@@ -13,7 +13,8 @@
 #               sglang 0.5.23 venv (~4.5 min, 11 GB); without it the tests are skipped with the
 #               reason, or fail when KVBM_REQUIRE_ENGINES=1 (CI)
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
-#   bench-vllm  the vLLM connector's scheduler-side match, in the engine venv
+#   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
+#               overhead per call and per 32-layer step, in the engine venv
 #   install-py  pip install ./python into $(PY)'s environment
 
 PY      ?= python3
@@ -63,9 +64,11 @@ test-sglang: lib
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py
 
-bench-vllm:
+bench-vllm: lib
 	venv=$$(scripts/engine-venv.sh vllm) && \
-	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" python/bench/bench_vllm_scheduler.py
+	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" python/bench/bench_vllm_scheduler.py && \
+	  KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated PYTHONPATH=$(CURDIR)/python \
+	  "$$venv/bin/python" python/bench/bench_vllm_worker.py
 
 install-py: lib
 	$(PY) -m pip install ./python

@@ -14,7 +14,10 @@
 #    runs, with KVBM_DEVICE=cuda: the Go test binaries (./cuda twice: as is
 #    and with KVBM_CUDA_MEMCPY_BATCH=1), the C examples, and
 #    scripts/gpu_check.py (PyTorch layer-wise onboard through ctypes, GB/s of
-#    2 MiB blocks and 32 KiB fragments beside a raw pinned copy). The
+#    2 MiB blocks and 32 KiB fragments beside a raw pinned copy) and
+#    scripts/gpu_check_vllm.py (the vLLM connector's worker side: offload
+#    after the forward's event, layer-wise onboard with torch events, on
+#    vLLM-shaped strided CUDA views; vllm itself is optional there). The
 #    summary names the driver's CUDA version and cuMemcpyBatchAsync (none,
 #    v1 or v2), so that a skipped batch-API test shows why. Logs go to
 #    $OUT (or build/gpu-out when OUT is unset). Finishes in about 3 minutes;
@@ -92,6 +95,10 @@ PY
   fi
   step python-torch 90 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py
   tail -n 8 "$out/python-torch.log"
+  # The vLLM connector's worker side on CUDA tensors (vLLM's LBNHC views)
+  # with real torch events: kv_both offload, then layer-wise onboard.
+  step python-vllm-connector 60 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check_vllm.py
+  tail -n 4 "$out/python-vllm-connector.log"
   echo "gpu-check: $fails step(s) failed; logs in $out"
   [ "$fails" -eq 0 ]
 }

@@ -16,10 +16,23 @@ def test_defaults_and_sizes():
     assert KvbmConfig.from_extra({"load_mode": "async"}).async_load
 
 
+def test_pd_defaults():
+    c = KvbmConfig.from_extra(None)
+    assert (c.pd_host, c.pd_port, c.pd_timeout_s, c.pd_hold_s, c.pd_max_pulls) == (
+        "127.0.0.1", 5710, 30.0, 480.0, 8)
+    assert c.worker_id is None  # derived from the engine id
+    c = KvbmConfig.from_extra({"pd_timeout_s": 2, "pd_hold_s": 0.5, "pd_port": 6000})
+    assert (c.pd_timeout_s, c.pd_hold_s, c.pd_port) == (2.0, 0.5, 6000)
+
+
 @pytest.mark.parametrize("extra, what", [
     ({"g2_blocks": -1}, "g2_blocks"), ({"g2_blocks": 0}, "g2_blocks"),
     ({"admit_after": True}, "admit_after"), ({"g3_dir": ""}, "g3_dir"),
     ({"load_mode": "later"}, "load_mode"), ({"g2_bytes": "4G"}, "g2_bytes"),
+    ({"pd_host": ""}, "pd_host"), ({"pd_port": 70000}, "pd_port"),
+    ({"pd_timeout_s": 0}, "pd_timeout_s"), ({"pd_timeout_s": float("inf")}, "pd_timeout_s"),
+    ({"pd_timeout_s": "30"}, "pd_timeout_s"), ({"pd_hold_s": -1}, "pd_hold_s"),
+    ({"pd_max_pulls": 0}, "pd_max_pulls"),
 ])
 def test_bad_values_name_the_key(extra, what):
     with pytest.raises(ValueError, match=what):

@@ -1,4 +1,6 @@
-"""kvbmgo.vllm: the vLLM (0.33) KV connector over kvbm's prefix cache.
+"""kvbmgo.vllm: the vLLM (0.33) KV connector over kvbm's prefix cache, and
+disaggregated prefill->decode (kv_role kv_producer / kv_consumer / kv_both,
+NixlConnector's kv_transfer_params; see disagg.py).
 
 vLLM loads it with::
 

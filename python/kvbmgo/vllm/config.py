@@ -38,8 +38,24 @@ class KvbmConfig:
     #: Cache events kept by the library until drained (0: its default).
     max_events: int = 0
     #: The kvbm worker id of rank 0 (rank r uses worker_id + r); unique
-    #: among the kvbm workers of one process.
-    worker_id: int = 0x766C6C6D  # "vllm"
+    #: among the kvbm workers of one process, and among the instances that
+    #: pull from each other (P/D). None: derived from the engine id.
+    worker_id: Optional[int] = None
+    #: Disaggregated prefill->decode (kv_producer / kv_consumer / kv_both).
+    #: The address a prefill worker's side channel binds to and that its
+    #: kv_transfer_params name (remote_host); decode instances must reach it.
+    pd_host: str = "127.0.0.1"
+    #: Its port for data-parallel rank 0, tensor-parallel rank 0 (rank r of
+    #: data-parallel rank d binds pd_port + d * tp_size + r).
+    pd_port: int = 5710
+    #: Seconds within which a decode request's pull ends (handshake,
+    #: transfer, release): past it the request's blocks fail.
+    pd_timeout_s: float = 30.0
+    #: Seconds a prefill instance holds a finished request's blocks for a
+    #: decode instance that never pulls them (NixlConnector: 480).
+    pd_hold_s: float = 480.0
+    #: Pulls a decode worker runs at once.
+    pd_max_pulls: int = 8
 
     @classmethod
     def from_extra(cls, extra: Optional[Mapping[str, Any]]) -> "KvbmConfig":
@@ -52,10 +68,16 @@ class KvbmConfig:
             if f.name not in extra or extra[f.name] is None:
                 continue
             v = extra[f.name]
-            if f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode"):
+            if f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode", "pd_host"):
                 if not isinstance(v, str) or not v:
                     raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected a "
                                      f"non-empty string, got {v!r}")
+            elif f.name in ("pd_timeout_s", "pd_hold_s"):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
+                        or v == float("inf"):
+                    raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected a "
+                                     f"finite number of seconds > 0, got {v!r}")
+                v = float(v)
             else:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                     raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected an "
@@ -65,7 +87,10 @@ class KvbmConfig:
         if cfg.load_mode not in ("sync", "async"):
             raise ValueError(f"kv_connector_extra_config['load_mode']: 'sync' or 'async', "
                              f"got {cfg.load_mode!r}")
-        for name in ("g2_blocks", "g3_blocks"):
+        if cfg.pd_port > 65535:
+            raise ValueError(f"kv_connector_extra_config['pd_port']: a TCP port, got "
+                             f"{cfg.pd_port}")
+        for name in ("g2_blocks", "g3_blocks", "pd_max_pulls"):
             if getattr(cfg, name) == 0:
                 raise ValueError(f"kv_connector_extra_config[{name!r}]: must be > 0")
         return cfg

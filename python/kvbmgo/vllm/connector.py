@@ -29,9 +29,18 @@ def _rank() -> int:
         return 0
 
 
+def _dp_index(parallel_config: Any) -> int:
+    """The data-parallel rank that picks this engine's side-channel ports
+    (NixlConnector adds the same to its port)."""
+    return int(getattr(parallel_config, "data_parallel_index", 0) or 0)
+
+
 class KvbmConnector(KVConnectorBase_V1):
     """kvbm's prefix cache (G2 pinned host memory, G3 disk, G4 object store)
-    under vLLM's KV cache, for ``kv_role`` ``kv_both``."""
+    under vLLM's KV cache, and disaggregated prefill->decode: a
+    ``kv_producer`` (or ``kv_both``) instance holds a finished prefill
+    request's blocks for a ``kv_consumer`` (or ``kv_both``) instance, which
+    pulls them, with NixlConnector's kv_transfer_params."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -39,18 +48,25 @@ class KvbmConnector(KVConnectorBase_V1):
                  kv_cache_config: "Optional[KVCacheConfig]" = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         kt = vllm_config.kv_transfer_config
-        if kt.kv_role != "kv_both":
-            raise ValueError(f"KvbmConnector: kv_role {kt.kv_role!r} is not supported yet "
-                             f"(only 'kv_both': offload and onboard)")
+        if kt.kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
+            raise ValueError(f"KvbmConnector: kv_role {kt.kv_role!r}; expected 'kv_both', "
+                             f"'kv_producer' or 'kv_consumer'")
         self.config = KvbmConfig.from_extra(kt.kv_connector_extra_config)
+        pc = vllm_config.parallel_config
+        tp = int(pc.tensor_parallel_size)
+        engine_id = str(kt.engine_id)
         self._scheduler = None
         self._worker = None
         if role == KVConnectorRole.SCHEDULER:
             from .scheduler import KvbmScheduler
-            self._scheduler = KvbmScheduler(self.config, vllm_config.cache_config.block_size)
+            self._scheduler = KvbmScheduler(self.config, vllm_config.cache_config.block_size,
+                                            role=kt.kv_role, engine_id=engine_id, tp_size=tp,
+                                            dp_index=_dp_index(pc))
         else:
             from .worker import KvbmWorker
-            self._worker = KvbmWorker(self.config, rank=_rank())
+            self._worker = KvbmWorker(self.config, rank=_rank(), role=kt.kv_role,
+                                      engine_id=engine_id, tp_size=tp,
+                                      dp_index=_dp_index(pc))
 
     # ---- scheduler side
 

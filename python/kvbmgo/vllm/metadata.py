@@ -9,7 +9,8 @@ from typing import List, Tuple
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetadata,
                                                                KVConnectorWorkerMetadata)
 
-__all__ = ["BlockLoad", "BlockStore", "KvbmConnectorMetadata", "KvbmWorkerMetadata"]
+__all__ = ["BlockLoad", "BlockStore", "KvbmConnectorMetadata", "KvbmWorkerMetadata",
+           "RemoteSend", "RemotePull"]
 
 
 @dataclass
@@ -31,6 +32,29 @@ class BlockStore:
 
 
 @dataclass
+class RemoteSend:
+    """Prefill side: a finished request whose G1 blocks block_ids are held
+    for a decode instance to pull (its kv_transfer_params name them)."""
+    req_id: str
+    block_ids: List[int]
+
+
+@dataclass
+class RemotePull:
+    """Decode side: pull remote_block_ids[i] of the prefill instance
+    engine_id (its side channel at host:port, rank 0) into G1 block
+    block_ids[i]. No block ids: only tell the prefill to let go."""
+    req_id: str
+    engine_id: str
+    remote_request_id: str
+    host: str
+    port: int
+    tp_size: int
+    remote_block_ids: List[int]
+    block_ids: List[int]
+
+
+@dataclass
 class KvbmConnectorMetadata(KVConnectorMetadata):
     """One step's work for the worker side, built by the scheduler side."""
     loads: List[BlockLoad] = field(default_factory=list)
@@ -40,6 +64,10 @@ class KvbmConnectorMetadata(KVConnectorMetadata):
     held: List[str] = field(default_factory=list)
     #: Requests preempted this step: their G1 blocks may be reused now.
     preempted: List[str] = field(default_factory=list)
+    #: Disaggregated prefill->decode: requests this prefill instance holds
+    #: for decode instances, and pulls this decode instance starts.
+    sends: List[RemoteSend] = field(default_factory=list)
+    pulls: List[RemotePull] = field(default_factory=list)
 
 
 #: A cache event as it crosses processes: (kind, tier, key); kind 1 stored,

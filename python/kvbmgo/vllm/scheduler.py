@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.v1.request import RequestStatus
 
 from .config import KvbmConfig
-from .metadata import BlockLoad, BlockStore, KvbmConnectorMetadata, KvbmWorkerMetadata
+from .metadata import (BlockLoad, BlockStore, KvbmConnectorMetadata, KvbmWorkerMetadata,
+                       RemotePull, RemoteSend)
 
 __all__ = ["KvbmScheduler"]
 
@@ -42,12 +44,51 @@ class _Request:
     next_store: int = 0               # blocks before it were offered or hit already
     stored_any: bool = False          # a store was sent: hold the blocks at finish
     match: Tuple[int, int] = (0, 0)   # (first block, blocks) of the last match
+    remote: bool = False              # the last match was a remote prefill's
+
+
+#: The kv_transfer_params keys a decode request needs (NixlConnector's).
+_REMOTE_KEYS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port",
+                "remote_block_ids")
+
+
+def _remote_prefill(request: Any) -> Optional[dict]:
+    """request's kv_transfer_params when it asks for a remote prefill's KV
+    and names where it is; None otherwise (a malformed one is logged once
+    and the request is computed here)."""
+    params = getattr(request, "kv_transfer_params", None)
+    if not params or not params.get("do_remote_prefill"):
+        return None
+    missing = [k for k in _REMOTE_KEYS if params.get(k) is None]
+    if missing:
+        log.warning("kvbm: request %s asks for a remote prefill without %s; computing it "
+                    "here", request.request_id, ", ".join(missing))
+        params["do_remote_prefill"] = False
+        return None
+    return params
+
+
+def _flat_ids(ids: Any) -> List[int]:
+    """remote_block_ids as a list: ours are one list; a hybrid-cache prefill
+    sends one list per KV cache group (the first is the attention's)."""
+    if ids and isinstance(ids[0], (list, tuple)):
+        ids = ids[0]
+    return [int(b) for b in ids]
 
 
 class KvbmScheduler:
-    def __init__(self, config: KvbmConfig, block_size: int) -> None:
+    def __init__(self, config: KvbmConfig, block_size: int, *, role: str = "kv_both",
+                 engine_id: str = "", tp_size: int = 1, dp_index: int = 0) -> None:
         self.config = config
         self.block_size = block_size
+        # P/D: which kv_transfer_params this instance acts on.
+        self.producer = role in ("kv_producer", "kv_both")
+        self.consumer = role in ("kv_consumer", "kv_both")
+        self.engine_id = engine_id
+        self.tp_size = tp_size
+        self.port = config.pd_port + dp_index * tp_size  # rank 0's side channel
+        self._sends: List[RemoteSend] = []
+        self._pulls: List[RemotePull] = []
         self._tiers: Dict[bytes, Set[int]] = {}       # key -> tiers holding it
         # For BlockStored: (parent hash, tokens) of keys offered or cached,
         # at most _MAX_TOKENS (oldest dropped first: their events then carry
@@ -64,9 +105,19 @@ class KvbmScheduler:
                                    ) -> Tuple[int, bool]:
         """Tokens beyond num_computed_tokens the cache can load: whole
         blocks that follow the GPU's hit, leaving at least one prompt token
-        to compute. Side-effect free but for remembering the answer."""
+        to compute. Side-effect free but for remembering the answer.
+
+        A decode request of a remote prefill (kv_transfer_params
+        do_remote_prefill) loads, asynchronously, every prompt token not
+        computed here, the partial last block's too, as NixlConnector
+        does; vLLM then recomputes only the last prompt token."""
         bs = self.block_size
         start = num_computed_tokens // bs
+        if self.consumer and _remote_prefill(request) is not None:
+            count = len(request.prompt_token_ids or ()) - num_computed_tokens
+            if count > 0:
+                self._remember(request, (start, -(-count // bs)), True)
+                return count, True
         hashes = request.block_hashes
         # vLLM computes at least one token: never claim the last prompt token.
         limit = (request.num_tokens - 1) // bs
@@ -77,14 +128,16 @@ class KvbmScheduler:
             if h not in tiers:
                 break
             n += 1
-        st = self._requests.get(request.request_id)
-        if st is not None:
-            st.match = (start, n)
-        else:
-            self._requests[request.request_id] = _Request(request, match=(start, n))
+        self._remember(request, (start, n), False)
         if n == 0:
             return 0, False
         return n * bs, self.config.async_load
+
+    def _remember(self, request: Any, match: Tuple[int, int], remote: bool) -> None:
+        st = self._requests.get(request.request_id)
+        if st is None:
+            st = self._requests[request.request_id] = _Request(request)
+        st.match, st.remote = match, remote
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
@@ -93,6 +146,11 @@ class KvbmScheduler:
             st = self._requests[request.request_id] = _Request(request)
         st.request = request
         start, n = st.match
+        params = _remote_prefill(request) if self.consumer else None
+        if params is not None:
+            self._pull(request, params, blocks, start, num_external_tokens)
+            st.next_store = max(st.next_store, start + num_external_tokens // self.block_size)
+            return
         # Blocks the GPU or the cache hit are not offered again.
         nb = num_external_tokens // self.block_size
         st.next_store = max(st.next_store, start + nb)
@@ -107,6 +165,26 @@ class KvbmScheduler:
         load_ids = list(ids[start:start + nb])
         keys = [bytes(h) for h in request.block_hashes[start:start + nb]]
         self._loads.append(BlockLoad(request.request_id, keys, load_ids, self.config.async_load))
+
+    def _pull(self, request: Any, params: dict, blocks: Any, start: int,
+              num_external_tokens: int) -> None:
+        """Records the pull of a remote prefill's blocks into the request's
+        blocks from the first not computed here (none: only tell the prefill
+        to let go). One pull per request, as NixlConnector."""
+        params["do_remote_prefill"] = False
+        local: List[int] = []
+        remote: List[int] = []
+        if num_external_tokens > 0:
+            bs = self.block_size
+            end = -(-(start * bs + num_external_tokens) // bs)
+            local = list(blocks.get_block_ids()[0][start:end])
+            remote = _flat_ids(params["remote_block_ids"])[start:end]
+            # Lengths that differ (another block size, a shorter list) fail
+            # the pull, every block of it.
+        self._pulls.append(RemotePull(
+            request.request_id, str(params["remote_engine_id"]),
+            str(params["remote_request_id"]), str(params["remote_host"]),
+            int(params["remote_port"]), int(params.get("tp_size") or 1), remote, local))
 
     def build_connector_meta(self, scheduler_output: Any) -> KvbmConnectorMetadata:
         """This step's loads, the stores of every block this step completes,
@@ -167,19 +245,40 @@ class KvbmScheduler:
             if st is not None:
                 st.block_ids = []
         md = KvbmConnectorMetadata(loads=self._loads, stores=stores, held=self._held,
-                                   preempted=preempted)
-        self._loads, self._held = [], []
+                                   preempted=preempted, sends=self._sends, pulls=self._pulls)
+        self._loads, self._held, self._sends, self._pulls = [], [], [], []
         return md
 
     def request_finished(self, request: Any, block_ids: List[int]
                          ) -> Tuple[bool, Optional[dict]]:
         """Holds the blocks of a request that sent stores until the worker
-        side reports them done (finished_sending)."""
-        st = self._requests.pop(request.request_id, None)
-        if st is None or not st.stored_any:
-            return False, None
-        self._held.append(request.request_id)
-        return True, None
+        side reports them done (finished_sending).
+
+        P/D: a prefill request (kv_transfer_params do_remote_decode) that
+        ended normally also holds its blocks, until the decode instance is
+        done with them, and returns the kv_transfer_params that NixlConnector
+        returns, naming them. A decode request that ends before its pull was
+        recorded (aborted) tells the prefill to let go."""
+        req_id = request.request_id
+        st = self._requests.pop(req_id, None)
+        stored = st is not None and st.stored_any
+        params = getattr(request, "kv_transfer_params", None) or {}
+        if self.consumer and params.get("do_remote_prefill") \
+                and _remote_prefill(request) is not None:
+            self._pull(request, params, None, 0, 0)
+        out: Optional[dict] = None
+        if self.producer and params.get("do_remote_decode") and block_ids \
+                and request.status in (RequestStatus.FINISHED_LENGTH_CAPPED,
+                                       RequestStatus.FINISHED_STOPPED):
+            self._sends.append(RemoteSend(req_id, list(block_ids)))
+            out = dict(do_remote_prefill=True, do_remote_decode=False,
+                       remote_block_ids=list(block_ids), remote_engine_id=self.engine_id,
+                       remote_request_id=req_id, remote_host=self.config.pd_host,
+                       remote_port=self.port, tp_size=self.tp_size,
+                       remote_num_tokens=request.num_computed_tokens)
+        if stored:
+            self._held.append(req_id)
+        return stored or out is not None, out
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Feeds the workers' cache events into the index and into take_events."""

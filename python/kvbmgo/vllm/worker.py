@@ -91,10 +91,28 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     return cfg, buffers, index
 
 
+def engine_worker_id(engine_id: str) -> int:
+    """Rank 0's kvbm worker id when the config names none: from the engine
+    id (vLLM makes one per instance), so that a prefill and a decode
+    instance, which import each other's metadata, never share one. 48 bits:
+    room above for ranks and retries."""
+    import hashlib
+    d = hashlib.blake2b(f"kvbm-vllm/{engine_id}".encode(), digest_size=6).digest()
+    return int.from_bytes(d, "little") | 1
+
+
 class KvbmWorker:
-    def __init__(self, config: KvbmConfig, rank: int = 0) -> None:
+    def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
+                 engine_id: str = "", tp_size: int = 1, dp_index: int = 0) -> None:
         self.config = config
         self.rank = rank
+        self.role = role
+        self.engine_id = engine_id
+        self.tp_size = tp_size
+        # P/D: this rank's side channel (a prefill), and its pulls (a decode).
+        self.pd_port = config.pd_port + dp_index * tp_size + rank
+        self._server: Optional[Any] = None
+        self._puller: Optional[Any] = None
         self.worker: Optional[Worker] = None
         self._g3_dir: Optional[str] = None
         self._layer_index: Dict[str, int] = {}
@@ -120,7 +138,8 @@ class KvbmWorker:
         if c.g3_dir is not None:
             os.makedirs(c.g3_dir, exist_ok=True)
             self._g3_dir = tempfile.mkdtemp(prefix=f"kvbm-rank{self.rank}-", dir=c.g3_dir)
-        wid = c.worker_id + self.rank
+        wid = (c.worker_id if c.worker_id is not None else engine_worker_id(self.engine_id)) \
+            + self.rank
         for attempt in range(64):
             try:
                 w = Worker(wid + attempt * 0x10000,
@@ -152,10 +171,38 @@ class KvbmWorker:
             raise
         log.info("kvbm: G1 %s, G2 %d blocks, G3 %d blocks%s", cfg, g2, g3,
                  ", G4 " + g4_dir if g4_dir else "")
+        if self.role == "kv_producer":
+            # A prefill instance's side channel is up before its first request.
+            self._prefill_server()
+
+    def _prefill_server(self) -> Any:
+        """The side channel decode workers pull through (kv_both: started by
+        the first request held for a decode instance)."""
+        if self._server is None:
+            from .disagg import PrefillServer
+            self._server = PrefillServer(self.worker.export_metadata(), self.engine_id,
+                                         self.config.pd_host, self.pd_port,
+                                         self.config.pd_hold_s)
+        return self._server
+
+    def _decode_puller(self) -> Any:
+        if self._puller is None:
+            from .disagg import DecodePuller
+            c = self.config
+            self._puller = DecodePuller(self.worker, self.rank, self.tp_size, c.pd_timeout_s,
+                                        c.pd_max_pulls)
+        return self._puller
 
     def shutdown(self) -> None:
         """Waits for the transfers in flight, then releases the worker, its
-        tiers and its events."""
+        tiers and its events. A prefill's side channel closes first: decode
+        instances' pulls from it then fail (within their deadline)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._puller is not None:
+            self._puller.close()
+            self._puller = None
         for n, _, _ in self._stores:
             self._finish(n)
         self._stores = []
@@ -192,6 +239,20 @@ class KvbmWorker:
             return
         self._started = True
         self._held.update(md.held)
+        for send in md.sends:
+            try:
+                self._prefill_server().hold(send.req_id)
+            except OSError as e:
+                # No side channel (kv_both: its port is taken): nobody can
+                # pull, so the blocks go back to vLLM with the stores' hold.
+                log.error("kvbm: request %s cannot be held for a decode instance: %s",
+                          send.req_id, e)
+                self._held.add(send.req_id)
+        for pull in md.pulls:
+            if self.worker is None:
+                self._load_errors.update(pull.block_ids)
+                continue
+            self._decode_puller().start(pull)
         cache = self.worker.cache
         keys: List[bytes] = []
         ids: List[int] = []
@@ -307,9 +368,19 @@ class KvbmWorker:
                 keep.append((n, reqs, ev))
                 pending |= reqs
         self._stores = keep
-        sending = {r for r in self._held if r not in pending}
-        self._held -= sending
+        held = self._held
+        if self._server is not None:
+            # A request held for a decode instance is sent once that is done
+            # with it (and its own stores, if any, are read).
+            held |= self._server.take_released()
+            pending |= self._server.held()
+        sending = {r for r in held if r not in pending}
+        self._held = held - sending
         recving: Set[str] = set()
+        if self._puller is not None:
+            pulled, failed = self._puller.finished()
+            recving |= pulled
+            self._load_errors.update(failed)
         for req_id, (n, ids) in list(self._async_loads.items()):
             if n is None or n.done():
                 self._load_errors.update(self._finish(n))

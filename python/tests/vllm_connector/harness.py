@@ -64,9 +64,10 @@ class Engine:
     """One scheduler and one worker connector, in one process."""
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
-                 max_batched=64, serial=False):
+                 max_batched=64, serial=False, role="kv_both", engine_id=None):
         """serial: each step waits until the cache moves nothing before the
-        next (tests whose outcome would depend on G2 stores in flight)."""
+        next (tests whose outcome would depend on G2 stores in flight).
+        role, engine_id: the KVTransferConfig's (P/D)."""
         self.serial = serial
         self.verify = False  # check_computed before every forward
         mc = ModelConfig(model=MODEL, tokenizer=MODEL, skip_tokenizer_init=True,
@@ -77,7 +78,8 @@ class Engine:
         cc = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
                          enable_prefix_caching=True)
         kt = KVTransferConfig(kv_connector="KvbmConnector", kv_connector_module_path="kvbmgo.vllm",
-                              kv_role="kv_both", kv_load_failure_policy=policy,
+                              kv_role=role, engine_id=engine_id,
+                              kv_load_failure_policy=policy,
                               kv_connector_extra_config=dict(extra or {}))
         self.vc = vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
                                   kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
@@ -101,6 +103,9 @@ class Engine:
         self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
         self.events = []  # what the scheduler side's take_events() yielded
         self.outputs = []
+        #: req_id -> the EngineCoreOutput that finished it (finish_reason,
+        #: kv_transfer_params).
+        self.finished = {}
 
     @property
     def connector(self):
@@ -110,8 +115,10 @@ class Engine:
     def close(self):
         self.worker.shutdown()
 
-    def add(self, req_id, prompt, max_tokens=1):
-        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    def add(self, req_id, prompt, max_tokens=1, kv_transfer_params=None):
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                            extra_args=({"kv_transfer_params": dict(kv_transfer_params)}
+                                        if kv_transfer_params is not None else None))
         sp.update_from_generation_config({}, EOS)
         r = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
                     pooling_params=None, block_hasher=_hasher)
@@ -193,7 +200,10 @@ class Engine:
                                 prompt_logprobs_dict={}, pooler_output=None,
                                 kv_connector_output=kvo)
         self.outputs.append(kvo)
-        self.sched.update_from_output(so, out)
+        for outs in self.sched.update_from_output(so, out).values():
+            for o in outs.outputs:
+                if o.finish_reason is not None:
+                    self.finished[o.request_id] = o
         return so, kvo
 
     def idle(self, timeout=10.0):
