@@ -27,7 +27,7 @@ func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult
 		return nil, nil
 	}
 	const blocks = 64
-	lc := layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 1}
+	lc := layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 2}
 	bytes := int64(blocks * lc.BlockSize())
 	var closers []func() error
 	defer func() {

@@ -28,7 +28,7 @@ const benchEnv = "KVBM_TEST_EXPORTER_BENCH"
 
 // benchConfig is a 2 MiB block of 64 fragments of 32 KiB (32 layers × K,V).
 func benchConfig(blocks int) layout.Config {
-	return layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 1}
+	return layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 2}
 }
 
 const benchBlocks = 256
