@@ -1,0 +1,52 @@
+// Package ucx is the UCX transport of core/remote: one-sided reads and
+// writes (ucp_get_nbx, ucp_put_nbx) of memory the exporting worker
+// registered with ucp_mem_map, whose packed rkeys travel in its endpoint.
+// UCX picks the way by itself (UCX_TLS): shared memory between processes
+// of one host (cma, a single-copy process_vm_readv/writev: the exporter's
+// CPU does nothing), TCP across hosts, RDMA (ib, rc, dc) where the hardware
+// is, and device memory directly with a CUDA-enabled build.
+//
+// libucp.so.0 is opened with dlopen at first use (KVBM_UCX_LIB names
+// another, such as a CUDA/RDMA-enabled build on a GPU cluster); nothing
+// links against UCX and no UCX header is needed to build, so libkvbm.so
+// loads where UCX is absent and Available says why the transport cannot
+// be used.
+//
+// Each Transport has one UCX context and one worker, owned by a progress
+// goroutine locked to its OS thread: every UCX call of the transport is
+// made on that thread (UCS_THREAD_MODE_SINGLE, so UCX takes no locks), and
+// callers hand it work through a channel. Endpoints use error handling
+// mode PEER: a peer that dies fails the operations pending on it and
+// later ones with remote.ErrPeerUnavailable.
+package ucx
+
+// EnvLib names the libucp to load instead of DefaultLib.
+const EnvLib = "KVBM_UCX_LIB"
+
+// DefaultLib is the libucp loaded when EnvLib is not set: Debian's libucx0.
+const DefaultLib = "libucp.so.0"
+
+// minMinor is the oldest UCX 1.x we accept: the *_nbx calls came in 1.10.
+const minMinor = 10
+
+// Config configures a Transport.
+type Config struct {
+	// Options are UCX configuration entries for this transport's context,
+	// named as in the environment without the UCX_ prefix: {"TLS": "tcp"}
+	// restricts it to TCP. They override the UCX_* environment variables,
+	// which apply otherwise.
+	Options map[string]string
+	// MaxInFlight bounds the bytes posted and not yet completed on each
+	// endpoint (default DefaultMaxInFlight); an operation larger than it
+	// is posted alone.
+	MaxInFlight int64
+	// DeviceIsHost says that the served manager's device memory is host
+	// memory (the emulated device), registered as such. Otherwise device
+	// layouts are registered as CUDA memory, which needs a CUDA-enabled
+	// UCX (EnvLib); where it cannot, the endpoint carries the reason and
+	// attaching such a layout fails with it.
+	DeviceIsHost bool
+}
+
+// DefaultMaxInFlight is Config.MaxInFlight's default.
+const DefaultMaxInFlight = 16 << 20
