@@ -48,5 +48,20 @@ type Config struct {
 	DeviceIsHost bool
 }
 
+// defaultEnv are UCX settings made in the environment when libucp is
+// loaded, unless already set there (UCX reads these per component from
+// the environment only, not through ucp_config_modify). UCX's shared
+// memory transports (sysv, posix) support error handling mode PEER only
+// when asked: without this, an endpoint in mode PEER between two
+// processes of one host goes over TCP on the loopback device. libucs
+// would install handlers for SIGSEGV, SIGBUS, SIGILL and SIGFPE that take
+// the Go runtime's: a nil dereference would print UCX's backtrace and
+// kill the process instead of panicking.
+var defaultEnv = map[string]string{
+	"UCX_SYSV_ERROR_HANDLING":  "y",
+	"UCX_POSIX_ERROR_HANDLING": "y",
+	"UCX_ERROR_SIGNALS":        "",
+}
+
 // DefaultMaxInFlight is Config.MaxInFlight's default.
 const DefaultMaxInFlight = 16 << 20

@@ -29,15 +29,12 @@ func load() error {
 		if path == "" {
 			path = DefaultLib
 		}
-		// libucs installs handlers for SIGSEGV, SIGBUS, SIGILL and SIGFPE
-		// when it loads (UCX_ERROR_SIGNALS), which would take the Go
-		// runtime's: a nil dereference would print UCX's backtrace and
-		// kill the process instead of panicking. Keep them out unless
-		// the user asked for them.
-		if _, set := os.LookupEnv("UCX_ERROR_SIGNALS"); !set {
-			if err := os.Setenv("UCX_ERROR_SIGNALS", ""); err != nil {
-				loadErr = fmt.Errorf("ucx: %w", err)
-				return
+		for k, v := range defaultEnv {
+			if _, set := os.LookupEnv(k); !set {
+				if err := os.Setenv(k, v); err != nil {
+					loadErr = fmt.Errorf("ucx: %w", err)
+					return
+				}
 			}
 		}
 		cpath := C.CString(path)
@@ -108,4 +105,3 @@ func status(st C.int32_t) error {
 	}
 	return ucsError(st)
 }
-

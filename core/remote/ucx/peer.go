@@ -31,6 +31,7 @@ import (
 type Peer struct {
 	t       *Transport
 	layouts map[transfer.LayoutHandle]*remoteLayout
+	closed  chan struct{} // closed once the endpoint is closed
 	gone    chan struct{} // closed once the endpoint is closed and released
 
 	mu  sync.Mutex
@@ -42,8 +43,10 @@ type Peer struct {
 	ep       C.uint64_t
 	state    *C.kvbm_ucx_epstate_t
 	batches  []*batch
-	closing  bool
-	released bool
+	closing   bool
+	epClosed  bool
+	rkeysGone bool
+	released  bool
 }
 
 type remoteLayout struct {
@@ -77,7 +80,7 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	if err != nil {
 		return nil, err
 	}
-	p := &Peer{t: t, layouts: map[transfer.LayoutHandle]*remoteLayout{}, gone: make(chan struct{})}
+	p := &Peer{t: t, layouts: map[transfer.LayoutHandle]*remoteLayout{}, closed: make(chan struct{}), gone: make(chan struct{})}
 	var setup error
 	created := false
 	err = t.do(func() error {
@@ -240,7 +243,7 @@ func (p *Peer) run(ctx context.Context, b *batch) error {
 	case err := <-b.done:
 		return err
 	case <-p.t.done:
-	case <-time.After(closeGrace):
+	case <-time.After(abortGrace):
 	}
 	return cause
 }
@@ -259,7 +262,7 @@ func (p *Peer) Close() error {
 		return nil // the transport closed it
 	}
 	select {
-	case <-p.gone:
+	case <-p.closed:
 	case <-p.t.done:
 	case <-time.After(closeGrace):
 	}
@@ -372,8 +375,11 @@ func (p *Peer) reap() bool {
 	}
 	clear(p.batches[len(kept):])
 	p.batches = kept
-	if p.closing && !p.released && p.state.closing == 0 && len(p.batches) == 0 {
-		p.release()
+	if p.closing && p.state.closing == 0 {
+		p.markClosed()
+		if len(p.batches) == 0 {
+			p.release()
+		}
 	}
 	return len(p.batches) > 0
 }
@@ -399,16 +405,39 @@ func (p *Peer) finish(b *batch) {
 // release destroys the rkeys and the endpoint state once the endpoint is
 // closed.
 func (p *Peer) release() {
-	p.released = true
+	p.destroyRkeys()
+	p.freeState()
+}
+
+// destroyRkeys destroys the rkeys once; callers of rma that still see
+// them find the peer failed when their batch is submitted.
+func (p *Peer) destroyRkeys() {
+	if p.rkeysGone {
+		return
+	}
+	p.rkeysGone = true
 	for _, l := range p.layouts {
 		for _, r := range l.regions {
 			C.kvbm_ucx_rkey_destroy(r.rkey)
 		}
 	}
+}
+
+func (p *Peer) freeState() {
+	p.released = true
 	C.free(unsafe.Pointer(p.state))
 	p.state = nil
 	delete(p.t.peers, p)
+	p.markClosed()
 	close(p.gone)
+}
+
+// markClosed tells Close that the endpoint is closed.
+func (p *Peer) markClosed() {
+	if !p.epClosed {
+		p.epClosed = true
+		close(p.closed)
+	}
 }
 
 func (b *batch) free() {

@@ -35,10 +35,16 @@ const (
 	idlePoll = time.Millisecond
 )
 
-// closeGrace bounds how long a failed endpoint's close and the
-// cancellation of its operations may take before a caller is answered
-// anyway (their memory is then released by the progress loop later).
+// closeGrace bounds how long Close waits for endpoints to close.
 const closeGrace = 2 * time.Second
+
+// abortGrace bounds how long an operation past its deadline waits for
+// UCX to cancel its requests after the endpoint is closed, before its
+// caller is answered anyway. Requests UCX does not cancel (those of
+// RMA emulated over active messages wait for replies that UCX does not
+// track) stay with the progress thread, which frees their memory when
+// they complete.
+const abortGrace = 20 * time.Millisecond
 
 // Transport is the UCX transport. Safe for concurrent use.
 type Transport struct {
@@ -324,14 +330,15 @@ func (t *Transport) open() error {
 			C.free(unsafe.Pointer(values[i]))
 		}
 	}()
-	keys := make([]string, 0, len(t.cfg.Options))
-	for k := range t.cfg.Options {
+	opts := t.cfg.Options
+	keys := make([]string, 0, len(opts))
+	for k := range opts {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
 		names = append(names, C.CString(k))
-		values = append(values, C.CString(t.cfg.Options[k]))
+		values = append(values, C.CString(opts[k]))
 	}
 	nv := C.malloc(C.size_t(2*max(1, len(keys))) * C.size_t(unsafe.Sizeof(uintptr(0))))
 	defer C.free(nv)
@@ -363,13 +370,27 @@ func (t *Transport) shutdown() {
 	for p := range t.peers {
 		p.fail(fmt.Errorf("%w: ucx: the transport was closed", remote.ErrPeerUnavailable))
 	}
+	// Wait for the closes; requests UCX did not cancel (RMA emulated over
+	// active messages, waiting for replies) go with the worker.
 	deadline := time.Now().Add(closeGrace)
-	for len(t.peers) > 0 && time.Now().Before(deadline) {
+	for time.Now().Before(deadline) {
 		C.kvbm_ucx_progress(t.worker, 32)
 		t.reap()
+		closing := false
+		for p := range t.peers {
+			closing = closing || p.state.closing != 0
+		}
+		if !closing {
+			break
+		}
 	}
-	if len(t.peers) > 0 {
-		slog.Warn("ucx: endpoints still closing at shutdown; destroying the worker anyway", "peers", len(t.peers))
+	left := make([]*Peer, 0, len(t.peers))
+	for p := range t.peers {
+		if p.state.closing != 0 {
+			slog.Warn("ucx: an endpoint is still closing at shutdown; destroying the worker anyway")
+		}
+		p.destroyRkeys()
+		left = append(left, p)
 	}
 	for _, r := range t.regs {
 		C.kvbm_ucx_mem_unmap(t.context, r.memh)
@@ -377,6 +398,14 @@ func (t *Transport) shutdown() {
 	t.regs = nil
 	C.kvbm_ucx_worker_destroy(t.worker)
 	C.kvbm_ucx_cleanup(t.context)
+	// No callback can run now: fail what is left and free it.
+	for _, p := range left {
+		for _, b := range p.batches {
+			p.finish(b)
+		}
+		p.batches = nil
+		p.freeState()
+	}
 	if t.release != nil {
 		t.release()
 	}
