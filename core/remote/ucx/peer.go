@@ -40,9 +40,9 @@ type Peer struct {
 	peak atomic.Int64 // the most bytes in flight seen (for tests)
 
 	// Owned by the progress thread.
-	ep       C.uint64_t
-	state    *C.kvbm_ucx_epstate_t
-	batches  []*batch
+	ep        C.uint64_t
+	state     *C.kvbm_ucx_epstate_t
+	batches   []*batch
 	closing   bool
 	epClosed  bool
 	rkeysGone bool

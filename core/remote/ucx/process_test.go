@@ -1,7 +1,10 @@
+//go:build cgo
+
 package ucx
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -158,27 +161,36 @@ func pullForever(s *side, local transfer.LayoutHandle, hello *helperHello) int {
 
 // helper is a running exporting process.
 type helper struct {
-	t     testing.TB
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	out   *bufio.Reader
-	hello helperHello
+	t      testing.TB
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Reader
+	stderr *bytes.Buffer // logged when it stops
+	hello  helperHello
 }
 
-func startHelper(t testing.TB, spec helperSpec) *helper {
+// command is the test binary run as a helper with spec.
+func helperCommand(t testing.TB, spec helperSpec) *helper {
 	t.Helper()
 	js, err := json.Marshal(spec)
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
 	cmd.Env = append(os.Environ(), envHelper+"="+string(js))
-	cmd.Stderr = os.Stderr
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
 	in, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	outPipe, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	h := &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outPipe)}
+	h := &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outPipe), stderr: stderr}
 	t.Cleanup(h.stop)
+	return h
+}
+
+func startHelper(t testing.TB, spec helperSpec) *helper {
+	t.Helper()
+	h := helperCommand(t, spec)
 	for {
 		line, err := h.out.ReadString('\n')
 		require.NoError(t, err, "the helper process ended before its hello")
@@ -211,6 +223,9 @@ func (h *helper) stop() {
 		_ = h.cmd.Process.Signal(syscall.SIGCONT)
 		_ = h.cmd.Process.Kill()
 		<-exited
+	}
+	if h.stderr.Len() > 0 {
+		h.t.Logf("helper process %d (%v): stderr:\n%s", h.cmd.Process.Pid, h.cmd.ProcessState, h.stderr)
 	}
 }
 
@@ -296,7 +311,7 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 					good int
 				}
 				done := make(chan outcome, 1)
-				signalled := make(chan struct{})
+				signalled, first := make(chan struct{}), make(chan struct{})
 				go func() {
 					good := 0
 					for {
@@ -314,6 +329,9 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 							}
 						}
 						good++
+						if good == 1 {
+							close(first)
+						}
 						select {
 						case <-signalled:
 							if time.Since(at) > 5*deadline {
@@ -324,7 +342,11 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 						}
 					}
 				}()
-				time.Sleep(100 * time.Millisecond)
+				select {
+				case <-first:
+				case o := <-done:
+					t.Fatalf("no transfer completed before %v: %v", sig, o.err)
+				}
 				sentAt := time.Now()
 				require.NoError(t, h.cmd.Process.Signal(sig))
 				close(signalled)
@@ -354,6 +376,14 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 // from it, every byte checked.
 func TestImporterProcessKilled(t *testing.T) {
 	needUCX(t)
+	if v := Version(); strings.HasPrefix(v, "1.13.") || strings.HasPrefix(v, "1.12.") || strings.HasPrefix(v, "1.11.") || strings.HasPrefix(v, "1.10.") {
+		// Seen with Debian's 1.13.1: a get request of a peer that died,
+		// still queued when the exporter learns of the death, is
+		// answered on the failed endpoint, and ucp_get_req_handler ends in
+		// ucs_fatal ("ucp_request.inl:346 Fatal: unexpected error:
+		// Endpoint timeout"), aborting the exporting process.
+		t.Skipf("UCX %s aborts the exporting process when an importer dies with emulated RMA requests queued (ucp_get_req_handler, ucp_request.inl:346)", v)
+	}
 	for _, tc := range tlsCases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := layout.Config{NumBlocks: 64, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 64, DtypeWidth: 2}
@@ -385,18 +415,7 @@ func TestImporterProcessKilled(t *testing.T) {
 // startPuller starts an importing helper and waits until it pulls.
 func startPuller(t testing.TB, spec helperSpec) *helper {
 	t.Helper()
-	js, err := json.Marshal(spec)
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
-	cmd.Env = append(os.Environ(), envHelper+"="+string(js))
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	outPipe, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	h := &helper{t: t, cmd: cmd, in: in, out: bufio.NewReader(outPipe)}
-	t.Cleanup(h.stop)
+	h := helperCommand(t, spec)
 	line, err := h.out.ReadString('\n')
 	require.NoError(t, err, "the importing helper ended before it pulled")
 	require.Equal(t, "pulling", strings.TrimSpace(line))
