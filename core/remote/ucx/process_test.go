@@ -421,3 +421,33 @@ func startPuller(t testing.TB, spec helperSpec) *helper {
 	require.Equal(t, "pulling", strings.TrimSpace(line))
 	return h
 }
+
+// Metadata of a process that has died: connecting fails, or the first
+// transfer does, with ErrPeerUnavailable within the deadline.
+func TestConnectToADeadProcess(t *testing.T) {
+	needUCX(t)
+	for _, tc := range tlsCases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := smallConfig(4)
+			h := startHelper(t, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x10, Options: tc.opts})
+			require.NoError(t, h.cmd.Process.Kill())
+			h.stop()
+			const deadline = 500 * time.Millisecond
+			s := newSide(t, newEmu(t), 0x1, Config{Options: tc.opts}, deadline)
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			p, err := s.tr.Connect(ctx, h.hello.Endpoint)
+			if err == nil {
+				defer func() { require.NoError(t, p.Close()) }()
+				hs, ierr := s.m.Import(p, h.hello.Descs)
+				require.NoError(t, ierr)
+				local := s.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+				err = move(t, s.m, hs[0], seq(0, 4), local, seq(0, 4))
+			}
+			t.Logf("after %v: %v", time.Since(start), err)
+			require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+			require.Less(t, time.Since(start), 2*deadline+200*time.Millisecond)
+		})
+	}
+}

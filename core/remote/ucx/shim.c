@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,6 +294,11 @@ unsigned kvbm_ucx_progress(uint64_t worker, int max) {
 		if (n == 0) {
 			break;
 		}
+	}
+	if (total == 0) {
+		// Nothing happened: let the peer's progress thread (on the
+		// same cores, when both processes share a host) run.
+		sched_yield();
 	}
 	return total;
 }

@@ -132,9 +132,19 @@ func (t *Transport) do(fn func() error) error {
 	res := make(chan error, 1)
 	select {
 	case t.cmds <- func() { res <- fn() }:
-		return <-res
 	case <-t.quit:
 		return fmt.Errorf("ucx: %w", errClosed)
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-t.done: // closed, and fn may have been dropped
+		select {
+		case err := <-res:
+			return err
+		default:
+			return fmt.Errorf("ucx: %w", errClosed)
+		}
 	}
 }
 
@@ -409,11 +419,10 @@ func (t *Transport) shutdown() {
 	if t.release != nil {
 		t.release()
 	}
-	// Commands sent before quit was seen are answered as refused.
+	// Commands sent while quitting are dropped: their callers see done.
 	for {
 		select {
-		case fn := <-t.cmds:
-			_ = fn
+		case <-t.cmds:
 		default:
 			return
 		}
