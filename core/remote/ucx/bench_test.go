@@ -32,14 +32,19 @@ func BenchmarkPull(b *testing.B) {
 	for _, size := range sizes {
 		for _, tc := range tlsCases {
 			b.Run(size.name+"/"+tc.name, func(b *testing.B) {
-				benchPull(b, size.cfg, tc.opts)
+				benchPull(b, size.cfg, tc.opts, false)
 			})
 		}
+		// The exporter's layout in memory UCX allocated (AllocHost):
+		// shared memory that the importer reads itself.
+		b.Run(size.name+"/default-ucx-memory", func(b *testing.B) {
+			benchPull(b, size.cfg, nil, true)
+		})
 	}
 }
 
-func benchPull(b *testing.B, cfg layout.Config, opts map[string]string) {
-	h := startHelper(b, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x10000, Options: opts})
+func benchPull(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem bool) {
+	h := startHelper(b, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x10000, Options: opts, UCXMemory: ucxMem})
 	s := newSide(b, newEmu(b), 0x1, Config{Options: opts}, time.Minute)
 	_, remote := h.connect(b, s)
 	local := s.alloc(b, storage.Pinned, cfg, transfer.FullyContiguous)

@@ -16,6 +16,8 @@ import (
 //
 //	magic "KVBMUCX1" | crc32c(body) u32 | body
 //	body: address length u32 | ucp worker address
+//	      | boot id length u32 | boot id | pid namespace length u32 | pid namespace
+//	      | pid u32 | process start time u64 (clock ticks after boot)
 //	      | layouts u32 | layout...
 //	layout: worker u64 | layout id u16 | storage kind u8
 //	        | reason length u32 | reason (why it is not reachable; then no regions)
@@ -31,6 +33,7 @@ const maxEndpointLen = 64 << 20
 
 type endpointInfo struct {
 	address []byte
+	proc    procIdentity
 	layouts []layoutInfo
 }
 
@@ -51,6 +54,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func (e *endpointInfo) encode() []byte {
 	body := binary.LittleEndian.AppendUint32(nil, uint32(len(e.address)))
 	body = append(body, e.address...)
+	body = binary.LittleEndian.AppendUint32(body, uint32(len(e.proc.bootID)))
+	body = append(body, e.proc.bootID...)
+	body = binary.LittleEndian.AppendUint32(body, uint32(len(e.proc.pidNS)))
+	body = append(body, e.proc.pidNS...)
+	body = binary.LittleEndian.AppendUint32(body, e.proc.pid)
+	body = binary.LittleEndian.AppendUint64(body, e.proc.start)
 	body = binary.LittleEndian.AppendUint32(body, uint32(len(e.layouts)))
 	for _, l := range e.layouts {
 		body = binary.LittleEndian.AppendUint64(body, l.handle.Worker)
@@ -92,6 +101,10 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 	if len(e.address) == 0 && d.err == nil {
 		d.fail("empty worker address")
 	}
+	e.proc.bootID = string(d.bytes("boot id"))
+	e.proc.pidNS = string(d.bytes("pid namespace"))
+	e.proc.pid = d.u32()
+	e.proc.start = d.u64()
 	n := d.count("layouts", 8+2+1+4+4)
 	for i := 0; i < n && d.err == nil; i++ {
 		var l layoutInfo

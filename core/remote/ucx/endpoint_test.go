@@ -21,6 +21,7 @@ func fakeRkey() []byte {
 func sampleEndpoint() *endpointInfo {
 	return &endpointInfo{
 		address: []byte("worker-address"),
+		proc:    procIdentity{bootID: "boot", pidNS: "pid:[1]", pid: 42, start: 7},
 		layouts: []layoutInfo{
 			{handle: transfer.LayoutHandle{Worker: 0xE, Layout: 1}, kind: storage.Pinned,
 				regions: []regionInfo{{base: 0x1000, size: 4096, rkey: fakeRkey()}, {base: 0x9000, size: 512, rkey: fakeRkey()}}},

@@ -30,6 +30,7 @@ import (
 // the layouts it published. Safe for concurrent use.
 type Peer struct {
 	t       *Transport
+	proc    procIdentity // the exporting process
 	layouts map[transfer.LayoutHandle]*remoteLayout
 	closed  chan struct{} // closed once the endpoint is closed
 	gone    chan struct{} // closed once the endpoint is closed and released
@@ -80,7 +81,7 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	if err != nil {
 		return nil, err
 	}
-	p := &Peer{t: t, layouts: map[transfer.LayoutHandle]*remoteLayout{}, closed: make(chan struct{}), gone: make(chan struct{})}
+	p := &Peer{t: t, proc: info.proc, layouts: map[transfer.LayoutHandle]*remoteLayout{}, closed: make(chan struct{}), gone: make(chan struct{})}
 	var setup error
 	created := false
 	err = t.do(func() error {
@@ -179,6 +180,13 @@ func (p *Peer) Write(ctx context.Context, h transfer.LayoutHandle, ops []transfe
 
 func (p *Peer) rma(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, write bool) error {
 	if err := p.failure(); err != nil {
+		return err
+	}
+	// Memory shared with a process of this host stays readable after the
+	// process died: ask the process table.
+	if why := p.proc.gone(); why != "" {
+		err := fmt.Errorf("%w: ucx: the exporting %s", remote.ErrPeerUnavailable, why)
+		p.t.post(func() { p.fail(err) })
 		return err
 	}
 	l, ok := p.layouts[h]

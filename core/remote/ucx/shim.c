@@ -96,6 +96,7 @@ typedef struct {
 enum {
 	UCP_MEM_MAP_PARAM_FIELD_ADDRESS = BIT(0),
 	UCP_MEM_MAP_PARAM_FIELD_LENGTH = BIT(1),
+	UCP_MEM_MAP_PARAM_FIELD_FLAGS = BIT(2),
 	UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE = BIT(4),
 };
 enum { UCS_MEMORY_TYPE_HOST = 0, UCS_MEMORY_TYPE_CUDA = 1 };
@@ -107,6 +108,15 @@ typedef struct {
 	unsigned prot;
 	int memory_type;   // ucs_memory_type_t
 } ucp_mem_map_params_t;
+
+enum { UCP_MEM_MAP_ALLOCATE = BIT(1) };
+enum { UCP_MEM_ATTR_FIELD_ADDRESS = BIT(0), UCP_MEM_ATTR_FIELD_LENGTH = BIT(1) };
+typedef struct {
+	uint64_t field_mask;
+	void *address;
+	size_t length;
+	int mem_type;      // ucs_memory_type_t
+} ucp_mem_attr_t;
 
 // ucp_request_param_t
 enum {
@@ -152,6 +162,7 @@ static struct {
 	unsigned (*worker_progress)(ucp_worker_h);
 	ucs_status_t (*mem_map)(ucp_context_h, const ucp_mem_map_params_t *, ucp_mem_h *);
 	ucs_status_t (*mem_unmap)(ucp_context_h, ucp_mem_h);
+	ucs_status_t (*mem_query)(const ucp_mem_h, ucp_mem_attr_t *);
 	ucs_status_t (*rkey_pack)(ucp_context_h, ucp_mem_h, void **, size_t *);
 	void (*rkey_buffer_release)(void *);
 	ucs_status_t (*ep_create)(ucp_worker_h, const ucp_ep_params_t *, ucp_ep_h *);
@@ -200,6 +211,7 @@ static void load(void) {
 	SYM(worker_progress, "ucp_worker_progress");
 	SYM(mem_map, "ucp_mem_map");
 	SYM(mem_unmap, "ucp_mem_unmap");
+	SYM(mem_query, "ucp_mem_query");
 	SYM(rkey_pack, "ucp_rkey_pack");
 	SYM(rkey_buffer_release, "ucp_rkey_buffer_release");
 	SYM(ep_create, "ucp_ep_create");
@@ -317,6 +329,30 @@ int32_t kvbm_ucx_mem_map(uint64_t context, uint64_t addr, uint64_t size, int cud
 		*memh = (uint64_t)(uintptr_t)h;
 	}
 	return st;
+}
+
+int32_t kvbm_ucx_mem_alloc(uint64_t context, uint64_t size, uint64_t *memh, uint64_t *addr, uint64_t *len) {
+	ucp_mem_map_params_t params;
+	memset(&params, 0, sizeof params);
+	params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+	params.length = size;
+	params.flags = UCP_MEM_MAP_ALLOCATE;
+	ucp_mem_h h;
+	ucs_status_t st = U.mem_map((ucp_context_h)(uintptr_t)context, &params, &h);
+	if (st != UCS_OK) {
+		return st;
+	}
+	ucp_mem_attr_t attr;
+	memset(&attr, 0, sizeof attr);
+	attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+	if ((st = U.mem_query(h, &attr)) != UCS_OK) {
+		U.mem_unmap((ucp_context_h)(uintptr_t)context, h);
+		return st;
+	}
+	*memh = (uint64_t)(uintptr_t)h;
+	*addr = (uint64_t)(uintptr_t)attr.address;
+	*len = attr.length;
+	return UCS_OK;
 }
 
 int32_t kvbm_ucx_mem_unmap(uint64_t context, uint64_t memh) {

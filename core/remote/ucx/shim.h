@@ -67,6 +67,8 @@ unsigned kvbm_ucx_progress(uint64_t worker, int max);
 
 // Memory registration. cuda: register as CUDA device memory.
 int32_t kvbm_ucx_mem_map(uint64_t context, uint64_t addr, uint64_t size, int cuda, uint64_t *memh);
+// kvbm_ucx_mem_alloc allocates and maps size bytes (UCP_MEM_MAP_ALLOCATE).
+int32_t kvbm_ucx_mem_alloc(uint64_t context, uint64_t size, uint64_t *memh, uint64_t *addr, uint64_t *len);
 int32_t kvbm_ucx_mem_unmap(uint64_t context, uint64_t memh);
 int32_t kvbm_ucx_rkey_pack(uint64_t context, uint64_t memh, void **buf, size_t *len);
 void kvbm_ucx_rkey_buffer_release(void *buf);

@@ -61,6 +61,7 @@ type Transport struct {
 	context, worker C.uint64_t
 	release         func() // the manager's Hold
 	regs            map[regKey]*registration
+	allocs          map[uint64]*allocation // AllocHost, by address
 	peers           map[*Peer]struct{}
 	address         []byte
 }
@@ -73,6 +74,8 @@ type regKey struct {
 type registration struct {
 	memh C.uint64_t
 	rkey []byte
+	// alloc: the memory of an AllocHost allocation, unmapped with it.
+	alloc bool
 }
 
 // New creates a UCX context and worker and starts its progress thread.
@@ -85,7 +88,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t := &Transport{
 		cfg: cfg, cmds: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
-		regs: map[regKey]*registration{}, peers: map[*Peer]struct{}{},
+		regs: map[regKey]*registration{}, allocs: map[uint64]*allocation{}, peers: map[*Peer]struct{}{},
 	}
 	ready := make(chan error, 1)
 	go t.loop(ready)
@@ -188,7 +191,7 @@ func (t *Transport) Endpoint() ([]byte, error) {
 	}
 	var out []byte
 	err := t.do(func() error {
-		info := endpointInfo{address: t.address}
+		info := endpointInfo{address: t.address, proc: thisProcess()}
 		for _, d := range descs {
 			info.layouts = append(info.layouts, t.register(d))
 		}
@@ -211,7 +214,9 @@ func (t *Transport) register(d transfer.Descriptor) layoutInfo {
 		key := regKey{d.Handle, d.Bases[i], sizes[i]}
 		r, ok := t.regs[key]
 		if !ok {
-			if r, err = t.mapRegion(d.Bases[i], sizes[i], cuda); err != nil {
+			if a := t.allocationOf(d.Bases[i], sizes[i]); a != nil {
+				r = a.reg // UCX's own memory: its rkey reaches it directly
+			} else if r, err = t.mapRegion(d.Bases[i], sizes[i], cuda); err != nil {
 				break
 			}
 			t.regs[key] = r
@@ -237,10 +242,19 @@ func (t *Transport) mapRegion(base, size uint64, cuda bool) (*registration, erro
 	if err := status(C.kvbm_ucx_mem_map(t.context, C.uint64_t(base), C.uint64_t(size), c, &memh)); err != nil {
 		return nil, fmt.Errorf("ucp_mem_map of %d bytes at %#x: %w", size, base, err)
 	}
+	r, err := t.packRegion(memh)
+	if err != nil {
+		C.kvbm_ucx_mem_unmap(t.context, memh)
+		return nil, err
+	}
+	return r, nil
+}
+
+// packRegion packs the rkey of a mapped region.
+func (t *Transport) packRegion(memh C.uint64_t) (*registration, error) {
 	var buf unsafe.Pointer
 	var n C.size_t
 	if err := status(C.kvbm_ucx_rkey_pack(t.context, memh, &buf, &n)); err != nil {
-		C.kvbm_ucx_mem_unmap(t.context, memh)
 		return nil, fmt.Errorf("ucp_rkey_pack: %w", err)
 	}
 	r := &registration{memh: memh, rkey: C.GoBytes(buf, C.int(n))}
@@ -248,7 +262,6 @@ func (t *Transport) mapRegion(base, size uint64, cuda bool) (*registration, erro
 	if err := checkRkey(r.rkey); err != nil {
 		// A map that reaches no memory domain: no transport of this
 		// UCX can reach memory of this type.
-		C.kvbm_ucx_mem_unmap(t.context, memh)
 		return nil, fmt.Errorf("no UCX memory domain can register it (%v)", err)
 	}
 	return r, nil
@@ -403,9 +416,15 @@ func (t *Transport) shutdown() {
 		left = append(left, p)
 	}
 	for _, r := range t.regs {
-		C.kvbm_ucx_mem_unmap(t.context, r.memh)
+		if !r.alloc {
+			C.kvbm_ucx_mem_unmap(t.context, r.memh)
+		}
 	}
 	t.regs = nil
+	for _, a := range t.allocs {
+		C.kvbm_ucx_mem_unmap(t.context, a.reg.memh)
+	}
+	t.allocs = nil
 	C.kvbm_ucx_worker_destroy(t.worker)
 	C.kvbm_ucx_cleanup(t.context)
 	// No callback can run now: fail what is left and free it.
