@@ -1,10 +1,19 @@
-// Package ucx is the UCX transport of core/remote: one-sided reads and
-// writes (ucp_get_nbx, ucp_put_nbx) of memory the exporting worker
-// registered with ucp_mem_map, whose packed rkeys travel in its endpoint.
-// UCX picks the way by itself (UCX_TLS): shared memory between processes
-// of one host (cma, a single-copy process_vm_readv/writev: the exporter's
-// CPU does nothing), TCP across hosts, RDMA (ib, rc, dc) where the hardware
-// is, and device memory directly with a CUDA-enabled build.
+// Package ucx is the UCX transport of core/remote: reads and writes
+// (ucp_get_nbx, ucp_put_nbx) of memory the exporting worker registered
+// with ucp_mem_map, whose packed rkeys travel in its endpoint. UCX picks
+// the way by itself (UCX_TLS): shared memory between processes of one
+// host, TCP across hosts, RDMA (rc, dc) where the hardware is, and device
+// memory directly with a CUDA-enabled build.
+//
+// Whether the exporter's CPU takes part depends on the memory and on the
+// UCX build. Memory the transport allocated (AllocHost) is shared memory
+// that a peer on the same host maps and copies itself: one-sided. Other
+// memory (the manager's own allocations) is reached one-sided over RDMA or
+// with a UCX built with xpmem or knem; with Debian's libucx0 1.13 between
+// processes of one host, and over TCP, UCX emulates the reads and writes
+// with messages that the exporter's progress thread answers (UCX's cma
+// transport, which could do them one-sided, is not used by UCX 1.13 with
+// error handling mode PEER).
 //
 // libucp.so.0 is opened with dlopen at first use (KVBM_UCX_LIB names
 // another, such as a CUDA/RDMA-enabled build on a GPU cluster); nothing
@@ -14,10 +23,13 @@
 //
 // Each Transport has one UCX context and one worker, owned by a progress
 // goroutine locked to its OS thread: every UCX call of the transport is
-// made on that thread (UCS_THREAD_MODE_SINGLE, so UCX takes no locks), and
-// callers hand it work through a channel. Endpoints use error handling
-// mode PEER: a peer that dies fails the operations pending on it and
-// later ones with remote.ErrPeerUnavailable.
+// made on that thread (UCS_THREAD_MODE_SINGLE, so UCX takes no locks and
+// callbacks never race with callers), and callers hand it work through a
+// channel. Endpoints use error handling mode PEER: a peer that dies fails
+// the operations pending on it and later ones with
+// remote.ErrPeerUnavailable; so does a deadline that passes, and an
+// exporting process of this host that has exited (checked in the process
+// table, since shared memory stays readable after its owner died).
 package ucx
 
 // EnvLib names the libucp to load instead of DefaultLib.

@@ -358,3 +358,39 @@ func TestGoKeepsItsSignalHandlers(t *testing.T) {
 	var p *int
 	require.Panics(t, func() { _ = *p })
 }
+
+// A layout over memory the transport allocated (AllocHost) is served like
+// any other: pulled and pushed, every byte checked; the memory is released
+// after its layout is unregistered, and a second Close does nothing.
+func TestAllocHost(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 10*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 10*time.Second)
+	cfg := smallConfig(8)
+	sizes, err := layout.RegionSizes(cfg, layout.FullyContiguous, 0)
+	require.NoError(t, err)
+	mem, err := exp.tr.AllocHost(sizes[0])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, mem.Size(), sizes[0])
+	src, err := exp.m.RegisterExternal(storage.System, cfg, transfer.FullyContiguous, []uint64{mem.Addr()})
+	require.NoError(t, err)
+	exp.fill(t, src, 0x60)
+	imp.importAll(t, exp)
+	dst := imp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+	require.NoError(t, move(t, imp.m, src, seq(0, 8), dst, []int{7, 6, 5, 4, 3, 2, 1, 0}))
+	for id := 0; id < 8; id++ {
+		imp.check(t, dst, 7-id, 0x60+uint64(id))
+	}
+	imp.fill(t, dst, 0x80)
+	require.NoError(t, move(t, imp.m, dst, seq(0, 4), src, seq(4, 8)))
+	for id, want := range []uint64{0x60, 0x61, 0x62, 0x63, 0x80, 0x81, 0x82, 0x83} {
+		exp.check(t, src, id, want)
+	}
+	require.NoError(t, exp.m.Unregister(src))
+	require.NoError(t, mem.Close())
+	require.NoError(t, mem.Close())
+	// Memory left allocated is released by the transport's Close.
+	_, err = exp.tr.AllocHost(1 << 20)
+	require.NoError(t, err)
+}
