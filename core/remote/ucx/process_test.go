@@ -344,9 +344,9 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 				local := s.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
 
 				type outcome struct {
-					err  error
-					at   time.Time
-					good int
+					err       error
+					start, at time.Time // of the last transfer
+					good      int
 				}
 				done := make(chan outcome, 1)
 				signalled, first := make(chan struct{}), make(chan struct{})
@@ -355,15 +355,16 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 					good := 0
 					for {
 						s.fill(t, local, 0xDEAD)
+						start := time.Now()
 						err := move(t, s.m, src, seq(0, 64), local, seq(0, 64))
 						at := time.Now()
 						if err != nil {
-							done <- outcome{err, at, good}
+							done <- outcome{err, start, at, good}
 							return
 						}
 						for id := 0; id < 64; id++ {
 							if err := s.checkErr(local, id, 0x900+uint64(id)); err != nil {
-								done <- outcome{fmt.Errorf("a transfer reported done is wrong: %w", err), at, good}
+								done <- outcome{fmt.Errorf("a transfer reported done is wrong: %w", err), start, at, good}
 								return
 							}
 						}
@@ -374,7 +375,7 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 						select {
 						case <-signalled:
 							if time.Since(sentAt) > 2*deadline {
-								done <- outcome{fmt.Errorf("transfers still succeed %v after %v", time.Since(sentAt), sig), at, good}
+								done <- outcome{fmt.Errorf("transfers still succeed %v after %v", time.Since(sentAt), sig), start, at, good}
 								return
 							}
 						default:
@@ -401,7 +402,13 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 					return
 				}
 				require.ErrorIs(t, o.err, remote.ErrPeerUnavailable)
-				took := o.at.Sub(sentAt)
+				// From the signal, or from the start of a transfer that
+				// began after it.
+				from := sentAt
+				if o.start.After(from) {
+					from = o.start
+				}
+				took := o.at.Sub(from)
 				t.Logf("%d transfers verified; failed %v after %v (helper pid %d, ours %d): %v", o.good, took, sig, h.cmd.Process.Pid, os.Getpid(), o.err)
 				require.Positive(t, o.good)
 				// The bound is the deadline + 100 ms; this machine's
