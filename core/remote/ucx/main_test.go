@@ -66,7 +66,7 @@ type side struct {
 
 func newSide(t testing.TB, emu *cuda.Emulated, id uint64, cfg Config, deadline time.Duration) *side {
 	t.Helper()
-	m, err := transfer.NewManager(transfer.Config{WorkerID: id, Driver: emu, HostWorkers: 2, RemoteDeadline: deadline})
+	m, err := transfer.NewManager(transfer.Config{WorkerID: id, Driver: emu, HostWorkers: 2, RemoteDeadline: deadline, DiskDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, m.Close()) })
 	cfg.DeviceIsHost = true

@@ -163,8 +163,8 @@ func (t *Transport) post(fn func()) bool {
 }
 
 // Endpoint registers the layouts the served manager has now (host memory,
-// and device memory as Config.DeviceIsHost says; disk layouts are not
-// reachable) and returns the worker address with every region's base,
+// and device memory as Config.DeviceIsHost says; a disk layout is listed
+// with the reason peers cannot reach it) and returns the worker address with every region's base,
 // size and packed rkey.
 func (t *Transport) Endpoint() ([]byte, error) {
 	t.mu.Lock()
@@ -184,9 +184,6 @@ func (t *Transport) Endpoint() ([]byte, error) {
 		if err != nil {
 			continue // unregistered meanwhile
 		}
-		if d.Kind == storage.Disk {
-			continue
-		}
 		descs = append(descs, d)
 	}
 	var out []byte
@@ -205,6 +202,10 @@ func (t *Transport) Endpoint() ([]byte, error) {
 // on the progress thread.
 func (t *Transport) register(d transfer.Descriptor) layoutInfo {
 	l := layoutInfo{handle: d.Handle, kind: d.Kind}
+	if !d.Kind.IsHost() && d.Kind != storage.Device {
+		l.reason = fmt.Sprintf("layout %v is %v: peers reach host and device memory only (stage its blocks in host memory first)", d.Handle, d.Kind)
+		return l
+	}
 	sizes, err := layout.RegionSizes(d.Config, d.Shape.Kind, d.Shape.BlockDim)
 	if err == nil && len(sizes) != len(d.Bases) {
 		err = fmt.Errorf("%d regions, %d bases", len(sizes), len(d.Bases))

@@ -289,6 +289,21 @@ func TestAttachChecksTheEndpoint(t *testing.T) {
 	wrong.Config.NumBlocks++
 	_, err = p.Attach(wrong)
 	require.ErrorIs(t, err, transfer.ErrInvalidArgument)
+
+	// A disk layout is listed with why peers cannot reach it.
+	disk := exp.alloc(t, storage.Disk, smallConfig(4), transfer.FullyContiguous)
+	ep, err = exp.tr.Endpoint()
+	require.NoError(t, err)
+	p2, err := imp.tr.Connect(context.Background(), ep)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p2.Close()) }()
+	dd, err := exp.m.Describe(disk)
+	require.NoError(t, err)
+	_, err = p2.Attach(dd)
+	require.ErrorIs(t, err, transfer.ErrUnsupported)
+	require.ErrorContains(t, err, "stage its blocks in host memory")
+	_, err = p2.Attach(db)
+	require.NoError(t, err, "a layout registered before this endpoint was exported")
 }
 
 // Without DeviceIsHost, device layouts are registered as CUDA memory:
