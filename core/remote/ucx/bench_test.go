@@ -18,7 +18,13 @@ import (
 // 2,048 of 32 KiB, each block its own operation (the destination order is
 // reversed, so nothing coalesces). Beside it, measured in the same run:
 // an in-process memcpy of the same bytes, block by block, and the ratio.
-func BenchmarkPull(b *testing.B) {
+func BenchmarkPull(b *testing.B) { benchRemote(b, false) }
+
+// BenchmarkPush is BenchmarkPull the other way: the importer writes its
+// blocks into the exporter's layout (checked by the exporter once).
+func BenchmarkPush(b *testing.B) { benchRemote(b, true) }
+
+func benchRemote(b *testing.B, push bool) {
 	needUCX(b)
 	sizes := []struct {
 		name string
@@ -32,18 +38,18 @@ func BenchmarkPull(b *testing.B) {
 	for _, size := range sizes {
 		for _, tc := range tlsCases {
 			b.Run(size.name+"/"+tc.name, func(b *testing.B) {
-				benchPull(b, size.cfg, tc.opts, false)
+				benchMove(b, size.cfg, tc.opts, false, push)
 			})
 		}
 		// The exporter's layout in memory UCX allocated (AllocHost):
 		// shared memory that the importer reads itself.
 		b.Run(size.name+"/default-ucx-memory", func(b *testing.B) {
-			benchPull(b, size.cfg, nil, true)
+			benchMove(b, size.cfg, nil, true, push)
 		})
 	}
 }
 
-func benchPull(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem bool) {
+func benchMove(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem, push bool) {
 	h := startHelper(b, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x10000, Options: opts, UCXMemory: ucxMem})
 	s := newSide(b, newEmu(b), 0x1, Config{Options: opts}, time.Minute)
 	_, remote := h.connect(b, s)
@@ -54,18 +60,27 @@ func benchPull(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem b
 	slices.Reverse(dst)
 	total := int64(n) * int64(cfg.BlockSize())
 
+	run := func() error { return move(b, s.m, remote, src, local, dst) }
+	if push {
+		s.fill(b, local, 0x20000)
+		run = func() error { return move(b, s.m, local, dst, remote, src) }
+	}
 	// Once, checked: every block where it belongs.
-	if err := move(b, s.m, remote, src, local, dst); err != nil {
+	if err := run(); err != nil {
 		b.Fatal(err)
 	}
 	for i := range src {
-		s.check(b, local, dst[i], 0x10000+uint64(src[i]))
+		if push {
+			h.check(src[i], 0x20000+uint64(dst[i]))
+		} else {
+			s.check(b, local, dst[i], 0x10000+uint64(src[i]))
+		}
 	}
 
 	b.SetBytes(total)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := move(b, s.m, remote, src, local, dst); err != nil {
+		if err := run(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -92,5 +107,9 @@ func benchPull(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem b
 	b.ReportMetric(pull, "GB/s")
 	b.ReportMetric(memcpy, "memcpy-GB/s")
 	b.ReportMetric(pull/memcpy, "ratio")
-	b.Logf("pull %.2f GB/s, in-process memcpy %.2f GB/s, ratio %.2f (%s)", pull, memcpy, pull/memcpy, fmt.Sprint(opts))
+	verb := "pull"
+	if push {
+		verb = "push"
+	}
+	b.Logf("%s %.2f GB/s, in-process memcpy %.2f GB/s, ratio %.2f (%s)", verb, pull, memcpy, pull/memcpy, fmt.Sprint(opts))
 }

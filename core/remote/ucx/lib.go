@@ -11,7 +11,9 @@ import "C"
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -29,7 +31,12 @@ func load() error {
 		if path == "" {
 			path = DefaultLib
 		}
-		for k, v := range defaultEnv {
+		env := maps.Clone(defaultEnv)
+		switch strings.ToLower(os.Getenv("KVBM_LOG")) {
+		case "debug", "info", "warn":
+			env["UCX_LOG_LEVEL"] = "warn"
+		}
+		for k, v := range env {
 			if _, set := os.LookupEnv(k); !set {
 				if err := os.Setenv(k, v); err != nil {
 					loadErr = fmt.Errorf("ucx: %w", err)
