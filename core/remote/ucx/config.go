@@ -46,7 +46,9 @@ type Config struct {
 	// Options are UCX configuration entries for this transport's context,
 	// named as in the environment without the UCX_ prefix: {"TLS": "tcp"}
 	// restricts it to TCP. They override the UCX_* environment variables,
-	// which apply otherwise.
+	// which apply otherwise. UCX 1.13 applies only its context's own
+	// entries this way (TLS, NET_DEVICES, RNDV_THRESH, …); settings of one
+	// transport (SYSV_*, TCP_*, IB_*) come from the environment only.
 	Options map[string]string
 	// MaxInFlight bounds the bytes posted and not yet completed on each
 	// endpoint (default DefaultMaxInFlight); an operation larger than it
