@@ -6,7 +6,7 @@ BUILD     := build
 GOFLAGS_TEST ?= -race -count=1
 export GOFLAGS := -mod=mod
 
-.PHONY: all deps deps-c test test-go vet fuzz bench bench-go bench-cmd demo kvbm install-cmd clean versitygw
+.PHONY: all deps deps-c deps-ucx test test-go vet fuzz bench bench-go bench-cmd demo kvbm install-cmd clean versitygw
 
 all: lib
 
@@ -40,11 +40,19 @@ deps-c:
 	@command -v cmake >/dev/null && command -v cc >/dev/null || \
 	  (apt-get update && apt-get install -y --no-install-recommends cmake gcc libc6-dev)
 
+# UCX for the UCX transport (core/remote/ucx): Debian's libucx0, opened
+# with dlopen at run time (nothing links against it), installed where
+# missing. KVBM_UCX_LIB names another libucp (a CUDA/RDMA build) instead.
+deps-ucx:
+	@[ -n "$$KVBM_UCX_LIB" ] || ldconfig -p | grep -q 'libucp\.so\.0 ' || \
+	  (apt-get update && apt-get install -y --no-install-recommends libucx0)
+
 # All tests. Runs on a machine without a GPU (emulated device).
 test: vet test-go deps-c test-c test-py test-vllm test-sglang
 
 # KVBM_REQUIRE_S3=1: an S3 test that finds no server fails instead of skipping.
-test-go: deps $(VERSITYGW)
+# KVBM_REQUIRE_UCX=1 (set by CI): a UCX test that cannot load libucp fails.
+test-go: deps deps-ucx $(VERSITYGW)
 	KVBM_REQUIRE_S3=1 $(WITH_S3) $(GO) test $(GOFLAGS_TEST) ./...
 
 # Fuzz every decoder and the C ABI's input paths for a while (not part of
@@ -55,6 +63,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime $(FUZZTIME) ./core/remote
 	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote
+	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 
 # Benchmarks: every figure beside the limit measured in the same run.
 bench: bench-go bench-c bench-py bench-cmd
@@ -63,8 +72,8 @@ bench: bench-go bench-c bench-py bench-cmd
 bench-cmd: kvbm
 	$(BUILD)/kvbm bench -dir $(BUILD)/bench
 
-bench-go: deps $(VERSITYGW)
-	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache
+bench-go: deps deps-ucx $(VERSITYGW)
+	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache ./core/remote/ucx
 	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
 	$(GO) test -run '^$$' -bench 'CrossProcess|PeerFailure' -benchtime 3x ./core/worker
 

@@ -1,0 +1,84 @@
+// Package ucx is the UCX transport of core/remote: reads and writes
+// (ucp_get_nbx, ucp_put_nbx) of memory the exporting worker registered
+// with ucp_mem_map, whose packed rkeys travel in its endpoint. UCX picks
+// the way by itself (UCX_TLS): shared memory between processes of one
+// host, TCP across hosts, RDMA (rc, dc) where the hardware is, and device
+// memory directly with a CUDA-enabled build.
+//
+// Whether the exporter's CPU takes part depends on the memory and on the
+// UCX build. Memory the transport allocated (AllocHost) is shared memory
+// that a peer on the same host maps and copies itself: one-sided. Other
+// memory (the manager's own allocations) is reached one-sided over RDMA or
+// with a UCX built with xpmem or knem; with Debian's libucx0 1.13 between
+// processes of one host, and over TCP, UCX emulates the reads and writes
+// with messages that the exporter's progress thread answers (UCX's cma
+// transport, which could do them one-sided, is not used by UCX 1.13 with
+// error handling mode PEER).
+//
+// libucp.so.0 is opened with dlopen at first use (KVBM_UCX_LIB names
+// another, such as a CUDA/RDMA-enabled build on a GPU cluster); nothing
+// links against UCX and no UCX header is needed to build, so libkvbm.so
+// loads where UCX is absent and Available says why the transport cannot
+// be used.
+//
+// Each Transport has one UCX context and one worker, owned by a progress
+// goroutine locked to its OS thread: every UCX call of the transport is
+// made on that thread (UCS_THREAD_MODE_SINGLE, so UCX takes no locks and
+// callbacks never race with callers), and callers hand it work through a
+// channel. Endpoints use error handling mode PEER: a peer that dies fails
+// the operations pending on it and later ones with
+// remote.ErrPeerUnavailable; so does a deadline that passes, and an
+// exporting process of this host that has exited (checked in the process
+// table, since shared memory stays readable after its owner died).
+package ucx
+
+// EnvLib names the libucp to load instead of DefaultLib.
+const EnvLib = "KVBM_UCX_LIB"
+
+// DefaultLib is the libucp loaded when EnvLib is not set: Debian's libucx0.
+const DefaultLib = "libucp.so.0"
+
+// minMinor is the oldest UCX 1.x we accept: the *_nbx calls came in 1.10.
+const minMinor = 10
+
+// Config configures a Transport.
+type Config struct {
+	// Options are UCX configuration entries for this transport's context,
+	// named as in the environment without the UCX_ prefix: {"TLS": "tcp"}
+	// restricts it to TCP. They override the UCX_* environment variables,
+	// which apply otherwise. UCX 1.13 applies only its context's own
+	// entries this way (TLS, NET_DEVICES, RNDV_THRESH, …); settings of one
+	// transport (SYSV_*, TCP_*, IB_*) come from the environment only.
+	Options map[string]string
+	// MaxInFlight bounds the bytes posted and not yet completed on each
+	// endpoint (default DefaultMaxInFlight); an operation larger than it
+	// is posted alone.
+	MaxInFlight int64
+	// DeviceIsHost says that the served manager's device memory is host
+	// memory (the emulated device), registered as such. Otherwise device
+	// layouts are registered as CUDA memory, which needs a CUDA-enabled
+	// UCX (EnvLib); where it cannot, the endpoint carries the reason and
+	// attaching such a layout fails with it.
+	DeviceIsHost bool
+}
+
+// defaultEnv are UCX settings made in the environment when libucp is
+// loaded, unless already set there (UCX reads these per component from
+// the environment only, not through ucp_config_modify). UCX's shared
+// memory transports (sysv, posix) support error handling mode PEER only
+// when asked: without this, an endpoint in mode PEER between two
+// processes of one host goes over TCP on the loopback device. libucs
+// would install handlers for SIGSEGV, SIGBUS, SIGILL and SIGFPE that take
+// the Go runtime's: a nil dereference would print UCX's backtrace and
+// kill the process instead of panicking.
+// UCX's own log (on stderr, beside ours) follows KVBM_LOG: errors only by
+// default, warnings too when KVBM_LOG asks for warnings or more.
+var defaultEnv = map[string]string{
+	"UCX_SYSV_ERROR_HANDLING":  "y",
+	"UCX_POSIX_ERROR_HANDLING": "y",
+	"UCX_ERROR_SIGNALS":        "",
+	"UCX_LOG_LEVEL":            "error",
+}
+
+// DefaultMaxInFlight is Config.MaxInFlight's default.
+const DefaultMaxInFlight = 16 << 20

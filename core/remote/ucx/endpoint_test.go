@@ -1,0 +1,73 @@
+package ucx
+
+import (
+	"bytes"
+	"encoding/binary"
+	"testing"
+
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeRkey is a packed rkey frame: a map of two memory domains, a memory
+// type, and two keys of 3 and 0 bytes.
+func fakeRkey() []byte {
+	b := binary.LittleEndian.AppendUint64(nil, 0b101)
+	return append(b, 0, 3, 0xA, 0xB, 0xC, 0)
+}
+
+func sampleEndpoint() *endpointInfo {
+	return &endpointInfo{
+		address: []byte("worker-address"),
+		proc:    procIdentity{bootID: "boot", pidNS: "pid:[1]", pid: 42, start: 7},
+		layouts: []layoutInfo{
+			{handle: transfer.LayoutHandle{Worker: 0xE, Layout: 1}, kind: storage.Pinned,
+				regions: []regionInfo{{base: 0x1000, size: 4096, rkey: fakeRkey()}, {base: 0x9000, size: 512, rkey: fakeRkey()}}},
+			{handle: transfer.LayoutHandle{Worker: 0xE, Layout: 2}, kind: storage.Device, reason: "no CUDA here"},
+		},
+	}
+}
+
+func TestEndpointRoundTrip(t *testing.T) {
+	e := sampleEndpoint()
+	got, err := decodeEndpoint(e.encode())
+	require.NoError(t, err)
+	require.Equal(t, e, got)
+	b := e.encode()
+	for n := 0; n < len(b); n++ {
+		_, err := decodeEndpoint(b[:n])
+		require.ErrorIs(t, err, remote.ErrBadEndpoint, "truncated to %d bytes", n)
+	}
+}
+
+func TestCheckRkey(t *testing.T) {
+	rk := fakeRkey()
+	require.NoError(t, checkRkey(rk))
+	require.NoError(t, checkRkey(append(rk, 1, 2, 3)), "a tail (system device, distances) is allowed")
+	for n := 0; n < len(rk); n++ {
+		require.Error(t, checkRkey(rk[:n]), "%d bytes", n)
+	}
+	require.ErrorContains(t, checkRkey(make([]byte, 9)), "no memory domain")
+}
+
+// FuzzDecodeEndpoint: any input decodes or fails with ErrBadEndpoint,
+// never panics, and what decodes encodes back to the same bytes.
+func FuzzDecodeEndpoint(f *testing.F) {
+	f.Add(sampleEndpoint().encode())
+	f.Add([]byte(endpointMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := decodeEndpoint(b)
+		if err != nil {
+			require.ErrorIs(t, err, remote.ErrBadEndpoint)
+			return
+		}
+		require.True(t, bytes.Equal(b, e.encode()))
+		for _, l := range e.layouts {
+			for _, r := range l.regions {
+				require.NoError(t, checkRkey(r.rkey))
+			}
+		}
+	})
+}

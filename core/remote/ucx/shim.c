@@ -1,0 +1,518 @@
+// See shim.h. Declarations copied from UCX 1.13.1's public headers.
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BIT(i) (1ull << (i))
+
+// ucs/type/status.h
+enum {
+	UCS_OK = 0,
+	UCS_INPROGRESS = 1,
+	UCS_ERR_NO_MESSAGE = -2,
+	UCS_ERR_UNSUPPORTED = -22,
+	UCS_ERR_LAST = -100,
+};
+#define PTR_IS_ERR(p) (((uintptr_t)(p)) >= ((uintptr_t)UCS_ERR_LAST))
+#define PTR_IS_PTR(p) (((uintptr_t)(p) - 1) < ((uintptr_t)UCS_ERR_LAST - 1))
+#define PTR_STATUS(p) ((int32_t)(intptr_t)(p))
+
+typedef int32_t ucs_status_t;
+typedef void *ucs_status_ptr_t;
+typedef struct ucp_context *ucp_context_h;
+typedef struct ucp_worker *ucp_worker_h;
+typedef struct ucp_ep *ucp_ep_h;
+typedef struct ucp_rkey *ucp_rkey_h;
+typedef struct ucp_mem *ucp_mem_h;
+typedef struct ucp_config ucp_config_t;
+typedef struct ucp_address ucp_address_t;
+
+// ucp/api/ucp.h: ucp_params_t
+enum { UCP_PARAM_FIELD_FEATURES = BIT(0) };
+enum { UCP_FEATURE_RMA = BIT(1) };
+typedef struct {
+	uint64_t field_mask;
+	uint64_t features;
+	size_t request_size;
+	void (*request_init)(void *);
+	void (*request_cleanup)(void *);
+	uint64_t tag_sender_mask;
+	int mt_workers_shared;
+	size_t estimated_num_eps;
+	size_t estimated_num_ppn;
+	const char *name;
+} ucp_params_t;
+
+// ucp_worker_params_t
+enum { UCP_WORKER_PARAM_FIELD_THREAD_MODE = BIT(0) };
+enum { UCS_THREAD_MODE_SINGLE = 0 };
+typedef struct {
+	uint64_t field_mask;
+	int thread_mode;                 // ucs_thread_mode_t
+	unsigned long cpu_mask[1024 / (8 * sizeof(unsigned long))]; // ucs_cpu_set_t
+	unsigned events;
+	void *user_data;
+	int event_fd;
+	uint64_t flags;
+	const char *name;
+	size_t am_alignment;
+	uint64_t client_id;
+} ucp_worker_params_t;
+
+// ucp/api/ucp_def.h: ucp_ep_params_t
+enum {
+	UCP_EP_PARAM_FIELD_REMOTE_ADDRESS = BIT(0),
+	UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE = BIT(1),
+	UCP_EP_PARAM_FIELD_ERR_HANDLER = BIT(2),
+};
+enum { UCP_ERR_HANDLING_MODE_NONE = 0, UCP_ERR_HANDLING_MODE_PEER = 1 };
+typedef void (*ucp_err_handler_cb_t)(void *arg, ucp_ep_h ep, ucs_status_t status);
+typedef struct {
+	const void *addr;  // const struct sockaddr *
+	unsigned addrlen;  // socklen_t
+} ucs_sock_addr_t;
+typedef struct {
+	uint64_t field_mask;
+	const ucp_address_t *address;
+	int err_mode;      // ucp_err_handling_mode_t
+	struct {
+		ucp_err_handler_cb_t cb;
+		void *arg;
+	} err_handler;     // ucp_err_handler_t
+	void *user_data;
+	unsigned flags;
+	ucs_sock_addr_t sockaddr;
+	void *conn_request;
+	const char *name;
+	ucs_sock_addr_t local_sockaddr;
+} ucp_ep_params_t;
+
+// ucp_mem_map_params_t
+enum {
+	UCP_MEM_MAP_PARAM_FIELD_ADDRESS = BIT(0),
+	UCP_MEM_MAP_PARAM_FIELD_LENGTH = BIT(1),
+	UCP_MEM_MAP_PARAM_FIELD_FLAGS = BIT(2),
+	UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE = BIT(4),
+};
+enum { UCS_MEMORY_TYPE_HOST = 0, UCS_MEMORY_TYPE_CUDA = 1 };
+typedef struct {
+	uint64_t field_mask;
+	void *address;
+	size_t length;
+	unsigned flags;
+	unsigned prot;
+	int memory_type;   // ucs_memory_type_t
+} ucp_mem_map_params_t;
+
+enum { UCP_MEM_MAP_ALLOCATE = BIT(1) };
+enum { UCP_MEM_ATTR_FIELD_ADDRESS = BIT(0), UCP_MEM_ATTR_FIELD_LENGTH = BIT(1) };
+typedef struct {
+	uint64_t field_mask;
+	void *address;
+	size_t length;
+	int mem_type;      // ucs_memory_type_t
+} ucp_mem_attr_t;
+
+// ucp_request_param_t
+enum {
+	UCP_OP_ATTR_FIELD_CALLBACK = BIT(1),
+	UCP_OP_ATTR_FIELD_USER_DATA = BIT(2),
+	UCP_OP_ATTR_FIELD_FLAGS = BIT(4),
+	UCP_OP_ATTR_FIELD_MEMORY_TYPE = BIT(6),
+};
+enum { UCP_EP_CLOSE_FLAG_FORCE = BIT(0) };
+typedef void (*ucp_send_nbx_callback_t)(void *request, ucs_status_t status, void *user_data);
+typedef struct {
+	uint32_t op_attr_mask;
+	uint32_t flags;
+	void *request;
+	union {
+		ucp_send_nbx_callback_t send;
+		void *other;
+	} cb;
+	uint64_t datatype;  // ucp_datatype_t
+	void *user_data;
+	void *reply_buffer;
+	int memory_type;    // ucs_memory_type_t
+	union {
+		size_t *length;
+		void *tag_info;
+	} recv_info;
+	ucp_mem_h memh;
+} ucp_request_param_t;
+
+// The function table.
+static struct {
+	void (*get_version)(unsigned *, unsigned *, unsigned *);
+	const char *(*status_string)(ucs_status_t);
+	ucs_status_t (*config_read)(const char *, const char *, ucp_config_t **);
+	ucs_status_t (*config_modify)(ucp_config_t *, const char *, const char *);
+	void (*config_release)(ucp_config_t *);
+	ucs_status_t (*init_version)(unsigned, unsigned, const ucp_params_t *, const ucp_config_t *, ucp_context_h *);
+	void (*cleanup)(ucp_context_h);
+	ucs_status_t (*worker_create)(ucp_context_h, const ucp_worker_params_t *, ucp_worker_h *);
+	void (*worker_destroy)(ucp_worker_h);
+	ucs_status_t (*worker_get_address)(ucp_worker_h, ucp_address_t **, size_t *);
+	void (*worker_release_address)(ucp_worker_h, ucp_address_t *);
+	unsigned (*worker_progress)(ucp_worker_h);
+	ucs_status_t (*mem_map)(ucp_context_h, const ucp_mem_map_params_t *, ucp_mem_h *);
+	ucs_status_t (*mem_unmap)(ucp_context_h, ucp_mem_h);
+	ucs_status_t (*mem_query)(const ucp_mem_h, ucp_mem_attr_t *);
+	ucs_status_t (*rkey_pack)(ucp_context_h, ucp_mem_h, void **, size_t *);
+	void (*rkey_buffer_release)(void *);
+	ucs_status_t (*ep_create)(ucp_worker_h, const ucp_ep_params_t *, ucp_ep_h *);
+	ucs_status_ptr_t (*ep_close_nbx)(ucp_ep_h, const ucp_request_param_t *);
+	ucs_status_ptr_t (*ep_flush_nbx)(ucp_ep_h, const ucp_request_param_t *);
+	ucs_status_t (*ep_rkey_unpack)(ucp_ep_h, const void *, ucp_rkey_h *);
+	void (*rkey_destroy)(ucp_rkey_h);
+	ucs_status_ptr_t (*put_nbx)(ucp_ep_h, const void *, size_t, uint64_t, ucp_rkey_h, const ucp_request_param_t *);
+	ucs_status_ptr_t (*get_nbx)(ucp_ep_h, void *, size_t, uint64_t, ucp_rkey_h, const ucp_request_param_t *);
+	void (*request_free)(void *);
+	void (*ep_print_info)(ucp_ep_h, FILE *);
+} U;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static const char *load_path;
+static char load_err[512];
+static int load_rc = -1;
+
+#define SYM(field, name)                                                                 \
+	do {                                                                             \
+		*(void **)&U.field = dlsym(lib, name);                                   \
+		if (!U.field) {                                                          \
+			snprintf(load_err, sizeof load_err, "%s: symbol %s not found", load_path, name); \
+			return;                                                          \
+		}                                                                        \
+	} while (0)
+
+static void load(void) {
+	void *lib = dlopen(load_path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		const char *e = dlerror();
+		snprintf(load_err, sizeof load_err, "%s", e ? e : "dlopen failed");
+		return;
+	}
+	SYM(get_version, "ucp_get_version");
+	SYM(status_string, "ucs_status_string");
+	SYM(config_read, "ucp_config_read");
+	SYM(config_modify, "ucp_config_modify");
+	SYM(config_release, "ucp_config_release");
+	SYM(init_version, "ucp_init_version");
+	SYM(cleanup, "ucp_cleanup");
+	SYM(worker_create, "ucp_worker_create");
+	SYM(worker_destroy, "ucp_worker_destroy");
+	SYM(worker_get_address, "ucp_worker_get_address");
+	SYM(worker_release_address, "ucp_worker_release_address");
+	SYM(worker_progress, "ucp_worker_progress");
+	SYM(mem_map, "ucp_mem_map");
+	SYM(mem_unmap, "ucp_mem_unmap");
+	SYM(mem_query, "ucp_mem_query");
+	SYM(rkey_pack, "ucp_rkey_pack");
+	SYM(rkey_buffer_release, "ucp_rkey_buffer_release");
+	SYM(ep_create, "ucp_ep_create");
+	SYM(ep_close_nbx, "ucp_ep_close_nbx");
+	SYM(ep_flush_nbx, "ucp_ep_flush_nbx");
+	SYM(ep_rkey_unpack, "ucp_ep_rkey_unpack");
+	SYM(rkey_destroy, "ucp_rkey_destroy");
+	SYM(put_nbx, "ucp_put_nbx");
+	SYM(get_nbx, "ucp_get_nbx");
+	SYM(request_free, "ucp_request_free");
+	SYM(ep_print_info, "ucp_ep_print_info");
+	// The library is never closed: one per process, like libkvbm.so.
+	load_rc = 0;
+}
+
+int kvbm_ucx_load(const char *path, char *err, size_t errlen) {
+	load_path = strdup(path);
+	pthread_once(&load_once, load);
+	if (load_rc != 0) {
+		snprintf(err, errlen, "%s", load_err);
+	}
+	return load_rc;
+}
+
+void kvbm_ucx_version(unsigned *major, unsigned *minor, unsigned *release) {
+	U.get_version(major, minor, release);
+}
+
+const char *kvbm_ucx_status_string(int32_t status) { return U.status_string(status); }
+
+// The API version we are written against (ucp_version.h of 1.13): the
+// library checks it only to warn when it is older than that.
+#define API_MAJOR 1
+#define API_MINOR 10
+
+int32_t kvbm_ucx_init(const char **names, const char **values, int n, uint64_t *context) {
+	ucp_config_t *config;
+	ucs_status_t st = U.config_read(NULL, NULL, &config);
+	if (st != UCS_OK) {
+		return st;
+	}
+	for (int i = 0; i < n; i++) {
+		if ((st = U.config_modify(config, names[i], values[i])) != UCS_OK) {
+			U.config_release(config);
+			return st;
+		}
+	}
+	ucp_params_t params;
+	memset(&params, 0, sizeof params);
+	params.field_mask = UCP_PARAM_FIELD_FEATURES;
+	params.features = UCP_FEATURE_RMA;
+	ucp_context_h ctx;
+	st = U.init_version(API_MAJOR, API_MINOR, &params, config, &ctx);
+	U.config_release(config);
+	if (st == UCS_OK) {
+		*context = (uint64_t)(uintptr_t)ctx;
+	}
+	return st;
+}
+
+void kvbm_ucx_cleanup(uint64_t context) { U.cleanup((ucp_context_h)(uintptr_t)context); }
+
+int32_t kvbm_ucx_worker_create(uint64_t context, uint64_t *worker) {
+	ucp_worker_params_t params;
+	memset(&params, 0, sizeof params);
+	params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+	params.thread_mode = UCS_THREAD_MODE_SINGLE;
+	ucp_worker_h w;
+	ucs_status_t st = U.worker_create((ucp_context_h)(uintptr_t)context, &params, &w);
+	if (st == UCS_OK) {
+		*worker = (uint64_t)(uintptr_t)w;
+	}
+	return st;
+}
+
+void kvbm_ucx_worker_destroy(uint64_t worker) { U.worker_destroy((ucp_worker_h)(uintptr_t)worker); }
+
+int32_t kvbm_ucx_worker_address(uint64_t worker, void **addr, size_t *len) {
+	return U.worker_get_address((ucp_worker_h)(uintptr_t)worker, (ucp_address_t **)addr, len);
+}
+
+void kvbm_ucx_worker_release_address(uint64_t worker, void *addr) {
+	U.worker_release_address((ucp_worker_h)(uintptr_t)worker, (ucp_address_t *)addr);
+}
+
+unsigned kvbm_ucx_progress(uint64_t worker, int max) {
+	ucp_worker_h w = (ucp_worker_h)(uintptr_t)worker;
+	unsigned total = 0;
+	for (int i = 0; i < max; i++) {
+		unsigned n = U.worker_progress(w);
+		total += n;
+		if (n == 0) {
+			break;
+		}
+	}
+	if (total == 0) {
+		// Nothing happened: let the peer's progress thread (on the
+		// same cores, when both processes share a host) run.
+		sched_yield();
+	}
+	return total;
+}
+
+int32_t kvbm_ucx_mem_map(uint64_t context, uint64_t addr, uint64_t size, int cuda, uint64_t *memh) {
+	ucp_mem_map_params_t params;
+	memset(&params, 0, sizeof params);
+	params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+	                    UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+	params.address = (void *)(uintptr_t)addr;
+	params.length = size;
+	params.memory_type = cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+	ucp_mem_h h;
+	ucs_status_t st = U.mem_map((ucp_context_h)(uintptr_t)context, &params, &h);
+	if (st == UCS_OK) {
+		*memh = (uint64_t)(uintptr_t)h;
+	}
+	return st;
+}
+
+int32_t kvbm_ucx_mem_alloc(uint64_t context, uint64_t size, uint64_t *memh, uint64_t *addr, uint64_t *len) {
+	ucp_mem_map_params_t params;
+	memset(&params, 0, sizeof params);
+	params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+	params.length = size;
+	params.flags = UCP_MEM_MAP_ALLOCATE;
+	ucp_mem_h h;
+	ucs_status_t st = U.mem_map((ucp_context_h)(uintptr_t)context, &params, &h);
+	if (st != UCS_OK) {
+		return st;
+	}
+	ucp_mem_attr_t attr;
+	memset(&attr, 0, sizeof attr);
+	attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+	if ((st = U.mem_query(h, &attr)) != UCS_OK) {
+		U.mem_unmap((ucp_context_h)(uintptr_t)context, h);
+		return st;
+	}
+	*memh = (uint64_t)(uintptr_t)h;
+	*addr = (uint64_t)(uintptr_t)attr.address;
+	*len = attr.length;
+	return UCS_OK;
+}
+
+int32_t kvbm_ucx_mem_unmap(uint64_t context, uint64_t memh) {
+	return U.mem_unmap((ucp_context_h)(uintptr_t)context, (ucp_mem_h)(uintptr_t)memh);
+}
+
+int32_t kvbm_ucx_rkey_pack(uint64_t context, uint64_t memh, void **buf, size_t *len) {
+	return U.rkey_pack((ucp_context_h)(uintptr_t)context, (ucp_mem_h)(uintptr_t)memh, buf, len);
+}
+
+void kvbm_ucx_rkey_buffer_release(void *buf) { U.rkey_buffer_release(buf); }
+
+static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+	(void)ep;
+	kvbm_ucx_epstate_t *s = arg;
+	if (s->failed == 0) {
+		s->failed = status;
+	}
+}
+
+int32_t kvbm_ucx_ep_create(uint64_t worker, const void *addr, kvbm_ucx_epstate_t *state, uint64_t *ep) {
+	ucp_ep_params_t params;
+	memset(&params, 0, sizeof params);
+	params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+	                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+	params.address = addr;
+	params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	params.err_handler.cb = ep_error;
+	params.err_handler.arg = state;
+	ucp_ep_h e;
+	ucs_status_t st = U.ep_create((ucp_worker_h)(uintptr_t)worker, &params, &e);
+	if (st == UCS_OK) {
+		*ep = (uint64_t)(uintptr_t)e;
+	}
+	return st;
+}
+
+static void close_done(void *request, ucs_status_t status, void *user_data) {
+	(void)status;
+	((kvbm_ucx_epstate_t *)user_data)->closing = 0;
+	U.request_free(request);
+}
+
+void kvbm_ucx_ep_close(uint64_t ep, int force, kvbm_ucx_epstate_t *state) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+	p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+	p.cb.send = close_done;
+	p.user_data = state;
+	state->closing = 1;
+	ucs_status_ptr_t r = U.ep_close_nbx((ucp_ep_h)(uintptr_t)ep, &p);
+	if (!PTR_IS_PTR(r)) {
+		state->closing = 0; // done at once, or failed (the endpoint is released either way)
+	}
+}
+
+int32_t kvbm_ucx_rkey_unpack(uint64_t ep, const void *buf, uint64_t *rkey) {
+	ucp_rkey_h k;
+	ucs_status_t st = U.ep_rkey_unpack((ucp_ep_h)(uintptr_t)ep, buf, &k);
+	if (st == UCS_OK) {
+		*rkey = (uint64_t)(uintptr_t)k;
+	}
+	return st;
+}
+
+void kvbm_ucx_rkey_destroy(uint64_t rkey) { U.rkey_destroy((ucp_rkey_h)(uintptr_t)rkey); }
+
+static void op_fail(kvbm_ucx_batch_t *b, ucs_status_t st) {
+	if (b->status == 0) {
+		b->status = st;
+	}
+}
+
+static void op_done(void *request, ucs_status_t status, void *user_data) {
+	kvbm_ucx_op_t *op = user_data;
+	kvbm_ucx_batch_t *b = op->batch;
+	if (status != UCS_OK) {
+		op_fail(b, status);
+	}
+	b->done_bytes += op->size;
+	b->outstanding--;
+	U.request_free(request);
+}
+
+int kvbm_ucx_post(uint64_t ep, int write, kvbm_ucx_op_t *ops, int from, int n, int64_t budget, int64_t *posted) {
+	ucp_ep_h e = (ucp_ep_h)(uintptr_t)ep;
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+	p.cb.send = op_done;
+	p.memory_type = UCS_MEMORY_TYPE_HOST; // the local side is host memory of this process
+	int i = from;
+	int64_t sent = 0;
+	for (; i < n && (i == from || sent < budget); i++) {
+		kvbm_ucx_op_t *op = &ops[i];
+		kvbm_ucx_batch_t *b = op->batch;
+		if (b->status != 0) {
+			break;
+		}
+		p.user_data = op;
+		ucs_status_ptr_t r;
+		if (write) {
+			r = U.put_nbx(e, (const void *)(uintptr_t)op->local, op->size, op->remote,
+			              (ucp_rkey_h)(uintptr_t)op->rkey, &p);
+		} else {
+			r = U.get_nbx(e, (void *)(uintptr_t)op->local, op->size, op->remote,
+			              (ucp_rkey_h)(uintptr_t)op->rkey, &p);
+		}
+		sent += op->size;
+		if (r == NULL) {
+			b->done_bytes += op->size;
+		} else if (PTR_IS_ERR(r)) {
+			op_fail(b, PTR_STATUS(r));
+			b->done_bytes += op->size;
+			i++;
+			break;
+		} else {
+			b->outstanding++;
+		}
+	}
+	*posted += sent;
+	return i;
+}
+
+static void flush_done(void *request, ucs_status_t status, void *user_data) {
+	kvbm_ucx_batch_t *b = user_data;
+	if (status != UCS_OK) {
+		op_fail(b, status);
+	}
+	b->flush_pending = 0;
+	U.request_free(request);
+}
+
+void kvbm_ucx_flush(uint64_t ep, kvbm_ucx_batch_t *b) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	p.cb.send = flush_done;
+	p.user_data = b;
+	b->flush_pending = 1;
+	ucs_status_ptr_t r = U.ep_flush_nbx((ucp_ep_h)(uintptr_t)ep, &p);
+	if (r == NULL) {
+		b->flush_pending = 0;
+	} else if (PTR_IS_ERR(r)) {
+		op_fail(b, PTR_STATUS(r));
+		b->flush_pending = 0;
+	}
+}
+
+size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len) {
+	if (len == 0) {
+		return 0;
+	}
+	memset(buf, 0, len);
+	FILE *f = fmemopen(buf, len - 1, "w");
+	if (!f) {
+		return 0;
+	}
+	U.ep_print_info((ucp_ep_h)(uintptr_t)ep, f);
+	fclose(f);
+	return strlen(buf);
+}

@@ -1,0 +1,97 @@
+// The C side of the UCX transport: libucp.so.0 opened with dlopen, the few
+// functions it needs resolved with dlsym, and loops that Go calls through
+// cgo (posting a batch of RMA operations, progressing the worker) so that
+// no per-operation callback crosses into Go.
+//
+// No UCX header is included: the structures, enumerations and constants
+// below are declared here, copied from UCX 1.13.1's public headers
+// (ucp/api/ucp.h, ucp/api/ucp_def.h, ucs/type/status.h; Debian's
+// libucx-dev 1.13.1). That ABI is stable across 1.x releases: every
+// parameter structure starts with a field_mask (op_attr_mask for
+// ucp_request_param_t) and the library reads only the fields whose bit is
+// set; fields are only ever appended, and the bits and enumeration values
+// we use have not changed since UCX 1.10 (when the *_nbx calls appeared).
+// A newer libucp (1.14 … 1.19, a CUDA/RDMA build loaded through
+// KVBM_UCX_LIB) therefore reads exactly what we write.
+//
+// Handles cross into Go as uint64_t, so that Go never holds a C pointer as
+// unsafe.Pointer. Every function here except kvbm_ucx_load runs on the
+// transport's progress thread, the only thread that touches its worker.
+#ifndef KVBM_UCX_SHIM_H
+#define KVBM_UCX_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#pragma GCC visibility push(hidden)
+
+// One RMA operation of a batch: posted by kvbm_ucx_post, completed by
+// UCX's callback or at once.
+typedef struct kvbm_ucx_op {
+	uint64_t remote, local, size;
+	uint64_t rkey;                 // ucp_rkey_h
+	struct kvbm_ucx_batch *batch;
+} kvbm_ucx_op_t;
+
+// A batch: the operations of one Read or Write call on one endpoint.
+typedef struct kvbm_ucx_batch {
+	int64_t outstanding;      // posted and not yet completed
+	int64_t done_bytes;       // bytes of completed operations, failed or not
+	int32_t status;           // first error (ucs_status_t), 0 if none
+	int32_t flush_pending;    // 1 while the endpoint flush of a write is in flight
+} kvbm_ucx_batch_t;
+
+// The state of one endpoint that its error handler sets.
+typedef struct kvbm_ucx_epstate {
+	int32_t failed;   // ucs_status_t of the peer failure, 0 while none
+	int32_t closing;  // 1 while a close request is in flight
+} kvbm_ucx_epstate_t;
+
+// kvbm_ucx_load opens the library at path and resolves its functions. It
+// returns 0, or -1 with the reason in err. Loading happens once per
+// process; later calls return the first result.
+int kvbm_ucx_load(const char *path, char *err, size_t errlen);
+void kvbm_ucx_version(unsigned *major, unsigned *minor, unsigned *release);
+const char *kvbm_ucx_status_string(int32_t status);
+
+// Context and worker.
+int32_t kvbm_ucx_init(const char **names, const char **values, int n, uint64_t *context);
+void kvbm_ucx_cleanup(uint64_t context);
+int32_t kvbm_ucx_worker_create(uint64_t context, uint64_t *worker);
+void kvbm_ucx_worker_destroy(uint64_t worker);
+int32_t kvbm_ucx_worker_address(uint64_t worker, void **addr, size_t *len);
+void kvbm_ucx_worker_release_address(uint64_t worker, void *addr);
+// kvbm_ucx_progress calls ucp_worker_progress up to max times, until it
+// reports no progress; it returns the events progressed.
+unsigned kvbm_ucx_progress(uint64_t worker, int max);
+
+// Memory registration. cuda: register as CUDA device memory.
+int32_t kvbm_ucx_mem_map(uint64_t context, uint64_t addr, uint64_t size, int cuda, uint64_t *memh);
+// kvbm_ucx_mem_alloc allocates and maps size bytes (UCP_MEM_MAP_ALLOCATE).
+int32_t kvbm_ucx_mem_alloc(uint64_t context, uint64_t size, uint64_t *memh, uint64_t *addr, uint64_t *len);
+int32_t kvbm_ucx_mem_unmap(uint64_t context, uint64_t memh);
+int32_t kvbm_ucx_rkey_pack(uint64_t context, uint64_t memh, void **buf, size_t *len);
+void kvbm_ucx_rkey_buffer_release(void *buf);
+
+// Endpoints. The error handler sets state->failed.
+int32_t kvbm_ucx_ep_create(uint64_t worker, const void *addr, kvbm_ucx_epstate_t *state, uint64_t *ep);
+// kvbm_ucx_ep_close starts closing ep (force: without waiting for the
+// peer); state->closing is 1 until it completes.
+void kvbm_ucx_ep_close(uint64_t ep, int force, kvbm_ucx_epstate_t *state);
+int32_t kvbm_ucx_rkey_unpack(uint64_t ep, const void *buf, uint64_t *rkey);
+void kvbm_ucx_rkey_destroy(uint64_t rkey);
+
+// kvbm_ucx_post posts ops[from, n) as gets (write 0) or puts (write 1)
+// until budget bytes are posted (at least one op), or one fails to post
+// (recorded in its batch). It returns the index of the first op not
+// posted and adds the bytes posted to *posted.
+int kvbm_ucx_post(uint64_t ep, int write, kvbm_ucx_op_t *ops, int from, int n, int64_t budget, int64_t *posted);
+// kvbm_ucx_flush starts flushing ep for batch b (b->flush_pending).
+void kvbm_ucx_flush(uint64_t ep, kvbm_ucx_batch_t *b);
+// kvbm_ucx_print_ep writes ucp_ep_print_info's text into buf (at most
+// len bytes, NUL-terminated); it returns the length written.
+size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len);
+
+#pragma GCC visibility pop
+
+#endif

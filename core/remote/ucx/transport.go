@@ -1,0 +1,474 @@
+//go:build cgo
+
+package ucx
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// Progress loop timing: it spins while UCX reports progress or for
+// spinFor after, then polls every busyPoll while operations are pending
+// and every idlePoll otherwise (an exporter's worker must progress for
+// transports whose one-sided operations its CPU serves, such as TCP).
+const (
+	spinFor  = 100 * time.Microsecond
+	busyPoll = 50 * time.Microsecond
+	idlePoll = time.Millisecond
+)
+
+// closeGrace bounds how long Close waits for endpoints to close.
+const closeGrace = 2 * time.Second
+
+// abortGrace bounds how long an operation past its deadline waits for
+// UCX to cancel its requests after the endpoint is closed, before its
+// caller is answered anyway. Requests UCX does not cancel (those of
+// RMA emulated over active messages wait for replies that UCX does not
+// track) stay with the progress thread, which frees their memory when
+// they complete.
+const abortGrace = 20 * time.Millisecond
+
+// Transport is the UCX transport. Safe for concurrent use.
+type Transport struct {
+	cfg  Config
+	cmds chan func()
+	quit chan struct{} // closed by Close: the loop cleans up and exits
+	done chan struct{} // closed when the loop has exited
+
+	mu      sync.Mutex
+	closed  bool
+	serving *transfer.Manager
+
+	// Owned by the progress thread.
+	context, worker C.uint64_t
+	release         func() // the manager's Hold
+	regs            map[regKey]*registration
+	allocs          map[uint64]*allocation // AllocHost, by address
+	peers           map[*Peer]struct{}
+	address         []byte
+}
+
+type regKey struct {
+	h          transfer.LayoutHandle
+	base, size uint64
+}
+
+type registration struct {
+	memh C.uint64_t
+	rkey []byte
+	// alloc: the memory of an AllocHost allocation, unmapped with it.
+	alloc bool
+}
+
+// New creates a UCX context and worker and starts its progress thread.
+func New(cfg Config) (*Transport, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	t := &Transport{
+		cfg: cfg, cmds: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
+		regs: map[regKey]*registration{}, allocs: map[uint64]*allocation{}, peers: map[*Peer]struct{}{},
+	}
+	ready := make(chan error, 1)
+	go t.loop(ready)
+	if err := <-ready; err != nil {
+		<-t.done
+		return nil, err
+	}
+	return t, nil
+}
+
+// Name is "ucx".
+func (t *Transport) Name() string { return "ucx" }
+
+// Serve makes m's layouts reachable: they are registered with UCX at the
+// next Endpoint. The transport holds m open (transfer.Manager.Hold) until
+// it is closed, since peers read and write m's memory without m's
+// knowledge: close the transport before the manager.
+func (t *Transport) Serve(m *transfer.Manager) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return fmt.Errorf("ucx: serve: %w", errClosed)
+	case t.serving != nil:
+		return fmt.Errorf("%w: ucx: the transport already serves worker %x; one transport serves one manager",
+			transfer.ErrAlreadyExists, t.serving.WorkerID())
+	}
+	release, err := m.Hold()
+	if err != nil {
+		return fmt.Errorf("ucx: serve worker %x: %w", m.WorkerID(), err)
+	}
+	t.serving = m
+	if err := t.do(func() error { t.release = release; return nil }); err != nil {
+		release()
+		return err
+	}
+	return nil
+}
+
+var errClosed = errors.New("the UCX transport is closed")
+
+// do runs fn on the progress thread and returns its error.
+func (t *Transport) do(fn func() error) error {
+	res := make(chan error, 1)
+	select {
+	case t.cmds <- func() { res <- fn() }:
+	case <-t.quit:
+		return fmt.Errorf("ucx: %w", errClosed)
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-t.done: // closed, and fn may have been dropped
+		select {
+		case err := <-res:
+			return err
+		default:
+			return fmt.Errorf("ucx: %w", errClosed)
+		}
+	}
+}
+
+// post hands fn to the progress thread without waiting; false once the
+// transport is closed.
+func (t *Transport) post(fn func()) bool {
+	select {
+	case t.cmds <- fn:
+		return true
+	case <-t.quit:
+		return false
+	}
+}
+
+// Endpoint registers the layouts the served manager has now (host memory,
+// and device memory as Config.DeviceIsHost says; a disk layout is listed
+// with the reason peers cannot reach it) and returns the worker address with every region's base,
+// size and packed rkey.
+func (t *Transport) Endpoint() ([]byte, error) {
+	t.mu.Lock()
+	m := t.serving
+	t.mu.Unlock()
+	if m == nil {
+		return nil, fmt.Errorf("%w: ucx: endpoint before Serve", transfer.ErrInvalidArgument)
+	}
+	var descs []transfer.Descriptor
+	handles := m.Handles()
+	slices.SortFunc(handles, func(a, b transfer.LayoutHandle) int { return int(a.Layout) - int(b.Layout) })
+	for _, h := range handles {
+		if h.Worker != m.WorkerID() {
+			continue // imported from a peer
+		}
+		d, err := m.Describe(h)
+		if err != nil {
+			continue // unregistered meanwhile
+		}
+		descs = append(descs, d)
+	}
+	var out []byte
+	err := t.do(func() error {
+		info := endpointInfo{address: t.address, proc: thisProcess()}
+		for _, d := range descs {
+			info.layouts = append(info.layouts, t.register(d))
+		}
+		out = info.encode()
+		return nil
+	})
+	return out, err
+}
+
+// register maps a layout's regions (once per region) and describes them;
+// on the progress thread.
+func (t *Transport) register(d transfer.Descriptor) layoutInfo {
+	l := layoutInfo{handle: d.Handle, kind: d.Kind}
+	if !d.Kind.IsHost() && d.Kind != storage.Device {
+		l.reason = fmt.Sprintf("layout %v is %v: peers reach host and device memory only (stage its blocks in host memory first)", d.Handle, d.Kind)
+		return l
+	}
+	sizes, err := layout.RegionSizes(d.Config, d.Shape.Kind, d.Shape.BlockDim)
+	if err == nil && len(sizes) != len(d.Bases) {
+		err = fmt.Errorf("%d regions, %d bases", len(sizes), len(d.Bases))
+	}
+	cuda := d.Kind == storage.Device && !t.cfg.DeviceIsHost
+	for i := 0; err == nil && i < len(sizes); i++ {
+		key := regKey{d.Handle, d.Bases[i], sizes[i]}
+		r, ok := t.regs[key]
+		if !ok {
+			if a := t.allocationOf(d.Bases[i], sizes[i]); a != nil {
+				r = a.reg // UCX's own memory: its rkey reaches it directly
+			} else if r, err = t.mapRegion(d.Bases[i], sizes[i], cuda); err != nil {
+				break
+			}
+			t.regs[key] = r
+		}
+		l.regions = append(l.regions, regionInfo{base: d.Bases[i], size: sizes[i], rkey: r.rkey})
+	}
+	if err != nil {
+		l.regions = nil
+		l.reason = fmt.Sprintf("the exporter could not register %v layout %v with UCX %s: %v", d.Kind, d.Handle, version, err)
+		if cuda {
+			l.reason += fmt.Sprintf(" (device memory needs a CUDA-enabled libucp, named by %s)", EnvLib)
+		}
+	}
+	return l
+}
+
+func (t *Transport) mapRegion(base, size uint64, cuda bool) (*registration, error) {
+	var memh C.uint64_t
+	c := C.int(0)
+	if cuda {
+		c = 1
+	}
+	if err := status(C.kvbm_ucx_mem_map(t.context, C.uint64_t(base), C.uint64_t(size), c, &memh)); err != nil {
+		return nil, fmt.Errorf("ucp_mem_map of %d bytes at %#x: %w", size, base, err)
+	}
+	r, err := t.packRegion(memh)
+	if err != nil {
+		C.kvbm_ucx_mem_unmap(t.context, memh)
+		return nil, err
+	}
+	return r, nil
+}
+
+// packRegion packs the rkey of a mapped region.
+func (t *Transport) packRegion(memh C.uint64_t) (*registration, error) {
+	var buf unsafe.Pointer
+	var n C.size_t
+	if err := status(C.kvbm_ucx_rkey_pack(t.context, memh, &buf, &n)); err != nil {
+		return nil, fmt.Errorf("ucp_rkey_pack: %w", err)
+	}
+	r := &registration{memh: memh, rkey: C.GoBytes(buf, C.int(n))}
+	C.kvbm_ucx_rkey_buffer_release(buf)
+	if err := checkRkey(r.rkey); err != nil {
+		// A map that reaches no memory domain: no transport of this
+		// UCX can reach memory of this type.
+		return nil, fmt.Errorf("no UCX memory domain can register it (%v)", err)
+	}
+	return r, nil
+}
+
+// Close fails the operations in flight on every peer, closes them,
+// unregisters the memory and destroys the worker and context; then the
+// served manager can close.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		<-t.done
+		return nil
+	}
+	t.closed = true
+	t.mu.Unlock()
+	close(t.quit)
+	<-t.done
+	return nil
+}
+
+// loop is the progress thread: it owns the worker.
+func (t *Transport) loop(ready chan<- error) {
+	defer close(t.done)
+	// The thread stays locked until it exits: UCX keeps per-thread state,
+	// so the thread is not handed back to the Go scheduler.
+	runtime.LockOSThread()
+	if err := t.open(); err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
+	timer := time.NewTimer(idlePoll)
+	defer timer.Stop()
+	lastProgress := time.Now()
+	for {
+		for drained := false; !drained; {
+			select {
+			case fn := <-t.cmds:
+				fn()
+			default:
+				drained = true
+			}
+		}
+		select {
+		case <-t.quit:
+			t.shutdown()
+			return
+		default:
+		}
+		busy := t.postPending()
+		if C.kvbm_ucx_progress(t.worker, 32) > 0 {
+			lastProgress = time.Now()
+		}
+		if t.reap() {
+			busy = true
+		}
+		if time.Since(lastProgress) < spinFor {
+			continue
+		}
+		wait := idlePoll
+		if busy {
+			wait = busyPoll
+		}
+		timer.Reset(wait)
+		select {
+		case fn := <-t.cmds:
+			fn()
+			lastProgress = time.Now()
+		case <-t.quit:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+func (t *Transport) open() error {
+	names := make([]*C.char, 0, len(t.cfg.Options))
+	values := make([]*C.char, 0, len(t.cfg.Options))
+	defer func() {
+		for i := range names {
+			C.free(unsafe.Pointer(names[i]))
+			C.free(unsafe.Pointer(values[i]))
+		}
+	}()
+	opts := t.cfg.Options
+	keys := make([]string, 0, len(opts))
+	for k := range opts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		names = append(names, C.CString(k))
+		values = append(values, C.CString(opts[k]))
+	}
+	nv := C.malloc(C.size_t(2*max(1, len(keys))) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	defer C.free(nv)
+	cn := unsafe.Slice((**C.char)(nv), 2*max(1, len(keys)))
+	copy(cn, names)
+	copy(cn[len(keys):], values)
+	if err := status(C.kvbm_ucx_init(&cn[0], &cn[len(keys)], C.int(len(keys)), &t.context)); err != nil {
+		return fmt.Errorf("ucx: ucp_init (options %v): %w", t.cfg.Options, err)
+	}
+	if err := status(C.kvbm_ucx_worker_create(t.context, &t.worker)); err != nil {
+		C.kvbm_ucx_cleanup(t.context)
+		return fmt.Errorf("ucx: ucp_worker_create: %w", err)
+	}
+	var addr unsafe.Pointer
+	var n C.size_t
+	if err := status(C.kvbm_ucx_worker_address(t.worker, &addr, &n)); err != nil {
+		C.kvbm_ucx_worker_destroy(t.worker)
+		C.kvbm_ucx_cleanup(t.context)
+		return fmt.Errorf("ucx: ucp_worker_get_address: %w", err)
+	}
+	t.address = C.GoBytes(addr, C.int(n))
+	C.kvbm_ucx_worker_release_address(t.worker, addr)
+	return nil
+}
+
+// shutdown fails and closes every peer, waits for the closes, then
+// releases everything; on the progress thread.
+func (t *Transport) shutdown() {
+	for p := range t.peers {
+		p.fail(fmt.Errorf("%w: ucx: the transport was closed", remote.ErrPeerUnavailable))
+	}
+	// Wait for the closes; requests UCX did not cancel (RMA emulated over
+	// active messages, waiting for replies) go with the worker.
+	deadline := time.Now().Add(closeGrace)
+	for time.Now().Before(deadline) {
+		C.kvbm_ucx_progress(t.worker, 32)
+		t.reap()
+		closing := false
+		for p := range t.peers {
+			closing = closing || p.state.closing != 0
+		}
+		if !closing {
+			break
+		}
+	}
+	left := make([]*Peer, 0, len(t.peers))
+	for p := range t.peers {
+		if p.state.closing != 0 {
+			slog.Warn("ucx: an endpoint is still closing at shutdown; destroying the worker anyway")
+		}
+		p.destroyRkeys()
+		left = append(left, p)
+	}
+	for _, r := range t.regs {
+		if !r.alloc {
+			C.kvbm_ucx_mem_unmap(t.context, r.memh)
+		}
+	}
+	t.regs = nil
+	for _, a := range t.allocs {
+		C.kvbm_ucx_mem_unmap(t.context, a.reg.memh)
+	}
+	t.allocs = nil
+	C.kvbm_ucx_worker_destroy(t.worker)
+	C.kvbm_ucx_cleanup(t.context)
+	// No callback can run now: fail what is left and free it.
+	for _, p := range left {
+		for _, b := range p.batches {
+			p.finish(b)
+		}
+		p.batches = nil
+		p.freeState()
+	}
+	if t.release != nil {
+		t.release()
+	}
+	// Commands sent while quitting are dropped: their callers see done.
+	for {
+		select {
+		case <-t.cmds:
+		default:
+			return
+		}
+	}
+}
+
+// postPending posts the queued operations of every peer within its
+// in-flight budget; it reports whether any operation is pending.
+func (t *Transport) postPending() bool {
+	busy := false
+	for p := range t.peers {
+		if p.postQueued(t.cfg.MaxInFlight) {
+			busy = true
+		}
+	}
+	return busy
+}
+
+// reap finishes completed batches and handles peer failures and closes;
+// it reports whether any operation is still pending.
+func (t *Transport) reap() bool {
+	busy := false
+	for p := range t.peers {
+		if p.reap() {
+			busy = true
+		}
+	}
+	return busy
+}
