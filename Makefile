@@ -57,7 +57,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote
 
 # Benchmarks: every figure beside the limit measured in the same run.
-bench: bench-go bench-c bench-py bench-cmd
+bench: bench-go bench-c bench-py bench-cmd bench-remote-compare
 
 # The path benchmarks of the kvbm command, on this machine's device and disk.
 bench-cmd: kvbm
