@@ -66,7 +66,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 
 # Benchmarks: every figure beside the limit measured in the same run.
-bench: bench-go bench-c bench-py bench-cmd
+bench: bench-go bench-c bench-py bench-cmd bench-remote-compare
 
 # The path benchmarks of the kvbm command, on this machine's device and disk.
 bench-cmd: kvbm

@@ -15,13 +15,19 @@
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
 #               overhead per call and per 32-layer step, in the engine venv
+#   bench-remote-compare  kvbm's TCP data plane between two processes beside
+#               NIXL (UCX shared memory, UCX TCP) and Mooncake (TCP), a plain
+#               TCP stream and an in-process copy (python/bench/remote_compare.py),
+#               in the venv python/bench/remote-compare-venv.sh keeps under
+#               ~/.cache/kvbm/venv-bench-remote (built once, ~1 min); a package
+#               that cannot install or run is skipped with the reason. In make bench.
 #   install-py  pip install ./python into $(PY)'s environment
 
 PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: py-lib py-venv test-py test-vllm test-sglang bench-py bench-vllm install-py
+.PHONY: py-lib py-venv test-py test-vllm test-sglang bench-py bench-vllm bench-remote-compare install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -69,6 +75,12 @@ bench-vllm: lib
 	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" python/bench/bench_vllm_scheduler.py && \
 	  KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated PYTHONPATH=$(CURDIR)/python \
 	  "$$venv/bin/python" python/bench/bench_vllm_worker.py
+
+# kvbmgo comes from python/ (the script puts it on sys.path) with this
+# checkout's library, as in test-vllm.
+bench-remote-compare: lib
+	venv=$$(python/bench/remote-compare-venv.sh) && \
+	  KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) "$$venv/bin/python" python/bench/remote_compare.py
 
 install-py: lib
 	$(PY) -m pip install ./python
