@@ -43,6 +43,9 @@ import (
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
+
+	// The UCX transport, selectable with KVBM_TRANSPORT=ucx.
+	_ "github.com/kvbm/kvbm/core/remote/ucx"
 )
 
 func main() {}

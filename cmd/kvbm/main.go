@@ -20,6 +20,9 @@ import (
 	"os"
 
 	"github.com/kvbm/kvbm/core/logging"
+
+	// The UCX transport, selectable with KVBM_TRANSPORT=ucx.
+	_ "github.com/kvbm/kvbm/core/remote/ucx"
 )
 
 const usage = `usage: kvbm <command> [flags]

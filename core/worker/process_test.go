@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
@@ -160,10 +161,14 @@ func (e *exporter) kill() {
 
 // decodeWorker is this process's worker, on the TCP transport.
 func decodeWorker(t *testing.T, deadline time.Duration) *testWorker {
+	return decodeWorkerOn(t, deadline, remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0"}))
+}
+
+func decodeWorkerOn(t *testing.T, deadline time.Duration, network remote.Transport) *testWorker {
 	t.Helper()
 	drv := newDriver(t)
 	w, err := NewStandalone(StandaloneConfig{WorkerID: 0xDEC, Driver: drv, Loopback: remote.NewLoopback(),
-		Network: remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0"}), RemoteDeadline: deadline})
+		Network: network, RemoteDeadline: deadline})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
 	_, err = w.AllocateG2(testConfig(exporterBlocks), transfer.FullyContiguous)
@@ -181,8 +186,23 @@ func decodeWorker(t *testing.T, deadline time.Duration) *testWorker {
 // G1 and G2, every byte checked, and pushes its blocks into the prefill
 // side's G2, checked there.
 func TestPullAndPushAcrossProcesses(t *testing.T) {
-	exp := startExporter(t, 0xA)
-	dec := decodeWorker(t, 10*time.Second)
+	t.Run("tcp", func(t *testing.T) {
+		pullAndPush(t, startExporter(t, 0xA), decodeWorker(t, 10*time.Second))
+	})
+	t.Run("ucx", func(t *testing.T) {
+		if err := ucx.Available(); err != nil {
+			if os.Getenv("KVBM_REQUIRE_UCX") == "1" {
+				t.Fatalf("KVBM_REQUIRE_UCX=1 but UCX does not load: %v", err)
+			}
+			t.Skipf("UCX does not load: %v", err)
+		}
+		network, err := remote.Open("ucx")
+		require.NoError(t, err)
+		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx"), decodeWorkerOn(t, 10*time.Second, network))
+	})
+}
+
+func pullAndPush(t *testing.T, exp *exporter, dec *testWorker) {
 	wait := waiter(t)
 	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
 	size := testConfig(1).BlockSize()

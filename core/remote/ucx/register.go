@@ -1,0 +1,19 @@
+package ucx
+
+import (
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// Linking this package in makes the transport selectable as
+// KVBM_TRANSPORT=ucx (remote.Open). Device memory is registered as host
+// memory under the emulated device, as CUDA memory otherwise.
+func init() {
+	remote.Register("ucx", func() (remote.Transport, error) {
+		if err := Available(); err != nil {
+			return nil, err
+		}
+		drv, err := cuda.Default()
+		return New(Config{DeviceIsHost: err == nil && drv.Name() == cuda.EmulatedName})
+	})
+}
