@@ -566,10 +566,7 @@ class KvbmKVManager(CommonKVManager):
         reason: why it failed (recorded as the room's failure)."""
         r = self._rooms.get(room)
         if r is None:
-            if reason is not None and room in self.request_status:
-                self.record_failure(room, reason)
-                self.update_status(room, KVPoll.Failed)
-            return
+            return  # no hand-off (yet): SGLang's own status says what happened
         with r.lock:
             if r.coord.closed or r.coord.is_complete():
                 return

@@ -122,7 +122,10 @@ def wait_for(poll, want, timeout, what):
         s = poll()
         if s in want:
             return s, time.monotonic() - t0
-        assert s != KVPoll.Failed, f"{what}: Failed while waiting for {want}"
+        if s == KVPoll.Failed:
+            x = getattr(poll, "__self__", None)
+            why = x.kv_mgr.failure_records.get(x.bootstrap_room) if x is not None else None
+            raise AssertionError(f"{what}: Failed while waiting for {want}: {why}")
         assert time.monotonic() - t0 < timeout, f"{what}: still {s} after {timeout}s"
         time.sleep(0.01)
 
