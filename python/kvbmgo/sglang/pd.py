@@ -838,3 +838,17 @@ class KvbmKVReceiver(CommonKVReceiver):
 
 class KvbmKVBootstrapServer(CommonKVBootstrapServer):
     """SGLang's own bootstrap server (registration, /route, /health)."""
+
+    def close(self) -> None:
+        """As SGLang's, which stops nothing when called before its event loop
+        runs (a close right after the start): waits for the loop first (5 s
+        at most)."""
+        deadline = time.monotonic() + 5
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            loop = getattr(self, "_loop", None)
+            if loop is not None and loop.is_running():
+                break
+            time.sleep(0.01)
+        if getattr(self, "_loop", None) is None:
+            return  # the server thread died before it made its loop
+        super().close()

@@ -46,6 +46,7 @@ class Pair:
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.server = plugin.kv_class(KVClassType.BOOTSTRAP_SERVER)("127.0.0.1", self.port)
+        wait_healthy(self.addr)  # else the prefill's registration retries after 1 s
         self.P, self.D = Side(prefill_pages, seed=seed), Side(decode_pages)
         self.closed = []
         with get_disagg().override(disaggregation_bootstrap_port=self.port):
@@ -71,6 +72,19 @@ class Pair:
                 x.close()
                 self.closed.append(x)
         self.server.close()
+
+
+def wait_healthy(addr, timeout=10):
+    import requests
+    t0 = time.monotonic()
+    while True:
+        try:
+            if requests.get(f"http://{addr}/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        assert time.monotonic() - t0 < timeout, f"bootstrap server {addr} not up"
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -149,6 +163,29 @@ def test_entry_point_selects_kvbm():
             is FakeKVManager
     plugin.register()  # idempotent
     assert utils.get_kv_class(kvbm, KVClassType.MANAGER) is KvbmKVManager
+
+
+def test_cli_and_bootstrap_service_take_kvbm(server_args, tmp_path):
+    """The launcher's argument parser accepts the name once the plugin ran,
+    and SGLang's own disaggregation service starts kvbm's bootstrap server
+    from the published settings (prefill, backend "kvbm")."""
+    from sglang.srt.managers.disagg_service import start_disagg_service
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from kvbmgo.sglang import KvbmKVBootstrapServer
+
+    load_plugins()
+    parsed = prepare_server_args(["--model-path", server_args.model_path,
+                                  "--skip-tokenizer-init", "--device", "cpu",
+                                  "--disaggregation-mode", "decode",
+                                  "--disaggregation-transfer-backend", "kvbm"])
+    assert parsed.disaggregation_transfer_backend == "kvbm"
+    s = start_disagg_service()
+    try:
+        assert type(s) is KvbmKVBootstrapServer
+    finally:
+        s.close()
+    assert not s.thread.is_alive()
 
 
 # ---- one process: prefill and decode managers, SGLang's bootstrap server
