@@ -536,7 +536,7 @@ class KvbmKVManager(CommonKVManager):
             if last:
                 r.aux_rows = list(msg[7:])
                 pages = sum(len(s) for _, s in r.chunks)
-                self._fact(room, FactKind.SOURCE_HELD, None,
+                self._fact(room, FactKind.SOURCE_HELD, None, timing_mode=TimingMode.FULL_PROMPT,
                            full_prompt_tokens=pages * int(self.kv_args.page_size or 1),
                            kv_bytes_per_token=max(1, self.kv_item_lens_sum //
                                                   int(self.kv_args.page_size or 1)))

@@ -51,20 +51,27 @@ def publish(model_dir, mode, bootstrap_port):
 
 
 class Side:
-    """One engine's KV pool (per-layer K and V buffers) and metadata buffers,
-    as numpy arrays whose raw pointers go into SGLang's KVArgs."""
+    """One engine's KV pool and metadata buffers, as numpy arrays whose raw
+    pointers go into SGLang's KVArgs: MHA, every K layer then every V layer
+    (mla: one buffer per layer, a wider page); draft: two more layers of a
+    draft model's pool, with a smaller page (a second kvbm layout)."""
 
-    def __init__(self, pages, seed=None):
-        self.pages = pages
-        shape = (LAYERS * 2, pages * PAGE_BYTES)
-        if seed is None:
-            self.kv = np.zeros(shape, np.uint8)
-            self.aux = [np.zeros((AUX_ROWS, n), np.uint8) for n in AUX_ITEM_LENS]
-        else:
-            rng = np.random.default_rng(seed)
-            self.kv = rng.integers(0, 256, shape, dtype=np.uint8)
-            self.aux = [rng.integers(0, 256, (AUX_ROWS, n), dtype=np.uint8)
-                        for n in AUX_ITEM_LENS]
+    def __init__(self, pages, seed=None, mla=False, draft=False):
+        self.pages, self.mla = pages, mla
+        self.items = [PAGE * 72 * ITEM] * LAYERS if mla else [PAGE_BYTES] * (2 * LAYERS)
+        if draft:
+            self.items += [PAGE_BYTES // 2] * 2
+        rng = np.random.default_rng(seed) if seed is not None else None
+
+        def buf(shape):
+            if rng is None:
+                return np.zeros(shape, np.uint8)
+            return rng.integers(0, 256, shape, dtype=np.uint8)
+        self.kv = [buf(pages * item) for item in self.items]
+        self.aux = [buf((AUX_ROWS, n)) for n in AUX_ITEM_LENS]
+
+    def kv_any(self):
+        return any(b.any() for b in self.kv)
 
     def kv_args(self, engine_rank=0):
         from sglang.srt.disaggregation.base import KVArgs
@@ -77,11 +84,11 @@ class Side:
         a.kv_layout = None
         a.prefill_start_layer = 0
         a.prefill_end_layer = LAYERS
-        a.kv_data_ptrs = [int(self.kv[i].ctypes.data) for i in range(2 * LAYERS)]
-        a.kv_data_lens = [int(self.kv[i].nbytes) for i in range(2 * LAYERS)]
-        a.kv_item_lens = [PAGE_BYTES] * (2 * LAYERS)
-        a.num_draft_entries = 0
-        a.kv_layer_ids = list(range(LAYERS)) * 2
+        a.kv_data_ptrs = [int(b.ctypes.data) for b in self.kv]
+        a.kv_data_lens = [int(b.nbytes) for b in self.kv]
+        a.kv_item_lens = list(self.items)
+        a.num_draft_entries = len(self.items) - (LAYERS if self.mla else 2 * LAYERS)
+        a.kv_layer_ids = list(range(len(self.items)))
         a.kv_head_num = HEADS
         a.total_kv_head_num = HEADS
         a.page_size = PAGE
@@ -99,16 +106,16 @@ class Side:
         return a
 
     def page(self, buf, page):
-        return self.kv[buf, page * PAGE_BYTES:(page + 1) * PAGE_BYTES]
+        item = self.items[buf]
+        return self.kv[buf][page * item:(page + 1) * item]
 
 
 def manager(side, mode, server_args):
-    from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, TransferBackend
-    from sglang.srt.disaggregation.utils import get_kv_class
+    from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType
     from kvbmgo.sglang.plugin import kv_class
     cls = kv_class(KVClassType.MANAGER)
     m = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
-    return cls(side.kv_args(), m, server_args, False)
+    return cls(side.kv_args(), m, server_args, side.mla)
 
 
 def wait_for(poll, want, timeout, what):

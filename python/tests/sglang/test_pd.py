@@ -19,7 +19,7 @@ require_sglang()
 import numpy as np  # noqa: E402
 
 import pd_harness as h  # noqa: E402
-from pd_harness import AUX_ITEM_LENS, LAYERS, Side, free_port, prefill_send, wait_for  # noqa: E402
+from pd_harness import AUX_ITEM_LENS, Side, free_port, prefill_send, wait_for  # noqa: E402
 
 from sglang.srt.disaggregation.base import KVPoll  # noqa: E402
 from sglang.srt.disaggregation.utils import KVClassType  # noqa: E402
@@ -41,13 +41,13 @@ class Pair:
     """A bootstrap server, a prefill manager and a decode manager (one
     process), and the requests made over them."""
 
-    def __init__(self, server_args, prefill_pages=16, decode_pages=16, seed=1):
+    def __init__(self, server_args, prefill_pages=16, decode_pages=16, seed=1, **shape):
         from sglang.srt.runtime_context import get_disagg
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.server = plugin.kv_class(KVClassType.BOOTSTRAP_SERVER)("127.0.0.1", self.port)
         wait_healthy(self.addr)  # else the prefill's registration retries after 1 s
-        self.P, self.D = Side(prefill_pages, seed=seed), Side(decode_pages)
+        self.P, self.D = Side(prefill_pages, seed=seed, **shape), Side(decode_pages, **shape)
         self.closed = []
         with get_disagg().override(disaggregation_bootstrap_port=self.port):
             self.pm = h.manager(self.P, "prefill", server_args)
@@ -104,10 +104,10 @@ def check_bytes(pair, src, dst, aux_src, aux_dst):
     """Every K and V page of every layer, and every aux buffer's row, as the
     prefill had them; every other decode page and aux row still zero."""
     P, D = pair.P, pair.D
-    for b in range(2 * LAYERS):
+    for b in range(len(P.kv)):
         for s, d in zip(src, dst):
             assert np.array_equal(P.page(b, s), D.page(b, d)), \
-                f"{'KV'[b // LAYERS]} layer {b % LAYERS}: prefill page {s} -> decode page {d}"
+                f"KV buffer {b}: prefill page {s} -> decode page {d}"
         for d in set(range(D.pages)) - set(dst):
             assert not D.page(b, d).any(), f"buffer {b}: decode page {d} was written"
     for i in range(len(AUX_ITEM_LENS)):
@@ -190,9 +190,14 @@ def test_cli_and_bootstrap_service_take_kvbm(server_args, tmp_path):
 
 # ---- one process: prefill and decode managers, SGLang's bootstrap server
 
-@pytest.mark.parametrize("chunks", [1, 3])
-def test_transfer_success_every_byte(pair, chunks):
-    p = pair()
+@pytest.mark.parametrize("chunks,shape", [(1, {}), (3, {}), (2, {"mla": True}),
+                                          (2, {"draft": True})],
+                         ids=["mha-1-chunk", "mha-3-chunks", "mla", "mha+draft"])
+def test_transfer_success_every_byte(pair, chunks, shape):
+    """The scheduler's call order, one or more chunks; MHA (K and V per
+    layer), MLA (one buffer per layer), and a draft pool whose pages are
+    smaller (a second kvbm layout)."""
+    p = pair(**shape)
     src, dst = [3, 7, 1, 9, 4, 12], [10, 2, 5, 0, 14, 6]
     room = 4242 + chunks
     sender = p.sender(room)
@@ -208,7 +213,7 @@ def test_transfer_success_every_byte(pair, chunks):
     wait_for(sender.poll, KVPoll.Success, 10, "prefill")
     check_bytes(p, src, dst, 3, 6)
     m = sender.get_transfer_metric()
-    assert m.transfer_total_bytes == len(src) * 2 * LAYERS * h.PAGE_BYTES
+    assert m.transfer_total_bytes == len(src) * sum(p.P.items)
     recv.clear()
     sender.clear()
 
@@ -236,7 +241,7 @@ def test_many_requests_at_once(pair):
         wait_for(s.poll, KVPoll.Success, 10, f"prefill {room}")
     P, D = p.P, p.D
     for room, s, r, src, dst, i in reqs:
-        for b in range(2 * LAYERS):
+        for b in range(len(P.kv)):
             for a, c in zip(src, dst):
                 assert np.array_equal(P.page(b, a), D.page(b, c)), (room, b, a, c)
         for k in range(len(AUX_ITEM_LENS)):
@@ -261,7 +266,7 @@ def test_silent_prefill_fails_within_waiting_timeout(pair, monkeypatch):
     # The decode told the prefill: it fails too, at once, not after its own timeout.
     state, took = wait_for(sender.poll, {KVPoll.Failed}, 2, "prefill")
     assert "decode" in failure(sender)
-    assert not p.D.kv.any() and not any(a.any() for a in p.D.aux)
+    assert not p.D.kv_any() and not any(a.any() for a in p.D.aux)
 
 
 def test_killed_prefill_fails_by_heartbeat(pair, monkeypatch):
@@ -284,7 +289,7 @@ def test_killed_prefill_fails_by_heartbeat(pair, monkeypatch):
     state, took = wait_for(recv.poll, {KVPoll.Failed}, 8, "decode")
     assert took < 6.5, took
     assert "Lost connection with prefill" in failure(recv)
-    assert not p.D.kv.any()
+    assert not p.D.kv_any()
 
 
 def test_silent_decode_fails_the_prefill(pair, monkeypatch):
@@ -310,7 +315,7 @@ def test_silent_decode_fails_the_prefill(pair, monkeypatch):
     assert "did not confirm" in failure(sender)
     state, took = wait_for(lonely.poll, {KVPoll.Failed}, 8, "prefill without a decode")
     assert "Bootstrapping" in failure(lonely)
-    assert not p.D.kv.any()
+    assert not p.D.kv_any()
 
 
 def test_decode_abort(pair):
@@ -329,7 +334,7 @@ def test_decode_abort(pair):
     time.sleep(0.3)
     assert "Aborted" in failure(recv)
     assert "bort" in failure(sender)
-    assert not p.D.kv.any() and not any(a.any() for a in p.D.aux)
+    assert not p.D.kv_any() and not any(a.any() for a in p.D.aux)
 
 
 def test_prefill_abort(pair):
@@ -345,7 +350,19 @@ def test_prefill_abort(pair):
     assert sender.poll() == KVPoll.Failed
     state, took = wait_for(recv.poll, {KVPoll.Failed}, 3, "decode")
     assert "Aborted by the prefill" in failure(recv)
-    assert not p.D.kv.any()
+    assert not p.D.kv_any()
+
+
+def test_state_transfer_is_refused_with_the_reason(pair):
+    """A request with extra state (a Mamba/SWA/... model) fails with the
+    reason on the decode, instead of moving the KV without its state."""
+    p = pair()
+    room = 93
+    p.sender(room)
+    recv = p.receiver(room)
+    recv.send_metadata(np.array([1, 2], np.int32), 0, [[3]], decode_prefix_len=0)
+    assert recv.poll() == KVPoll.Failed
+    assert "state" in failure(recv)
 
 
 def test_mismatched_layouts_fail_with_the_reason(pair, server_args):
@@ -370,7 +387,7 @@ def test_mismatched_layouts_fail_with_the_reason(pair, server_args):
         wait_for(recv.poll, {KVPoll.Failed}, 5, "decode")
         assert "differ" in failure(recv)
         wait_for(sender.poll, {KVPoll.Failed}, 5, "prefill")
-        assert not other.kv.any()
+        assert not other.kv_any()
     finally:
         dm.close()
 
@@ -382,7 +399,6 @@ def test_two_processes(pair, server_args, tmp_path):
     transport = getattr(kvbmgo.info(), "transport", "loopback")
     if transport in (None, "loopback"):
         pytest.skip("cross-process transport not available (issue 11)")
-    from sglang.srt.disaggregation.common.conn import CommonKVReceiver  # noqa: F401
     port, room, seed, aux_row = free_port(), 555, 11, 2
     src = [5, 1, 7, 3]
     dst = [0, 6, 2, 9]
@@ -410,7 +426,7 @@ def test_two_processes(pair, server_args, tmp_path):
             done = json.loads(proc.stdout.readline())
             assert done == {"event": "done", "state": int(KVPoll.Success)}
             P = Side(4 * len(src) + 4, seed=seed)  # the same bytes as the subprocess's
-            for b in range(2 * LAYERS):
+            for b in range(len(P.kv)):
                 for s, d in zip(src, dst):
                     assert np.array_equal(P.page(b, s), D.page(b, d)), (b, s, d)
             for i in range(len(AUX_ITEM_LENS)):
