@@ -637,15 +637,25 @@ class KvbmKVManager(CommonKVManager):
             self.update_status(r.room, KVPoll.Failed)
 
     def _done(self, r: _DecodeRoom, status: int, reason: str) -> None:
+        """Tells the prefill ranks the room is done (or abandoned), from a
+        pool thread: a send to a dead peer may block up to ZMQ's send
+        timeout, and this runs under SGLang's poll()."""
         frames = [TAG_DONE, _a(r.room), self.token.encode("ascii"), _a(int(status)),
                   reason.encode("utf-8")]
-        for t in r.targets:
-            try:
-                self._send(t, frames)
-            except Exception as e:  # noqa: BLE001 - best effort: the prefill's timeout bounds it
-                logger.warning("kvbm transfer backend: telling prefill %s:%s that room %s "
-                               "is %s failed: %s", t[0], t[1], r.room,
-                               "done" if status == KVPoll.Success else "abandoned", e)
+        targets = list(r.targets)
+
+        def send() -> None:
+            for t in targets:
+                try:
+                    self._send(t, frames)
+                except Exception as e:  # noqa: BLE001 - best effort: the prefill's timeout bounds it
+                    logger.warning("kvbm transfer backend: telling prefill %s:%s that room "
+                                   "%s is %s failed: %s", t[0], t[1], r.room,
+                                   "done" if status == KVPoll.Success else "abandoned", e)
+        try:
+            self._pool.submit(send)
+        except RuntimeError:  # closing: the pool takes nothing more
+            pass
 
     def _start_transfer(self, r: _DecodeRoom
                         ) -> Tuple[OutcomeKind, Optional[str], Optional[FactKind]]:
