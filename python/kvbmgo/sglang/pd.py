@@ -40,7 +40,8 @@ a failure, timeout or abort runs CancelSource (KVBM_DONE with the reason)
 and CancelDestination (Failed).
 
 Bounds: decode, SGLANG_DISAGGREGATION_WAITING_TIMEOUT from send_metadata to
-Success (through WaitingForInput and Transferring), and the heartbeat to the
+Success (through WaitingForInput and Transferring; kvbm's remote deadline of
+each worker is that timeout, at most 30 s), and the heartbeat to the
 prefill's bootstrap server (a dead prefill: Failed after
 HEARTBEAT_INTERVAL x HEARTBEAT_MAX_FAILURE); prefill,
 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT in Bootstrapping, and
@@ -210,6 +211,10 @@ class KvbmKVManager(CommonKVManager):
             logger.warning("kvbm transfer backend: the extra state pools (%s) are not "
                            "transferred; a request that carries state indices fails",
                            getattr(args, "state_types", None))
+        if disaggregation_mode == DisaggregationMode.PREFILL:
+            # How long the prefill holds a request's pages for the decode's
+            # pull after its last chunk (SGLang's decode-side setting).
+            self.waiting_timeout = envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get()
         self.groups = kv_groups(args.kv_data_lens, args.kv_item_lens)
         self.aux = [(int(p), int(item), int(n)) for p, item, n in
                     zip(args.aux_data_ptrs, args.aux_item_lens, args.aux_data_lens)]
@@ -217,9 +222,6 @@ class KvbmKVManager(CommonKVManager):
         self._register(args)
         self._send_lock = threading.Lock()
         if disaggregation_mode == DisaggregationMode.PREFILL:
-            # How long the prefill holds a request's pages for the decode's
-            # pull after its last chunk (SGLang's decode-side setting).
-            self.waiting_timeout = envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get()
             self._prefill_rooms: Dict[int, _PrefillRoom] = {}
             self._spawn(self._prefill_loop, "kvbm-prefill")
         else:
@@ -239,8 +241,13 @@ class KvbmKVManager(CommonKVManager):
         gpu = int(getattr(args, "gpu_id", 0) or 0)
         try:
             for g in self.groups:
+                # Each operation on the peer's memory ends within the
+                # request's own bound (kvbm's default is 30 s): a pull that
+                # outlives the waiting timeout would write pages SGLang has
+                # taken back.
                 w = Worker(_next_worker_id(), device_id=gpu if cuda else 0,
-                           rank=int(getattr(args, "engine_rank", 0) or 0))
+                           rank=int(getattr(args, "engine_rank", 0) or 0),
+                           remote_deadline=min(30.0, max(1.0, float(self.waiting_timeout))))
                 self.workers.append(w)
                 cfg = g.layout()
                 w.register_g1(cfg, [Buffer(int(args.kv_data_ptrs[i]), cfg.layer_bytes, 1,

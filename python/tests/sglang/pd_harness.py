@@ -166,8 +166,12 @@ def _prefill_main(argv):
     prefill_send(sender, pages, int(aux_row))
     state, _ = wait_for(sender.poll, {KVPoll.Success, KVPoll.Failed}, 60, "prefill sender")
     print(json.dumps({"event": "done", "state": int(state)}), flush=True)
-    mgr.close()
-    server.close()
+    # A second request the prefill never computes: the test kills this
+    # process while the decode waits for it.
+    second = kv_class(KVClassType.SENDER)(mgr, f"127.0.0.1:{port}", int(room) + 1)
+    wait_for(second.poll, KVPoll.WaitingForInput, 60, "prefill sender 2")
+    print(json.dumps({"event": "reserved"}), flush=True)
+    time.sleep(120)
 
 
 if __name__ == "__main__":

@@ -394,11 +394,18 @@ def test_mismatched_layouts_fail_with_the_reason(pair, server_args):
 
 # ---- two processes: the prefill in a subprocess
 
-def test_two_processes(pair, server_args, tmp_path):
+def test_two_processes(pair, server_args, tmp_path, monkeypatch):
+    """The prefill in a subprocess (its own bootstrap server and manager):
+    one request's pages cross over kvbm's transport, every byte checked;
+    then the prefill is killed (SIGKILL) while the decode waits for a second
+    request, which fails by the heartbeat, well before the waiting timeout."""
     import kvbmgo
     transport = getattr(kvbmgo.info(), "transport", "loopback")
     if transport in (None, "loopback"):
         pytest.skip("cross-process transport not available (issue 11)")
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "60")
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "2")
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "1")
     port, room, seed, aux_row = free_port(), 555, 11, 2
     src = [5, 1, 7, 3]
     dst = [0, 6, 2, 9]
@@ -408,9 +415,13 @@ def test_two_processes(pair, server_args, tmp_path):
                              str(room), str(seed), json.dumps(src), str(aux_row),
                              str(tmp_path / "model")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+
+    def event():
         line = proc.stdout.readline()
-        assert line and json.loads(line)["event"] == "ready", proc.stderr.read()[-3000:]
+        assert line, f"the prefill process said nothing more: {proc.stderr.read()[-3000:]}"
+        return json.loads(line)
+    try:
+        assert event() == {"event": "ready"}
         D = Side(16)
         dm = h.manager(D, "decode", server_args)
         try:
@@ -423,17 +434,31 @@ def test_two_processes(pair, server_args, tmp_path):
             recv.init(0)
             recv.send_metadata(np.array(dst, np.int32), 4, [], decode_prefix_len=0)
             wait_for(recv.poll, KVPoll.Success, 30, "decode")
-            done = json.loads(proc.stdout.readline())
-            assert done == {"event": "done", "state": int(KVPoll.Success)}
+            assert event() == {"event": "done", "state": int(KVPoll.Success)}
             P = Side(4 * len(src) + 4, seed=seed)  # the same bytes as the subprocess's
             for b in range(len(P.kv)):
                 for s, d in zip(src, dst):
                     assert np.array_equal(P.page(b, s), D.page(b, d)), (b, s, d)
+                for d in set(range(D.pages)) - set(dst):
+                    assert not D.page(b, d).any(), (b, d)
             for i in range(len(AUX_ITEM_LENS)):
                 assert np.array_equal(P.aux[i][aux_row], D.aux[i][4])
+            written = [b.copy() for b in D.kv]
+            recv.clear()
+
+            second = plugin.kv_class(KVClassType.RECEIVER)(dm, addr, room + 1)
+            second.init(0)
+            second.send_metadata(np.array([11, 12], np.int32), 5, [], decode_prefix_len=0)
+            assert event() == {"event": "reserved"}
+            proc.kill()
+            proc.wait(10)
+            state, took = wait_for(second.poll, {KVPoll.Failed}, 10, "decode after the kill")
+            assert took < 6.5, took
+            assert "Lost connection with prefill" in failure(second)
+            assert all(np.array_equal(a, b) for a, b in zip(written, D.kv))
+            assert not D.aux[0][5].any()
         finally:
             dm.close()
-        assert proc.wait(30) == 0, proc.stderr.read()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
