@@ -207,10 +207,28 @@ def test_transfer_success_every_byte(pair, chunks, shape):
     assert sender.poll() == KVPoll.Bootstrapping  # nothing reserved yet
     recv.send_metadata(np.array(dst, np.int32), 6, [], decode_prefix_len=0)
     wait_for(sender.poll, KVPoll.WaitingForInput, 10, "prefill")
+    assert recv.poll() == KVPoll.WaitingForInput
     assert sender.pop_decode_prefix_len() == 0
-    prefill_send(sender, src, 3, chunks=chunks)
-    wait_for(recv.poll, KVPoll.Success, 10, "decode")
-    wait_for(sender.poll, KVPoll.Success, 10, "prefill")
+    sender.init(len(src), 3)
+    parts = np.array_split(np.array(src, np.int32), chunks)
+    for part in parts[:-1]:
+        # Pages handed over, the last chunk not yet: both sides Transferring,
+        # nothing written on the decode before the whole request is there.
+        sender.send(part, None, num_kv_tokens=len(part) * h.PAGE)
+        wait_for(recv.poll, KVPoll.Transferring, 10, "decode")
+        assert sender.poll() == KVPoll.Transferring
+        assert not p.D.kv_any()
+    sender.send(parts[-1], [], num_kv_tokens=len(parts[-1]) * h.PAGE)
+    seen = {"decode": [], "prefill": []}
+    for who, x in (("decode", recv), ("prefill", sender)):
+        t0 = time.monotonic()
+        while not seen[who] or seen[who][-1] != KVPoll.Success:
+            seen[who].append(x.poll())
+            assert time.monotonic() - t0 < 10, (who, seen[who][-5:])
+            time.sleep(0.001)
+    # KVPoll only moves forward: ... Transferring -> Success, never Failed.
+    for who, states in seen.items():
+        assert KVPoll.Failed not in states and states == sorted(states), (who, states)
     check_bytes(p, src, dst, 3, 6)
     m = sender.get_transfer_metric()
     assert m.transfer_total_bytes == len(src) * sum(p.P.items)
