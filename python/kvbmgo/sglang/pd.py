@@ -220,7 +220,6 @@ class KvbmKVManager(CommonKVManager):
                     zip(args.aux_data_ptrs, args.aux_item_lens, args.aux_data_lens)]
         self.signature = _signature(self.groups, [a[1] for a in self.aux])
         self._register(args)
-        self._send_lock = threading.Lock()
         if disaggregation_mode == DisaggregationMode.PREFILL:
             self._prefill_rooms: Dict[int, _PrefillRoom] = {}
             self._spawn(self._prefill_loop, "kvbm-prefill")
