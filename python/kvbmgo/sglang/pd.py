@@ -34,7 +34,9 @@ Control messages (ZMQ, on the managers' own sockets)::
 Each request's hand-off is sequenced on the decode side by kvbm's hand-off
 coordinator in SGLang's order (destination first): ReserveDestination (the
 decode reserved pages), SubmitPrefill (KVBM_ROOM sent), SourceHeld (the last
-KVBM_PULL came), StartTransfer (the pull), TransferCompleted,
+KVBM_PULL came), StartTransfer (the pull of what is left: the pages of
+earlier chunks are pulled as they come, overlapping the prefill's next
+chunks), TransferCompleted (every pull of the request done),
 ActivateDestination (aux row written, Success), ReleaseSource (KVBM_DONE);
 a failure, timeout or abort runs CancelSource (KVBM_DONE with the reason)
 and CancelDestination (Failed).
@@ -184,6 +186,8 @@ class _DecodeRoom:
         self.targets = targets
         self.started = started
         self.chunks: List[Tuple[int, np.ndarray]] = []  # (dst offset, source pages)
+        self.pulled = 0  # chunks whose pull started before the last came
+        self.early: List[Any] = []  # their notifications
         self.token: Optional[str] = None
         self.aux_rows: Optional[List[bytes]] = None
         self.submit: Any = None
@@ -539,6 +543,16 @@ class KvbmKVManager(CommonKVManager):
             r.token = token
             r.chunks.append((start, src))
             self.update_status(room, KVPoll.Transferring)
+            if not last and r.pulled == len(r.chunks) - 1 and \
+                    isinstance(self._instances.get(token), int):
+                # Pipelined with the prefill's next chunks: these pages are
+                # final. The hand-off still completes only after the last.
+                notes, why = self._pull(r, r.chunks[-1:])
+                if why is not None:
+                    self._fact(room, FactKind.FAILED, why)
+                    return
+                r.early += notes
+                r.pulled = len(r.chunks)
             if last:
                 r.aux_rows = list(msg[7:])
                 pages = sum(len(s) for _, s in r.chunks)
@@ -566,6 +580,9 @@ class KvbmKVManager(CommonKVManager):
         if r is not None:
             with r.lock:
                 r.coord.close()
+                for n in r.early:  # pulls a failure left unawaited (they go on)
+                    n.close()
+                r.early = []
 
     def _fact(self, room: int, kind: FactKind, reason: Optional[str], **timing: Any) -> None:
         """Steps fact kind into room's coordinator and runs what comes out.
@@ -669,32 +686,47 @@ class KvbmKVManager(CommonKVManager):
             r.reason = r.reason or why
             return OutcomeKind.FAILED, why, None
 
+        notes, why = self._pull(r, r.chunks[r.pulled:])
+        if why is not None:
+            return failed(why)
+        notes, r.early = r.early + notes, []
+        if not notes:
+            return OutcomeKind.SCHEDULED, None, FactKind.TRANSFER_COMPLETED
+        deadline = r.started + self.waiting_timeout
+        self._pool.submit(self._await, r.room, r, notes, deadline)
+        return OutcomeKind.SCHEDULED, None, None
+
+    def _pull(self, r: _DecodeRoom, chunks: List[Tuple[int, np.ndarray]]
+              ) -> Tuple[List[Any], Optional[str]]:
+        """Starts pulling chunks' pages from r's prefill into r's pages: (the
+        notifications, None), or ([], why not)."""
         instance = self._instances.get(r.token)
         if not isinstance(instance, int):
-            return failed(f"kvbm transfer backend: no usable layout of prefill "
-                          f"{(r.token or '?')[:8]}: {instance or 'its metadata never came'}")
+            return [], (f"kvbm transfer backend: no usable layout of prefill "
+                        f"{(r.token or '?')[:8]}: {instance or 'its metadata never came'}")
         src_parts, dst_parts = [], []
-        for start, src in r.chunks:
+        for start, src in chunks:
             if start < 0 or start + len(src) > len(r.dst):
-                return failed(f"kvbm transfer backend: the prefill sent pages "
-                              f"[{start}, {start + len(src)}) of a request with "
-                              f"{len(r.dst)} reserved")
+                return [], (f"kvbm transfer backend: the prefill sent pages "
+                            f"[{start}, {start + len(src)}) of a request with "
+                            f"{len(r.dst)} reserved")
             src_parts.append(src)
             dst_parts.append(r.dst[start:start + len(src)])
         src = np.concatenate(src_parts) if src_parts else np.zeros(0, np.int32)
         dst = np.concatenate(dst_parts) if dst_parts else np.zeros(0, np.int32)
         if len(src) == 0:
-            return OutcomeKind.SCHEDULED, None, FactKind.TRANSFER_COMPLETED
+            return [], None
+        notes: List[Any] = []
         try:
-            notes = [w.transfer_from_instance(instance, Tier.G1, src, Tier.G1, dst)
-                     for w in self.workers]
+            for w in self.workers:
+                notes.append(w.transfer_from_instance(instance, Tier.G1, src, Tier.G1, dst))
         except (KvbmError, ValueError, TypeError) as e:
-            return failed(f"kvbm transfer backend: starting the pull of {len(src)} pages "
-                          f"failed: {e}")
-        r.bytes = len(src) * self.kv_item_lens_sum
-        deadline = r.started + self.waiting_timeout
-        self._pool.submit(self._await, r.room, r, notes, deadline)
-        return OutcomeKind.SCHEDULED, None, None
+            for n in notes:
+                n.close()
+            return [], (f"kvbm transfer backend: starting the pull of {len(src)} pages "
+                        f"failed: {e}")
+        r.bytes += len(src) * self.kv_item_lens_sum
+        return notes, None
 
     def _await(self, room: int, r: _DecodeRoom, notes: List[Any], deadline: float) -> None:
         fact, why = FactKind.TRANSFER_COMPLETED, None

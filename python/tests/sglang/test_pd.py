@@ -211,13 +211,22 @@ def test_transfer_success_every_byte(pair, chunks, shape):
     assert sender.pop_decode_prefix_len() == 0
     sender.init(len(src), 3)
     parts = np.array_split(np.array(src, np.int32), chunks)
+    done = 0
     for part in parts[:-1]:
-        # Pages handed over, the last chunk not yet: both sides Transferring,
-        # nothing written on the decode before the whole request is there.
+        # Pages handed over, the last chunk not yet: both sides Transferring;
+        # the decode pulls these pages while the prefill computes the next
+        # chunk, and still has no aux row (it comes with the last).
         sender.send(part, None, num_kv_tokens=len(part) * h.PAGE)
         wait_for(recv.poll, KVPoll.Transferring, 10, "decode")
-        assert sender.poll() == KVPoll.Transferring
-        assert not p.D.kv_any()
+        done += len(part)
+        t0 = time.monotonic()
+        while not all(np.array_equal(p.P.page(b, s), p.D.page(b, d)) for b in range(len(p.P.kv))
+                      for s, d in zip(src[:done], dst[:done])):
+            assert time.monotonic() - t0 < 10, "the early chunk's pages never arrived"
+            time.sleep(0.01)
+        assert not any(p.D.page(b, d).any() for b in range(len(p.P.kv)) for d in dst[done:])
+        assert sender.poll() == KVPoll.Transferring and recv.poll() == KVPoll.Transferring
+        assert not any(a.any() for a in p.D.aux)
     sender.send(parts[-1], [], num_kv_tokens=len(parts[-1]) * h.PAGE)
     seen = {"decode": [], "prefill": []}
     for who, x in (("decode", recv), ("prefill", sender)):
