@@ -258,10 +258,12 @@ def test_many_requests_at_once(pair):
         s = p.sender(room)
         r = p.receiver(room)
         src, dst = srcs[i * 8:(i + 1) * 8].tolist(), dsts[i * 8:(i + 1) * 8].tolist()
-        r.send_metadata(np.array(dst, np.int32), i, [], decode_prefix_len=0)
+        # decode_prefix_len: tokens the decode already holds (its radix cache)
+        r.send_metadata(np.array(dst, np.int32), i, [], decode_prefix_len=i * h.PAGE)
         reqs.append((room, s, r, src, dst, i))
     for room, s, r, src, dst, i in reversed(reqs):
         wait_for(s.poll, KVPoll.WaitingForInput, 10, "prefill")
+        assert s.pop_decode_prefix_len() == i * h.PAGE
         prefill_send(s, src, 7 - i, chunks=2)
     for room, s, r, src, dst, i in reqs:
         wait_for(r.poll, KVPoll.Success, 10, f"decode {room}")
