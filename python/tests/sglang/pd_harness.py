@@ -162,7 +162,8 @@ def _prefill_main(argv):
     mgr = manager(side, "prefill", sa)
     print(json.dumps({"event": "ready"}), flush=True)
     sender = kv_class(KVClassType.SENDER)(mgr, f"127.0.0.1:{port}", int(room))
-    wait_for(sender.poll, KVPoll.WaitingForInput, 60, "prefill sender")
+    # Started at the beginning of the test module: the decode comes later.
+    wait_for(sender.poll, KVPoll.WaitingForInput, 280, "prefill sender")
     prefill_send(sender, pages, int(aux_row))
     state, _ = wait_for(sender.poll, {KVPoll.Success, KVPoll.Failed}, 60, "prefill sender")
     print(json.dumps({"event": "done", "state": int(state)}), flush=True)

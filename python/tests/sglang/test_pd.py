@@ -423,31 +423,55 @@ def test_mismatched_layouts_fail_with_the_reason(pair, server_args):
 
 # ---- two processes: the prefill in a subprocess
 
-def test_two_processes(pair, server_args, tmp_path, monkeypatch):
+TWO = dict(room=555, seed=11, aux_row=2, src=[5, 1, 7, 3], dst=[0, 6, 2, 9])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefill_process(tmp_path_factory):
+    """The two-process test's prefill (pd_harness.py run as a script),
+    started with the module so that its imports of sglang (the better part
+    of its run) overlap the other tests; None when kvbm has no transport
+    between processes."""
+    import kvbmgo
+    if getattr(kvbmgo.info(), "transport", "loopback") in (None, "loopback"):
+        yield None
+        return
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PYTHON_DIR, HERE]),
+               SGLANG_HOST_IP="127.0.0.1")
+    d = tmp_path_factory.mktemp("prefill")
+    log = open(d / "stderr.log", "w")  # a file: nobody reads a pipe while other tests run
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "pd_harness.py"), str(port),
+                             str(TWO["room"]), str(TWO["seed"]), json.dumps(TWO["src"]),
+                             str(TWO["aux_row"]), str(d / "model")],
+                            env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    proc.log_path = d / "stderr.log"
+    try:
+        yield proc, port
+    finally:
+        log.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_two_processes(prefill_process, server_args, monkeypatch):
     """The prefill in a subprocess (its own bootstrap server and manager):
     one request's pages cross over kvbm's transport, every byte checked;
     then the prefill is killed (SIGKILL) while the decode waits for a second
     request, which fails by the heartbeat, well before the waiting timeout."""
-    import kvbmgo
-    transport = getattr(kvbmgo.info(), "transport", "loopback")
-    if transport in (None, "loopback"):
+    if prefill_process is None:
         pytest.skip("cross-process transport not available (issue 11)")
+    proc, port = prefill_process
     monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "60")
     monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "2")
     monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "1")
-    port, room, seed, aux_row = free_port(), 555, 11, 2
-    src = [5, 1, 7, 3]
-    dst = [0, 6, 2, 9]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PYTHON_DIR, HERE]),
-               SGLANG_HOST_IP="127.0.0.1")
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "pd_harness.py"), str(port),
-                             str(room), str(seed), json.dumps(src), str(aux_row),
-                             str(tmp_path / "model")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    room, seed, aux_row, src, dst = (TWO[k] for k in ("room", "seed", "aux_row", "src", "dst"))
 
     def event():
         line = proc.stdout.readline()
-        assert line, f"the prefill process said nothing more: {proc.stderr.read()[-3000:]}"
+        assert line, (f"the prefill process said nothing more: "
+                      f"{proc.log_path.read_text()[-3000:]}")
         return json.loads(line)
     try:
         assert event() == {"event": "ready"}
