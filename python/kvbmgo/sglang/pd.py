@@ -52,7 +52,8 @@ confirms the pull.
 
 Supported: MHA and MLA pools, equal attention TP (MLA also with a larger
 prefill TP, through SGLang's dummy ranks), PP 1, CP 1, no extra state pools
-(Mamba, SWA, DSA, ...); the rest ends in Failed with the reason.
+(Mamba, SWA, DSA, ...); the rest ends in Failed with the reason. The decode
+allocation policy "prefill_complete" is refused when the manager is made.
 """
 
 from __future__ import annotations
@@ -211,6 +212,10 @@ class KvbmKVManager(CommonKVManager):
         self._threads: List[threading.Thread] = []
         self.workers: List[Worker] = []
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+        if self.defer_decode_allocation:
+            self.server_socket.close(linger=0)
+            raise ValueError("kvbm transfer backend: --disaggregation-decode-allocation-policy "
+                             "prefill_complete is not supported (use early, the default)")
         if any(getattr(args, "state_data_ptrs", None) or []):
             logger.warning("kvbm transfer backend: the extra state pools (%s) are not "
                            "transferred; a request that carries state indices fails",

@@ -394,6 +394,13 @@ def test_state_transfer_is_refused_with_the_reason(pair):
     assert "state" in failure(recv)
 
 
+def test_prefill_complete_policy_is_refused(server_args):
+    from sglang.srt.runtime_context import get_disagg
+    with get_disagg().override(disaggregation_decode_allocation_policy="prefill_complete"):
+        with pytest.raises(ValueError, match="prefill_complete"):
+            h.manager(Side(4), "decode", server_args)
+
+
 def test_mismatched_layouts_fail_with_the_reason(pair, server_args):
     """A decode whose aux buffers differ from the prefill's: the request
     fails with the reason instead of writing misaligned rows."""
