@@ -50,10 +50,12 @@ SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT in Bootstrapping, and
 SGLANG_DISAGGREGATION_WAITING_TIMEOUT from its last chunk until the decode
 confirms the pull.
 
-Supported: MHA and MLA pools, equal attention TP (MLA also with a larger
-prefill TP, through SGLang's dummy ranks), PP 1, CP 1, no extra state pools
-(Mamba, SWA, DSA, ...); the rest ends in Failed with the reason. The decode
-allocation policy "prefill_complete" is refused when the manager is made.
+Supported: MHA and MLA pools (and a draft pool beside them), equal attention
+TP, PP 1, CP 1, no extra state pools (Mamba, SWA, DSA, ...); the rest ends in
+Failed with the reason (an MLA model with a larger prefill TP goes through
+SGLang's dummy ranks: not tested). Refused when the manager is made: the
+decode allocation policy "prefill_complete", and metadata buffers in device
+memory (SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK).
 """
 
 from __future__ import annotations
@@ -216,6 +218,10 @@ class KvbmKVManager(CommonKVManager):
             self.server_socket.close(linger=0)
             raise ValueError("kvbm transfer backend: --disaggregation-decode-allocation-policy "
                              "prefill_complete is not supported (use early, the default)")
+        if envs.SGLANG_MOONCAKE_CUSTOM_MEM_POOL.get() == "INTRA_NODE_NVLINK":
+            self.server_socket.close(linger=0)
+            raise ValueError("kvbm transfer backend: the metadata buffers must be host memory "
+                             "(unset SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK)")
         if any(getattr(args, "state_data_ptrs", None) or []):
             logger.warning("kvbm transfer backend: the extra state pools (%s) are not "
                            "transferred; a request that carries state indices fails",
