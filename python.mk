@@ -49,6 +49,7 @@ test-py: py-venv $(VERSITYGW)
 
 # kvbmgo is not installed into the engine venv (shared by every checkout):
 # the tests import it from python/ and load this checkout's build/libkvbm.so.
+# Only its entry points are (the SGLang plugin "kvbm"), by engine-venv.sh.
 test-vllm: lib
 	@venv=$$(scripts/engine-venv.sh vllm) || { \
 	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \

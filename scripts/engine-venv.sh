@@ -8,7 +8,11 @@
 # vLLM and SGLang pin different torch versions, so each engine has its own venv. A marker file written as the last
 # step says the venv is complete; without it the venv is removed and redone.
 # kvbmgo is not installed into it: tests use PYTHONPATH=python and
-# KVBM_LIBRARY=build/libkvbm.so, so one venv serves every checkout.
+# KVBM_LIBRARY=build/libkvbm.so, so one venv serves every checkout. What an
+# installed kvbmgo would add to the venv besides its modules, its entry
+# points, is installed as a metadata-only distribution (kvbmgo-entry-points:
+# the SGLang plugin "kvbm"), checked on every call (cheap), so a venv built
+# before it existed gets it too.
 #
 # Exit status: 0 and the venv path on stdout; 1 with the reason on stderr.
 set -euo pipefail
@@ -26,7 +30,39 @@ marker="$venv/.kvbm-complete"
 # The marker records what was asked for; a different request rebuilds.
 want="${pins[*]} numpy pytest"
 
+# The entry points kvbmgo's pyproject.toml declares, for the engine's venv:
+# a dist-info without modules (kvbmgo itself comes from PYTHONPATH). Written
+# into a temporary directory and renamed, so a concurrent caller sees the old
+# one or the new one.
+entry_points() {
+  case "$engine" in
+    sglang) printf '[sglang.srt.plugins]\nkvbm = kvbmgo.sglang.plugin:register\n' ;;
+  esac
+}
+ensure_entry_points() {
+  local eps site dist tmp
+  eps=$(entry_points)
+  [[ -n "$eps" ]] || return 0
+  site=$(echo "$venv"/lib/python3*/site-packages)
+  [[ -d "$site" ]] || { echo "engine-venv.sh: no site-packages in $venv" >&2; return 1; }
+  dist="$site/kvbmgo_entry_points-0.1.0.dist-info"
+  if [[ -f "$dist/entry_points.txt" && "$(cat "$dist/entry_points.txt")" == "$eps" ]]; then
+    return 0
+  fi
+  tmp=$(mktemp -d "$site/.kvbmgo-entry-points.XXXXXX")
+  printf 'Metadata-Version: 2.1\nName: kvbmgo-entry-points\nVersion: 0.1.0\nSummary: entry points of kvbmgo (its modules come from PYTHONPATH)\n' >"$tmp/METADATA"
+  printf '%s\n' "$eps" >"$tmp/entry_points.txt"
+  printf 'kvbm engine-venv.sh\n' >"$tmp/INSTALLER"
+  : >"$tmp/RECORD"
+  chmod 755 "$tmp"
+  rm -rf "$dist.old"
+  [[ -d "$dist" ]] && mv "$dist" "$dist.old"
+  mv "$tmp" "$dist"
+  rm -rf "$dist.old"
+}
+
 if [[ -f "$marker" && "$(cat "$marker")" == "$want" ]]; then
+  ensure_entry_points
   echo "$venv"
   exit 0
 fi
@@ -51,6 +87,7 @@ mkdir -p "$root"
 exec 9>"$venv.lock"
 flock 9
 if [[ -f "$marker" && "$(cat "$marker")" == "$want" ]]; then
+  ensure_entry_points
   echo "$venv"
   exit 0
 fi
@@ -70,5 +107,6 @@ rm -rf "$venv"
   exit 1
 }
 echo "$want" >"$marker"
+ensure_entry_points
 echo "engine-venv.sh: built $venv in $(( $(date +%s) - start )) s" >&2
 echo "$venv"

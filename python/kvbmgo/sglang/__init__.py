@@ -10,6 +10,14 @@ HiCache loads the storage backend with::
 
 (the keys of ``KvbmHiCacheConfig`` may be given there too).
 
+PD disaggregation over kvbm (``KvbmKVManager``, ``KvbmKVSender``,
+``KvbmKVReceiver``, ``KvbmKVBootstrapServer``; see ``kvbmgo.sglang.pd``)::
+
+    --disaggregation-mode prefill|decode --disaggregation-transfer-backend kvbm
+
+which SGLang accepts once the ``kvbm`` plugin (entry point group
+``sglang.srt.plugins``, ``kvbmgo.sglang.plugin:register``) is installed.
+
 Importing this package imports neither sglang nor torch and does not load
 libkvbm.so: SGLang imports backend classes before it forks its scheduler
 processes. The classes are built on first attribute access (SGLang's
@@ -19,13 +27,18 @@ library loads when the backend registers SGLang's host pool.
 
 from .._lazy import lazy_attributes
 
-__all__ = ["KvbmHiCacheStorage", "KvbmHiCacheConfig", "HostPoolLayout", "host_pool_layout"]
+__all__ = ["KvbmHiCacheStorage", "KvbmHiCacheConfig", "HostPoolLayout", "host_pool_layout",
+           "KvbmKVManager", "KvbmKVSender", "KvbmKVReceiver", "KvbmKVBootstrapServer"]
 
 _WHERE = {
     "KvbmHiCacheStorage": ".hicache",
     "KvbmHiCacheConfig": ".config",
     "HostPoolLayout": ".host_pool",
     "host_pool_layout": ".host_pool",
+    "KvbmKVManager": ".pd",
+    "KvbmKVSender": ".pd",
+    "KvbmKVReceiver": ".pd",
+    "KvbmKVBootstrapServer": ".pd",
 }
 
 

@@ -39,17 +39,21 @@ def close_after():
 
 
 def test_import_loads_neither_sglang_nor_the_library():
+    """Both adapters (HiCache storage, PD transfer backend) and the plugin."""
     code = (
         "import sys\n"
         "def lib_loaded():\n"
         "    return 'libkvbm' in open('/proc/self/maps').read()\n"
-        "import kvbmgo.sglang as m\n"
+        "import kvbmgo.sglang as m, kvbmgo.sglang.plugin\n"
         "assert 'sglang' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
         "assert not lib_loaded()\n"
         "cls = m.KvbmHiCacheStorage\n"
         "from sglang.srt.mem_cache.hicache_storage import HiCacheStorage\n"
         "assert issubclass(cls, HiCacheStorage)\n"
-        "assert not lib_loaded(), 'building the class loads no library'\n"
+        "from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver\n"
+        "assert issubclass(m.KvbmKVManager, CommonKVManager)\n"
+        "assert issubclass(m.KvbmKVReceiver, CommonKVReceiver)\n"
+        "assert not lib_loaded(), 'building the classes loads no library'\n"
         "print('ok')\n")
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
