@@ -48,6 +48,17 @@ func kvbmgo_notification_wait(h C.uintptr_t, timeoutMs C.int64_t) (st C.kvbm_sta
 	return result(n.WaitTimeout(timeout))
 }
 
+//export kvbmgo_notification_cancel
+func kvbmgo_notification_cancel(h C.uintptr_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	n, st := getNotification(h)
+	if st != statusOK {
+		return st
+	}
+	n.Cancel()
+	return statusOK
+}
+
 //export kvbmgo_notification_failed_blocks
 func kvbmgo_notification_failed_blocks(h C.uintptr_t, ids *C.uint32_t, capacity C.size_t, count *C.size_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)

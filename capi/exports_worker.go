@@ -81,15 +81,22 @@ func layoutConfig(what string, c *C.kvbm_layout_config_t) (layout.Config, transf
 	return cfg, shape, statusOK
 }
 
+// transferOptionsV1Size is kvbm_transfer_options_t before deadline_ms:
+// callers built against it keep working.
+var transferOptionsV1Size = C.size_t(unsafe.Offsetof(C.kvbm_transfer_options_t{}.deadline_ms))
+
 // transferOptions reads a kvbm_transfer_options_t (NULL: defaults).
 func transferOptions(what string, o *C.kvbm_transfer_options_t) (transfer.Options, C.kvbm_status_t) {
 	var opts transfer.Options
 	if o == nil {
 		return opts, statusOK
 	}
-	if o.struct_size < C.sizeof_kvbm_transfer_options_t {
+	if o.struct_size < transferOptionsV1Size {
 		return opts, fail(errInvalidArgument, "%s: options struct_size %d is less than %d (use KVBM_TRANSFER_OPTIONS_INIT)",
-			what, o.struct_size, C.sizeof_kvbm_transfer_options_t)
+			what, o.struct_size, transferOptionsV1Size)
+	}
+	if o.struct_size >= C.sizeof_kvbm_transfer_options_t {
+		opts.Deadline = time.Duration(o.deadline_ms) * time.Millisecond
 	}
 	if o.layer_start != 0 || o.layer_end != 0 {
 		opts.Layers = transfer.Layers(int(o.layer_start), int(o.layer_end))

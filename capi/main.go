@@ -150,6 +150,8 @@ func statusOf(err error) C.kvbm_status_t {
 	case errors.Is(err, transfer.ErrCorrupt), errors.Is(err, object.ErrCorrupt),
 		errors.Is(err, worker.ErrBadMetadata):
 		return errDataCorruption
+	case errors.Is(err, transfer.ErrCanceled):
+		return errCanceled
 	case errors.Is(err, remote.ErrPeerUnavailable):
 		// Before timeouts: a silent peer is a failed transfer, never to be
 		// mistaken for a wait that ran out of time.

@@ -271,6 +271,7 @@ kvbm_status_t kvbm_notification_failed_blocks(kvbm_notification_t n, uint32_t *i
                                               size_t capacity, size_t *count) {
     FORWARD(kvbmgo_notification_failed_blocks(H(n), ids, capacity, count));
 }
+kvbm_status_t kvbm_notification_cancel(kvbm_notification_t n) { FORWARD(kvbmgo_notification_cancel(H(n))); }
 kvbm_status_t kvbm_notification_free(kvbm_notification_t n) { FORWARD(kvbmgo_notification_free(H(n))); }
 
 kvbm_status_t kvbm_coordinated_create(kvbm_worker_t inner, int32_t rank, uint64_t host_instance,

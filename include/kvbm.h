@@ -352,8 +352,14 @@ typedef struct kvbm_transfer_options {
     /* Event the copy waits for before it reads (the engine's compute
      * event: "offload after this event"); NULL: none. */
     kvbm_event_t precondition;
+    /* Bound on the transfer's operations on a peer's memory as a whole, in
+     * ms; 0: none beyond the worker's remote_deadline_ms per operation.
+     * When it passes, those not complete stop and their blocks fail with
+     * KVBM_ERR_CANCELED, as kvbm_notification_cancel; the peer stays
+     * connected. Read when struct_size covers it. */
+    uint32_t deadline_ms;
 } kvbm_transfer_options_t;
-#define KVBM_TRANSFER_OPTIONS_INIT {sizeof(kvbm_transfer_options_t), 0, 0, NULL, NULL}
+#define KVBM_TRANSFER_OPTIONS_INIT {sizeof(kvbm_transfer_options_t), 0, 0, NULL, NULL, 0}
 
 /* Copies blocks src_ids of tier src into blocks dst_ids of tier dst (both
  * arrays num_blocks long). The request is validated before any byte moves;
@@ -750,6 +756,17 @@ kvbm_status_t kvbm_notification_wait(kvbm_notification_t notification, int64_t t
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_notification_failed_blocks(kvbm_notification_t notification, uint32_t *ids,
                                               size_t capacity, size_t *count);
+
+/* Stops the transfer's operations on a peer's memory that have not
+ * completed (pulls and pushes between workers of different processes):
+ * their blocks fail with KVBM_ERR_CANCELED, the others complete as they
+ * would. Once the notification completes nothing more is written to the
+ * destination blocks, so the caller may reuse them (wait for it). Copies
+ * already handed to the device or the disk finish first; a transfer
+ * without remote operations is not changed. Any thread, any number of
+ * times. Returns KVBM_OK, KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_notification_cancel(kvbm_notification_t notification);
 
 /* Releases the handle. A transfer still running goes on to completion.
  * Returns KVBM_OK, KVBM_ERR_INVALID_HANDLE (also on double free),

@@ -94,6 +94,12 @@ func (p *tcpPeer) do(ctx context.Context, h transfer.LayoutHandle, ops []transfe
 			p.put(c) // refused or failed there; the stream is in step
 			return fmt.Errorf("peer %x: %w", p.worker, err)
 		}
+		if ctx.Err() == context.Canceled {
+			// The caller gave up (Cancel, a transfer deadline): this
+			// connection is out of step, the peer is not at fault.
+			p.drop(c)
+			return fmt.Errorf("peer %x: %w", p.worker, context.Cause(ctx))
+		}
 		return p.fail(c, ctx, err)
 	}
 	p.put(c)
@@ -174,6 +180,9 @@ func (p *tcpPeer) get(ctx context.Context) (*tcpConn, error) {
 			}
 			return c, nil
 		case <-ctx.Done():
+			if ctx.Err() == context.Canceled {
+				return nil, fmt.Errorf("peer %x: %w", p.worker, context.Cause(ctx))
+			}
 			return nil, fmt.Errorf("%w: %w: no connection to peer %x at %s within the deadline",
 				ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
 		}

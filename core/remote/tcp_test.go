@@ -264,3 +264,52 @@ func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeerUnavailable)
 	require.ErrorContains(t, err, "stale")
 }
+
+// Cancel and a transfer deadline stop a pull the exporter is slow to
+// serve: its blocks fail with ErrCanceled within the bound, nothing is
+// written to them once the notification completed, and the peer stays
+// connected (the next pull works).
+func TestTCPCancelAndDeadlineStopAPullAndKeepThePeer(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second)
+	fill(t, p.exp, p.remote["g1"], 0x31)
+	for _, how := range []string{"cancel", "deadline"} {
+		t.Run(how, func(t *testing.T) {
+			fill(t, p.imp, p.local["g2"], 0)
+			release := make(chan struct{})
+			p.emu.InjectCopyFault(func(kind cuda.CopyKind, c cuda.Copy) error {
+				if kind == cuda.DeviceToHost { // the exporter staging its G1 for the socket
+					<-release
+				}
+				return nil
+			})
+			opts := Options{}
+			if how == "deadline" {
+				opts.Deadline = 100 * time.Millisecond
+			}
+			start := time.Now()
+			n, err := p.imp.ExecuteTransfer(p.remote["g1"], []int{0, 1}, p.local["g2"], []int{2, 3}, opts)
+			require.NoError(t, err)
+			if how == "cancel" {
+				time.Sleep(50 * time.Millisecond)
+				n.Cancel()
+			}
+			err = n.WaitTimeout(-1)
+			require.ErrorIs(t, err, ErrCanceled)
+			require.NotErrorIs(t, err, ErrPeerUnavailable, "the peer is not at fault")
+			require.Equal(t, []int{2, 3}, n.FailedBlocks())
+			require.Less(t, time.Since(start), 2*time.Second, "well before the 5 s remote deadline")
+
+			close(release)
+			p.emu.InjectCopyFault(nil)
+			time.Sleep(50 * time.Millisecond) // the exporter answers the abandoned request now
+			for _, b := range []int{2, 3} {
+				require.Equal(t, pattern(p.cfg.BlockSize(), 0, b), block(t, p.imp, p.local["g2"], b),
+					"nothing lands after the notification completed")
+			}
+			n, err = p.imp.ExecuteTransfer(p.remote["g1"], []int{4}, p.local["g2"], []int{5}, Options{})
+			require.NoError(t, err)
+			require.NoError(t, n.WaitTimeout(-1))
+			require.Equal(t, pattern(p.cfg.BlockSize(), 0x31, 4), block(t, p.imp, p.local["g2"], 5))
+		})
+	}
+}

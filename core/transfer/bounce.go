@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -129,11 +130,19 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 	for lo := 0; lo < len(p.srcIDs); lo += len(ids) {
 		hi := min(lo+len(ids), len(p.srcIDs))
 		staged := ids[:hi-lo]
-		if err := m.runHop(subPlan(p.src, b, p.srcIDs[lo:hi], staged, p.layers), hop1Opts); err != nil {
+		if p.ctx.Err() != nil {
+			failed.addPlanRange(lo, hi, context.Cause(p.ctx))
+			continue
+		}
+		hop1 := subPlan(p.src, b, p.srcIDs[lo:hi], staged, p.layers)
+		hop1.ctx = p.ctx
+		if err := m.runHop(hop1, hop1Opts); err != nil {
 			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
 		}
 		hop1Opts.Precondition = 0
-		if err := m.runHop(subPlan(b, p.dst, staged, p.dstIDs[lo:hi], p.layers), Options{}); err != nil {
+		hop2 := subPlan(b, p.dst, staged, p.dstIDs[lo:hi], p.layers)
+		hop2.ctx = p.ctx
+		if err := m.runHop(hop2, Options{}); err != nil {
 			failed.addPlanRange(lo, hi, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
 		}
 	}

@@ -1,6 +1,10 @@
 package transfer
 
-import "time"
+import (
+	"context"
+	"fmt"
+	"time"
+)
 
 // inlineCopyBytes is the most a host copy moves on the caller's goroutine.
 const inlineCopyBytes = 256 << 10
@@ -37,6 +41,19 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	}
 	start, path := time.Now(), pathOf(strat, kind)
 	n := newNotification()
+	if p.src.remote != nil || p.dst.remote != nil {
+		// A peer is involved: the transfer can be canceled, or run past
+		// its deadline, and its remote operations then stop.
+		ctx, cancel := context.WithCancelCause(context.Background())
+		p.ctx, n.cancel = ctx, cancel
+		if opts.Deadline > 0 {
+			t := time.AfterFunc(opts.Deadline, func() {
+				cancel(fmt.Errorf("%w: its deadline of %v passed", ErrCanceled, opts.Deadline))
+			})
+			release0 := release
+			release = func() { t.Stop(); release0() }
+		}
+	}
 	if strat == deviceCopy {
 		wait, done, err := m.enqueueDeviceQuery(p, kind, opts)
 		if err != nil {

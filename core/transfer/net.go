@@ -1,11 +1,15 @@
 package transfer
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // moveRemote moves a plan between host memory here and a peer's memory,
 // chunk by chunk on the net pool, each chunk one operation of the peer's
 // transport bounded by the remote deadline. A chunk that fails names its
-// blocks; the others still complete.
+// blocks; the others still complete. When the transfer is canceled (its
+// context ends) the operations in flight stop and those not started fail.
 func (m *Manager) moveRemote(p *plan, write bool) error {
 	mem, h := p.src.remote, p.src.handle
 	if write {
@@ -20,13 +24,20 @@ func (m *Manager) moveRemote(p *plan, write bool) error {
 				ops = append(ops, RemoteOp{Remote: op.src, Local: op.dst, Size: op.size})
 			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.RemoteDeadline)
-		defer cancel()
 		var err error
-		if write {
-			err = mem.Write(ctx, h, ops)
+		if p.ctx.Err() != nil {
+			err = context.Cause(p.ctx) // canceled before it started
 		} else {
-			err = mem.Read(ctx, h, ops)
+			ctx, cancel := context.WithTimeout(p.ctx, m.cfg.RemoteDeadline)
+			if write {
+				err = mem.Write(ctx, h, ops)
+			} else {
+				err = mem.Read(ctx, h, ops)
+			}
+			cancel()
+			if err != nil && p.ctx.Err() != nil {
+				err = fmt.Errorf("%w (%w)", context.Cause(p.ctx), err)
+			}
 		}
 		if err != nil {
 			for i := lo; i < hi; i++ {

@@ -17,6 +17,25 @@ type Notification struct {
 	once   sync.Once
 	err    error
 	failed []int
+	// cancel stops the transfer's remote operations (nil when it has none).
+	cancel context.CancelCauseFunc
+}
+
+// ErrCanceled is wrapped by the errors of blocks whose transfer was
+// canceled (Notification.Cancel) or ran past its Options.Deadline.
+var ErrCanceled = errors.New("transfer canceled")
+
+// Cancel stops the transfer's operations on a peer's memory that have not
+// completed: their blocks fail with an error wrapping ErrCanceled, the
+// others complete as they would. Once the notification completes nothing
+// more is written to the destination blocks, so that the caller can reuse
+// them. Copies already handed to the device or the disk finish first; a
+// transfer without remote operations is not changed. Safe to call at any
+// time, more than once.
+func (n *Notification) Cancel() {
+	if n.cancel != nil {
+		n.cancel(fmt.Errorf("%w by the caller", ErrCanceled))
+	}
 }
 
 func newNotification() *Notification { return &Notification{done: make(chan struct{})} }

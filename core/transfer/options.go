@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/kvbm/kvbm/cuda"
 )
@@ -26,6 +27,11 @@ type Options struct {
 	// engine's compute event, so that a copy never reads KV still being
 	// written.
 	Precondition cuda.Event
+	// Deadline, when set, bounds the transfer's operations on a peer's
+	// memory as a whole: when it passes, those not complete stop and their
+	// blocks fail (as Notification.Cancel), the peer staying connected.
+	// Each operation also has the manager's RemoteDeadline.
+	Deadline time.Duration
 }
 
 // Bounce names blocks of a registered pinned layout used as staging space.

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -26,6 +27,9 @@ type plan struct {
 	// plan, once validated.
 	bounce    *entry
 	bounceIDs []int
+	// ctx ends when the transfer is canceled or its deadline passes; it
+	// bounds remote operations. Never nil.
+	ctx context.Context
 }
 
 // prepare validates a request before any byte moves, naming the argument
@@ -67,7 +71,7 @@ func (m *Manager) prepare(src, dst LayoutHandle, srcIDs, dstIDs []int, opts Opti
 			}
 		}
 	}
-	p := &plan{src: se, dst: de, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers}
+	p := &plan{src: se, dst: de, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers, ctx: context.Background()}
 	p.build()
 	return p, nil
 }
@@ -174,7 +178,7 @@ func (p *plan) result(err error) error {
 // subPlan plans one hop of a two-hop transfer, between entries the caller
 // has already validated.
 func subPlan(src, dst *entry, srcIDs, dstIDs []int, layers LayerRange) *plan {
-	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers}
+	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers, ctx: context.Background()}
 	p.build()
 	return p
 }

@@ -93,6 +93,7 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_destroy((kvbm_worker_t)(uintptr_t)1), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_worker_destroy((kvbm_worker_t)(uintptr_t)0xdeadbeef), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_notification_poll((kvbm_notification_t)(uintptr_t)-1), KVBM_ERR_INVALID_HANDLE);
+    EXPECT_STATUS(kvbm_notification_cancel((kvbm_notification_t)(uintptr_t)-1), KVBM_ERR_INVALID_HANDLE);
     /* A handle of another kind. */
     EXPECT_STATUS(kvbm_notification_free((kvbm_notification_t)(void *)w), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_handoff_free((kvbm_handoff_t)(void *)w), KVBM_ERR_INVALID_HANDLE);

@@ -58,7 +58,7 @@ class WorkerConfigC(Structure):
 
 class TransferOptionsC(Structure):
     _fields_ = [("struct_size", c_size_t), ("layer_start", c_uint32), ("layer_end", c_uint32),
-                ("stream", c_void_p), ("precondition", c_void_p)]
+                ("stream", c_void_p), ("precondition", c_void_p), ("deadline_ms", c_uint32)]
 
 
 class HandoffFactC(Structure):
@@ -237,6 +237,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
     "kvbm_notification_poll": (_status, [_p], _S),
     "kvbm_notification_wait": (_status, [_p, ctypes.c_int64], _S),
     "kvbm_notification_failed_blocks": (_status, [_p, _p, c_size_t, POINTER(c_size_t)], _S),
+    "kvbm_notification_cancel": (_status, [_p], _S),
     "kvbm_notification_free": (_status, [_p], _S),
     # coordinated worker
     "kvbm_coordinated_create": (_status, [_p, c_int32, c_uint64, POINTER(c_void_p)], _S),

@@ -83,6 +83,15 @@ class Notification(Handle):
     def __await__(self) -> Generator[Any, None, bool]:
         return self.wait_async().__await__()
 
+    def cancel(self) -> None:
+        """Stops the transfer's operations on another process's memory that have
+        not completed: their blocks fail (CanceledError from wait), the others
+        complete as they would. Once the transfer completes nothing more is
+        written to its destination blocks; wait for it before reusing them.
+        Copies already handed to the device or the disk finish first; a
+        transfer without remote operations is not changed."""
+        lib.kvbm_notification_cancel(self.handle)
+
     def failed_blocks(self) -> List[int]:
         """The destination block ids whose data is not valid (sorted; empty while
         pending or on success)."""

@@ -36,12 +36,19 @@ Ids = Union[Sequence[int], Any]  # a sequence of ints or an integer numpy array
 Key = Union[bytes, bytearray, str]
 
 
-def options(layers: Optional[Tuple[int, int]], stream: Any, precondition: Any) -> Any:
-    """The transfer options by reference, or None when every one is the default."""
-    if layers is None and stream is None and precondition is None:
+def options(layers: Optional[Tuple[int, int]], stream: Any, precondition: Any,
+            deadline: Optional[float] = None) -> Any:
+    """The transfer options by reference, or None when every one is the default.
+    deadline (seconds) bounds the transfer's operations on a peer's memory."""
+    if layers is None and stream is None and precondition is None and deadline is None:
         return None
     o = _lib.TransferOptionsC()
     o.struct_size = sizeof(o)
+    if deadline is not None:
+        ms = round(deadline * 1000)
+        if not 0 < ms < 2**32:
+            raise InvalidArgumentError(f"deadline must be > 0 and < {2**32 // 1000} s, got {deadline!r}")
+        o.deadline_ms = ms
     if layers is not None:
         o.layer_start, o.layer_end = layer_range(layers)
     o.stream = pointer_of(stream, Stream, "stream")
@@ -393,42 +400,47 @@ class Worker(Handle):
     def transfer_from_instance(self, instance: int, src: int, src_ids: Ids, dst: int,
                                dst_ids: Ids, *, layers: Optional[Tuple[int, int]] = None,
                                stream: "Union[Stream, int, None]" = None,
-                               precondition: "Union[Event, int, None]" = None) -> Notification:
+                               precondition: "Union[Event, int, None]" = None,
+                               deadline: Optional[float] = None) -> Notification:
         """Pulls blocks of a connected instance's tier src into local tier dst.
-        Raises as transfer(), NotFoundError for an unknown instance or tier."""
+        deadline (seconds) bounds the pull as a whole (its blocks then fail with
+        CanceledError, as after Notification.cancel()). Raises as transfer(),
+        NotFoundError for an unknown instance or tier."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         out = c_void_p()
         lib.kvbm_worker_transfer_from_instance(self.handle, uint64(instance, "instance"),
                                                int32(src, "src"), sa, int32(dst, "dst"), da, n,
-                                               options(layers, stream, precondition),
+                                               options(layers, stream, precondition, deadline),
                                                byref(out))
         return Notification(out.value)
 
     def transfer_from_remote(self, remote: LayoutHandle, src_ids: Ids, dst: int, dst_ids: Ids,
                              *, layers: Optional[Tuple[int, int]] = None,
                              stream: "Union[Stream, int, None]" = None,
-                             precondition: "Union[Event, int, None]" = None) -> Notification:
+                             precondition: "Union[Event, int, None]" = None,
+                             deadline: Optional[float] = None) -> Notification:
         """Pulls blocks src_ids of another worker's layout remote (imported with
         import_metadata) into local tier dst. Raises as transfer(),
         NotFoundError when remote was not imported."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         r, out = LayoutHandle(*remote).to_c("remote"), c_void_p()
         lib.kvbm_worker_transfer_from_remote(self.handle, byref(r), sa, int32(dst, "dst"), da, n,
-                                             options(layers, stream, precondition),
+                                             options(layers, stream, precondition, deadline),
                                              byref(out))
         return Notification(out.value)
 
     def transfer_to_remote(self, src: int, src_ids: Ids, remote: LayoutHandle, dst_ids: Ids,
                            *, layers: Optional[Tuple[int, int]] = None,
                            stream: "Union[Stream, int, None]" = None,
-                           precondition: "Union[Event, int, None]" = None) -> Notification:
+                           precondition: "Union[Event, int, None]" = None,
+                           deadline: Optional[float] = None) -> Notification:
         """Pushes blocks src_ids of local tier src into blocks dst_ids of another
         worker's imported layout remote (offload to a peer). Raises as
         transfer_from_remote()."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         r, out = LayoutHandle(*remote).to_c("remote"), c_void_p()
         lib.kvbm_worker_transfer_to_remote(self.handle, int32(src, "src"), sa, byref(r), da, n,
-                                           options(layers, stream, precondition),
+                                           options(layers, stream, precondition, deadline),
                                            byref(out))
         return Notification(out.value)
 

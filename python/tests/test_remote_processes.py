@@ -160,3 +160,29 @@ def test_frozen_prefill_fails_within_the_deadline(prefill):
 def test_remote_deadline_is_checked():
     with pytest.raises(kvbmgo.errors.InvalidArgumentError, match="remote_deadline"):
         Worker(new_worker_id(), remote_deadline=0)
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+def test_cancel_or_deadline_stops_a_pull_and_keeps_the_peer(prefill, how):
+    from kvbmgo.errors import CanceledError
+    w, g1 = decode_worker(10.0)
+    with w:
+        w.connect_remote(PREFILL, prefill.metadata)
+        prefill.stop()  # the pull cannot complete
+        start = time.monotonic()
+        n = w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS,
+                                     deadline=0.3 if how == "deadline" else None)
+        if how == "cancel":
+            time.sleep(0.1)
+            n.cancel()
+        with n:
+            with pytest.raises(CanceledError):
+                n.wait(30.0)
+            assert n.failed_blocks() == IDS
+        assert time.monotonic() - start < 5.0, "well before the 10 s remote deadline"
+        prefill.proc.send_signal(signal.SIGCONT)
+        time.sleep(0.1)
+        assert not g1.any(), "nothing lands after the transfer completed"
+        # The peer was not at fault: the next pull works without reconnecting.
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS))
+        np.testing.assert_array_equal(g1, pattern(5))
