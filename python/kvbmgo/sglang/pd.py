@@ -759,6 +759,15 @@ class KvbmKVManager(CommonKVManager):
                                               f"{room} failed: {e}" +
                                               (f" (pages {bad[:8]})" if bad else ""))
             finally:
+                if not n.done():
+                    # Timed out: stop the pull, and wait until the library is
+                    # done with the pages (then nothing writes them) before
+                    # SGLang takes them back.
+                    n.cancel()
+                    try:
+                        n.wait(30.0)
+                    except KvbmError:
+                        pass
                 n.close()
         if self._rooms.get(room) is r:
             self._fact(room, fact, why)

@@ -380,9 +380,12 @@ class DecodePuller:
             return FactKind.FAILED
 
     def _drain(self, p: RemotePull, n: Any) -> None:
-        """Waits until the library is done with the blocks (a transfer that
-        outlasted the deadline may still write them), then closes n."""
+        """Cancels a pull that outlasted the deadline and waits until the
+        library is done with the blocks (after that nothing writes them), then
+        closes n."""
         with n:
+            if not n.done():
+                n.cancel()
             while not n.done():
                 log.warning("kvbm: waiting for the timed-out pull of request %s to end "
                             "before its blocks go back to vLLM", p.req_id)
