@@ -116,8 +116,13 @@ func (p *tcpPeer) exchange(c *tcpConn, h transfer.LayoutHandle, ops []transfer.R
 		if err := readStatus(c.r); err != nil {
 			return err
 		}
-		for _, o := range ops {
-			if _, err := io.ReadFull(c.r, storage.HostBytes(o.Local, o.Size)); err != nil {
+		// The bytes come in op order: ops adjacent here are read at once.
+		for i := 0; i < len(ops); {
+			start, size := ops[i].Local, ops[i].Size
+			for i++; i < len(ops) && ops[i].Local == start+size; i++ {
+				size += ops[i].Size
+			}
+			if _, err := io.ReadFull(c.r, storage.HostBytes(start, size)); err != nil {
 				return err
 			}
 		}

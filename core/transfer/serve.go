@@ -39,12 +39,7 @@ func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(piec
 	}
 	defer release()
 	if e.kind == storage.Device {
-		for _, o := range ops {
-			if err := m.serveDevice(o.Remote, o.Size, write, fn); err != nil {
-				return err
-			}
-		}
-		return nil
+		return m.serveDevice(ops, write, fn)
 	}
 	pieces := make([][]byte, len(ops)) // servable admits host kinds and device only
 	for i, o := range ops {
@@ -53,8 +48,11 @@ func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(piec
 	return fn(pieces)
 }
 
-// serveDevice moves device memory through pinned staging buffers.
-func (m *Manager) serveDevice(addr, size uint64, write bool, fn func([][]byte) error) error {
+// serveDevice moves device memory through a pinned staging buffer: as
+// many ops (or pieces of a large one) as fill it at a time, copied in one
+// batch and handed to fn together, so that many small fragments cost one
+// device round trip and one vectored socket call per stageful.
+func (m *Manager) serveDevice(ops []RemoteOp, write bool, fn func([][]byte) error) error {
 	stage, err := m.stages.get(m)
 	if err != nil {
 		return err
@@ -64,38 +62,64 @@ func (m *Manager) serveDevice(addr, size uint64, write bool, fn func([][]byte) e
 	if err != nil {
 		return err
 	}
-	for off := uint64(0); off < size; off += stageBytes {
-		n := min(stageBytes, size-off)
-		dev, host := addr+off, stage.Addr()
+	var copies []copyOp
+	var pieces [][]byte
+	flush := func() error {
+		if len(copies) == 0 {
+			return nil
+		}
 		if !write {
-			if err := m.syncCopy(cuda.DeviceToHost, copyOp{src: dev, dst: host, size: n}); err != nil {
+			if err := m.syncCopies(cuda.DeviceToHost, copies); err != nil {
 				return err
 			}
 		}
-		if err := fn([][]byte{buf[:n]}); err != nil {
+		if err := fn(pieces); err != nil {
 			return err
 		}
 		if write {
-			if err := m.syncCopy(cuda.HostToDevice, copyOp{src: host, dst: dev, size: n}); err != nil {
+			if err := m.syncCopies(cuda.HostToDevice, copies); err != nil {
 				return err
 			}
 		}
+		copies, pieces = copies[:0], pieces[:0]
+		return nil
 	}
-	return nil
+	used := uint64(0)
+	for _, o := range ops {
+		for off := uint64(0); off < o.Size; {
+			if used == stageBytes {
+				if err := flush(); err != nil {
+					return err
+				}
+				used = 0
+			}
+			n := min(stageBytes-used, o.Size-off)
+			dev, host := o.Remote+off, stage.Addr()+used
+			if write {
+				copies = append(copies, copyOp{src: host, dst: dev, size: n})
+			} else {
+				copies = append(copies, copyOp{src: dev, dst: host, size: n})
+			}
+			pieces = append(pieces, buf[used:used+n])
+			used += n
+			off += n
+		}
+	}
+	return flush()
 }
 
-// syncCopy runs one device copy on a pool stream and waits for it.
-func (m *Manager) syncCopy(kind cuda.CopyKind, op copyOp) error {
+// syncCopies runs device copies on a pool stream and waits for them.
+func (m *Manager) syncCopies(kind cuda.CopyKind, ops []copyOp) error {
 	s, err := m.streamsFor(kind).next()
 	if err != nil {
 		return err
 	}
-	if err := m.enqueueCopies([]copyOp{op}, kind, s, 0); err != nil {
+	if err := m.enqueueCopies(ops, kind, s, 0); err != nil {
 		return err
 	}
 	if err := m.drv.StreamSynchronize(s); err != nil {
 		m.streamsFor(kind).replace(s)
-		return fmt.Errorf("%v copy: %w", kind, err)
+		return fmt.Errorf("%v copies: %w", kind, err)
 	}
 	return nil
 }
