@@ -185,6 +185,13 @@ func kvbmgo_worker_register_g1(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C
 	return registerExternal("worker_register_g1", h, c, ptrs, n, out, (*worker.PhysicalWorker).RegisterG1)
 }
 
+//export kvbmgo_worker_register_g1_host
+func kvbmgo_worker_register_g1_host(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
+	out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	return registerExternal("worker_register_g1_host", h, c, ptrs, n, out, (*worker.PhysicalWorker).RegisterG1Host)
+}
+
 //export kvbmgo_worker_register_g2
 func kvbmgo_worker_register_g2(h C.uintptr_t, c *C.kvbm_layout_config_t, ptrs *C.uint64_t, n C.size_t,
 	out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {

@@ -46,7 +46,7 @@ type Real struct {
 	closed    bool
 	devAllocs map[uint64]devRange     // MemAlloc: ptr → device and size
 	hostAlloc map[uint64]int          // HostAlloc: ptr → device
-	hostRegs  map[uint64][]span       // HostRegister: ptr → the chunks registered
+	hostRegs  map[uint64][]span       // HostRegister: ptr → the chunks it pinned (not those adopted)
 	devRanges map[uint64][]devRange   // RegisterDeviceRange: ptr → its registrations, latest last
 	devIndex  deviceRanges            // MemAlloc and RegisterDeviceRange ranges per device, for the kernel path
 	hosts     regionTable             // pinned host ranges (HostAlloc and HostRegister), for the kernel path

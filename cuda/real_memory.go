@@ -107,8 +107,9 @@ func (r *Real) HostFree(ptr uint64) error {
 
 // HostRegister pins [ptr, ptr+size) with cuMemHostRegister
 // (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP), in chunks
-// of at most 64 GiB. If a chunk fails, the chunks before it are
-// unregistered again and the error names the chunk.
+// of at most 64 GiB. A chunk CUDA says is pinned already (by its owner) is
+// used as it is. If a chunk fails, the chunks before it are unregistered
+// again and the error names the chunk.
 func (r *Real) HostRegister(ptr, size uint64) error {
 	const op = "cuMemHostRegister"
 	if err := r.checkOpen(op); err != nil {
@@ -118,25 +119,35 @@ func (r *Real) HostRegister(ptr, size uint64) error {
 		return NewError(op, ErrCodeInvalidValue, fmt.Sprintf("pointer %#x and size %d must be non-zero", ptr, size))
 	}
 	ctx := r.anyCtx()
-	chunks := hostRegisterChunks(ptr, size, hostRegisterChunkMax)
-	for i, c := range chunks {
-		if err := check(op, C.kv_cuMemHostRegister(ctx, C.uint64_t(c.Start), C.uint64_t(c.Size),
-			cuMemHostRegisterPortable|cuMemHostRegisterDeviceMap)); err != nil {
-			for _, done := range chunks[:i] {
+	// ours are the chunks this call pinned; a chunk its owner had pinned
+	// already (cudaHostRegister, as engines do for their host KV pools:
+	// CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) is adopted as it is and
+	// left pinned at HostUnregister.
+	var ours []span
+	for i, c := range hostRegisterChunks(ptr, size, hostRegisterChunkMax) {
+		err := check(op, C.kv_cuMemHostRegister(ctx, C.uint64_t(c.Start), C.uint64_t(c.Size),
+			cuMemHostRegisterPortable|cuMemHostRegisterDeviceMap))
+		var ce *Error
+		if errors.As(err, &ce) && ce.Code == ErrCodeHostMemoryAlreadyRegistered {
+			continue
+		}
+		if err != nil {
+			for _, done := range ours {
 				_ = C.kv_cuMemHostUnregister(ctx, C.uint64_t(done.Start))
 			}
-			return fmt.Errorf("register host range %#x+%d, chunk %d of %d (%#x+%d): %w",
-				ptr, size, i+1, len(chunks), c.Start, c.Size, err)
+			return fmt.Errorf("register host range %#x+%d, chunk %d (%#x+%d): %w",
+				ptr, size, i+1, c.Start, c.Size, err)
 		}
+		ours = append(ours, c)
 	}
 	if err := r.hosts.register(op, regionHostRegistered, -1, ptr, size, ErrCodeHostMemoryAlreadyRegistered); err != nil {
-		for _, c := range chunks {
+		for _, c := range ours {
 			_ = C.kv_cuMemHostUnregister(ctx, C.uint64_t(c.Start))
 		}
 		return err
 	}
 	r.mu.Lock()
-	r.hostRegs[ptr] = chunks
+	r.hostRegs[ptr] = ours
 	r.mu.Unlock()
 	return nil
 }

@@ -310,13 +310,24 @@ kvbm_status_t kvbm_worker_register_g1(kvbm_worker_t worker, const kvbm_layout_co
                                       const uint64_t *ptrs, size_t num_ptrs,
                                       kvbm_layout_handle_t *handle);
 
+/* As kvbm_worker_register_g1, with host memory: G1 for engines whose
+ * working KV tier is host memory (SGLang's HiCache host pool), under either
+ * device backend. The library pins it (cuMemHostRegister), or uses it as
+ * it is when CUDA has it pinned already (cudaHostRegister by its owner,
+ * left pinned at destroy). Layer-wise onboard needs device G1; plain
+ * transfers and the prefix cache work. Returns as
+ * kvbm_worker_register_g1. */
+kvbm_status_t kvbm_worker_register_g1_host(kvbm_worker_t worker, const kvbm_layout_config_t *config,
+                                           const uint64_t *ptrs, size_t num_ptrs,
+                                           kvbm_layout_handle_t *handle);
+
 /* Registers host memory the caller owns as G2 — an engine's host KV pool
  * (SGLang's HiCache host pool, say) — so that transfers read and write it
  * in place: ptrs are host pointers, one per layer for
  * KVBM_LAYOUT_LAYER_SEPARATE, one for KVBM_LAYOUT_FULLY_CONTIGUOUS. The
  * library pins the memory with the driver (cuMemHostRegister) and unpins it
- * at kvbm_worker_destroy; memory the caller already pinned with CUDA is
- * refused (KVBM_ERR_CUDA, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED).
+ * at kvbm_worker_destroy; memory its owner pinned already with CUDA is used
+ * as it is (and left pinned).
  * Ownership: the memory stays the caller's and must outlive the worker;
  * config and ptrs are read during the call only. handle may be NULL.
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, counts, config),

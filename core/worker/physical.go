@@ -127,6 +127,16 @@ func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptr
 	})
 }
 
+// RegisterG1Host registers host memory the engine owns as G1 — the tier
+// the prefix cache loads into and saves from — for engines whose working
+// KV lives in host memory (SGLang's HiCache host pool), pinning it in place
+// (or using it as its owner pinned it).
+func (w *PhysicalWorker) RegisterG1Host(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	return w.register(G1, func() (transfer.LayoutHandle, error) {
+		return w.m.RegisterExternal(storage.Pinned, cfg, shape, ptrs)
+	})
+}
+
 // RegisterG2 registers host memory the engine owns (its host KV pool) as
 // G2, pinning it with the driver: transfers then read and write it in
 // place, with no copy into memory of the worker's own.

@@ -195,6 +195,8 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
                                           POINTER(LayoutHandleC)], _S),
     "kvbm_worker_register_g2": (_status, [_p, POINTER(LayoutConfigC), _p, c_size_t,
                                           POINTER(LayoutHandleC)], _S),
+    "kvbm_worker_register_g1_host": (_status, [_p, POINTER(LayoutConfigC), _p, c_size_t,
+                                          POINTER(LayoutHandleC)], _S),
     "kvbm_worker_allocate_g2": (_status, [_p, POINTER(LayoutConfigC), POINTER(LayoutHandleC)], _S),
     "kvbm_worker_allocate_g3": (_status, [_p, POINTER(LayoutConfigC), POINTER(LayoutHandleC)], _S),
     "kvbm_worker_transfer": (_status, [_p, c_int32, _p, c_int32, _p, c_size_t,

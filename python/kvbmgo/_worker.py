@@ -229,6 +229,17 @@ class Worker(Handle):
         self._g1.extend(d.owner for d in descs)
         return handle_of(out)
 
+    def register_g1_host(self, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
+                         ) -> LayoutHandle:
+        """Registers host memory the engine owns (numpy arrays or CPU torch
+        tensors) as G1, under either device backend: for engines whose working
+        KV lives in host memory (SGLang's HiCache host pool). Pinned by the
+        library, or used as it is when CUDA has it pinned already. The prefix
+        cache and plain transfers work on it; layer-wise onboard needs device
+        G1. Raises as register_g2."""
+        return self._register_host("register_g1_host", lib.kvbm_worker_register_g1_host,
+                                   config, buffers)
+
     def register_g2(self, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
                     ) -> LayoutHandle:
         """Registers host memory the engine owns (its host KV pool: numpy
@@ -240,15 +251,19 @@ class Worker(Handle):
         CUDA tensor), ValueError (count or byte size mismatch, not C-contiguous,
         read-only), AlreadyExistsError (G2 registered or allocated), CudaError
         (memory already pinned with CUDA), InvalidArgumentError."""
-        descs = self._buffers("register_g2", config, buffers)
+        return self._register_host("register_g2", lib.kvbm_worker_register_g2, config, buffers)
+
+    def _register_host(self, what: str, call: Any, config: LayoutConfig,
+                       buffers: Union[Any, Sequence[Any]]) -> LayoutHandle:
+        descs = self._buffers(what, config, buffers)
         for i, d in enumerate(descs):
             if d.device is not None:
-                raise TypeError(f"register_g2 buffer {i}: a CUDA tensor (cuda:{d.device}); "
-                                "G2 is host memory")
+                raise TypeError(f"{what} buffer {i}: a CUDA tensor (cuda:{d.device}); "
+                                "this registers host memory")
         ptrs = (ctypes.c_uint64 * len(descs))(*(d.address for d in descs))
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
-        lib.kvbm_worker_register_g2(self.handle, byref(cfg), ptrs, len(descs), byref(out))
+        call(self.handle, byref(cfg), ptrs, len(descs), byref(out))
         self._g1.extend(d.owner for d in descs)  # kept alive as G1 memory is
         return handle_of(out)
 

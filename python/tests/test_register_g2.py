@@ -44,3 +44,28 @@ def test_register_g2_refuses_what_is_not_host_memory_of_the_layout():
             w.register_g2(CFG, [np.zeros(CFG.layer_bytes, dtype=np.uint8)] * 2)
         with pytest.raises(ValueError, match="bytes"):
             w.register_g2(CFG, [np.zeros(8, dtype=np.uint16)] * 2)
+
+
+def test_host_memory_as_g1_serves_the_prefix_cache():
+    """G1 over host memory (register_g1_host): offload and onboard through the
+    prefix cache, every byte back, neighbours untouched."""
+    cfg = LayoutConfig(num_blocks=8, num_layers=2, outer_dim=2, page_size=4, inner_dim=64,
+                       dtype_width=2, layout="fully_contiguous")
+    pool = np.zeros(cfg.total_bytes // 2, dtype=np.uint16)
+    with Worker(new_worker_id()) as w:
+        w.register_g1_host(cfg, pool)
+        w.allocate_g2(cfg)
+        cache = w.enable_cache()
+        per = cfg.block_bytes // 2
+        want = (np.arange(pool.size) * 5 % 65521).astype(np.uint16)
+        pool[:] = want
+        keys = [bytes([k]) * 32 for k in (1, 2, 3)]
+        n, _ = cache.offload(keys, [0, 1, 2])
+        wait_ok(n)
+        pool[:] = 0
+        wait_ok(cache.onboard(keys, [5, 6, 7]))
+        for src, dst in ((0, 5), (1, 6), (2, 7)):
+            np.testing.assert_array_equal(pool[dst * per:(dst + 1) * per], want[src * per:(src + 1) * per])
+        assert not pool[:5 * per].any(), "blocks 0..4 stay as they were"
+    with Worker(new_worker_id()) as w, pytest.raises(TypeError, match="element size"):
+        w.register_g1_host(cfg, np.zeros(cfg.total_bytes, dtype=np.uint8))

@@ -10,7 +10,7 @@ back from disk or the store. This class only translates SGLang's calls:
 =====================================  ======================================
 SGLang                                 kvbm
 =====================================  ======================================
-register_mem_pool_host(pool)           Worker.register_g1(pool's kv_buffer),
+register_mem_pool_host(pool)           Worker.register_g1_host(kv_buffer),
                                        allocate_g2/g3, enable_cache
 batch_exists(keys)                     cache.match(keys): the leading run
 batch_set_v1(keys, host_indices)       cache.offload(keys, pages), waited
@@ -99,25 +99,16 @@ class KvbmHiCacheStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Describes SGLang's host pool to kvbm and makes the worker: the
         pool itself (interface_v1) or a staging area (copying path) as G1,
-        kvbm's G2 and G3, the cache. Raises ValueError/TypeError for a host
-        pool kvbm cannot use (host_pool_layout), RuntimeError under the
-        cuda device backend, KvbmError from the library."""
-        from .._info import backend
-
+        kvbm's G2 and G3, the cache. The pool is host memory under either
+        device backend (register_g1_host: pinned in place, or used as SGLang
+        pinned it). Raises ValueError/TypeError for a host pool kvbm cannot
+        use (host_pool_layout), KvbmError from the library."""
         if self._worker is not None:
             raise RuntimeError("kvbm HiCache storage: a host pool is registered already")
         layout = host_pool_layout(mem_pool_host)
         if getattr(self.storage_config, "should_split_heads", False):
             raise ValueError("kvbm HiCache storage: should_split_heads (tp_lcm_size) is not "
                              "supported")
-        active = backend()
-        if active == "cuda":
-            # kvbm has no call that registers caller-owned host memory as a
-            # tier (G2 is always allocated by kvbm); host memory can be G1
-            # only under the emulated device.
-            raise RuntimeError("kvbm HiCache storage: registering SGLang's host pool needs "
-                               "the emulated device backend (KVBM_DEVICE=emulated); libkvbm "
-                               "cannot register external host memory under the cuda backend")
         c = self.config
         sc = self.storage_config
         self._namespace = namespace_of(sc, layout.layout, layout.config.page_size,
@@ -136,13 +127,13 @@ class KvbmHiCacheStorage(HiCacheStorage):
                    disk_dir=c.disk_dir or None, object_dir=c.object_dir or None)
         try:
             if c.interface_v1:
-                w.register_g1(layout.config, list(layout.regions))
+                w.register_g1_host(layout.config, list(layout.regions))
             else:
                 import torch
                 buf = mem_pool_host.kv_buffer
                 page_elems = layout.page_bytes // buf.element_size()
                 self._staging = torch.zeros((c.staging_pages, page_elems), dtype=buf.dtype)
-                w.register_g1(layout.staging(c.staging_pages), self._staging)
+                w.register_g1_host(layout.staging(c.staging_pages), self._staging)
             self._g2_pages = c.g2_pages or 2 * _SGLANG_BATCH
             w.allocate_g2(layout.staging(self._g2_pages))
             if c.disk_dir:
