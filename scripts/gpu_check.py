@@ -131,8 +131,30 @@ def blocks() -> None:
     rows.append(("D2D raw only (1 GiB)", float("nan"), raw_d2d_gbs(1 << 30)))
 
 
+def pinned_host_g1() -> None:
+    """G1 over host memory its owner pinned with CUDA (as SGLang's HiCache
+    host pool is): register_g1_host adopts it, G1 -> G2 -> G1 keeps every
+    byte."""
+    cfg = kvbmgo.LayoutConfig(num_blocks=8, num_layers=4, outer_dim=2, page_size=16,
+                              inner_dim=1024, dtype_width=2, layout="fully_contiguous")
+    pool = torch.empty(cfg.total_bytes // 2, dtype=torch.float16, pin_memory=True)
+    pool.copy_(torch.randn(pool.numel(), dtype=torch.float16))
+    want = pool.clone()
+    with kvbmgo.Worker(worker_id=3) as w:
+        w.register_g1_host(cfg, pool)
+        w.allocate_g2(cfg)
+        ids = list(range(8))
+        with w.transfer(Tier.G1, ids, Tier.G2, ids) as n:
+            n.wait()
+        pool.zero_()
+        with w.transfer(Tier.G2, ids, Tier.G1, ids) as n:
+            n.wait()
+        assert torch.equal(pool, want), "pinned host G1 round trip lost bytes"
+    print("pinned host G1 (cudaHostRegister'ed by its owner): round trip ok", flush=True)
+
+
 status = 0
-for step in (layerwise, blocks):
+for step in (layerwise, blocks, pinned_host_g1):
     try:
         step()
     except Exception as e:  # report and go on to the next step
