@@ -132,25 +132,34 @@ def blocks() -> None:
 
 
 def pinned_host_g1() -> None:
-    """G1 over host memory its owner pinned with CUDA (as SGLang's HiCache
-    host pool is): register_g1_host adopts it, G1 -> G2 -> G1 keeps every
-    byte."""
+    """G1 over host memory its owner pinned with CUDA, as SGLang's HiCache
+    host pool is (cudaHostRegister), and as torch's pin_memory does
+    (cudaHostAlloc): register_g1_host uses it as it is; G1 -> G2 -> G1 keeps
+    every byte."""
     cfg = kvbmgo.LayoutConfig(num_blocks=8, num_layers=4, outer_dim=2, page_size=16,
                               inner_dim=1024, dtype_width=2, layout="fully_contiguous")
-    pool = torch.empty(cfg.total_bytes // 2, dtype=torch.float16, pin_memory=True)
-    pool.copy_(torch.randn(pool.numel(), dtype=torch.float16))
-    want = pool.clone()
-    with kvbmgo.Worker(worker_id=3) as w:
-        w.register_g1_host(cfg, pool)
-        w.allocate_g2(cfg)
-        ids = list(range(8))
-        with w.transfer(Tier.G1, ids, Tier.G2, ids) as n:
-            n.wait()
-        pool.zero_()
-        with w.transfer(Tier.G2, ids, Tier.G1, ids) as n:
-            n.wait()
-        assert torch.equal(pool, want), "pinned host G1 round trip lost bytes"
-    print("pinned host G1 (cudaHostRegister'ed by its owner): round trip ok", flush=True)
+    for how in ("cudaHostRegister", "pin_memory"):
+        if how == "pin_memory":
+            pool = torch.empty(cfg.total_bytes // 2, dtype=torch.float16, pin_memory=True)
+        else:
+            pool = torch.empty(cfg.total_bytes // 2, dtype=torch.float16)
+            rc = torch.cuda.cudart().cudaHostRegister(pool.data_ptr(), cfg.total_bytes, 0)
+            assert int(rc) == 0, f"cudaHostRegister: {rc}"
+        pool.copy_(torch.randn(pool.numel(), dtype=torch.float16))
+        want = pool.clone()
+        with kvbmgo.Worker(worker_id=3) as w:
+            w.register_g1_host(cfg, pool)
+            w.allocate_g2(cfg)
+            ids = list(range(8))
+            with w.transfer(Tier.G1, ids, Tier.G2, ids) as n:
+                n.wait()
+            pool.zero_()
+            with w.transfer(Tier.G2, ids, Tier.G1, ids) as n:
+                n.wait()
+            assert torch.equal(pool, want), f"pinned host G1 ({how}) round trip lost bytes"
+        if how == "cudaHostRegister":
+            torch.cuda.cudart().cudaHostUnregister(pool.data_ptr())
+        print(f"pinned host G1 ({how} by its owner): round trip ok", flush=True)
 
 
 status = 0
