@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/baseline"
 )
 
 // benchRemote measures the network transport: 64 × 2 MiB blocks pulled
@@ -107,9 +107,9 @@ func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult
 	return results, nil
 }
 
-// plainStream returns a function that moves n bytes over one TCP
-// connection on the loopback interface, from one buffer of n bytes into
-// another, and how long that took.
+// plainStream returns a function that pulls n bytes over one plain TCP
+// connection on the loopback interface (baseline.Stream) into a buffer of
+// n bytes, and how long that took.
 func plainStream(n int) (func() (time.Duration, error), func() error, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -119,40 +119,11 @@ func plainStream(n int) (func() (time.Duration, error), func() error, error) {
 	for i := 0; i < n; i += 4096 {
 		src[i], dst[i] = 1, 1 // fault both in
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				var b [1]byte
-				for {
-					if _, err := io.ReadFull(c, b[:]); err != nil {
-						return
-					}
-					if _, err := c.Write(src); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
+	go baseline.ServeStream(ln, src)
+	s, err := baseline.DialStream(ln.Addr().String())
 	if err != nil {
 		ln.Close()
 		return nil, nil, err
 	}
-	run := func() (time.Duration, error) {
-		t0 := time.Now()
-		if _, err := c.Write([]byte{1}); err != nil {
-			return 0, err
-		}
-		if _, err := io.ReadFull(c, dst); err != nil {
-			return 0, err
-		}
-		return time.Since(t0), nil
-	}
-	return run, func() error { return errors.Join(c.Close(), ln.Close()) }, nil
+	return func() (time.Duration, error) { return s.Pull(dst) }, func() error { return errors.Join(s.Close(), ln.Close()) }, nil
 }

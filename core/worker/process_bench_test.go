@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/baseline"
 	"github.com/stretchr/testify/require"
 )
 
@@ -53,72 +53,15 @@ func serveBench(t *testing.T, w *PhysicalWorker, drv cuda.Driver) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
-	go rawServer(ln, make([]byte, benchBlocks*benchConfig(1).BlockSize()))
+	mem := make([]byte, benchBlocks*benchConfig(1).BlockSize())
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 1 // fault it in, as pinned memory is
+	}
+	go baseline.ServeStream(ln, mem)
 	md, err := w.ExportMetadata()
 	require.NoError(t, err)
 	fmt.Printf("raw %s\nmetadata %x\n", ln.Addr(), md)
 	io.Copy(io.Discard, os.Stdin) // until the parent closes stdin or exits
-}
-
-// rawServer: per request, 'r' n → writes the first n bytes of mem; 'w' n →
-// reads n bytes into mem, answers one byte. mem is as large as the
-// worker's G2, so that the stream moves as many distinct bytes as ours.
-func rawServer(ln net.Listener, mem []byte) {
-	for i := 0; i < len(mem); i += 4096 {
-		mem[i] = 1 // fault it in, as pinned memory is
-	}
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			var head [9]byte
-			for {
-				if _, err := io.ReadFull(c, head[:]); err != nil {
-					return
-				}
-				n := min(binary.LittleEndian.Uint64(head[1:]), uint64(len(mem)))
-				var err error
-				if head[0] == 'r' {
-					_, err = c.Write(mem[:n])
-				} else {
-					_, err = io.ReadFull(c, mem[:n])
-				}
-				if err != nil {
-					return
-				}
-				if head[0] == 'w' {
-					c.Write(head[:1])
-				}
-			}
-		}()
-	}
-}
-
-// rawStream moves n bytes over one plain TCP connection, into or out of
-// dst, and returns the time it took.
-func rawStream(b *testing.B, c net.Conn, dst []byte, pull bool) time.Duration {
-	start := time.Now()
-	var head [9]byte
-	head[0] = 'w'
-	if pull {
-		head[0] = 'r'
-	}
-	binary.LittleEndian.PutUint64(head[1:], uint64(len(dst)))
-	_, err := c.Write(head[:])
-	require.NoError(b, err)
-	if pull {
-		_, err = io.ReadFull(c, dst)
-	} else {
-		_, err = c.Write(dst)
-		if err == nil {
-			_, err = io.ReadFull(c, head[:1])
-		}
-	}
-	require.NoError(b, err)
-	return time.Since(start)
 }
 
 // BenchmarkCrossProcess pulls and pushes 256 × 2 MiB whole blocks and 2,048
@@ -137,9 +80,9 @@ func BenchmarkCrossProcess(b *testing.B) {
 	_, err = dec.AllocateG2(benchConfig(benchBlocks), transfer.FullyContiguous)
 	require.NoError(b, err)
 	require.NoError(b, dec.ConnectRemote(1, [][]byte{exp.metadata}))
-	conn, err := net.Dial("tcp", raw)
+	stream, err := baseline.DialStream(raw)
 	require.NoError(b, err)
-	defer conn.Close()
+	defer stream.Close()
 
 	ids := make([]int, benchBlocks)
 	for i := range ids {
@@ -164,7 +107,7 @@ func BenchmarkCrossProcess(b *testing.B) {
 			bytes := c.blocks * benchConfig(1).BlockSize()
 			h, ok := remoteHandle(dec, 1, c.tier)
 			require.True(b, ok)
-			var ours, stream, memcpy time.Duration
+			var ours, plain, memcpy time.Duration
 			for range b.N {
 				start := time.Now()
 				var n *transfer.Notification
@@ -176,16 +119,23 @@ func BenchmarkCrossProcess(b *testing.B) {
 				require.NoError(b, err)
 				require.NoError(b, n.WaitTimeout(-1))
 				ours += time.Since(start)
-				stream += rawStream(b, conn, dst[:bytes], !c.push)
+				var took time.Duration
+				if c.push {
+					took, err = stream.Push(dst[:bytes])
+				} else {
+					took, err = stream.Pull(dst[:bytes])
+				}
+				require.NoError(b, err)
+				plain += took
 				start = time.Now()
 				copy(dst[:bytes], src[:bytes])
 				memcpy += time.Since(start)
 			}
 			gbs := func(d time.Duration) float64 { return float64(bytes) * float64(b.N) / d.Seconds() / 1e9 }
 			b.ReportMetric(gbs(ours), "GB/s")
-			b.ReportMetric(gbs(stream), "stream-GB/s")
+			b.ReportMetric(gbs(plain), "stream-GB/s")
 			b.ReportMetric(gbs(memcpy), "memcpy-GB/s")
-			b.ReportMetric(stream.Seconds()/ours.Seconds(), "x-stream")
+			b.ReportMetric(plain.Seconds()/ours.Seconds(), "x-stream")
 			b.ReportMetric(memcpy.Seconds()/ours.Seconds(), "x-memcpy")
 		})
 	}

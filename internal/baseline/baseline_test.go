@@ -2,6 +2,7 @@ package baseline
 
 import (
 	"bytes"
+	"net"
 	"path/filepath"
 	"testing"
 
@@ -65,4 +66,31 @@ func TestFilesRoundTrip(t *testing.T) {
 	_, err = f.IO(make([][]byte, 6), false, 1)
 	require.ErrorContains(t, err, "6 blocks for 5 files")
 	require.NoError(t, f.Close())
+}
+
+func TestStreamMovesTheBytes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	mem := make([]byte, 1<<20)
+	for i := range mem {
+		mem[i] = byte(i * 7)
+	}
+	done := make(chan struct{})
+	go func() { ServeStream(ln, mem); close(done) }()
+	s, err := DialStream(ln.Addr().String())
+	require.NoError(t, err)
+	got := make([]byte, len(mem))
+	_, err = s.Pull(got)
+	require.NoError(t, err)
+	require.Equal(t, mem, got)
+	push := make([]byte, 1000)
+	for i := range push {
+		push[i] = 0xA5
+	}
+	_, err = s.Push(push)
+	require.NoError(t, err)
+	require.Equal(t, push, mem[:1000])
+	require.NoError(t, s.Close())
+	require.NoError(t, ln.Close())
+	<-done
 }
