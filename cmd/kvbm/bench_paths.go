@@ -182,17 +182,21 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 			continue
 		}
 		r := benchResult{Path: bp.name, BlockBytes: blockSize, Blocks: blocks, Concurrency: conc, Unit: "GB/s", Baseline: bp.baseline}
-		runs, err := measure(cfg.reps, bp, func(rep int) {
+		results = append(results, runPath(cfg.reps, r, bp, func(rep int) {
 			p.say(fmt.Sprintf("%s, %s blocks ×%d, concurrency %d", bp.name, sizeString(blockSize), blocks, conc), rep, cfg.reps)
-		})
-		if err != nil {
-			r.Error = err.Error()
-			results = append(results, r)
-			continue
-		}
-		results = append(results, summarize(r, runs, bytes, 0))
+		}, bytes, 0))
 	}
 	return results, nil
+}
+
+// runPath measures bp and fills r with its figures, or with its error.
+func runPath(reps int, r benchResult, bp benchPath, say func(rep int), bytes int64, ops int) benchResult {
+	runs, err := measure(reps, bp, say)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	return summarize(r, runs, bytes, ops)
 }
 
 // measure runs a path and its baseline once untimed (warming both), then
@@ -345,15 +349,7 @@ func benchSmall(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult,
 		if i == 1 {
 			r.Blocks, r.Concurrency = batch, batch
 		}
-		runs, err := measure(cfg.reps, bp, func(rep int) {
-			p.say(bp.name, rep, cfg.reps)
-		})
-		if err != nil {
-			r.Error = err.Error()
-			results = append(results, r)
-			continue
-		}
-		results = append(results, summarize(r, runs, 0, n))
+		results = append(results, runPath(cfg.reps, r, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) }, 0, n))
 	}
 	return results, nil
 }

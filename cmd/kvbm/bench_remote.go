@@ -96,13 +96,7 @@ func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult
 			continue
 		}
 		r := benchResult{Path: bp.name, BlockBytes: lc.BlockSize(), Blocks: blocks, Concurrency: 1, Unit: "GB/s", Baseline: bp.baseline}
-		runs, err := measure(cfg.reps, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) })
-		if err != nil {
-			r.Error = err.Error()
-			results = append(results, r)
-			continue
-		}
-		results = append(results, summarize(r, runs, bytes, 0))
+		results = append(results, runPath(cfg.reps, r, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) }, bytes, 0))
 	}
 	return results, nil
 }
