@@ -119,6 +119,12 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		}
 	}
 	copyBase := func() (time.Duration, error) { return ref.Run(bytes, gomaxprocs()), nil }
+	// The same fragment copies in a plain Go loop on GOMAXPROCS goroutines:
+	// the limit of the fragment paths (the device memory of the emulated
+	// device is host memory; a real device's is not, and has no such row).
+	loopBase := func(src, dst transfer.LayoutHandle) func() (time.Duration, error) {
+		return func() (time.Duration, error) { return fragmentLoop(m, src, dst, ids) }
+	}
 	diskBase := func(write bool) func() (time.Duration, error) {
 		return func() (time.Duration, error) { return plain.IO(bb, write, conc) }
 	}
@@ -133,6 +139,14 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		{"G2→G1 whole blocks", copyName, move("G2→G1", g2, whole), copyBase},
 		{"G1→G2 " + fragName + " fragments", copyName, move("G1→G2", frag, g2), copyBase},
 		{"G2→G1 " + fragName + " fragments", copyName, move("G2→G1", g2, frag), copyBase},
+	}
+	if drv.Name() == cuda.EmulatedName {
+		loopName := fmt.Sprintf("fragment loop ×%d", gomaxprocs())
+		paths = append(paths,
+			benchPath{"G1→G2 " + fragName + " fragments, vs loop", loopName, move("G1→G2", frag, g2), loopBase(frag, g2)},
+			benchPath{"G2→G1 " + fragName + " fragments, vs loop", loopName, move("G2→G1", g2, frag), loopBase(g2, frag)})
+	}
+	paths = append(paths, []benchPath{
 		{"G2→G1 layer-wise onboard", copyName, func() (time.Duration, error) {
 			return inParallel(parts, func(part []int) error {
 				_, err := layerwiseOnboard(drv, w, part, part)
@@ -166,7 +180,7 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 			}
 			return files.IO(blockBufs, false, conc)
 		}},
-	}
+	}...)
 	if cfg.wants(cacheOffloadPath) || cfg.wants(cacheOnboardPath) {
 		// Last: the cache owns G2 from now on.
 		cps, closeCache, err := cachePaths(drv, w, parts, ref, bytes)
@@ -187,6 +201,40 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		}, bytes, 0))
 	}
 	return results, nil
+}
+
+// fragmentLoop copies blocks ids of layout src into the same blocks of
+// dst fragment by fragment — every (layer, outer) piece, as a transfer
+// between a layer-separate and a fully contiguous layout must — in a plain
+// Go loop on GOMAXPROCS goroutines, and returns how long it took. Both
+// layouts must be host-addressable (the emulated device's memory is).
+func fragmentLoop(m *transfer.Manager, src, dst transfer.LayoutHandle, ids []int) (time.Duration, error) {
+	sl, _, err := m.Layout(src)
+	if err != nil {
+		return 0, err
+	}
+	dl, _, err := m.Layout(dst)
+	if err != nil {
+		return 0, err
+	}
+	cfg := sl.Config()
+	type piece struct{ s, d, n uint64 }
+	pieces := make([]piece, 0, len(ids)*cfg.NumLayers*cfg.OuterDim)
+	for _, b := range ids {
+		for layer := range cfg.NumLayers {
+			for outer := range cfg.OuterDim {
+				f, g := sl.Fragment(b, layer, outer), dl.Fragment(b, layer, outer)
+				pieces = append(pieces, piece{f.Addr, g.Addr, f.Size})
+			}
+		}
+	}
+	return inParallel(split(seq(0, len(pieces)), gomaxprocs()), func(part []int) error {
+		for _, i := range part {
+			p := pieces[i]
+			copy(storage.HostBytes(p.d, p.n), storage.HostBytes(p.s, p.n))
+		}
+		return nil
+	})
 }
 
 // runPath measures bp and fills r with its figures, or with its error.
