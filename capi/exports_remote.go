@@ -24,6 +24,16 @@ func kvbmgo_worker_connect_remote(h C.uintptr_t, instance C.uint64_t, p *C.uint8
 	return result(e.w.ConnectRemote(worker.InstanceID(instance), [][]byte{md}))
 }
 
+//export kvbmgo_worker_disconnect_remote
+func kvbmgo_worker_disconnect_remote(h C.uintptr_t, instance C.uint64_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	e, st := getWorker(h)
+	if st != statusOK {
+		return st
+	}
+	return result(e.w.DisconnectRemote(worker.InstanceID(instance)))
+}
+
 //export kvbmgo_worker_transfer_from_instance
 func kvbmgo_worker_transfer_from_instance(h C.uintptr_t, instance C.uint64_t, src C.int32_t, srcIDs *C.uint32_t,
 	dst C.int32_t, dstIDs *C.uint32_t, n C.size_t, o *C.kvbm_transfer_options_t, out *C.uintptr_t) (st C.kvbm_status_t) {

@@ -172,6 +172,9 @@ kvbm_status_t kvbm_worker_connect_remote(kvbm_worker_t w, uint64_t instance,
                                          const uint8_t *metadata, size_t len) {
     FORWARD(kvbmgo_worker_connect_remote(H(w), instance, (uint8_t *)metadata, len));
 }
+kvbm_status_t kvbm_worker_disconnect_remote(kvbm_worker_t w, uint64_t instance) {
+    FORWARD(kvbmgo_worker_disconnect_remote(H(w), instance));
+}
 kvbm_status_t kvbm_worker_transfer_from_instance(kvbm_worker_t w, uint64_t instance,
                                                  int32_t src, const uint32_t *src_ids,
                                                  int32_t dst, const uint32_t *dst_ids,

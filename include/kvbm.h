@@ -452,6 +452,14 @@ kvbm_status_t kvbm_metadata_worker_id(const uint8_t *metadata, size_t len, uint6
 kvbm_status_t kvbm_worker_connect_remote(kvbm_worker_t worker, uint64_t instance,
                                          const uint8_t *metadata, size_t len);
 
+/* Forgets a connected instance: its layouts are no longer imported and the
+ * connection to its worker closes (unless another connected instance uses
+ * the same worker); transfers in flight on it fail. For a peer that left,
+ * so that connections do not pile up in a long-running instance. Returns
+ * KVBM_OK, KVBM_ERR_NOT_FOUND (instance not connected),
+ * KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+kvbm_status_t kvbm_worker_disconnect_remote(kvbm_worker_t worker, uint64_t instance);
+
 /* Pulls blocks of a connected instance's tier src into local tier dst.
  * Returns as kvbm_worker_transfer, and KVBM_ERR_NOT_FOUND when instance
  * was not connected or has no such tier. */

@@ -123,3 +123,43 @@ func (w *PhysicalWorker) connect(md Metadata) (transfer.Attacher, error) {
 	return nil, fmt.Errorf("%w: the worker offers [%s] (loopback only within its own process); this worker has %s",
 		transfer.ErrUnsupported, strings.Join(offered, ", "), have)
 }
+
+// DisconnectRemote forgets a connected instance: its layouts are no longer
+// imported, and the connection to its worker closes unless another
+// instance still uses it. Transfers in flight on it fail. Engines call it
+// for a peer that left, so that connections and imports do not pile up.
+func (w *PhysicalWorker) DisconnectRemote(instance InstanceID) error {
+	w.mu.Lock()
+	var handles []transfer.LayoutHandle
+	for k, h := range w.remote {
+		if k.instance == instance {
+			handles = append(handles, h)
+			delete(w.remote, k)
+		}
+	}
+	var peers []remote.Peer
+	for _, h := range handles {
+		still := false
+		for _, other := range w.remote {
+			still = still || other.Worker == h.Worker
+		}
+		if p, ok := w.peers[h.Worker]; ok && !still {
+			peers = append(peers, p)
+			delete(w.peers, h.Worker)
+		}
+	}
+	w.mu.Unlock()
+	if len(handles) == 0 {
+		return fmt.Errorf("%w: instance %x is not connected", transfer.ErrNotFound, uint64(instance))
+	}
+	var errs []error
+	for _, h := range handles {
+		if err := w.m.Unregister(h); err != nil && !errors.Is(err, transfer.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	for _, p := range peers {
+		errs = append(errs, p.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -320,3 +320,27 @@ func TestDamagedOrForeignMetadataIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, "version 1, this library reads version 2")
 	require.False(t, dec.HasRemoteMetadata(7))
 }
+
+// DisconnectRemote forgets an instance: its handles go, its connection
+// closes, and connecting again works.
+func TestDisconnectRemoteForgetsTheInstance(t *testing.T) {
+	exp := startExporter(t, 0xA)
+	dec := decodeWorker(t, 5*time.Second)
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+	waiter(t)(dec.ExecuteRemoteOnboardForInstance(7, G2, []int{1}, G2, []int{1}, transfer.Options{}))
+	h := requireRemote(t, dec, 7, G2)
+	require.NoError(t, dec.DisconnectRemote(7))
+	require.False(t, dec.HasRemoteMetadata(7))
+	dec.mu.RLock()
+	require.Empty(t, dec.peers, "the connection to the peer is closed")
+	dec.mu.RUnlock()
+	_, err := dec.ExecuteRemoteOnboardForInstance(7, G2, []int{1}, G2, []int{1}, transfer.Options{})
+	require.ErrorIs(t, err, transfer.ErrNotFound)
+	_, err = dec.ExecuteRemoteOnboard(RemoteLayout(h, []int{1}), G2, []int{1}, transfer.Options{})
+	require.ErrorIs(t, err, transfer.ErrNotFound, "the layout is no longer imported")
+	require.ErrorIs(t, dec.DisconnectRemote(7), transfer.ErrNotFound)
+
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+	waiter(t)(dec.ExecuteRemoteOnboardForInstance(7, G2, []int{2}, G2, []int{2}, transfer.Options{}))
+	require.Equal(t, pattern(testConfig(1).BlockSize(), uint64(G2)<<8|2), dec.read(t, G2, 2))
+}

@@ -94,6 +94,7 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_destroy((kvbm_worker_t)(uintptr_t)0xdeadbeef), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_notification_poll((kvbm_notification_t)(uintptr_t)-1), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_notification_cancel((kvbm_notification_t)(uintptr_t)-1), KVBM_ERR_INVALID_HANDLE);
+    EXPECT_STATUS(kvbm_worker_disconnect_remote((kvbm_worker_t)(uintptr_t)-1, 1), KVBM_ERR_INVALID_HANDLE);
     /* A handle of another kind. */
     EXPECT_STATUS(kvbm_notification_free((kvbm_notification_t)(void *)w), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_handoff_free((kvbm_handoff_t)(void *)w), KVBM_ERR_INVALID_HANDLE);
@@ -172,6 +173,7 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_metadata_worker_id(md, len - 1, &exporter), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_metadata_worker_id(garbage, sizeof garbage, &exporter), KVBM_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvbm_worker_connect_remote(w, 1, md, len - 1), KVBM_ERR_DATA_CORRUPTION);
+    EXPECT_STATUS(kvbm_worker_disconnect_remote(w, 1), KVBM_ERR_NOT_FOUND); /* never connected */
     free(md);
 
     /* Object store: none configured; bad keys. */

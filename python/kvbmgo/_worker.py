@@ -412,6 +412,12 @@ class Worker(Handle):
         instance = uint64(instance, "instance")
         lib.kvbm_worker_connect_remote(self.handle, instance, b, n)
 
+    def disconnect_remote(self, instance: int) -> None:
+        """Forgets a connected instance: its layouts are no longer imported and
+        the connection to its worker closes; transfers in flight on it fail.
+        Raises NotFoundError when instance is not connected."""
+        lib.kvbm_worker_disconnect_remote(self.handle, uint64(instance, "instance"))
+
     def transfer_from_instance(self, instance: int, src: int, src_ids: Ids, dst: int,
                                dst_ids: Ids, *, layers: Optional[Tuple[int, int]] = None,
                                stream: "Union[Stream, int, None]" = None,

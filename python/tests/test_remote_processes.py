@@ -186,3 +186,20 @@ def test_cancel_or_deadline_stops_a_pull_and_keeps_the_peer(prefill, how):
         # The peer was not at fault: the next pull works without reconnecting.
         wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS))
         np.testing.assert_array_equal(g1, pattern(5))
+
+
+def test_disconnect_remote_forgets_the_instance(prefill):
+    from kvbmgo.errors import NotFoundError
+    w, g1 = decode_worker(10.0)
+    with w:
+        w.connect_remote(PREFILL, prefill.metadata)
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS))
+        w.disconnect_remote(PREFILL)
+        with pytest.raises(NotFoundError):
+            w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS)
+        with pytest.raises(NotFoundError):
+            w.disconnect_remote(PREFILL)
+        g1[:] = 0
+        w.connect_remote(PREFILL, prefill.metadata)
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS))
+        np.testing.assert_array_equal(g1, pattern(5))
