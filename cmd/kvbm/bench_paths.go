@@ -144,7 +144,13 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		loopName := fmt.Sprintf("fragment loop ×%d", gomaxprocs())
 		paths = append(paths,
 			benchPath{"G1→G2 " + fragName + " fragments, vs loop", loopName, move("G1→G2", frag, g2), loopBase(frag, g2)},
-			benchPath{"G2→G1 " + fragName + " fragments, vs loop", loopName, move("G2→G1", g2, frag), loopBase(g2, frag)})
+			benchPath{"G2→G1 " + fragName + " fragments, vs loop", loopName, move("G2→G1", g2, frag), loopBase(g2, frag)},
+			benchPath{"G2→G1 layer-wise onboard, vs loop", loopName, func() (time.Duration, error) {
+				return inParallel(parts, func(part []int) error {
+					_, err := layerwiseOnboard(drv, w, part, part)
+					return err
+				})
+			}, loopBase(g2, frag)})
 	}
 	paths = append(paths, []benchPath{
 		{"G2→G1 layer-wise onboard", copyName, func() (time.Duration, error) {
