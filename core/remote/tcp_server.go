@@ -79,43 +79,47 @@ func (t *TCP) serveConn(c net.Conn) {
 }
 
 // answer serves one request; an error means the connection must close.
+// A request Serve refuses before its first piece (a bad range, an unknown
+// layout) is answered with the reason, the connection kept.
 func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
-	var refused error
-	for _, o := range q.ops {
-		if refused = t.m.CheckServe(q.handle, o.Remote, o.Size); refused != nil {
-			break
-		}
-	}
-	if refused != nil {
-		if q.op == opWrite {
-			if _, err := io.CopyN(io.Discard, r, int64(q.bytes)); err != nil {
-				return err
-			}
-		}
-		_, err := c.Write(appendStatus(nil, statusOf(refused), refused.Error()))
-		return err
-	}
+	started := false
+	var err error
 	if q.op == opRead {
 		ok := net.Buffers{appendStatus(nil, statusOK, "")}
-		return t.m.Serve(q.handle, q.ops, false, func(pieces [][]byte) error {
+		err = t.m.Serve(q.handle, q.ops, false, func(pieces [][]byte) error {
+			started = true
 			bufs := append(ok, pieces...)
 			ok = nil // the status goes once, before the first piece
 			_, err := bufs.WriteTo(c)
-			return err // on an error the peer sees the connection close mid-reply
+			return err
+		})
+	} else {
+		err = t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
+			started = true
+			for _, p := range pieces {
+				if _, err := io.ReadFull(r, p); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 	}
-	if err := t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
-		for _, p := range pieces {
-			if _, err := io.ReadFull(r, p); err != nil {
-				return err
+	switch {
+	case err != nil && started:
+		return err // out of step mid-request: close; the peer sees the connection end
+	case err != nil:
+		if q.op == opWrite { // the bytes of the refused write are still on the wire
+			if _, derr := io.CopyN(io.Discard, r, int64(q.bytes)); derr != nil {
+				return derr
 			}
 		}
-		return nil
-	}); err != nil {
-		return err // the stream is out of step: close; the peer sees the write fail
+		_, werr := c.Write(appendStatus(nil, statusOf(err), err.Error()))
+		return werr
+	case q.op == opWrite:
+		_, werr := c.Write(appendStatus(nil, statusOK, ""))
+		return werr
 	}
-	_, err := c.Write(appendStatus(nil, statusOK, ""))
-	return err
+	return nil
 }
 
 // setBuffers asks for socket buffers large enough to keep a fast link busy.

@@ -77,7 +77,7 @@ type Manager struct {
 	d2h  *streamPool
 	d2d  *streamPool
 	// events are the completion events of device transfers, reused.
-	events eventPool
+	events freeList[cuda.Event]
 
 	mu      sync.RWMutex
 	entries map[LayoutHandle]*entry
@@ -85,7 +85,7 @@ type Manager struct {
 	closed  bool
 
 	bounce   bouncePool
-	stages   stagePool
+	stages   freeList[*storage.Memory] // pinned staging of Serve
 	inflight sync.WaitGroup
 	counters counters
 }
@@ -126,7 +126,20 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.d2h = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.d2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.bounce.m = m
-	m.events = eventPool{drv: cfg.Driver, device: cfg.Device}
+	m.events = freeList[cuda.Event]{
+		make:    func() (cuda.Event, error) { return cfg.Driver.EventCreate(cfg.Device) },
+		destroy: cfg.Driver.EventDestroy,
+	}
+	m.stages = freeList[*storage.Memory]{
+		make: func() (*storage.Memory, error) {
+			s, err := storage.AllocPinned(cfg.Driver, cfg.Device, stageBytes)
+			if err != nil {
+				return nil, fmt.Errorf("allocate pinned staging: %w", err)
+			}
+			return s, nil
+		},
+		destroy: (*storage.Memory).Close,
+	}
 	return m, nil
 }
 

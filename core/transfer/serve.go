@@ -1,9 +1,7 @@
 package transfer
 
 import (
-	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/cuda"
@@ -15,22 +13,32 @@ const stageBytes = 4 << 20
 
 // Serve lends a transport server the bytes of ops (Remote and Size; Local
 // is ignored) in layout h, registered here (not imported), while fn runs;
-// Close waits for it. Every op is checked before fn is first called. fn
-// gets the pieces that cover the ops in order: for host memory, all of
-// them in one call, the memory itself (so that a socket moves them in one
-// vectored call); for device memory, one staged piece per call (for a
-// read, copied out before fn; for a write, copied in after fn returns
-// nil). Disk layouts are not served: peers read a disk tier after it is
-// staged in host memory.
+// Close waits for it. Every op is checked before fn is first called, so an
+// error returned without fn having run refused the request before any
+// byte moved. fn gets the pieces that cover the ops in order: for host
+// memory, all of them in one call, the memory itself (so that a socket
+// moves them in one vectored call); for device memory, a stageful at a
+// time (for a read, copied out before fn; for a write, copied in after fn
+// returns nil). Disk layouts are not served: peers read a disk tier after
+// it is staged in host memory.
 func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(pieces [][]byte) error) error {
-	var e *entry
+	e, err := m.lookup(h)
+	if err != nil {
+		return err
+	}
+	if e.owner != nil || e.remote != nil {
+		return fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
+	}
+	if !e.kind.IsHost() && e.kind != storage.Device {
+		return fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
+			ErrUnsupported, h, e.kind)
+	}
 	for _, o := range ops {
-		var err error
-		if e, err = m.servable(h, o.Remote, o.Size); err != nil {
-			return err
+		if !e.layout.Contains(o.Remote, o.Size) {
+			return fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, o.Remote, o.Size, h)
 		}
 	}
-	if e == nil {
+	if len(ops) == 0 {
 		return nil
 	}
 	release, err := m.hold(e)
@@ -41,7 +49,7 @@ func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(piec
 	if e.kind == storage.Device {
 		return m.serveDevice(ops, write, fn)
 	}
-	pieces := make([][]byte, len(ops)) // servable admits host kinds and device only
+	pieces := make([][]byte, len(ops))
 	for i, o := range ops {
 		pieces[i] = storage.HostBytes(o.Remote, o.Size)
 	}
@@ -53,7 +61,7 @@ func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(piec
 // batch and handed to fn together, so that many small fragments cost one
 // device round trip and one vectored socket call per stageful.
 func (m *Manager) serveDevice(ops []RemoteOp, write bool, fn func([][]byte) error) error {
-	stage, err := m.stages.get(m)
+	stage, err := m.stages.get()
 	if err != nil {
 		return err
 	}
@@ -122,69 +130,4 @@ func (m *Manager) syncCopies(kind cuda.CopyKind, ops []copyOp) error {
 		return fmt.Errorf("%v copies: %w", kind, err)
 	}
 	return nil
-}
-
-// stagePool keeps the pinned staging buffers of serveDevice.
-type stagePool struct {
-	mu   sync.Mutex
-	free []*storage.Memory
-	all  []*storage.Memory
-}
-
-func (p *stagePool) get(m *Manager) (*storage.Memory, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if n := len(p.free); n > 0 {
-		s := p.free[n-1]
-		p.free = p.free[:n-1]
-		return s, nil
-	}
-	s, err := storage.AllocPinned(m.drv, m.cfg.Device, stageBytes)
-	if err != nil {
-		return nil, fmt.Errorf("allocate pinned staging: %w", err)
-	}
-	p.all = append(p.all, s)
-	return s, nil
-}
-
-func (p *stagePool) put(s *storage.Memory) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.free = append(p.free, s)
-}
-
-func (p *stagePool) close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var errs []error
-	for _, s := range p.all {
-		errs = append(errs, s.Close())
-	}
-	p.all, p.free = nil, nil
-	return errors.Join(errs...)
-}
-
-// CheckServe reports whether Serve would lend [addr, addr+size) of layout
-// h, so that a server can refuse a request before it moves any byte.
-func (m *Manager) CheckServe(h LayoutHandle, addr, size uint64) error {
-	_, err := m.servable(h, addr, size)
-	return err
-}
-
-func (m *Manager) servable(h LayoutHandle, addr, size uint64) (*entry, error) {
-	e, err := m.lookup(h)
-	if err != nil {
-		return nil, err
-	}
-	if e.owner != nil || e.remote != nil {
-		return nil, fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
-	}
-	if !e.kind.IsHost() && e.kind != storage.Device {
-		return nil, fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
-			ErrUnsupported, h, e.kind)
-	}
-	if !e.layout.Contains(addr, size) {
-		return nil, fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, addr, size, h)
-	}
-	return e, nil
 }
