@@ -146,7 +146,9 @@ func (s *stream) run() {
 	var work []item
 	for {
 		s.mu.Lock()
-		for (len(s.q) == 0 || s.busy) && !(len(s.q) == 0 && (s.destroyed || s.stopped) && !s.busy) {
+		// Wait while work runs inline on a caller, or until there is work
+		// or the stream ends.
+		for s.busy || (len(s.q) == 0 && !s.destroyed && !s.stopped) {
 			s.cond.Wait()
 		}
 		if len(s.q) == 0 {

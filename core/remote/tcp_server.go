@@ -55,8 +55,8 @@ func (t *TCP) serveConn(c net.Conn) {
 	case err != nil:
 		reply = appendStatus(reply, statusInvalid, err.Error())
 	case want != t.m.WorkerID():
-		reply = appendStatus(reply, statusNotFound, "this server is worker "+hexID(t.m.WorkerID())+", not "+hexID(want)+
-			": the peer's metadata is stale; import the current metadata")
+		reply = appendStatus(reply, statusNotFound, fmt.Sprintf(
+			"this server is worker %#x, not %#x: the peer's metadata is stale; import the current metadata", t.m.WorkerID(), want))
 	default:
 		reply = appendStatus(reply, statusOK, "")
 	}
@@ -129,5 +129,3 @@ func setBuffers(c net.Conn) {
 		tc.SetWriteBuffer(4 << 20)
 	}
 }
-
-func hexID(id uint64) string { return fmt.Sprintf("%#x", id) }

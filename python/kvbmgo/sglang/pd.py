@@ -237,14 +237,14 @@ class KvbmKVManager(CommonKVManager):
         self._register(args)
         if disaggregation_mode == DisaggregationMode.PREFILL:
             self._prefill_rooms: Dict[int, _PrefillRoom] = {}
-            self._spawn(self._prefill_loop, "kvbm-prefill")
+            self._spawn(lambda: self._message_loop(self._prefill_message), "kvbm-prefill")
         else:
             self._instances: Dict[str, Any] = {}  # prefill token -> instance id or why not
             self._next_instance = itertools.count(1)
             self._rooms: Dict[int, _DecodeRoom] = {}
             self._rooms_lock = threading.Lock()
             self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvbm-pull")
-            self._spawn(self._decode_loop, "kvbm-decode")
+            self._spawn(lambda: self._message_loop(self._decode_message), "kvbm-decode")
             self._heartbeat = self._start_heartbeat_checker_thread()
 
     # ---- setup and teardown
@@ -274,6 +274,18 @@ class KvbmKVManager(CommonKVManager):
                     len(self.groups),
                     [(len(g.buffers), g.num_pages, g.item_len) for g in self.groups],
                     len(self.aux))
+
+    def _message_loop(self, handle: Any) -> None:
+        """Hands every message received to handle until the socket closes."""
+        while True:
+            msg = self._recv()
+            if msg is None:
+                return
+            try:
+                handle(msg)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the loop
+                logger.exception("kvbm transfer backend: dropping a malformed message %r",
+                                 msg[:1])
 
     def _spawn(self, target: Any, name: str) -> None:
         def guarded() -> None:
@@ -349,17 +361,6 @@ class KvbmKVManager(CommonKVManager):
                 _a(decode_prefix_len or 0), _a(int(is_dummy))]
 
     # ---- prefill side
-
-    def _prefill_loop(self) -> None:
-        while True:
-            msg = self._recv()
-            if msg is None:
-                return
-            try:
-                self._prefill_message(msg)
-            except Exception:  # noqa: BLE001 - one bad message must not stop the loop
-                logger.exception("kvbm transfer backend: dropping a malformed message %r",
-                                 msg[:1])
 
     def _prefill_message(self, msg: List[bytes]) -> None:
         tag = msg[0]
@@ -484,17 +485,6 @@ class KvbmKVManager(CommonKVManager):
         return rows
 
     # ---- decode side
-
-    def _decode_loop(self) -> None:
-        while True:
-            msg = self._recv()
-            if msg is None:
-                return
-            try:
-                self._decode_message(msg)
-            except Exception:  # noqa: BLE001 - one bad message must not stop the loop
-                logger.exception("kvbm transfer backend: dropping a malformed message %r",
-                                 msg[:1])
 
     def _decode_message(self, msg: List[bytes]) -> None:
         tag = msg[0]
