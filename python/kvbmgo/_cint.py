@@ -62,6 +62,15 @@ def uint64(value: Any, what: str) -> int:
     return refuse(value, 0, UINT64_MAX, "uint64", what)
 
 
+def millis(seconds: Any, what: str) -> int:
+    """A positive duration in seconds as the uint32 milliseconds of the C ABI;
+    InvalidArgumentError naming what otherwise."""
+    ms = round(seconds * 1000)
+    if not 0 < ms < 2**32:
+        raise InvalidArgumentError(f"{what} must be > 0 and < {2**32 // 1000} s, got {seconds!r}")
+    return ms
+
+
 def pointer(value: Any, what: str) -> int:
     """A raw driver handle given as an int, as a C pointer (uintptr_t)."""
     if isinstance(value, int) and value.__class__ is not bool and 0 <= value <= UINT64_MAX:

@@ -13,7 +13,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional,
 import numpy as np
 
 from . import _lib
-from ._cint import SMALL_ARRAY, block_ids, int32, layer_range, uint64
+from ._cint import SMALL_ARRAY, block_ids, int32, layer_range, millis, uint64
 from ._cint import keys as _keys
 from ._cache import PrefixCache, WriteMode, enable as _enable_cache
 from ._counters import PathCounters, TransferPath
@@ -45,10 +45,7 @@ def options(layers: Optional[Tuple[int, int]], stream: Any, precondition: Any,
     o = _lib.TransferOptionsC()
     o.struct_size = sizeof(o)
     if deadline is not None:
-        ms = round(deadline * 1000)
-        if not 0 < ms < 2**32:
-            raise InvalidArgumentError(f"deadline must be > 0 and < {2**32 // 1000} s, got {deadline!r}")
-        o.deadline_ms = ms
+        o.deadline_ms = millis(deadline, "deadline")
     if layers is not None:
         o.layer_start, o.layer_end = layer_range(layers)
     o.stream = pointer_of(stream, Stream, "stream")
@@ -149,11 +146,7 @@ class Worker(Handle):
         c.disk_dir = fspath(disk_dir).encode() if disk_dir is not None else None
         c.object_dir = fspath(object_dir).encode() if object_dir is not None else None
         if remote_deadline is not None:
-            ms = round(remote_deadline * 1000)
-            if not 0 < ms < 2**32:
-                raise InvalidArgumentError(
-                    f"remote_deadline must be > 0 and < {2**32 // 1000} s, got {remote_deadline!r}")
-            c.remote_deadline_ms = ms
+            c.remote_deadline_ms = millis(remote_deadline, "remote_deadline")
         h = c_void_p()
         lib.kvbm_worker_create(byref(c), byref(h))
         self.worker_id = worker_id
