@@ -63,6 +63,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime $(FUZZTIME) ./core/remote
 	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote
+	$(GO) test -run '^$$' -fuzz FuzzParseRegions -fuzztime $(FUZZTIME) ./core/remote
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 
 # Benchmarks: every figure beside the limit measured in the same run.

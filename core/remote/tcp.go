@@ -24,16 +24,21 @@ type TCPConfig struct {
 	// Conns bounds the connections to each peer (default 4): operations on
 	// one peer run in parallel, one per connection.
 	Conns int
+	// NoSameHost turns off the same-host path (default: on, unless
+	// KVBM_SAME_HOST=0): a peer on this host otherwise connects over a Unix
+	// socket and maps the shared memory of host layouts (tcp_shared.go).
+	NoSameHost bool
 }
 
 // TCP is the transport that always works: plain TCP streams, several per
 // peer, each moving one request at a time straight between the socket and
 // registered memory. It serves one manager.
 type TCP struct {
-	cfg TCPConfig
-	m   *transfer.Manager
-	ln  net.Listener
-	ep  []byte
+	cfg  TCPConfig
+	m    *transfer.Manager
+	ln   net.Listener
+	unix net.Listener // the same-host socket; nil when off
+	ep   []byte
 
 	mu     sync.Mutex
 	closed bool
@@ -55,6 +60,9 @@ func NewTCP(cfg TCPConfig) *TCP {
 	}
 	if cfg.Conns <= 0 {
 		cfg.Conns = 4
+	}
+	if os.Getenv("KVBM_SAME_HOST") == "0" {
+		cfg.NoSameHost = true
 	}
 	return &TCP{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}}
 }
@@ -85,15 +93,25 @@ func (t *TCP) Serve(m *transfer.Manager) error {
 		return err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	t.m, t.ln = m, ln
-	t.ep = binary.LittleEndian.AppendUint64([]byte{wireVersion}, m.WorkerID())
-	t.ep = append(t.ep, net.JoinHostPort(host, fmt.Sprint(port))...)
+	ep := tcpEndpoint{worker: m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
+	if !t.cfg.NoSameHost {
+		if ep.host, ep.unix, t.unix = listenSameHost(m.WorkerID()); t.unix == nil {
+			ep.host = [16]byte{}
+		}
+	}
+	t.m, t.ln, t.ep = m, ln, ep.append(nil)
 	t.wg.Add(1)
-	go t.accept()
+	go t.accept(ln)
+	if t.unix != nil {
+		t.wg.Add(1)
+		go t.accept(t.unix)
+	}
 	return nil
 }
 
-// Endpoint is version u8 | worker u64 | "host:port".
+// Endpoint is version u8 (2) | worker u64 | host id [16] | Unix socket
+// name length u8 | name | "host:port". The host id and socket name are
+// zero and empty when the same-host path is off.
 func (t *TCP) Endpoint() ([]byte, error) {
 	if t.ep == nil {
 		return nil, fmt.Errorf("%w: tcp transport is not serving", transfer.ErrInvalidArgument)
@@ -101,28 +119,64 @@ func (t *TCP) Endpoint() ([]byte, error) {
 	return t.ep, nil
 }
 
-func parseTCPEndpoint(ep []byte) (worker uint64, addr string, err error) {
-	if len(ep) < 1+8+3 || ep[0] != wireVersion {
-		return 0, "", fmt.Errorf("%w: tcp endpoint of %d bytes is not version %d", ErrBadEndpoint, len(ep), wireVersion)
+const endpointVersion = 2
+
+type tcpEndpoint struct {
+	worker uint64
+	host   [16]byte // the boot id of the server's host
+	unix   string   // its same-host socket (abstract, "@...")
+	addr   string   // host:port
+}
+
+func (e tcpEndpoint) append(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(append(b, endpointVersion), e.worker)
+	b = append(append(b, e.host[:]...), byte(len(e.unix)))
+	return append(append(b, e.unix...), e.addr...)
+}
+
+func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
+	const head = 1 + 8 + 16 + 1
+	if len(ep) < head+3 || ep[0] != endpointVersion {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is not version %d", ErrBadEndpoint, len(ep), endpointVersion)
 	}
-	addr = string(ep[9:])
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return 0, "", fmt.Errorf("%w: tcp endpoint address %q: %v", ErrBadEndpoint, addr, err)
+	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:])}
+	copy(e.host[:], ep[9:25])
+	n := int(ep[25])
+	if len(ep) < head+n+3 {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is too short for its %d-byte socket name", ErrBadEndpoint, len(ep), n)
 	}
-	return binary.LittleEndian.Uint64(ep[1:]), addr, nil
+	e.unix, e.addr = string(ep[head:head+n]), string(ep[head+n:])
+	if n > 0 && e.unix[0] != '@' {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint's same-host socket %q is not an abstract name", ErrBadEndpoint, e.unix)
+	}
+	if _, _, err := net.SplitHostPort(e.addr); err != nil {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", ErrBadEndpoint, e.addr, err)
+	}
+	return e, nil
 }
 
 // Connect dials the peer once, to check that it answers as the worker the
-// endpoint names, and keeps the connection for its first operation.
+// endpoint names, and keeps the connection for its first operation. A peer
+// on this host is dialed on its Unix socket when it has one and it can be
+// reached (another network namespace cannot), else over TCP.
 func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
-	worker, addr, err := parseTCPEndpoint(endpoint)
+	ep, err := parseTCPEndpoint(endpoint)
 	if err != nil {
 		return nil, err
 	}
-	p := newTCPPeer(t, worker, addr)
-	c, err := p.dial(ctx)
-	if err != nil {
-		return nil, err
+	var p *tcpPeer
+	var c *tcpConn
+	if !t.cfg.NoSameHost && ep.unix != "" && ep.host == hostID() && ep.host != [16]byte{} {
+		p = newTCPPeer(t, ep.worker, "unix", ep.unix)
+		if c, err = p.dial(ctx); err != nil && !errors.Is(err, errUnreachable) {
+			return nil, err
+		}
+	}
+	if c == nil {
+		p = newTCPPeer(t, ep.worker, "tcp", ep.addr)
+		if c, err = p.dial(ctx); err != nil {
+			return nil, err
+		}
 	}
 	p.put(c)
 	t.mu.Lock()
@@ -147,6 +201,9 @@ func (t *TCP) Close() error {
 	var err error
 	if t.ln != nil {
 		err = t.ln.Close()
+	}
+	if t.unix != nil {
+		t.unix.Close()
 	}
 	for c := range t.conns {
 		c.Close()

@@ -20,15 +20,18 @@ import (
 // failed — the peer is broken: every connection closes and later calls
 // fail at once, until the worker connects again.
 type tcpPeer struct {
-	t      *TCP
-	worker uint64
-	addr   string
-	slots  chan struct{} // one token per connection that may be open
-	idle   chan *tcpConn
+	t       *TCP
+	worker  uint64
+	network string // "tcp", or "unix" for a peer on this host
+	addr    string
+	slots   chan struct{} // one token per connection that may be open
+	idle    chan *tcpConn
 
 	mu     sync.Mutex
 	broken error
 	open   map[*tcpConn]struct{}
+
+	shared sharedMaps // the peer's host layouts mapped here (same host only)
 }
 
 type tcpConn struct {
@@ -36,27 +39,40 @@ type tcpConn struct {
 	r *bufio.Reader
 }
 
-func newTCPPeer(t *TCP, worker uint64, addr string) *tcpPeer {
-	return &tcpPeer{t: t, worker: worker, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
+func newTCPPeer(t *TCP, worker uint64, network, addr string) *tcpPeer {
+	return &tcpPeer{t: t, worker: worker, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
 		idle: make(chan *tcpConn, t.cfg.Conns), open: map[*tcpConn]struct{}{}}
 }
 
-// Attach accepts the descriptors of the peer's own layouts.
+// Attach accepts the descriptors of the peer's own layouts. A peer on this
+// host is asked for the shared memory of a host layout, which is mapped
+// here; a layout it does not share is reached through the socket.
 func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 	if d.Handle.Worker != p.worker {
 		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
 			transfer.ErrInvalidArgument, d.Handle, p.worker)
+	}
+	if p.network == "unix" && d.Kind.IsHost() {
+		if err := p.mapLayout(d.Handle); err != nil {
+			return transfer.Attachment{}, err
+		}
 	}
 	return transfer.Attachment{Memory: p}, nil
 }
 
 // Read copies the peer's bytes into local host memory.
 func (p *tcpPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
+	if p.shared.has(h) {
+		return p.each(ctx, h, ops, opLendRead)
+	}
 	return p.each(ctx, h, ops, opRead)
 }
 
 // Write copies local host memory into the peer's layout.
 func (p *tcpPeer) Write(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
+	if p.shared.has(h) {
+		return p.each(ctx, h, ops, opLendWrite)
+	}
 	return p.each(ctx, h, ops, opWrite)
 }
 
@@ -109,6 +125,9 @@ func (p *tcpPeer) do(ctx context.Context, h transfer.LayoutHandle, ops []transfe
 // exchange sends one request and takes its reply.
 func (p *tcpPeer) exchange(c *tcpConn, h transfer.LayoutHandle, ops []transfer.RemoteOp, op wireOp) error {
 	head := appendRequest(make([]byte, 0, reqHeadLen+opLen*len(ops)), op, h, ops)
+	if op == opLendRead || op == opLendWrite {
+		return p.borrow(c, head, h, ops, op == opLendWrite)
+	}
 	if op == opRead {
 		if _, err := c.c.Write(head); err != nil {
 			return err
@@ -207,9 +226,9 @@ func (p *tcpPeer) dial(ctx context.Context) (*tcpConn, error) {
 // dialConn connects and exchanges hellos.
 func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", p.addr)
+	nc, err := d.DialContext(ctx, p.network, p.addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, err)
+		return nil, fmt.Errorf("%w: %w: dial peer %x at %s: %w", ErrPeerUnavailable, errUnreachable, p.worker, p.addr, err)
 	}
 	setBuffers(nc)
 	if dl, ok := ctx.Deadline(); ok {
@@ -296,5 +315,6 @@ func (p *tcpPeer) Close() error {
 	}
 	p.closeIdle()
 	p.t.forget(p)
+	p.shared.closeAll() // after copies in flight end
 	return nil
 }

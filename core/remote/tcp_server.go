@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-func (t *TCP) accept() {
+func (t *TCP) accept(ln net.Listener) {
 	defer t.wg.Done()
 	for {
-		c, err := t.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return // closed
 		}
@@ -84,7 +84,12 @@ func (t *TCP) serveConn(c net.Conn) {
 func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
 	started := false
 	var err error
-	if q.op == opRead {
+	switch q.op {
+	case opMap:
+		return t.answerMap(c, q)
+	case opLendRead, opLendWrite:
+		err = t.lend(c, r, q, &started)
+	case opRead:
 		ok := net.Buffers{appendStatus(nil, statusOK, "")}
 		err = t.m.Serve(q.handle, q.ops, false, func(pieces [][]byte) error {
 			started = true
@@ -93,7 +98,7 @@ func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
 			_, err := bufs.WriteTo(c)
 			return err
 		})
-	} else {
+	default:
 		err = t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
 			started = true
 			for _, p := range pieces {
@@ -124,8 +129,11 @@ func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
 
 // setBuffers asks for socket buffers large enough to keep a fast link busy.
 func setBuffers(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetReadBuffer(4 << 20)
-		tc.SetWriteBuffer(4 << 20)
+	if bc, ok := c.(interface {
+		SetReadBuffer(int) error
+		SetWriteBuffer(int) error
+	}); ok {
+		bc.SetReadBuffer(4 << 20)
+		bc.SetWriteBuffer(4 << 20)
 	}
 }

@@ -26,8 +26,12 @@ type tcpPair struct {
 	local          map[string]LayoutHandle
 }
 
-func newTCPPair(t *testing.T, deadline time.Duration) *tcpPair {
+func newTCPPair(t *testing.T, deadline time.Duration, cfgs ...TCPConfig) *tcpPair {
 	t.Helper()
+	tcpCfg := TCPConfig{Listen: "127.0.0.1:0"}
+	if len(cfgs) > 0 {
+		tcpCfg = cfgs[0]
+	}
 	p := &tcpPair{emu: cuda.NewEmulated(1), cfg: smallConfig(8),
 		remote: map[string]LayoutHandle{}, local: map[string]LayoutHandle{}}
 	var err error
@@ -35,8 +39,8 @@ func newTCPPair(t *testing.T, deadline time.Duration) *tcpPair {
 	require.NoError(t, err)
 	p.imp, err = NewManager(Config{WorkerID: 0x11, Driver: p.emu, RemoteDeadline: deadline})
 	require.NoError(t, err)
-	p.expTCP = NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
-	p.impTCP = NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
+	p.expTCP = NewTCP(tcpCfg)
+	p.impTCP = NewTCP(tcpCfg)
 	require.NoError(t, p.expTCP.Serve(p.exp))
 	require.NoError(t, p.impTCP.Serve(p.imp))
 	t.Cleanup(func() {
@@ -99,7 +103,24 @@ func block(t *testing.T, m *Manager, h LayoutHandle, id int) []byte {
 // included (the device layouts are layer-separate, block-second), every
 // byte checked, and blocks not named left alone.
 func TestTCPMovesEveryByteBothWays(t *testing.T) {
-	p := newTCPPair(t, 5*time.Second)
+	for _, sameHost := range []bool{true, false} {
+		t.Run(map[bool]string{true: "same host", false: "tcp"}[sameHost], func(t *testing.T) {
+			p := newTCPPair(t, 5*time.Second, TCPConfig{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
+			peer := p.peer.(*tcpPeer)
+			if sameHost {
+				require.Equal(t, "unix", peer.network)
+				require.True(t, peer.shared.has(p.remote["g2"]), "the exporter's G2 is mapped here")
+				require.False(t, peer.shared.has(p.remote["g1"]), "device memory goes through the socket")
+			} else {
+				require.Equal(t, "tcp", peer.network)
+				require.False(t, peer.shared.has(p.remote["g2"]))
+			}
+			movesEveryByteBothWays(t, p)
+		})
+	}
+}
+
+func movesEveryByteBothWays(t *testing.T, p *tcpPair) {
 	for _, src := range []string{"g2", "g1"} {
 		for _, dst := range []string{"g2", "g1"} {
 			t.Run(src+"->"+dst, func(t *testing.T) {
@@ -219,7 +240,7 @@ func TestTCPSilentPeerFailsWithinTheDeadline(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	ep := append([]byte{wireVersion, 0xE1, 0, 0, 0, 0, 0, 0, 0}, ln.Addr().String()...)
+	ep := tcpEndpoint{worker: 0xE1, addr: ln.Addr().String()}.append(nil)
 	tr := NewTCP(TCPConfig{})
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -238,7 +259,11 @@ func TestTCPSilentPeerFailsWithinTheDeadline(t *testing.T) {
 func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	tr := NewTCP(TCPConfig{})
 	defer tr.Close()
-	for _, ep := range [][]byte{nil, {9}, append([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0}, "127.0.0.1:1"...), append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "nohostport"...)} {
+	v1 := append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "127.0.0.1:1"...)
+	v3 := tcpEndpoint{worker: 1, addr: "127.0.0.1:1"}.append(nil)
+	v3[0] = 3
+	relative := tcpEndpoint{worker: 1, unix: "/tmp/sock", addr: "127.0.0.1:1"}.append(nil)
+	for _, ep := range [][]byte{nil, {9}, v1, v3, relative, tcpEndpoint{worker: 1, addr: "nohostport"}.append(nil)} {
 		_, err := tr.Connect(context.Background(), ep)
 		require.ErrorIs(t, err, ErrBadEndpoint, "%q", ep)
 	}
@@ -312,4 +337,65 @@ func TestTCPCancelAndDeadlineStopAPullAndKeepThePeer(t *testing.T) {
 			require.Equal(t, pattern(p.cfg.BlockSize(), 0x31, 4), block(t, p.imp, p.local["g2"], 5))
 		})
 	}
+}
+
+// On one host, host layouts the exporter allocated are mapped and copied
+// directly; memory the engine registered is not shared and goes through
+// the socket; a layout the exporter unregistered fails its blocks with
+// ErrNotFound and is unmapped here, the peer kept.
+func TestSameHostSharesOnlyAllocatedHostMemory(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second)
+	peer := p.peer.(*tcpPeer)
+	engine, err := storage.AllocSystem(uint64(8 * p.cfg.BlockSize()))
+	require.NoError(t, err)
+	defer engine.Close()
+	reg, err := p.exp.RegisterExternal(storage.Pinned, p.cfg, FullyContiguous, []uint64{engine.Addr()})
+	require.NoError(t, err)
+	d, err := p.exp.Describe(reg)
+	require.NoError(t, err)
+	_, err = p.imp.Import(p.peer, []Descriptor{d})
+	require.NoError(t, err)
+	require.False(t, peer.shared.has(reg), "engine memory is not shared")
+	_, err = p.exp.Shared(reg)
+	require.ErrorIs(t, err, ErrUnsupported)
+
+	fill(t, p.exp, reg, 0x21)
+	fill(t, p.exp, p.remote["g2"], 0x22)
+	for _, src := range []LayoutHandle{reg, p.remote["g2"]} {
+		n, err := p.imp.ExecuteTransfer(src, []int{4, 1}, p.local["g2"], []int{0, 3}, Options{})
+		require.NoError(t, err)
+		require.NoError(t, n.WaitTimeout(-1))
+		seed := map[LayoutHandle]byte{reg: 0x21, p.remote["g2"]: 0x22}[src]
+		require.Equal(t, pattern(p.cfg.BlockSize(), seed, 4), block(t, p.imp, p.local["g2"], 0))
+		require.Equal(t, pattern(p.cfg.BlockSize(), seed, 1), block(t, p.imp, p.local["g2"], 3))
+	}
+
+	require.NoError(t, p.exp.Unregister(p.remote["g2"]))
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{2, 5}, p.local["g2"], []int{2, 5}, Options{})
+	require.NoError(t, err)
+	require.ErrorIs(t, n.WaitTimeout(-1), ErrNotFound)
+	require.Equal(t, []int{2, 5}, n.FailedBlocks())
+	require.False(t, peer.shared.has(p.remote["g2"]), "unmapped once the exporter said it is gone")
+	n, err = p.imp.ExecuteTransfer(reg, []int{7}, p.local["g2"], []int{7}, Options{})
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(-1), "the peer is kept")
+	require.Equal(t, pattern(p.cfg.BlockSize(), 0x21, 7), block(t, p.imp, p.local["g2"], 7))
+}
+
+// A peer asking for shared memory over TCP (another host, as far as the
+// server knows) is refused, and its connection kept.
+func TestMapOverTCPIsRefused(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second, TCPConfig{Listen: "127.0.0.1:0", NoSameHost: true})
+	peer := p.peer.(*tcpPeer)
+	c, err := peer.get(context.Background())
+	require.NoError(t, err)
+	_, err = c.c.Write(appendRequest(nil, opMap, p.remote["g2"], nil))
+	require.NoError(t, err)
+	err = readStatus(c.r)
+	require.ErrorIs(t, err, ErrUnsupported)
+	require.ErrorContains(t, err, "peers on this host only")
+	peer.put(c)
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{1}, p.local["g2"], []int{1}, Options{})
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(-1))
 }

@@ -20,6 +20,15 @@ import (
 //
 // The hello names the worker the client expects, so that a peer restarted
 // under another id (stale metadata) is refused at once.
+//
+// A peer on the same host connects over a Unix socket instead and may also
+// send (tcp_shared.go):
+//
+//	map:      op 3 | handle | count 0
+//	  reply:  status | message | (ok) regions u16 | regions × { address u64 | size u64 },
+//	          with one shared memory file per region passed alongside (SCM_RIGHTS)
+//	lend:     op 4 (the peer reads) or 5 (it writes) | handle | count | ops
+//	  reply:  status | message; (ok) the peer copies, then sends done u8 (1)
 const (
 	wireMagic   = "KVBT"
 	wireVersion = 1
@@ -35,9 +44,19 @@ const (
 type wireOp uint8
 
 const (
-	opRead  wireOp = 1
-	opWrite wireOp = 2
+	opRead      wireOp = 1
+	opWrite     wireOp = 2
+	opMap       wireOp = 3
+	opLendRead  wireOp = 4
+	opLendWrite wireOp = 5
 )
+
+// lendDone is what a peer sends when its copy of lent memory is done.
+const lendDone byte = 1
+
+// maxRegions bounds the shared memory files of one layout (what one
+// SCM_RIGHTS message may carry).
+const maxRegions = 250
 
 // Reply statuses, mapped back to the transfer manager's sentinels.
 const (
@@ -167,10 +186,16 @@ func readRequest(r io.Reader, buf []byte) (request, []byte, error) {
 	}
 	q := request{op: wireOp(head[0]), handle: transfer.LayoutHandle{
 		Worker: binary.LittleEndian.Uint64(head[1:]), Layout: binary.LittleEndian.Uint16(head[9:])}}
-	if q.op != opRead && q.op != opWrite {
+	if q.op < opRead || q.op > opLendWrite {
 		return q, buf, fmt.Errorf("%w: request op %d", ErrBadEndpoint, q.op)
 	}
 	n := binary.LittleEndian.Uint32(head[11:])
+	if q.op == opMap {
+		if n != 0 {
+			return q, buf, fmt.Errorf("%w: map request with %d ops, want 0", ErrBadEndpoint, n)
+		}
+		return q, buf, nil
+	}
 	if n == 0 || n > maxOps {
 		return q, buf, fmt.Errorf("%w: request of %d ops, want 1 to %d", ErrBadEndpoint, n, maxOps)
 	}
@@ -193,4 +218,39 @@ func readRequest(r io.Reader, buf []byte) (request, []byte, error) {
 		q.bytes += o.Size
 	}
 	return q, buf, nil
+}
+
+func appendRegions(b []byte, regions []transfer.SharedRegion) []byte {
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(regions)))
+	for _, r := range regions {
+		b = binary.LittleEndian.AppendUint64(b, r.Addr)
+		b = binary.LittleEndian.AppendUint64(b, r.Size)
+	}
+	return b
+}
+
+// sharedRange is one region of a map reply.
+type sharedRange struct{ addr, size uint64 }
+
+// parseRegions decodes the regions of a map reply (after its status),
+// which must be the whole of b: from 1 to maxRegions non-empty ranges that
+// do not wrap around. Malformed input returns an error wrapping
+// ErrBadEndpoint and never panics.
+func parseRegions(b []byte) ([]sharedRange, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("%w: map reply of %d bytes", ErrBadEndpoint, len(b))
+	}
+	n := int(binary.LittleEndian.Uint16(b))
+	if n == 0 || n > maxRegions || len(b) != 2+16*n {
+		return nil, fmt.Errorf("%w: map reply of %d bytes for %d regions (1 to %d)", ErrBadEndpoint, len(b), n, maxRegions)
+	}
+	out := make([]sharedRange, n)
+	for i := range out {
+		r := sharedRange{binary.LittleEndian.Uint64(b[2+16*i:]), binary.LittleEndian.Uint64(b[10+16*i:])}
+		if r.size == 0 || r.addr+r.size < r.addr {
+			return nil, fmt.Errorf("%w: map reply region %d [%#x, +%d)", ErrBadEndpoint, i, r.addr, r.size)
+		}
+		out[i] = r
+	}
+	return out, nil
 }

@@ -19,8 +19,14 @@ func TestRequestRoundTripAndLimits(t *testing.T) {
 	require.Equal(t, uint64(64+1<<20), q.bytes)
 	require.Equal(t, []transfer.RemoteOp{{Remote: 0x1000, Size: 64}, {Remote: 0x9000, Size: 1 << 20}}, q.ops)
 
+	m, _, err := readRequest(bytes.NewReader(appendRequest(nil, opMap, h, nil)), nil)
+	require.NoError(t, err)
+	require.Equal(t, opMap, m.op)
+	require.Empty(t, m.ops)
+
 	for name, bad := range map[string][]byte{
 		"op":        append([]byte{9}, b[1:]...),
+		"map ops":   appendRequest(nil, opMap, h, ops),
 		"no ops":    appendRequest(nil, opRead, h, nil),
 		"zero size": appendRequest(nil, opRead, h, []transfer.RemoteOp{{Remote: 1, Size: 0}}),
 		"too large": appendRequest(nil, opRead, h, []transfer.RemoteOp{{Remote: 1, Size: maxRequestBytes}, {Remote: 2, Size: 1}}),
@@ -53,15 +59,34 @@ func FuzzReadRequest(f *testing.F) {
 
 // FuzzTCPEndpoint: endpoints come from metadata, that is from the network.
 func FuzzTCPEndpoint(f *testing.F) {
-	f.Add(append([]byte{wireVersion, 1, 0, 0, 0, 0, 0, 0, 0}, "127.0.0.1:4000"...))
+	f.Add(tcpEndpoint{worker: 1, addr: "127.0.0.1:4000"}.append(nil))
+	f.Add(tcpEndpoint{worker: 1, host: [16]byte{1}, unix: "@kvbm-1", addr: "[::1]:4000"}.append(nil))
 	f.Add([]byte{1})
 	f.Fuzz(func(t *testing.T, ep []byte) {
-		worker, addr, err := parseTCPEndpoint(ep)
+		e, err := parseTCPEndpoint(ep)
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadEndpoint)
 			return
 		}
-		require.Equal(t, ep[9:], []byte(addr))
-		_ = worker
+		require.Equal(t, ep, e.append(nil), "what parses encodes back to the same bytes")
+	})
+}
+
+// FuzzParseRegions: a map reply comes from the peer.
+func FuzzParseRegions(f *testing.F) {
+	f.Add(appendRegions(nil, []transfer.SharedRegion{{Addr: 1 << 40, Size: 4096}}))
+	f.Add([]byte{0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rs, err := parseRegions(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrBadEndpoint)
+			return
+		}
+		require.NotEmpty(t, rs)
+		require.LessOrEqual(t, len(rs), maxRegions)
+		for _, r := range rs {
+			require.NotZero(t, r.size)
+			require.GreaterOrEqual(t, r.addr+r.size, r.addr)
+		}
 	})
 }

@@ -9,6 +9,7 @@ package storage
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -55,6 +56,7 @@ type Memory struct {
 	device int
 	addr   uint64
 	size   uint64
+	file   *os.File // shared memory (AllocShared), nil otherwise
 
 	once    sync.Once
 	release func() error

@@ -47,6 +47,10 @@ type Config struct {
 	// NetWorkers bounds the remote operations in flight (default 4), each
 	// on its own connection to the peer.
 	NetWorkers int
+	// PrivateHost allocates host layouts as private memory instead of
+	// shared memory files (the default), so that no peer on this host can
+	// map them: peers then reach them through the transport's socket.
+	PrivateHost bool
 }
 
 // entry is one registered layout and the storage behind it.

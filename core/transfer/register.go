@@ -43,11 +43,11 @@ func (m *Manager) AllocateLayout(kind storage.Kind, cfg layout.Config, shape Sha
 	case storage.System, storage.Pinned, storage.Device:
 		var mem *storage.Memory
 		switch kind {
-		case storage.System:
-			mem, err = storage.AllocSystem(total)
-			e.device = -1
-		case storage.Pinned:
-			mem, err = storage.AllocPinned(m.drv, m.cfg.Device, total)
+		case storage.System, storage.Pinned:
+			mem, err = m.allocHost(kind, total)
+			if kind == storage.System {
+				e.device = -1
+			}
 		default:
 			mem, err = storage.AllocDevice(m.drv, m.cfg.Device, total)
 		}

@@ -22,24 +22,9 @@ const stageBytes = 4 << 20
 // returns nil). Disk layouts are not served: peers read a disk tier after
 // it is staged in host memory.
 func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(pieces [][]byte) error) error {
-	e, err := m.lookup(h)
-	if err != nil {
+	e, err := m.servable(h, ops)
+	if err != nil || len(ops) == 0 {
 		return err
-	}
-	if e.owner != nil || e.remote != nil {
-		return fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
-	}
-	if !e.kind.IsHost() && e.kind != storage.Device {
-		return fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
-			ErrUnsupported, h, e.kind)
-	}
-	for _, o := range ops {
-		if !e.layout.Contains(o.Remote, o.Size) {
-			return fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, o.Remote, o.Size, h)
-		}
-	}
-	if len(ops) == 0 {
-		return nil
 	}
 	release, err := m.hold(e)
 	if err != nil {
@@ -54,6 +39,28 @@ func (m *Manager) Serve(h LayoutHandle, ops []RemoteOp, write bool, fn func(piec
 		pieces[i] = storage.HostBytes(o.Remote, o.Size)
 	}
 	return fn(pieces)
+}
+
+// servable checks that a peer may reach ops in layout h: a host or device
+// layout registered here, every op inside one of its regions.
+func (m *Manager) servable(h LayoutHandle, ops []RemoteOp) (*entry, error) {
+	e, err := m.lookup(h)
+	if err != nil {
+		return nil, err
+	}
+	if e.owner != nil || e.remote != nil {
+		return nil, fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
+	}
+	if !e.kind.IsHost() && e.kind != storage.Device {
+		return nil, fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
+			ErrUnsupported, h, e.kind)
+	}
+	for _, o := range ops {
+		if !e.layout.Contains(o.Remote, o.Size) {
+			return nil, fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, o.Remote, o.Size, h)
+		}
+	}
+	return e, nil
 }
 
 // serveDevice moves device memory through a pinned staging buffer: as

@@ -186,8 +186,15 @@ func decodeWorkerOn(t *testing.T, deadline time.Duration, network remote.Transpo
 // G1 and G2, every byte checked, and pushes its blocks into the prefill
 // side's G2, checked there.
 func TestPullAndPushAcrossProcesses(t *testing.T) {
+	t.Run("same host", func(t *testing.T) {
+		dec := decodeWorker(t, 10*time.Second)
+		pullAndPush(t, startExporter(t, 0xA), dec)
+		require.True(t, remote.SameHost(dec.peers[0xA]), "reached over the Unix socket, G2 mapped")
+	})
 	t.Run("tcp", func(t *testing.T) {
-		pullAndPush(t, startExporter(t, 0xA), decodeWorker(t, 10*time.Second))
+		dec := decodeWorker(t, 10*time.Second)
+		pullAndPush(t, startExporter(t, 0xA, "KVBM_SAME_HOST=0"), dec)
+		require.False(t, remote.SameHost(dec.peers[0xA]))
 	})
 	t.Run("ucx", func(t *testing.T) {
 		if err := ucx.Available(); err != nil {
@@ -278,27 +285,31 @@ func TestKilledPeerFailsItsBlocksAndANewOneIsReconnected(t *testing.T) {
 
 // A frozen peer (SIGSTOP) fails the pull within the deadline; once it runs
 // again, importing its metadata again reconnects.
+// Both ways a same-host peer is reached: G1 through the socket, G2 through
+// its mapped shared memory (the exporter must still answer each copy).
 func TestFrozenPeerFailsWithinTheDeadline(t *testing.T) {
 	exp := startExporter(t, 0xA)
 	const deadline = 500 * time.Millisecond
 	dec := decodeWorker(t, deadline)
 	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
-	exp.signal(t, syscall.SIGSTOP)
-	start := time.Now()
-	n, err := dec.ExecuteRemoteOnboardForInstance(7, G1, []int{0, 1}, G1, []int{2, 3}, transfer.Options{})
-	require.NoError(t, err)
-	err = n.WaitTimeout(-1)
-	elapsed := time.Since(start)
-	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
-	require.ErrorIs(t, err, transfer.ErrTimeout)
-	require.Equal(t, []int{2, 3}, n.FailedBlocks())
-	require.GreaterOrEqual(t, elapsed, deadline)
-	require.Less(t, elapsed, deadline+2*time.Second)
+	for _, tier := range []Tier{G1, G2} {
+		exp.signal(t, syscall.SIGSTOP)
+		start := time.Now()
+		n, err := dec.ExecuteRemoteOnboardForInstance(7, tier, []int{0, 1}, tier, []int{2, 3}, transfer.Options{})
+		require.NoError(t, err)
+		err = n.WaitTimeout(-1)
+		elapsed := time.Since(start)
+		require.ErrorIs(t, err, remote.ErrPeerUnavailable, "%v", tier)
+		require.ErrorIs(t, err, transfer.ErrTimeout)
+		require.Equal(t, []int{2, 3}, n.FailedBlocks())
+		require.GreaterOrEqual(t, elapsed, deadline)
+		require.Less(t, elapsed, deadline+2*time.Second)
 
-	exp.signal(t, syscall.SIGCONT)
-	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
-	waiter(t)(dec.ExecuteRemoteOnboardForInstance(7, G1, []int{0}, G1, []int{2}, transfer.Options{}))
-	require.Equal(t, pattern(testConfig(1).BlockSize(), uint64(G1)<<8|0), dec.read(t, G1, 2))
+		exp.signal(t, syscall.SIGCONT)
+		require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+		waiter(t)(dec.ExecuteRemoteOnboardForInstance(7, tier, []int{0}, tier, []int{2}, transfer.Options{}))
+		require.Equal(t, pattern(testConfig(1).BlockSize(), uint64(tier)<<8|0), dec.read(t, tier, 2))
+	}
 }
 
 // Metadata that was damaged, or written by a kvbm with another metadata

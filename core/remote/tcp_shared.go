@@ -1,0 +1,353 @@
+package remote
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// The same-host path of the TCP transport. Two workers on one host talk
+// over a Unix socket instead of TCP, and a host layout the exporter
+// allocated in shared memory (transfer.Manager.Shared) is mapped by the
+// importer, which then copies its bytes itself: one memcpy, the speed of
+// an in-process copy, where a socket costs a copy into the kernel and one
+// out. Each copy is still a request the exporter answers: it checks the
+// ranges, holds its manager until the importer says it is done, and a
+// peer that died or froze fails the operation within the deadline as on
+// TCP. Layouts it does not share (device memory, memory the engine
+// registered) go through the socket.
+
+// errUnreachable marks a dial that found nobody listening: a same-host
+// socket in another network namespace, say, where TCP is tried instead.
+var errUnreachable = errors.New("unreachable")
+
+// hostID is this host's boot id (zero when unknown): two workers with the
+// same one run on one kernel, where shared memory files can be passed.
+var hostID = sync.OnceValue(func() [16]byte {
+	var id [16]byte
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return id
+	}
+	raw, err := hex.DecodeString(strings.ReplaceAll(strings.TrimSpace(string(b)), "-", ""))
+	if err == nil && len(raw) == len(id) {
+		copy(id[:], raw)
+	}
+	return id
+})
+
+// listenSameHost listens on a fresh abstract Unix socket for peers on this
+// host; nil when the host id is unknown or the socket cannot be made.
+func listenSameHost(worker uint64) ([16]byte, string, net.Listener) {
+	host := hostID()
+	if host == ([16]byte{}) {
+		return host, "", nil
+	}
+	var r [8]byte
+	_, _ = rand.Read(r[:])
+	name := fmt.Sprintf("@kvbm-%x-%d-%x", worker, os.Getpid(), r)
+	ln, err := net.Listen("unix", name)
+	if err != nil {
+		return host, "", nil
+	}
+	return host, name, ln
+}
+
+// answerMap hands a same-host peer the shared memory files of a layout.
+func (t *TCP) answerMap(c net.Conn, q request) error {
+	uc, ok := c.(*net.UnixConn)
+	var regions []transfer.SharedRegion
+	err := fmt.Errorf("%w: shared memory is mapped by peers on this host only, over the Unix socket", transfer.ErrUnsupported)
+	if ok {
+		regions, err = t.m.Shared(q.handle)
+	}
+	defer transfer.CloseRegions(regions)
+	if err == nil && len(regions) > maxRegions {
+		err = fmt.Errorf("%w: layout %v has %d shared regions, more than %d", transfer.ErrUnsupported, q.handle, len(regions), maxRegions)
+	}
+	if err != nil {
+		_, werr := c.Write(appendStatus(nil, statusOf(err), err.Error()))
+		return werr
+	}
+	fds := make([]int, len(regions))
+	for i, r := range regions {
+		fds[i] = int(r.File.Fd())
+	}
+	_, _, err = uc.WriteMsgUnix(appendRegions(appendStatus(nil, statusOK, ""), regions), unix.UnixRights(fds...), nil)
+	return err
+}
+
+// lend answers a lend request: the ranges are checked and the manager held
+// while the peer copies, until its done arrives (within the connection's
+// deadline).
+func (t *TCP) lend(c net.Conn, r io.Reader, q request, started *bool) error {
+	return t.m.Lend(q.handle, q.ops, func() error {
+		*started = true
+		if _, err := c.Write(appendStatus(nil, statusOK, "")); err != nil {
+			return err
+		}
+		var done [1]byte
+		if _, err := io.ReadFull(r, done[:]); err != nil {
+			return err
+		}
+		if done[0] != lendDone {
+			return fmt.Errorf("%w: lend ended with %d, want %d", ErrBadEndpoint, done[0], lendDone)
+		}
+		return nil
+	})
+}
+
+// sharedMaps are a peer's layouts mapped here, by handle. Copies hold the
+// read lock, so that unmapping waits for them.
+type sharedMaps struct {
+	mu   sync.RWMutex
+	maps map[transfer.LayoutHandle][]sharedMap
+}
+
+// sharedMap is one region of the peer's memory, at addr there, mapped
+// here.
+type sharedMap struct {
+	addr, size uint64
+	m          *storage.Mapping
+}
+
+func (s *sharedMaps) has(h transfer.LayoutHandle) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.maps[h] != nil
+}
+
+func (s *sharedMaps) set(h transfer.LayoutHandle, maps []sharedMap) {
+	s.mu.Lock()
+	old := s.maps[h]
+	if s.maps == nil {
+		s.maps = map[transfer.LayoutHandle][]sharedMap{}
+	}
+	if maps == nil {
+		delete(s.maps, h)
+	} else {
+		s.maps[h] = maps
+	}
+	s.mu.Unlock()
+	unmap(old)
+}
+
+func (s *sharedMaps) closeAll() {
+	s.mu.Lock()
+	all := s.maps
+	s.maps = nil
+	s.mu.Unlock()
+	for _, maps := range all {
+		unmap(maps)
+	}
+}
+
+func unmap(maps []sharedMap) {
+	for _, m := range maps {
+		m.m.Close()
+	}
+}
+
+// views resolves ops in the mapped layout h; the caller holds s.mu for
+// reading while it uses them. Every range is checked against the mapping;
+// a failed check is a refusal before anything was sent (the connection
+// stays in step), as the server's would be.
+func (s *sharedMaps) views(h transfer.LayoutHandle, ops []transfer.RemoteOp) ([][]byte, error) {
+	maps := s.maps[h]
+	if maps == nil {
+		return nil, &serverError{statusNotFound, fmt.Sprintf("layout %v left the peer; import its metadata again", h)}
+	}
+	views := make([][]byte, len(ops))
+	for i, o := range ops {
+		for _, m := range maps {
+			if o.Remote >= m.addr && o.Size <= m.size && o.Remote-m.addr <= m.size-o.Size {
+				off := o.Remote - m.addr
+				views[i] = m.m.Bytes()[off : off+o.Size]
+				break
+			}
+		}
+		if views[i] == nil {
+			return nil, &serverError{statusOutOfRange, fmt.Sprintf("bytes [%#x, +%d) are not inside one region of layout %v's shared memory", o.Remote, o.Size, h)}
+		}
+	}
+	return views, nil
+}
+
+// mapLayout asks the peer for layout h's shared memory and maps it; a
+// layout the peer does not share is left to the socket.
+func (p *tcpPeer) mapLayout(h transfer.LayoutHandle) error {
+	deadline := transfer.DefaultRemoteDeadline
+	if p.t.m != nil {
+		deadline = p.t.m.RemoteDeadline()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	c, err := p.get(ctx)
+	if err != nil {
+		return err
+	}
+	dl, _ := ctx.Deadline()
+	c.c.SetDeadline(dl)
+	maps, err := p.fetchMaps(c, h)
+	if err != nil {
+		var se *serverError
+		if errors.As(err, &se) {
+			p.put(c)
+			if errors.Is(err, transfer.ErrUnsupported) {
+				p.shared.set(h, nil)
+				return nil // not shared: through the socket
+			}
+			return fmt.Errorf("peer %x: %w", p.worker, err)
+		}
+		return p.fail(c, ctx, err)
+	}
+	p.put(c)
+	p.shared.set(h, maps)
+	return nil
+}
+
+// fetchMaps sends a map request and maps the files of its reply.
+func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, error) {
+	uc, ok := c.c.(*net.UnixConn)
+	if !ok || c.r.Buffered() != 0 {
+		return nil, fmt.Errorf("%w: a map request needs an idle Unix socket", transfer.ErrInvalidArgument)
+	}
+	if _, err := uc.Write(appendRequest(nil, opMap, h, nil)); err != nil {
+		return nil, err
+	}
+	// The files come with the reply's first bytes, so the reply is read
+	// here, not through the connection's buffered reader.
+	buf := make([]byte, 3+maxMessage+2+16*maxRegions)
+	oob := make([]byte, unix.CmsgSpace(4*maxRegions))
+	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, err
+	}
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, fmt.Errorf("%w: map reply's control message: %w", ErrBadEndpoint, err)
+		}
+		for _, m := range msgs {
+			fds, err := unix.ParseUnixRights(&m)
+			if err != nil {
+				continue
+			}
+			for _, fd := range fds {
+				files = append(files, os.NewFile(uintptr(fd), "kvbm-peer-memfd"))
+			}
+		}
+	}
+	need := func(k int) error { // the first k bytes of the reply are in buf
+		if n >= k {
+			return nil
+		}
+		_, err := io.ReadFull(uc, buf[n:k])
+		n = k
+		return err
+	}
+	if err := need(3); err != nil {
+		return nil, err
+	}
+	msgLen := 3 + int(binary.LittleEndian.Uint16(buf[1:]))
+	if msgLen > 3+maxMessage {
+		return nil, fmt.Errorf("%w: map reply message of %d bytes", ErrBadEndpoint, msgLen-3)
+	}
+	if buf[0] != statusOK {
+		if err := need(msgLen); err != nil {
+			return nil, err
+		}
+		return nil, readStatus(bytes.NewReader(buf[:msgLen]))
+	}
+	if err := need(msgLen + 2); err != nil {
+		return nil, err
+	}
+	count := int(binary.LittleEndian.Uint16(buf[msgLen:]))
+	if count > maxRegions {
+		return nil, fmt.Errorf("%w: map reply of %d regions", ErrBadEndpoint, count)
+	}
+	end := msgLen + 2 + 16*count
+	if err := need(end); err != nil {
+		return nil, err
+	}
+	ranges, err := parseRegions(buf[msgLen:end])
+	if err != nil {
+		return nil, err
+	}
+	if len(files) != len(ranges) {
+		return nil, fmt.Errorf("%w: map reply of %d regions came with %d files", ErrBadEndpoint, len(ranges), len(files))
+	}
+	maps := make([]sharedMap, 0, len(ranges))
+	for i, r := range ranges {
+		m, err := storage.MapShared(files[i], r.size)
+		if err != nil {
+			unmap(maps)
+			return nil, fmt.Errorf("peer %x, layout %v: %w", p.worker, h, err)
+		}
+		maps = append(maps, sharedMap{addr: r.addr, size: r.size, m: m})
+	}
+	return maps, nil
+}
+
+// borrow sends a lend request and, once the peer holds the memory, copies
+// the bytes through the mapping and says done. The mapping is held from
+// before the request until the copy ends, so that every range is checked
+// before anything is asked and the memory cannot be unmapped meanwhile.
+func (p *tcpPeer) borrow(c *tcpConn, head []byte, h transfer.LayoutHandle, ops []transfer.RemoteOp, write bool) error {
+	p.shared.mu.RLock()
+	views, err := p.shared.views(h, ops)
+	if err == nil {
+		err = p.lent(c, head, ops, views, write)
+	}
+	p.shared.mu.RUnlock()
+	var se *serverError
+	if errors.As(err, &se) && errors.Is(err, transfer.ErrNotFound) {
+		p.shared.set(h, nil) // gone there: unmap it here
+	}
+	return err
+}
+
+func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [][]byte, write bool) error {
+	if _, err := c.c.Write(head); err != nil {
+		return err
+	}
+	if err := readStatus(c.r); err != nil {
+		return err
+	}
+	for i, o := range ops {
+		if write {
+			copy(views[i], storage.HostBytes(o.Local, o.Size))
+		} else {
+			copy(storage.HostBytes(o.Local, o.Size), views[i])
+		}
+	}
+	_, err := c.c.Write([]byte{lendDone})
+	return err
+}
+
+// SameHost reports whether p reaches its worker over the same-host socket
+// (and maps the host layouts that worker shares).
+func SameHost(p Peer) bool {
+	tp, ok := p.(*tcpPeer)
+	return ok && tp.network == "unix"
+}

@@ -1,0 +1,140 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvbm/kvbm/cuda"
+)
+
+// Shared host memory: a sealed memfd mapped MAP_SHARED, so that a peer
+// process on this host that is handed the file (over a Unix socket) maps
+// the same pages and copies them with plain loads and stores, without a
+// socket or a kernel copy in between. The seals forbid resizing, so the
+// peer may trust the size it maps: a truncated file would SIGBUS it.
+
+// sharedSeals are the seals every shared memory file carries.
+const sharedSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// ErrNotShareable is returned where this kernel cannot make shared memory
+// files (no memfd_create, or a sandbox that forbids it); callers fall
+// back to private memory.
+var ErrNotShareable = errors.New("shared host memory is not available here")
+
+// AllocShared allocates size bytes of zeroed host memory other processes
+// of this host can map (File). With pinned it is also pinned for device's
+// copies (kind Pinned) and placed on the device's NUMA node where known, as
+// HostAlloc's is; otherwise it is pageable (kind System).
+func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory, error) {
+	if size == 0 {
+		return nil, fmt.Errorf("allocate shared host memory: size must be > 0")
+	}
+	fd, err := unix.MemfdCreate("kvbm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("%w: memfd_create: %w", ErrNotShareable, err)
+	}
+	f := os.NewFile(uintptr(fd), "kvbm-memfd")
+	fail := func(what string, err error) (*Memory, error) {
+		f.Close()
+		return nil, fmt.Errorf("allocate %d bytes of shared host memory: %s: %w", size, what, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail("ftruncate", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, sharedSeals); err != nil {
+		return fail("seal", err)
+	}
+	b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail("mmap", err)
+	}
+	node := -1
+	if pinned {
+		if info, err := drv.Device(device); err == nil {
+			node = info.NUMANode
+		}
+	}
+	populate(b, node)
+	m := &Memory{kind: System, device: -1, addr: addrOf(b), size: size, file: f}
+	unmap := func() error { return errors.Join(unix.Munmap(b), f.Close()) }
+	m.release = unmap
+	if pinned {
+		if err := drv.HostRegister(m.addr, size); err != nil {
+			return nil, errors.Join(fmt.Errorf("pin %d bytes of shared host memory: %w", size, err), unmap())
+		}
+		m.kind, m.device = Pinned, device
+		m.release = func() error { return errors.Join(drv.HostUnregister(m.addr), unmap()) }
+	}
+	return m, nil
+}
+
+// populate makes every page resident now, as cuMemHostAlloc does, so that
+// no copy into the memory later takes page faults: on NUMA node node when
+// it is known (mbind MPOL_PREFERRED before the pages exist), then with
+// MADV_POPULATE_WRITE, or by touching each page where the kernel lacks it.
+func populate(b []byte, node int) {
+	if node >= 0 && node < 64 {
+		mask := uint64(1) << node
+		_, _, _ = unix.Syscall6(unix.SYS_MBIND, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
+			unix.MPOL_PREFERRED, uintptr(unsafe.Pointer(&mask)), 64, 0) // a hint: without it the pages still work
+	}
+	if unix.Madvise(b, unix.MADV_POPULATE_WRITE) == nil {
+		return
+	}
+	page := os.Getpagesize()
+	for i := 0; i < len(b); i += page {
+		b[i] = 0
+	}
+}
+
+// File is the memory's shared memory file, for a peer process to map; nil
+// for memory that is not shared.
+func (m *Memory) File() *os.File { return m.file }
+
+// Mapping is a peer's shared memory mapped into this process.
+type Mapping struct {
+	b []byte
+}
+
+// MapShared maps size bytes of a shared memory file a peer handed over. The
+// file must carry the seals AllocShared gives it (so that it cannot shrink
+// under the mapping) and be exactly size bytes.
+func MapShared(f *os.File, size uint64) (*Mapping, error) {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("map shared memory: not a sealed memory file: %w", err)
+	}
+	if seals&sharedSeals != sharedSeals {
+		return nil, fmt.Errorf("map shared memory: the file's seals are %#x, want at least %#x (it could shrink under the mapping)",
+			seals, sharedSeals)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("map shared memory: %w", err)
+	}
+	if size == 0 || uint64(st.Size) != size {
+		return nil, fmt.Errorf("map shared memory: the file is %d bytes, the peer said %d", st.Size, size)
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map shared memory of %d bytes: %w", size, err)
+	}
+	return &Mapping{b: b}, nil
+}
+
+// Bytes is the mapped memory.
+func (m *Mapping) Bytes() []byte { return m.b }
+
+// Close unmaps the memory; nothing may use Bytes after it.
+func (m *Mapping) Close() error {
+	if m.b == nil {
+		return nil
+	}
+	err := unix.Munmap(m.b)
+	m.b = nil
+	return err
+}
