@@ -15,7 +15,7 @@
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
 #               overhead per call and per 32-layer step, in the engine venv
-#   bench-remote-compare  kvbm's TCP data plane between two processes beside
+#   bench-remote-compare  kvbm's data plane (same host and TCP) between two processes beside
 #               NIXL (UCX shared memory, UCX TCP) and Mooncake (TCP), a plain
 #               TCP stream and an in-process copy (python/bench/remote_compare.py),
 #               in the venv python/bench/remote-compare-venv.sh keeps under

@@ -16,32 +16,86 @@ import (
 )
 
 // benchRemote measures the network transport: 64 × 2 MiB blocks pulled
-// from and pushed to another worker's G2 over TCP on the loopback
-// interface (two workers of this process, each with its own transport:
-// the same wire, server and peer as between processes), beside a plain TCP
-// stream of the same bytes in the same run. (The two-process figures are
-// core/worker's BenchmarkCrossProcess, in make bench.)
+// from and pushed to another worker's G2, two workers of this process,
+// each with its own transport (the same wire, server and peer as between
+// processes). Once by the same-host route (a Unix socket, the exporter's
+// G2 mapped and copied directly), beside a copy of the same bytes on
+// GOMAXPROCS goroutines; once over TCP on the
+// loopback interface, beside a plain TCP stream of the same bytes. (The
+// two-process figures are core/worker's BenchmarkCrossProcess, in make
+// bench.)
 func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult, err error) {
-	names := []string{"remote pull G2←G2 (tcp)", "remote push G2→G2 (tcp)"}
-	if !cfg.wants(names[0]) && !cfg.wants(names[1]) {
-		return nil, nil
-	}
-	const blocks = 64
-	lc := layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 2}
-	bytes := int64(blocks * lc.BlockSize())
 	var closers []func() error
 	defer func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			err = errors.Join(err, closers[i]())
 		}
 	}()
+	const blocks = 64
+	lc := layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 2}
+	bytes := int64(blocks * lc.BlockSize())
+	var results []benchResult
+	for _, route := range []struct {
+		name     string
+		sameHost bool
+	}{{"same host", true}, {"tcp", false}} {
+		names := []string{"remote pull G2←G2 (" + route.name + ")", "remote push G2→G2 (" + route.name + ")"}
+		if !cfg.wants(names[0]) && !cfg.wants(names[1]) {
+			continue
+		}
+		pull, push, closeAll, err := remotePair(drv, lc, route.sameHost)
+		closers = append(closers, closeAll)
+		if err != nil {
+			return results, fmt.Errorf("remote bench (%s): %w", route.name, err)
+		}
+		baseName := fmt.Sprintf("copy ×%d", gomaxprocs())
+		var base func() (time.Duration, error)
+		if route.sameHost {
+			ref, err := baseline.NewCopy(int(bytes))
+			if err != nil {
+				return results, fmt.Errorf("remote bench: %w", err)
+			}
+			closers = append(closers, ref.Close)
+			base = func() (time.Duration, error) { return ref.Run(bytes, gomaxprocs()), nil }
+		} else {
+			var closeStream func() error
+			baseName = "plain TCP stream"
+			base, closeStream, err = plainStream(int(bytes))
+			if err != nil {
+				return results, fmt.Errorf("remote bench: plain stream: %w", err)
+			}
+			closers = append(closers, closeStream)
+		}
+		for _, bp := range []benchPath{{names[0], baseName, pull, base}, {names[1], baseName, push, base}} {
+			if !cfg.wants(bp.name) {
+				continue
+			}
+			r := benchResult{Path: bp.name, BlockBytes: lc.BlockSize(), Blocks: blocks, Concurrency: 1, Unit: "GB/s", Baseline: bp.baseline}
+			results = append(results, runPath(cfg.reps, r, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) }, bytes, 0))
+		}
+	}
+	return results, nil
+}
+
+// remotePair makes an exporter and an importer, each a manager with its
+// own TCP transport on 127.0.0.1, the exporter's G2 imported, and returns
+// a pull and a push of all its blocks.
+func remotePair(drv cuda.Driver, lc layout.Config, sameHost bool) (pull, push func() (time.Duration, error), closeAll func() error, err error) {
+	var closers []func() error
+	closeAll = func() error {
+		var err error
+		for i := len(closers) - 1; i >= 0; i-- {
+			err = errors.Join(err, closers[i]())
+		}
+		return err
+	}
 	side := func(id uint64) (*transfer.Manager, *remote.TCP, transfer.LayoutHandle, error) {
 		m, err := transfer.NewManager(transfer.Config{WorkerID: id, Driver: drv})
 		if err != nil {
 			return nil, nil, transfer.LayoutHandle{}, err
 		}
 		closers = append(closers, m.Close)
-		t := remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0"})
+		t := remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
 		closers = append(closers, t.Close)
 		if err := t.Serve(m); err != nil {
 			return nil, nil, transfer.LayoutHandle{}, err
@@ -51,54 +105,42 @@ func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult
 	}
 	exp, expTCP, remoteG2, err := side(0xE0)
 	if err != nil {
-		return nil, fmt.Errorf("remote bench: %w", err)
+		return nil, nil, closeAll, err
 	}
 	imp, impTCP, localG2, err := side(0x10)
 	if err != nil {
-		return nil, fmt.Errorf("remote bench: %w", err)
+		return nil, nil, closeAll, err
 	}
 	ep, err := expTCP.Endpoint()
 	if err != nil {
-		return nil, err
+		return nil, nil, closeAll, err
 	}
 	peer, err := impTCP.Connect(context.Background(), ep)
 	if err != nil {
-		return nil, fmt.Errorf("remote bench: %w", err)
+		return nil, nil, closeAll, err
+	}
+	if remote.SameHost(peer) != sameHost {
+		return nil, nil, closeAll, fmt.Errorf("the peer is reached by the same-host route: %v, want %v", remote.SameHost(peer), sameHost)
 	}
 	d, err := exp.Describe(remoteG2)
 	if err != nil {
-		return nil, err
+		return nil, nil, closeAll, err
 	}
 	if _, err := imp.Import(peer, []transfer.Descriptor{d}); err != nil {
-		return nil, fmt.Errorf("remote bench: %w", err)
+		return nil, nil, closeAll, err
 	}
-	stream, closeStream, err := plainStream(int(bytes))
-	if err != nil {
-		return nil, fmt.Errorf("remote bench: plain stream: %w", err)
+	ids := seq(0, lc.NumBlocks)
+	pull = func() (time.Duration, error) {
+		return timed("remote pull", func() (*transfer.Notification, error) {
+			return imp.ExecuteTransfer(remoteG2, ids, localG2, ids, transfer.Options{})
+		})
 	}
-	closers = append(closers, closeStream)
-	ids := seq(0, blocks)
-	paths := []benchPath{
-		{names[0], "plain TCP stream", func() (time.Duration, error) {
-			return timed(names[0], func() (*transfer.Notification, error) {
-				return imp.ExecuteTransfer(remoteG2, ids, localG2, ids, transfer.Options{})
-			})
-		}, stream},
-		{names[1], "plain TCP stream", func() (time.Duration, error) {
-			return timed(names[1], func() (*transfer.Notification, error) {
-				return imp.ExecuteTransfer(localG2, ids, remoteG2, ids, transfer.Options{})
-			})
-		}, stream},
+	push = func() (time.Duration, error) {
+		return timed("remote push", func() (*transfer.Notification, error) {
+			return imp.ExecuteTransfer(localG2, ids, remoteG2, ids, transfer.Options{})
+		})
 	}
-	var results []benchResult
-	for _, bp := range paths {
-		if !cfg.wants(bp.name) {
-			continue
-		}
-		r := benchResult{Path: bp.name, BlockBytes: lc.BlockSize(), Blocks: blocks, Concurrency: 1, Unit: "GB/s", Baseline: bp.baseline}
-		results = append(results, runPath(cfg.reps, r, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) }, bytes, 0))
-	}
-	return results, nil
+	return pull, push, closeAll, nil
 }
 
 // plainStream returns a function that pulls n bytes over one plain TCP

@@ -21,6 +21,11 @@ func (t *TCP) accept(ln net.Listener) {
 			c.Close()
 			return
 		}
+		if !samePeerUser(c) {
+			t.mu.Unlock()
+			c.Close() // another user of this host: it may not map our memory
+			continue
+		}
 		t.conns[c] = struct{}{}
 		t.wg.Add(1)
 		t.mu.Unlock()

@@ -67,6 +67,26 @@ func listenSameHost(worker uint64) ([16]byte, string, net.Listener) {
 	return host, name, ln
 }
 
+// samePeerUser admits a same-host connection only from a process of this
+// user (or root): an abstract socket has no file permissions, and a peer
+// maps our memory through it. TCP connections are not checked here.
+func samePeerUser(c net.Conn) bool {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return true
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
+		return false
+	}
+	return cred.Uid == uint32(os.Getuid()) || cred.Uid == 0
+}
+
 // answerMap hands a same-host peer the shared memory files of a layout.
 func (t *TCP) answerMap(c net.Conn, q request) error {
 	uc, ok := c.(*net.UnixConn)

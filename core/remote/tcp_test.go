@@ -2,7 +2,11 @@ package remote
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -398,4 +402,62 @@ func TestMapOverTCPIsRefused(t *testing.T) {
 	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{1}, p.local["g2"], []int{1}, Options{})
 	require.NoError(t, err)
 	require.NoError(t, n.WaitTimeout(-1))
+}
+
+// TestSameHostDialerProcess is the other user's process of
+// TestSameHostSocketRefusesOtherUsers (it runs only there): it dials the
+// socket, says hello, and prints what came back.
+func TestSameHostDialerProcess(t *testing.T) {
+	name := os.Getenv("KVBM_TEST_DIAL")
+	if name == "" {
+		t.Skip("a helper process of TestSameHostSocketRefusesOtherUsers")
+	}
+	c, err := net.Dial("unix", name)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write(appendHello(nil, 0xE1))
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := c.Read(make([]byte, 64))
+	fmt.Printf("answered %d bytes, %v\n", n, err)
+}
+
+// The same-host socket has no file permissions: a process of another user
+// is closed on at once, before its hello is read, so that it cannot map
+// our memory. (Needs root, to start a process as another user.)
+func TestSameHostSocketRefusesOtherUsers(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a process as another user")
+	}
+	p := newTCPPair(t, 5*time.Second)
+	ep, err := p.expTCP.Endpoint()
+	require.NoError(t, err)
+	e, err := parseTCPEndpoint(ep)
+	require.NoError(t, err)
+	require.NotEmpty(t, e.unix)
+	// A copy of this test binary the other user may run (the build
+	// directory is private).
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	bin, err := os.ReadFile(exe)
+	require.NoError(t, err)
+	dir, err := os.MkdirTemp("", "kvbm-dial")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	self := dir + "/remote.test"
+	require.NoError(t, os.WriteFile(self, bin, 0o755))
+	for _, uid := range []uint32{0, 65534} {
+		cmd := exec.Command(self, "-test.run", "^TestSameHostDialerProcess$", "-test.v")
+		cmd.Env = append(os.Environ(), "KVBM_TEST_DIAL="+e.unix)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		if uid == 0 {
+			require.Contains(t, string(out), fmt.Sprintf("answered %d bytes, <nil>", helloLen+3), "this user is welcomed")
+		} else {
+			require.Contains(t, string(out), "answered 0 bytes, ", "another user is closed on")
+			require.NotContains(t, string(out), "<nil>", "closed on (EOF, or reset: its hello was never read)")
+		}
+	}
 }

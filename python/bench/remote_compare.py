@@ -9,7 +9,10 @@ the peer's memory) and push (WRITE). The peer ("server") is a second
 process this one starts; each system gets its own pair of processes, so that
 one that crashes or hangs takes nothing else down.
 
-- kvbm over its TCP transport (KVBM_TRANSPORT=tcp), through kvbmgo: whole
+- kvbm over its TCP transport (KVBM_TRANSPORT=tcp), through kvbmgo, by
+  both routes: same host (the default between two processes of one host: a
+  Unix socket, and the server's G2 mapped by the initiator, which copies
+  it itself) and TCP (the server started with KVBM_SAME_HOST=0). Whole
   blocks are G2 (pinned, fully contiguous) to G2; fragments come from or go
   to the server's G1 registered layer-separate with the block as the second
   dimension ([K|V][block][page][inner] per layer, vLLM's FlashAttention
@@ -166,8 +169,13 @@ def raw_stream(c, buf, n, push):
 # function (push, whole) -> seconds).
 
 class Kvbm:
-    env = {"KVBM_TRANSPORT": "tcp", "KVBM_TCP_LISTEN": "127.0.0.1:0"}
     SERVER, CLIENT, INSTANCE = 0xB1, 0xDEC, 1
+
+    def __init__(self, same_host):
+        # The server's env decides the route: without its same-host socket
+        # in the endpoint the initiator can only dial TCP.
+        self.env = {"KVBM_TRANSPORT": "tcp", "KVBM_TCP_LISTEN": "127.0.0.1:0",
+                    "KVBM_SAME_HOST": "1" if same_host else "0"}
 
     @staticmethod
     def config(blocks, **kw):
@@ -319,7 +327,8 @@ class Mooncake:
 
 
 SYSTEMS = {
-    "kvbm-tcp": ("kvbm, TCP transport", Kvbm),
+    "kvbm-same-host": ("kvbm, same host", lambda: Kvbm(True)),
+    "kvbm-tcp": ("kvbm, TCP", lambda: Kvbm(False)),
     "nixl-ucx-shm": ("NIXL{v}, UCX shared memory", lambda: Nixl("sm")),
     "nixl-ucx-tcp": ("NIXL{v}, UCX TCP", lambda: Nixl("tcp")),
     "mooncake-tcp": ("Mooncake TE{v}, TCP", Mooncake),
