@@ -26,7 +26,9 @@ func Register(name string, open Opener) {
 	openers[name] = open
 }
 
-// Choice is the network transport a name selects: "auto" (TCP), "tcp",
+// Choice is the network transport a name selects: "auto" (TCP, whose
+// same-host route maps a peer's host memory between processes of one
+// host), "tcp",
 // "ucx" (when linked in), or "loopback" (none: workers reach only their
 // own process).
 //

@@ -223,3 +223,56 @@ func BenchmarkSmallTransfer(b *testing.B) {
 	b.ReportMetric(limit.Seconds()/took.Seconds(), "x-memcpy")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkManySmallTransfers issues 256 one-block G2→G1 transfers of 4 KiB
+// before waiting for any (as an engine's step does), beside one transfer of
+// the same 256 blocks in the same run: the per-call cost a batch pays.
+func BenchmarkManySmallTransfers(b *testing.B) {
+	cfg := layout.Config{NumBlocks: 256, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 2048, DtypeWidth: 2}
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	m, err := NewManager(Config{WorkerID: 1, Driver: emu})
+	require.NoError(b, err)
+	defer m.Close()
+	g1, err := m.AllocateLayout(storage.Device, cfg, FullyContiguous)
+	require.NoError(b, err)
+	g2, err := m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
+	require.NoError(b, err)
+	touch(b, emu, m, g1)
+	touch(b, emu, m, g2)
+	all := make([]int, 256)
+	ids := make([][]int, 256)
+	for i := range ids {
+		all[i], ids[i] = i, []int{i}
+	}
+	ns := make([]*Notification, 256)
+	var many, one time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		for j := range ids {
+			if ns[j], err = m.ExecuteTransfer(g2, ids[j], g1, ids[j], Options{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, n := range ns {
+			if err := n.WaitTimeout(time.Minute); err != nil {
+				b.Fatal(err)
+			}
+		}
+		many += time.Since(start)
+		start = time.Now()
+		n, err := m.ExecuteTransfer(g2, all, g1, all, Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := n.WaitTimeout(time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		one += time.Since(start)
+	}
+	b.ReportMetric(float64(many.Nanoseconds())/1e3/float64(b.N)/256, "us/call")
+	b.ReportMetric(float64(one.Nanoseconds())/1e3/float64(b.N)/256, "us/block-in-one-call")
+	b.ReportMetric(one.Seconds()/many.Seconds(), "x-one-call")
+	b.ReportMetric(0, "ns/op")
+}
