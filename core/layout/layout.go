@@ -51,6 +51,10 @@ type Layout struct {
 	kind     Kind
 	blockDim BlockDim
 	bases    []uint64 // one per region
+	// blockSize and blockStride are a whole block's bytes and the distance
+	// between blocks of a FullyContiguous layout, computed once: every
+	// transfer's plan asks for them.
+	blockSize, blockStride uint64
 }
 
 // Region is a range of addresses.
@@ -109,7 +113,9 @@ func New(cfg Config, kind Kind, dim BlockDim, bases []uint64) (*Layout, error) {
 	if kind == FullyContiguous {
 		dim = BlockIsFirstDim
 	}
-	return &Layout{cfg: cfg, kind: kind, blockDim: dim, bases: append([]uint64(nil), bases...)}, nil
+	size := uint64(cfg.BlockSize())
+	return &Layout{cfg: cfg, kind: kind, blockDim: dim, bases: append([]uint64(nil), bases...),
+		blockSize: size, blockStride: cfg.align(size)}, nil
 }
 
 // NewFullyContiguous makes a FullyContiguous layout over one region at base.
@@ -171,8 +177,7 @@ func (l *Layout) BlockRegion(block int) (Region, error) {
 	if block < 0 || block >= l.cfg.NumBlocks {
 		return Region{}, fmt.Errorf("layout: block %d out of range [0, %d)", block, l.cfg.NumBlocks)
 	}
-	stride := l.cfg.align(uint64(l.cfg.BlockSize()))
-	return Region{Addr: l.bases[0] + uint64(block)*stride, Size: uint64(l.cfg.BlockSize())}, nil
+	return Region{Addr: l.bases[0] + uint64(block)*l.blockStride, Size: l.blockSize}, nil
 }
 
 // MemoryRegion is the range of one (block, layer, outer) fragment, with every

@@ -80,13 +80,17 @@ func pathOf(s strategy, kind cuda.CopyKind) Path {
 // that whoever waits on n sees the counters include it.
 func (m *Manager) finish(n *Notification, p *plan, path Path, start time.Time, err error) {
 	res := p.result(err)
+	var failed []int
+	if res != nil {
+		failed = failedBlocks(res)
+	}
 	c := &m.counters[path]
 	c.transfers.Add(1)
 	c.blocks.Add(uint64(len(p.srcIDs)))
 	c.bytes.Add(p.bytes())
-	c.failed.Add(uint64(len(failedBlocks(res))))
+	c.failed.Add(uint64(len(failed)))
 	c.ns.Add(uint64(time.Since(start)))
-	n.complete(res)
+	n.completeWith(res, failed)
 }
 
 // Counters returns the totals of every path, indexed by Path.

@@ -87,76 +87,102 @@ const splitBytes = 16 << 20
 // records afterwards covers them; without one, a large plan is spread over
 // several of the pool's streams.
 func (m *Manager) enqueueDevice(p *plan, kind cuda.CopyKind, opts Options) (wait func() error, err error) {
-	wait, _, err = m.enqueueDeviceQuery(p, kind, opts)
-	return wait, err
+	d, err := m.enqueueDeviceQuery(p, kind, opts)
+	if err != nil {
+		return nil, err
+	}
+	return d.wait, nil
 }
 
-// enqueueDeviceQuery is enqueueDevice, and also returns whether the copies
-// are already complete (the device ran them before the call returned), so
-// that the caller can finish without a goroutine waiting for them.
-func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) (wait func() error, done bool, err error) {
-	var streams []cuda.Stream
-	var parts [][]copyOp
+// deviceCopies are a plan's copies enqueued on one or more streams, each
+// with its completion event. One stream's fit in the struct itself, so
+// that a small transfer's enqueue is one allocation.
+type deviceCopies struct {
+	m            *Manager
+	kind         cuda.CopyKind
+	callerStream bool
+	streams      []cuda.Stream
+	events       []cuda.Event
+	streamBuf    [1]cuda.Stream
+	eventBuf     [1]cuda.Event
+}
+
+// enqueueDeviceQuery is enqueueDevice; the copies' done reports whether
+// they are already complete (the device ran them before the call
+// returned), so that the caller can finish without a goroutine waiting for
+// them.
+func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) (*deviceCopies, error) {
+	d := &deviceCopies{m: m, kind: kind, callerStream: opts.Stream != nil}
+	d.streams, d.events = d.streamBuf[:0], d.eventBuf[:0]
+	k, per := 1, len(p.ops)
 	if opts.Stream != nil {
-		streams, parts = []cuda.Stream{*opts.Stream}, [][]copyOp{p.ops}
+		d.streams = append(d.streams, *opts.Stream)
 	} else {
-		k := int(min(uint64(m.cfg.StreamsPerDirection), max(p.bytes()/splitBytes, 1)))
+		k = int(min(uint64(m.cfg.StreamsPerDirection), max(p.bytes()/splitBytes, 1)))
 		k = min(k, max(len(p.ops), 1))
-		per := (len(p.ops) + k - 1) / k
-		for i := 0; i < k; i++ {
+		per = (len(p.ops) + k - 1) / k
+		for range k {
 			s, err := m.streamsFor(kind).next()
 			if err != nil {
-				return nil, false, err
+				return nil, err
 			}
-			streams = append(streams, s)
-			parts = append(parts, p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))])
+			d.streams = append(d.streams, s)
 		}
 	}
-	events := make([]cuda.Event, 0, len(streams))
-	release := func() {
-		for _, ev := range events {
-			m.events.put(ev)
-		}
-	}
-	for i, s := range streams {
-		if err := m.enqueueCopies(parts[i], kind, s, opts.Precondition); err != nil {
-			release()
-			return nil, false, err
+	for i, s := range d.streams {
+		part := p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))]
+		if err := m.enqueueCopies(part, kind, s, opts.Precondition); err != nil {
+			d.release()
+			return nil, err
 		}
 		ev, err := m.events.get()
 		if err != nil {
-			release()
-			return nil, false, fmt.Errorf("create completion event: %w", err)
+			d.release()
+			return nil, fmt.Errorf("create completion event: %w", err)
 		}
-		events = append(events, ev)
+		d.events = append(d.events, ev)
 		if err := m.drv.EventRecord(ev, s); err != nil {
-			release()
-			return nil, false, fmt.Errorf("record completion event: %w", err)
+			d.release()
+			return nil, fmt.Errorf("record completion event: %w", err)
 		}
 	}
-	done = true
-	for _, ev := range events {
-		if ok, _ := m.drv.EventQuery(ev); !ok {
-			done = false
-			break
+	return d, nil
+}
+
+// done reports whether every copy is complete.
+func (d *deviceCopies) done() bool {
+	for _, ev := range d.events {
+		if ok, _ := d.m.drv.EventQuery(ev); !ok {
+			return false
 		}
 	}
-	return func() error {
-		var errs []error
-		for i, ev := range events {
-			if err := m.drv.EventSynchronize(ev); err != nil {
-				errs = append(errs, err)
-				if opts.Stream == nil {
-					m.streamsFor(kind).replace(streams[i])
-				}
+	return true
+}
+
+// wait waits for the copies, returns their events to the free list, and
+// replaces a pool stream whose work failed.
+func (d *deviceCopies) wait() error {
+	var errs []error
+	for i, ev := range d.events {
+		if err := d.m.drv.EventSynchronize(ev); err != nil {
+			errs = append(errs, err)
+			if !d.callerStream {
+				d.m.streamsFor(d.kind).replace(d.streams[i])
 			}
 		}
-		release()
-		if err := errors.Join(errs...); err != nil {
-			return fmt.Errorf("%v copies failed: %w", kind, err)
-		}
-		return nil
-	}, done, nil
+	}
+	d.release()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%v copies failed: %w", d.kind, err)
+	}
+	return nil
+}
+
+func (d *deviceCopies) release() {
+	for _, ev := range d.events {
+		d.m.events.put(ev)
+	}
+	d.events = d.events[:0]
 }
 
 // enqueueCopies puts copies on stream, behind precondition when

@@ -55,19 +55,19 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		}
 	}
 	if strat == deviceCopy {
-		wait, done, err := m.enqueueDeviceQuery(p, kind, opts)
+		d, err := m.enqueueDeviceQuery(p, kind, opts)
 		if err != nil {
 			release()
 			return nil, err
 		}
-		if done { // the device already ran them: no one need wait
+		if d.done() { // the device already ran them: no one need wait
 			defer release()
-			m.finish(n, p, path, start, wait())
+			m.finish(n, p, path, start, d.wait())
 			return n, nil
 		}
 		go func() {
 			defer release()
-			m.finish(n, p, path, start, wait())
+			m.finish(n, p, path, start, d.wait())
 		}()
 		return n, nil
 	}

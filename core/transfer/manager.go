@@ -91,6 +91,7 @@ type Manager struct {
 	bounce   bouncePool
 	stages   freeList[*storage.Memory] // pinned staging of Serve
 	inflight sync.WaitGroup
+	done     func() // inflight.Done, bound once
 	counters counters
 }
 
@@ -130,6 +131,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.d2h = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.d2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.bounce.m = m
+	m.done = m.inflight.Done
 	m.events = freeList[cuda.Event]{
 		make:    func() (cuda.Event, error) { return cfg.Driver.EventCreate(cfg.Device) },
 		destroy: cfg.Driver.EventDestroy,
@@ -190,23 +192,29 @@ func (m *Manager) hold(entries ...*entry) (release func(), err error) {
 	if err := m.begin(); err != nil {
 		return nil, err
 	}
-	held := []*Manager{m}
-	release = func() {
-		for _, h := range held {
-			h.inflight.Done()
-		}
-	}
+	var owners []*Manager // other managers whose exported layouts move
 	for _, e := range entries {
-		if e == nil || e.owner == nil || slices.Contains(held, e.owner) {
+		if e == nil || e.owner == nil || e.owner == m || slices.Contains(owners, e.owner) {
 			continue
 		}
 		if err := e.owner.begin(); err != nil {
-			release()
+			m.inflight.Done()
+			for _, o := range owners {
+				o.inflight.Done()
+			}
 			return nil, fmt.Errorf("%w: layout %v: the worker that exported it (%x) is closed", ErrClosed, e.handle, e.owner.WorkerID())
 		}
-		held = append(held, e.owner)
+		owners = append(owners, e.owner)
 	}
-	return release, nil
+	if owners == nil {
+		return m.done, nil // no closure to allocate: most transfers hold only this manager
+	}
+	return func() {
+		m.inflight.Done()
+		for _, o := range owners {
+			o.inflight.Done()
+		}
+	}, nil
 }
 
 // begin marks a transfer in flight; it fails once the manager is closed.

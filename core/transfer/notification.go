@@ -49,9 +49,17 @@ func completed(err error) *Notification {
 
 // complete records the result; only the first call counts.
 func (n *Notification) complete(err error) {
+	if err == nil {
+		n.completeWith(nil, nil)
+		return
+	}
+	n.completeWith(err, failedBlocks(err))
+}
+
+// completeWith is complete with err's failed blocks already worked out.
+func (n *Notification) completeWith(err error, failed []int) {
 	n.once.Do(func() {
-		n.err = err
-		n.failed = failedBlocks(err)
+		n.err, n.failed = err, failed
 		close(n.done)
 	})
 }

@@ -30,6 +30,10 @@ type plan struct {
 	// ctx ends when the transfer is canceled or its deadline passes; it
 	// bounds remote operations. Never nil.
 	ctx context.Context
+	// Room for a one-block plan's copy and block index, so that a small
+	// transfer's plan is one allocation.
+	opsBuf      [1]copyOp
+	blockOpsBuf [2]int
 }
 
 // prepare validates a request before any byte moves, naming the argument
@@ -116,8 +120,16 @@ func (p *plan) build() {
 	if !whole {
 		perBlock = (p.layers.End - p.layers.Start) * cfg.OuterDim
 	}
-	p.ops = make([]copyOp, 0, len(p.srcIDs)*perBlock)
-	p.blockOps = make([]int, len(p.srcIDs)+1)
+	if n := len(p.srcIDs) * perBlock; n <= len(p.opsBuf) {
+		p.ops = p.opsBuf[:0]
+	} else {
+		p.ops = make([]copyOp, 0, n)
+	}
+	if n := len(p.srcIDs) + 1; n <= len(p.blockOpsBuf) {
+		p.blockOps = p.blockOpsBuf[:n]
+	} else {
+		p.blockOps = make([]int, n)
+	}
 	for i := range p.srcIDs {
 		p.blockOps[i] = len(p.ops)
 		if whole {
