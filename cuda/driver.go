@@ -125,7 +125,24 @@ type Driver interface {
 	RegisterDeviceRange(device int, ptr, size uint64) error
 	// UnregisterDeviceRange undoes RegisterDeviceRange.
 	UnregisterDeviceRange(ptr uint64) error
+
+	// IPCExport names the device allocation that holds [ptr, ptr+size) for
+	// another process of this host (cuMemGetAddressRange,
+	// cuIpcGetMemHandle): its handle, and the allocation's base and size.
+	// Memory that is not one such allocation fails.
+	IPCExport(ptr, size uint64) (h IPCHandle, base, allocSize uint64, err error)
+	// IPCOpen maps an allocation another process exported into this one,
+	// on device (cuIpcOpenMemHandle, peer access enabled lazily): device
+	// memory for copies at the returned address until IPCClose. A handle
+	// this process exported cannot be opened here.
+	IPCOpen(device int, h IPCHandle) (uint64, error)
+	// IPCClose unmaps memory from IPCOpen.
+	IPCClose(ptr uint64) error
 }
+
+// IPCHandle names device memory for another process of the host: CUDA's
+// CUipcMemHandle, 64 opaque bytes.
+type IPCHandle [64]byte
 
 // Error is a driver failure: the CUresult code with its name and text.
 type Error struct {
@@ -146,6 +163,7 @@ const (
 	ErrCodeNotInitialized              = 3
 	ErrCodeNoDevice                    = 100
 	ErrCodeInvalidDevice               = 101
+	ErrCodeInvalidContext              = 201
 	ErrCodeInvalidHandle               = 400
 	ErrCodeNotReady                    = 600
 	ErrCodeIllegalAddress              = 700
@@ -161,6 +179,7 @@ var codeNames = map[int]string{
 	ErrCodeNotInitialized:              "CUDA_ERROR_NOT_INITIALIZED",
 	ErrCodeNoDevice:                    "CUDA_ERROR_NO_DEVICE",
 	ErrCodeInvalidDevice:               "CUDA_ERROR_INVALID_DEVICE",
+	ErrCodeInvalidContext:              "CUDA_ERROR_INVALID_CONTEXT",
 	ErrCodeInvalidHandle:               "CUDA_ERROR_INVALID_HANDLE",
 	ErrCodeNotReady:                    "CUDA_ERROR_NOT_READY",
 	ErrCodeIllegalAddress:              "CUDA_ERROR_ILLEGAL_ADDRESS",

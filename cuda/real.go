@@ -48,7 +48,8 @@ type Real struct {
 	hostAlloc map[uint64]int          // HostAlloc: ptr → device
 	hostRegs  map[uint64][]span       // HostRegister: ptr → the chunks it pinned (not those adopted)
 	devRanges map[uint64][]devRange   // RegisterDeviceRange: ptr → its registrations, latest last
-	devIndex  deviceRanges            // MemAlloc and RegisterDeviceRange ranges per device, for the kernel path
+	ipcOpen   map[uint64]devRange     // IPCOpen: ptr → device and size
+	devIndex  deviceRanges            // MemAlloc, RegisterDeviceRange and IPCOpen ranges per device, for the kernel path
 	hosts     regionTable             // pinned host ranges (HostAlloc and HostRegister), for the kernel path
 	kernels   map[int]*copyKernel     // per device, loaded at first use
 	kernelErr map[int]error           // per device, why the kernel is unavailable
@@ -78,6 +79,14 @@ const (
 // "1". Off by default until scripts/gpu-check.sh has passed with it on a GPU;
 // without it, batches use the kernel or a loop of cuMemcpy*Async.
 const EnvMemcpyBatch = "KVBM_CUDA_MEMCPY_BATCH"
+
+// EnvIPC enables CUDA IPC (IPCExport) when set to "1": off until checked on
+// a GPU, so that peers on one host move device memory through pinned
+// staging and the socket meanwhile. (CUDA leaves undefined an exporter
+// freeing memory another process still has open; an importer keeps a
+// layout open until it disconnects, imports again, or is told the layout
+// is gone.)
+const EnvIPC = "KVBM_CUDA_IPC"
 
 // CUDA constants used here (cuda.h).
 const (
@@ -150,6 +159,7 @@ func OpenReal() (*Real, error) {
 	}
 	r := &Real{
 		devAllocs: map[uint64]devRange{},
+		ipcOpen:   map[uint64]devRange{},
 		hostAlloc: map[uint64]int{},
 		hostRegs:  map[uint64][]span{},
 		devRanges: map[uint64][]devRange{},

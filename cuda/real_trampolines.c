@@ -35,6 +35,11 @@ typedef struct {
 	unsigned int flags;
 } kv_CUmemcpyAttributes;
 
+// CUipcMemHandle as in cuda.h: 64 opaque bytes, passed by value.
+typedef struct {
+	char reserved[64];
+} kv_CUipcMemHandle;
+
 enum {
 	CU_MEM_LOCATION_TYPE_DEVICE = 1,
 	CU_MEM_LOCATION_TYPE_HOST = 2,
@@ -42,6 +47,7 @@ enum {
 	CUDA_ERROR_INVALID_VALUE = 1,
 	CUDA_ERROR_NOT_INITIALIZED = 3,
 	CUDA_ERROR_NOT_SUPPORTED = 801,
+	CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
 };
 
 // The libcuda symbols the table holds, X(name, parameters), each returning
@@ -93,7 +99,11 @@ enum {
 	X(cuMemcpyBatchAsync, (CUdeviceptr *, CUdeviceptr *, size_t *, size_t,                  \
 	                       kv_CUmemcpyAttributes *, size_t *, size_t, size_t *, CUstream))  \
 	X(cuMemcpyBatchAsync_v2, (CUdeviceptr *, CUdeviceptr *, size_t *, size_t,               \
-	                          kv_CUmemcpyAttributes *, size_t *, size_t, CUstream))
+	                          kv_CUmemcpyAttributes *, size_t *, size_t, CUstream))         \
+	X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr))                      \
+	X(cuIpcGetMemHandle, (kv_CUipcMemHandle *, CUdeviceptr))                                \
+	X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, kv_CUipcMemHandle, unsigned))                  \
+	X(cuIpcCloseMemHandle, (CUdeviceptr))
 
 #define CU_FIELD(name, params) CUresult(*name) params;
 static struct {
@@ -415,6 +425,53 @@ int kv_cuMemAlloc(uint64_t ctx, uint64_t *p, uint64_t size) {
 }
 int kv_cuMemFree(uint64_t ctx, uint64_t p) {
 	IN_CTX(CTX(ctx), cu.cuMemFree_v2(p));
+}
+
+// CUDA IPC (optional symbols: a driver without them says NOT_SUPPORTED).
+int kv_cuIpcExport(uint64_t ctx, uint64_t p, void *handle, uint64_t *base, uint64_t *size) {
+	CUdeviceptr b = 0;
+	size_t n = 0;
+	*base = 0;
+	*size = 0;
+	if (!cu.cuMemGetAddressRange_v2 || !cu.cuIpcGetMemHandle)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuMemGetAddressRange_v2(&b, &n, p);
+		if (r == 0)
+			r = cu.cuIpcGetMemHandle((kv_CUipcMemHandle *)handle, b);
+		ctx_leave(&g);
+	}
+	*base = b;
+	*size = n;
+	return r;
+}
+int kv_cuIpcOpen(uint64_t ctx, const void *handle, uint64_t *p, uint64_t *size) {
+	CUdeviceptr d = 0, b = 0;
+	size_t n = 0;
+	kv_CUipcMemHandle h;
+	*p = 0;
+	*size = 0;
+	if (!cu.cuIpcOpenMemHandle_v2 || !cu.cuMemGetAddressRange_v2)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	memcpy(&h, handle, sizeof h);
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuIpcOpenMemHandle_v2(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+		if (r == 0 && cu.cuMemGetAddressRange_v2(&b, &n, d) != 0)
+			n = 0;
+		ctx_leave(&g);
+	}
+	*p = d;
+	*size = n;
+	return r;
+}
+int kv_cuIpcClose(uint64_t ctx, uint64_t p) {
+	if (!cu.cuIpcCloseMemHandle)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	IN_CTX(CTX(ctx), cu.cuIpcCloseMemHandle(p));
 }
 
 // get_mempolicy(2) and set_mempolicy(2) through syscall(2): no libnuma

@@ -85,6 +85,9 @@ int kv_cuMemFree(uint64_t ctx, uint64_t p);
 int kv_cuMemHostAlloc(uint64_t ctx, uint64_t *p, uint64_t size, unsigned flags, int numa_node);
 int kv_cuMemFreeHost(uint64_t ctx, uint64_t p);
 int kv_cuMemHostRegister(uint64_t ctx, uint64_t p, uint64_t size, unsigned flags);
+int kv_cuIpcExport(uint64_t ctx, uint64_t p, void *handle, uint64_t *base, uint64_t *size);
+int kv_cuIpcOpen(uint64_t ctx, const void *handle, uint64_t *p, uint64_t *size);
+int kv_cuIpcClose(uint64_t ctx, uint64_t p);
 int kv_cuMemHostUnregister(uint64_t ctx, uint64_t p);
 int kv_cuPointerGetAttribute(uint64_t ctx, void *data, int attr, uint64_t p);
 

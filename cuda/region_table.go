@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ const (
 	regionDeviceRegistered                       // RegisterDeviceRange
 	regionHostAlloc                              // HostAlloc
 	regionHostRegistered                         // HostRegister
+	regionDeviceIPC                              // IPCOpen: another process's MemAlloc
 )
 
 // region is one range [start, end) of a table. mem is the mapping for
@@ -32,6 +34,9 @@ type region struct {
 	kind       regionKind
 	device     int
 	mem        []byte
+	// file is the shared memory file behind a device allocation, which
+	// IPCExport names for other processes (nil where memfd is refused).
+	file *os.File
 }
 
 // regionTable is a sorted set of non-overlapping ranges. Readers (the
@@ -133,6 +138,9 @@ func (t *regionTable) close() error {
 				errs = append(errs, fmt.Errorf("unmap %s memory %#x: %w", t.what, r.start, err))
 			}
 		}
+		if r.file != nil {
+			r.file.Close()
+		}
 	}
 	t.snap.Store(&[]region{})
 	clear(t.used)
@@ -164,16 +172,34 @@ func (t *regionTable) alloc(op string, kind regionKind, device int, size, limit 
 		// first copy into it takes no page faults, and neither should ours.
 		flags |= syscall.MAP_POPULATE
 	}
-	mem, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, flags)
+	var file *os.File
+	if kind == regionDeviceAlloc {
+		// Device memory lives in a shared memory file, so that IPCExport
+		// can name it for another process as cuIpcGetMemHandle does.
+		file = ipcFile(size)
+	}
+	var mem []byte
+	var err error
+	if file != nil {
+		mem, err = syscall.Mmap(int(file.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	} else {
+		mem, err = syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, flags)
+	}
 	if err != nil {
+		if file != nil {
+			file.Close()
+		}
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("mmap of %d bytes of %s memory: %v", size, t.what, err))
 	}
 	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
-	if other := t.insertLocked(region{start: addr, end: addr + size, kind: kind, device: device, mem: mem}); other != nil {
+	if other := t.insertLocked(region{start: addr, end: addr + size, kind: kind, device: device, mem: mem, file: file}); other != nil {
 		// A fresh mapping cannot overlap another allocation, only a
 		// registration of memory that has since been unmapped: the
 		// registrant's bug, but refuse rather than alias.
 		_ = syscall.Munmap(mem)
+		if file != nil {
+			file.Close()
+		}
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf(
 			"new mapping %#x+%d overlaps stale %s range %#x+%d", addr, size, t.what, other.start, other.end-other.start))
 	}
@@ -201,8 +227,26 @@ func (t *regionTable) free(op string, kind regionKind, ptr uint64) error {
 	if r.kind == regionDeviceAlloc {
 		t.used[r.device] -= r.end - r.start
 	}
+	if r.file != nil {
+		r.file.Close()
+	}
 	if err := syscall.Munmap(r.mem); err != nil {
 		return NewError(op, ErrCodeUnknown, fmt.Sprintf("munmap %#x: %v", ptr, err))
+	}
+	return nil
+}
+
+// insertMapped enters a mapping made elsewhere (IPCOpen's), which free
+// unmaps; it fails when the table is closed or the range is taken.
+func (t *regionTable) insertMapped(op string, r region) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errClosed(op)
+	}
+	if other := t.insertLocked(r); other != nil {
+		return NewError(op, ErrCodeInvalidValue, fmt.Sprintf("mapping %#x+%d overlaps %s range %#x+%d",
+			r.start, r.end-r.start, t.what, other.start, other.end-other.start))
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
 			transfer.ErrInvalidArgument, d.Handle, p.worker)
 	}
-	if p.network == "unix" && d.Kind.IsHost() {
+	if p.network == "unix" && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
 		if err := p.mapLayout(d.Handle); err != nil {
 			return transfer.Attachment{}, err
 		}

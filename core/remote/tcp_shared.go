@@ -31,6 +31,10 @@ import (
 // TCP. Layouts it does not share (device memory, memory the engine
 // registered) go through the socket.
 
+// errCannotMap marks a layout the peer shares that this process cannot
+// map (its device memory here, say): it is reached through the socket.
+var errCannotMap = errors.New("cannot map the peer's memory here")
+
 // errUnreachable marks a dial that found nobody listening: a same-host
 // socket in another network namespace, say, where TCP is tried instead.
 var errUnreachable = errors.New("unreachable")
@@ -103,11 +107,19 @@ func (t *TCP) answerMap(c net.Conn, q request) error {
 		_, werr := c.Write(appendStatus(nil, statusOf(err), err.Error()))
 		return werr
 	}
-	fds := make([]int, len(regions))
-	for i, r := range regions {
-		fds[i] = int(r.File.Fd())
+	var fds []int
+	for _, r := range regions {
+		if r.File != nil {
+			fds = append(fds, int(r.File.Fd()))
+		}
 	}
-	_, _, err = uc.WriteMsgUnix(appendRegions(appendStatus(nil, statusOK, ""), regions), unix.UnixRights(fds...), nil)
+	payload := appendRegions(nil, regions)
+	reply := binary.LittleEndian.AppendUint16(appendStatus(nil, statusOK, ""), uint16(len(payload)))
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err = uc.WriteMsgUnix(append(reply, payload...), oob, nil)
 	return err
 }
 
@@ -139,10 +151,13 @@ type sharedMaps struct {
 }
 
 // sharedMap is one region of the peer's memory, at addr there, mapped
-// here.
+// here: host memory (m), or a device allocation opened at dev (closed by
+// closeDev).
 type sharedMap struct {
 	addr, size uint64
 	m          *storage.Mapping
+	dev        uint64
+	closeDev   func() error
 }
 
 func (s *sharedMaps) has(h transfer.LayoutHandle) bool {
@@ -178,29 +193,47 @@ func (s *sharedMaps) closeAll() {
 
 func unmap(maps []sharedMap) {
 	for _, m := range maps {
-		m.m.Close()
+		if m.m != nil {
+			m.m.Close()
+		}
+		if m.closeDev != nil {
+			m.closeDev()
+		}
 	}
+}
+
+// target is where an op's bytes are in a mapped layout: host memory, or
+// an address of device memory opened here.
+type target struct {
+	host []byte
+	dev  uint64
 }
 
 // views resolves ops in the mapped layout h; the caller holds s.mu for
 // reading while it uses them. Every range is checked against the mapping;
 // a failed check is a refusal before anything was sent (the connection
 // stays in step), as the server's would be.
-func (s *sharedMaps) views(h transfer.LayoutHandle, ops []transfer.RemoteOp) ([][]byte, error) {
+func (s *sharedMaps) views(h transfer.LayoutHandle, ops []transfer.RemoteOp) ([]target, error) {
 	maps := s.maps[h]
 	if maps == nil {
 		return nil, &serverError{statusNotFound, fmt.Sprintf("layout %v left the peer; import its metadata again", h)}
 	}
-	views := make([][]byte, len(ops))
+	views := make([]target, len(ops))
 	for i, o := range ops {
+		found := false
 		for _, m := range maps {
 			if o.Remote >= m.addr && o.Size <= m.size && o.Remote-m.addr <= m.size-o.Size {
 				off := o.Remote - m.addr
-				views[i] = m.m.Bytes()[off : off+o.Size]
+				if m.m != nil {
+					views[i].host = m.m.Bytes()[off : off+o.Size]
+				} else {
+					views[i].dev = m.dev + off
+				}
+				found = true
 				break
 			}
 		}
-		if views[i] == nil {
+		if !found {
 			return nil, &serverError{statusOutOfRange, fmt.Sprintf("bytes [%#x, +%d) are not inside one region of layout %v's shared memory", o.Remote, o.Size, h)}
 		}
 	}
@@ -223,6 +256,11 @@ func (p *tcpPeer) mapLayout(h transfer.LayoutHandle) error {
 	dl, _ := ctx.Deadline()
 	c.c.SetDeadline(dl)
 	maps, err := p.fetchMaps(c, h)
+	if errors.Is(err, errCannotMap) {
+		p.put(c) // the reply was read whole: through the socket instead
+		p.shared.set(h, nil)
+		return nil
+	}
 	if err != nil {
 		var se *serverError
 		if errors.As(err, &se) {
@@ -251,7 +289,7 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 	}
 	// The files come with the reply's first bytes, so the reply is read
 	// here, not through the connection's buffered reader.
-	buf := make([]byte, 3+maxMessage+2+16*maxRegions)
+	buf := make([]byte, 3+maxMessage+2+maxRegionsBytes)
 	oob := make([]byte, unix.CmsgSpace(4*maxRegions))
 	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -302,24 +340,44 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 	if err := need(msgLen + 2); err != nil {
 		return nil, err
 	}
-	count := int(binary.LittleEndian.Uint16(buf[msgLen:]))
-	if count > maxRegions {
-		return nil, fmt.Errorf("%w: map reply of %d regions", ErrBadEndpoint, count)
+	end := msgLen + 2 + int(binary.LittleEndian.Uint16(buf[msgLen:]))
+	if end > len(buf) {
+		return nil, fmt.Errorf("%w: map reply of %d bytes", ErrBadEndpoint, end)
 	}
-	end := msgLen + 2 + 16*count
 	if err := need(end); err != nil {
 		return nil, err
 	}
-	ranges, err := parseRegions(buf[msgLen:end])
+	ranges, err := parseRegions(buf[msgLen+2 : end])
 	if err != nil {
 		return nil, err
 	}
-	if len(files) != len(ranges) {
-		return nil, fmt.Errorf("%w: map reply of %d regions came with %d files", ErrBadEndpoint, len(ranges), len(files))
+	nfiles := 0
+	for _, r := range ranges {
+		if r.ipc == nil {
+			nfiles++
+		}
+	}
+	if len(files) != nfiles {
+		return nil, fmt.Errorf("%w: map reply of %d file regions came with %d files", ErrBadEndpoint, nfiles, len(files))
 	}
 	maps := make([]sharedMap, 0, len(ranges))
-	for i, r := range ranges {
-		m, err := storage.MapShared(files[i], r.size)
+	next := 0 // the next file; all of them are closed on return (a mapping outlives its file)
+	for _, r := range ranges {
+		if r.ipc != nil {
+			if p.t.m == nil {
+				unmap(maps)
+				return nil, fmt.Errorf("%w: no device here to open the peer's device memory", errCannotMap)
+			}
+			dev, closeDev, err := p.t.m.OpenPeerDevice(*r.ipc)
+			if err != nil {
+				unmap(maps)
+				return nil, fmt.Errorf("%w: peer %x, layout %v: %w", errCannotMap, p.worker, h, err)
+			}
+			maps = append(maps, sharedMap{addr: r.addr, size: r.size, dev: dev, closeDev: closeDev})
+			continue
+		}
+		m, err := storage.MapShared(files[next], r.size)
+		next++
 		if err != nil {
 			unmap(maps)
 			return nil, fmt.Errorf("peer %x, layout %v: %w", p.worker, h, err)
@@ -347,21 +405,33 @@ func (p *tcpPeer) borrow(c *tcpConn, head []byte, h transfer.LayoutHandle, ops [
 	return err
 }
 
-func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [][]byte, write bool) error {
+func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views []target, write bool) error {
 	if _, err := c.c.Write(head); err != nil {
 		return err
 	}
 	if err := readStatus(c.r); err != nil {
 		return err
 	}
+	var devCopies []transfer.DeviceCopy
 	for i, o := range ops {
-		if write {
-			copy(views[i], storage.HostBytes(o.Local, o.Size))
-		} else {
-			copy(storage.HostBytes(o.Local, o.Size), views[i])
+		switch {
+		case views[i].host == nil:
+			devCopies = append(devCopies, transfer.DeviceCopy{Device: views[i].dev, Host: o.Local, Size: o.Size})
+		case write:
+			copy(views[i].host, storage.HostBytes(o.Local, o.Size))
+		default:
+			copy(storage.HostBytes(o.Local, o.Size), views[i].host)
 		}
 	}
+	var copyErr error
+	if len(devCopies) > 0 {
+		copyErr = p.t.m.CopyPeerDevice(write, devCopies)
+	}
 	_, err := c.c.Write([]byte{lendDone})
+	if copyErr != nil {
+		// Here, not the peer's: the connection is in step (done was sent).
+		return &serverError{statusFailed, fmt.Sprintf("copy of the peer's device memory here: %v", copyErr)}
+	}
 	return err
 }
 
@@ -370,4 +440,12 @@ func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [
 func SameHost(p Peer) bool {
 	tp, ok := p.(*tcpPeer)
 	return ok && tp.network == "unix"
+}
+
+// Mapped reports whether p reaches layout h through memory mapped here
+// (the peer's shared host memory, or its device memory opened with CUDA
+// IPC) rather than through the socket.
+func Mapped(p Peer, h transfer.LayoutHandle) bool {
+	tp, ok := p.(*tcpPeer)
+	return ok && tp.shared.has(h)
 }

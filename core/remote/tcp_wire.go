@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
 )
 
 // The TCP transport's wire format, little endian. A connection starts with
@@ -25,8 +26,9 @@ import (
 // send (tcp_shared.go):
 //
 //	map:      op 3 | handle | count 0
-//	  reply:  status | message | (ok) regions u16 | regions × { address u64 | size u64 },
-//	          with one shared memory file per region passed alongside (SCM_RIGHTS)
+//	  reply:  status | message | (ok) length u16 | regions u16 |
+//	          regions × { address u64 | size u64 | kind u8 | (kind 2) CUDA IPC handle [64] },
+//	          with one shared memory file per kind-1 region passed alongside (SCM_RIGHTS)
 //	lend:     op 4 (the peer reads) or 5 (it writes) | handle | count | ops
 //	  reply:  status | message; (ok) the peer copies, then sends done u8 (1)
 const (
@@ -57,6 +59,9 @@ const lendDone byte = 1
 // maxRegions bounds the shared memory files of one layout (what one
 // SCM_RIGHTS message may carry).
 const maxRegions = 250
+
+// maxRegionsBytes bounds a map reply's regions.
+const maxRegionsBytes = 2 + maxRegions*(17+len(cuda.IPCHandle{}))
 
 // Reply statuses, mapped back to the transfer manager's sentinels.
 const (
@@ -220,37 +225,71 @@ func readRequest(r io.Reader, buf []byte) (request, []byte, error) {
 	return q, buf, nil
 }
 
+// Kinds of a map reply's regions.
+const (
+	regionFile byte = 1 // host memory: a shared memory file comes with the reply
+	regionIPC  byte = 2 // device memory: a CUDA IPC handle follows
+)
+
 func appendRegions(b []byte, regions []transfer.SharedRegion) []byte {
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(regions)))
 	for _, r := range regions {
 		b = binary.LittleEndian.AppendUint64(b, r.Addr)
 		b = binary.LittleEndian.AppendUint64(b, r.Size)
+		if r.IPC != nil {
+			b = append(append(b, regionIPC), r.IPC[:]...)
+		} else {
+			b = append(b, regionFile)
+		}
 	}
 	return b
 }
 
 // sharedRange is one region of a map reply.
-type sharedRange struct{ addr, size uint64 }
+type sharedRange struct {
+	addr, size uint64
+	ipc        *cuda.IPCHandle // nil for a file
+}
 
 // parseRegions decodes the regions of a map reply (after its status),
 // which must be the whole of b: from 1 to maxRegions non-empty ranges that
-// do not wrap around. Malformed input returns an error wrapping
-// ErrBadEndpoint and never panics.
+// do not wrap around, each a file or an IPC handle. Malformed input
+// returns an error wrapping ErrBadEndpoint and never panics.
 func parseRegions(b []byte) ([]sharedRange, error) {
 	if len(b) < 2 {
 		return nil, fmt.Errorf("%w: map reply of %d bytes", ErrBadEndpoint, len(b))
 	}
 	n := int(binary.LittleEndian.Uint16(b))
-	if n == 0 || n > maxRegions || len(b) != 2+16*n {
-		return nil, fmt.Errorf("%w: map reply of %d bytes for %d regions (1 to %d)", ErrBadEndpoint, len(b), n, maxRegions)
+	if n == 0 || n > maxRegions {
+		return nil, fmt.Errorf("%w: map reply of %d regions (1 to %d)", ErrBadEndpoint, n, maxRegions)
 	}
 	out := make([]sharedRange, n)
+	at := 2
 	for i := range out {
-		r := sharedRange{binary.LittleEndian.Uint64(b[2+16*i:]), binary.LittleEndian.Uint64(b[10+16*i:])}
+		if len(b) < at+17 {
+			return nil, fmt.Errorf("%w: map reply truncated at region %d", ErrBadEndpoint, i)
+		}
+		r := sharedRange{addr: binary.LittleEndian.Uint64(b[at:]), size: binary.LittleEndian.Uint64(b[at+8:])}
+		kind := b[at+16]
+		at += 17
+		switch kind {
+		case regionFile:
+		case regionIPC:
+			if len(b) < at+len(cuda.IPCHandle{}) {
+				return nil, fmt.Errorf("%w: map reply truncated in region %d's IPC handle", ErrBadEndpoint, i)
+			}
+			r.ipc = new(cuda.IPCHandle)
+			at += copy(r.ipc[:], b[at:])
+		default:
+			return nil, fmt.Errorf("%w: map reply region %d of kind %d", ErrBadEndpoint, i, kind)
+		}
 		if r.size == 0 || r.addr+r.size < r.addr {
 			return nil, fmt.Errorf("%w: map reply region %d [%#x, +%d)", ErrBadEndpoint, i, r.addr, r.size)
 		}
 		out[i] = r
+	}
+	if at != len(b) {
+		return nil, fmt.Errorf("%w: map reply has %d bytes after its regions", ErrBadEndpoint, len(b)-at)
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
 )
 
@@ -75,6 +76,7 @@ func FuzzTCPEndpoint(f *testing.F) {
 // FuzzParseRegions: a map reply comes from the peer.
 func FuzzParseRegions(f *testing.F) {
 	f.Add(appendRegions(nil, []transfer.SharedRegion{{Addr: 1 << 40, Size: 4096}}))
+	f.Add(appendRegions(nil, []transfer.SharedRegion{{Addr: 1 << 40, Size: 4096}, {Addr: 1 << 41, Size: 1 << 20, IPC: &cuda.IPCHandle{7}}}))
 	f.Add([]byte{0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rs, err := parseRegions(b)
@@ -84,9 +86,12 @@ func FuzzParseRegions(f *testing.F) {
 		}
 		require.NotEmpty(t, rs)
 		require.LessOrEqual(t, len(rs), maxRegions)
-		for _, r := range rs {
+		regions := make([]transfer.SharedRegion, len(rs))
+		for i, r := range rs {
 			require.NotZero(t, r.size)
 			require.GreaterOrEqual(t, r.addr+r.size, r.addr)
+			regions[i] = transfer.SharedRegion{Addr: r.addr, Size: r.size, IPC: r.ipc}
 		}
+		require.Equal(t, b, appendRegions(nil, regions), "what parses encodes back to the same bytes")
 	})
 }

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/cuda"
 )
 
 // Host layouts the manager allocates live in shared memory files
@@ -16,16 +18,20 @@ import (
 // copy into the kernel and one out of it.
 
 // SharedRegion is memory of a layout that a peer on this host can map: the
-// file holds the Size bytes that start at Addr here.
+// Size bytes that start at Addr here, host memory in File, or a device
+// allocation named by IPC (CUDA IPC).
 type SharedRegion struct {
 	Addr, Size uint64
 	File       *os.File
+	IPC        *cuda.IPCHandle
 }
 
 // CloseRegions closes the files of regions from Shared.
 func CloseRegions(regions []SharedRegion) {
 	for _, r := range regions {
-		r.File.Close()
+		if r.File != nil {
+			r.File.Close()
+		}
 	}
 }
 
@@ -45,22 +51,26 @@ func (m *Manager) allocHost(kind storage.Kind, size uint64) (*storage.Memory, er
 }
 
 // Shared returns the shared memory behind layout h, registered here, for a
-// peer on this host to map: each region with a file of its own (a
-// duplicate, which stays valid if the layout is unregistered meanwhile;
-// the caller closes them with CloseRegions). Layouts the engine registered
-// by pointer, and device and disk layouts, are not shared (ErrUnsupported):
-// peers reach them through Serve.
+// peer on this host to map. Host memory the manager allocated comes as
+// files of their own (duplicates, which stay valid if the layout is
+// unregistered meanwhile; the caller closes them with CloseRegions);
+// device memory as the CUDA IPC handles of its allocations. Host memory
+// the engine registered, device memory the driver cannot export, and disk
+// layouts are not shared (ErrUnsupported): peers reach them through Serve.
 func (m *Manager) Shared(h LayoutHandle) ([]SharedRegion, error) {
 	e, err := m.servable(h, nil)
 	if err != nil {
 		return nil, err
 	}
-	// Duplicated under the registry's lock: Unregister takes the layout
-	// out under it before it closes the files.
+	// Named under the registry's lock: Unregister takes the layout out
+	// under it before it frees the memory and closes the files.
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.entries[h] != e {
 		return nil, fmt.Errorf("%w: no layout registered for handle %v", ErrNotFound, h)
+	}
+	if e.kind == storage.Device {
+		return m.exportDevice(e)
 	}
 	regions := sharedRegions(e)
 	if regions == nil {
@@ -75,6 +85,59 @@ func (m *Manager) Shared(h LayoutHandle) ([]SharedRegion, error) {
 		regions[i].File = os.NewFile(uintptr(fd), "kvbm-memfd")
 	}
 	return regions, nil
+}
+
+// exportDevice names each device allocation a layout's regions lie in,
+// once.
+func (m *Manager) exportDevice(e *entry) ([]SharedRegion, error) {
+	var out []SharedRegion
+	for _, r := range e.layout.Regions() {
+		h, base, size, err := m.drv.IPCExport(r.Addr, r.Size)
+		if err != nil {
+			return nil, fmt.Errorf("%w: layout %v: device memory this worker cannot export: %w", ErrUnsupported, e.handle, err)
+		}
+		if !slices.ContainsFunc(out, func(o SharedRegion) bool { return o.Addr == base }) {
+			out = append(out, SharedRegion{Addr: base, Size: size, IPC: &h})
+		}
+	}
+	return out, nil
+}
+
+// OpenPeerDevice maps a peer's device allocation (a SharedRegion's IPC
+// handle) on this manager's device, for CopyPeerDevice; close unmaps it.
+func (m *Manager) OpenPeerDevice(h cuda.IPCHandle) (addr uint64, close func() error, err error) {
+	addr, err = m.drv.IPCOpen(m.cfg.Device, h)
+	if err != nil {
+		return 0, nil, err
+	}
+	return addr, func() error { return m.drv.IPCClose(addr) }, nil
+}
+
+// DeviceCopy is one copy between device memory (a peer's, opened with
+// OpenPeerDevice) and pinned host memory of this process.
+type DeviceCopy struct{ Device, Host, Size uint64 }
+
+// CopyPeerDevice runs copies into device memory (toDevice) or out of it on
+// one of the manager's streams and waits for them: what a transport does
+// for a peer's device memory it lends.
+func (m *Manager) CopyPeerDevice(toDevice bool, copies []DeviceCopy) error {
+	release, err := m.hold()
+	if err != nil {
+		return err
+	}
+	defer release()
+	kind := cuda.DeviceToHost
+	ops := make([]copyOp, len(copies))
+	for i, c := range copies {
+		ops[i] = copyOp{src: c.Device, dst: c.Host, size: c.Size}
+		if toDevice {
+			ops[i] = copyOp{src: c.Host, dst: c.Device, size: c.Size}
+		}
+	}
+	if toDevice {
+		kind = cuda.HostToDevice
+	}
+	return m.syncCopies(kind, ops)
 }
 
 func sharedRegions(e *entry) []SharedRegion {
@@ -101,7 +164,7 @@ func (m *Manager) Lend(h LayoutHandle, ops []RemoteOp, fn func() error) error {
 	if err != nil {
 		return err
 	}
-	if sharedRegions(e) == nil {
+	if e.kind != storage.Device && sharedRegions(e) == nil {
 		return fmt.Errorf("%w: layout %v is not shared memory; read or write it through Serve", ErrUnsupported, h)
 	}
 	release, err := m.hold(e)

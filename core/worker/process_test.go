@@ -189,12 +189,16 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 	t.Run("same host", func(t *testing.T) {
 		dec := decodeWorker(t, 10*time.Second)
 		pullAndPush(t, startExporter(t, 0xA), dec)
-		require.True(t, remote.SameHost(dec.peers[0xA]), "reached over the Unix socket, G2 mapped")
+		require.True(t, remote.SameHost(dec.peers[0xA]), "reached over the Unix socket")
+		for _, tier := range []Tier{G1, G2} {
+			require.True(t, remote.Mapped(dec.peers[0xA], requireRemote(t, dec, 7, tier)), "%v mapped (G1 by CUDA IPC)", tier)
+		}
 	})
 	t.Run("tcp", func(t *testing.T) {
 		dec := decodeWorker(t, 10*time.Second)
 		pullAndPush(t, startExporter(t, 0xA, "KVBM_SAME_HOST=0"), dec)
 		require.False(t, remote.SameHost(dec.peers[0xA]))
+		require.False(t, remote.Mapped(dec.peers[0xA], requireRemote(t, dec, 7, G2)))
 	})
 	t.Run("ucx", func(t *testing.T) {
 		if err := ucx.Available(); err != nil {
