@@ -92,11 +92,16 @@ func (s *stream) push(op string, it item) error {
 		s.exec(&it)
 		s.mu.Lock()
 		s.busy = false
-		s.cond.Signal() // queued work, or a destroy, waited for this
+		if len(s.q) > 0 || s.destroyed || s.stopped {
+			// Work queued, or a destroy, waited for this. Otherwise the
+			// worker has nothing to do: waking it would cost a thread
+			// switch per call.
+			s.cond.Signal()
+		}
 		return nil
 	}
 	s.q = append(s.q, it)
-	if len(s.q) == 1 {
+	if len(s.q) == 1 && !s.busy { // while busy, the inline caller signals when it is done
 		s.cond.Signal()
 	}
 	return nil
