@@ -133,10 +133,12 @@ type Driver interface {
 	IPCExport(ptr, size uint64) (h IPCHandle, base, allocSize uint64, err error)
 	// IPCOpen maps an allocation another process exported into this one,
 	// on device (cuIpcOpenMemHandle, peer access enabled lazily): device
-	// memory for copies at the returned address until IPCClose. A handle
-	// this process exported cannot be opened here.
-	IPCOpen(device int, h IPCHandle) (uint64, error)
-	// IPCClose unmaps memory from IPCOpen.
+	// memory for copies at the returned address, of the returned size,
+	// until IPCClose. Opening a handle that is open already returns the
+	// same address; each open is closed once. A handle this process
+	// exported cannot be opened here.
+	IPCOpen(device int, h IPCHandle) (addr, size uint64, err error)
+	// IPCClose undoes one IPCOpen; the last unmaps the memory.
 	IPCClose(ptr uint64) error
 }
 

@@ -51,8 +51,10 @@ type Emulated struct {
 	closing  chan struct{} // closed by Close: waits and queued work abort
 	wg       sync.WaitGroup
 
-	devs  regionTable // device memory: MemAlloc and RegisterDeviceRange
-	hosts regionTable // pinned host memory: HostAlloc and HostRegister
+	devs    regionTable // device memory: MemAlloc and RegisterDeviceRange
+	ipcMu   sync.Mutex
+	ipcOpen map[ipcName]*emuIPCOpen // IPCOpen: what this process opened, by handle
+	hosts   regionTable             // pinned host memory: HostAlloc and HostRegister
 
 	fault atomic.Pointer[copyFaultFunc]
 

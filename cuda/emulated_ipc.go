@@ -94,44 +94,74 @@ func (e *Emulated) IPCExport(ptr, size uint64) (IPCHandle, uint64, uint64, error
 }
 
 // IPCOpen maps another process's exported allocation as device memory of
-// device here.
-func (e *Emulated) IPCOpen(device int, h IPCHandle) (uint64, error) {
+// device here; a handle open already gives the same address, counted.
+func (e *Emulated) IPCOpen(device int, h IPCHandle) (uint64, uint64, error) {
 	const op = "cuIpcOpenMemHandle"
 	if err := e.checkDevice(op, device); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	n, ok := parseIPCHandle(h)
 	if !ok {
-		return 0, NewError(op, ErrCodeInvalidValue, "not an IPC handle of the emulated device")
+		return 0, 0, NewError(op, ErrCodeInvalidValue, "not an IPC handle of the emulated device")
 	}
 	if int(n.pid) == os.Getpid() {
-		return 0, NewError(op, ErrCodeInvalidContext, "the handle was exported by this process; open it in another one")
+		return 0, 0, NewError(op, ErrCodeInvalidContext, "the handle was exported by this process; open it in another one")
+	}
+	key := ipcName{pid: n.pid, fd: n.fd, ino: n.ino, size: n.size}
+	e.ipcMu.Lock()
+	defer e.ipcMu.Unlock()
+	if o, ok := e.ipcOpen[key]; ok {
+		o.refs++
+		return o.addr, n.size, nil
 	}
 	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", n.pid, n.fd), os.O_RDWR, 0)
 	if err != nil {
-		return 0, NewError(op, ErrCodeInvalidValue, fmt.Sprintf("the exporting process freed that allocation or exited (or is out of reach): %v", err))
+		return 0, 0, NewError(op, ErrCodeInvalidValue, fmt.Sprintf("the exporting process freed that allocation or exited (or is out of reach): %v", err))
 	}
 	defer f.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Ino != n.ino || uint64(st.Size) != n.size || n.size == 0 {
-		return 0, NewError(op, ErrCodeInvalidValue, "the exporting process freed that allocation")
+		return 0, 0, NewError(op, ErrCodeInvalidValue, "the exporting process freed that allocation")
 	}
 	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&ipcSeals != ipcSeals {
-		return 0, NewError(op, ErrCodeInvalidValue, "the exported memory is not sealed against resizing")
+		return 0, 0, NewError(op, ErrCodeInvalidValue, "the exported memory is not sealed against resizing")
 	}
 	mem, err := syscall.Mmap(int(f.Fd()), 0, int(n.size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
-		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("map %d bytes: %v", n.size, err))
+		return 0, 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("map %d bytes: %v", n.size, err))
 	}
 	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
 	if err := e.devs.insertMapped(op, region{start: addr, end: addr + n.size, kind: regionDeviceIPC, device: device, mem: mem}); err != nil {
 		_ = syscall.Munmap(mem)
-		return 0, err
+		return 0, 0, err
 	}
-	return addr, nil
+	if e.ipcOpen == nil {
+		e.ipcOpen = map[ipcName]*emuIPCOpen{}
+	}
+	e.ipcOpen[key] = &emuIPCOpen{addr: addr, refs: 1}
+	return addr, n.size, nil
 }
 
-// IPCClose unmaps memory from IPCOpen.
+// emuIPCOpen is an allocation IPCOpen mapped, and how many opens it has.
+type emuIPCOpen struct {
+	addr uint64
+	refs int
+}
+
+// IPCClose undoes one IPCOpen; the last unmaps the memory.
 func (e *Emulated) IPCClose(ptr uint64) error {
-	return e.devs.free("cuIpcCloseMemHandle", regionDeviceIPC, ptr)
+	const op = "cuIpcCloseMemHandle"
+	e.ipcMu.Lock()
+	defer e.ipcMu.Unlock()
+	for key, o := range e.ipcOpen {
+		if o.addr != ptr {
+			continue
+		}
+		if o.refs--; o.refs > 0 {
+			return nil
+		}
+		delete(e.ipcOpen, key)
+		return e.devs.free(op, regionDeviceIPC, ptr)
+	}
+	return NewError(op, ErrCodeInvalidValue, fmt.Sprintf("%#x is not memory opened with IPCOpen", ptr))
 }

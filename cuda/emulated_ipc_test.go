@@ -24,11 +24,17 @@ func TestIPCImporterProcess(t *testing.T) {
 	var h IPCHandle
 	copy(h[:], raw)
 	e := newEmu(t, 1)
-	p, err := e.IPCOpen(0, h)
+	p, size, err := e.IPCOpen(0, h)
 	if err != nil {
 		fmt.Printf("open: %v\n", err)
 		return
 	}
+	again, size2, err := e.IPCOpen(0, h)
+	require.NoError(t, err)
+	require.Equal(t, p, again, "a handle open already gives the same address")
+	require.Equal(t, size, size2)
+	require.NoError(t, e.IPCClose(again))
+	fmt.Printf("size %d\n", size)
 	host := hostAlloc(t, e, 4096)
 	s, err := e.StreamCreate(0)
 	require.NoError(t, err)
@@ -59,7 +65,7 @@ func TestIPCAcrossProcesses(t *testing.T) {
 	require.Equal(t, p, base, "the allocation's base, whatever range inside it was named")
 	require.Equal(t, uint64(size), n)
 
-	_, err = e.IPCOpen(0, h)
+	_, _, err = e.IPCOpen(0, h)
 	requireCode(t, err, ErrCodeInvalidContext, "this process")
 	_, _, _, err = e.IPCExport(p, size+1)
 	requireCode(t, err, ErrCodeInvalidValue)
@@ -67,7 +73,7 @@ func TestIPCAcrossProcesses(t *testing.T) {
 	require.NoError(t, e.RegisterDeviceRange(0, reg, 4096))
 	_, _, _, err = e.IPCExport(reg, 4096)
 	requireCode(t, err, ErrCodeInvalidValue, "registered")
-	_, err = e.IPCOpen(0, IPCHandle{1, 2, 3})
+	_, _, err = e.IPCOpen(0, IPCHandle{1, 2, 3})
 	requireCode(t, err, ErrCodeInvalidValue)
 
 	run := func(h IPCHandle) string {
@@ -80,6 +86,7 @@ func TestIPCAcrossProcesses(t *testing.T) {
 		return string(out)
 	}
 	out := run(h)
+	require.Contains(t, out, fmt.Sprintf("size %d", size))
 	require.Contains(t, out, "read abcdef01")
 	require.Contains(t, out, "wrote")
 	require.Equal(t, strings.Repeat("\xC5", 4096), string(mem[8192:]), "the other process's write is here")

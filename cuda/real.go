@@ -48,7 +48,7 @@ type Real struct {
 	hostAlloc map[uint64]int          // HostAlloc: ptr → device
 	hostRegs  map[uint64][]span       // HostRegister: ptr → the chunks it pinned (not those adopted)
 	devRanges map[uint64][]devRange   // RegisterDeviceRange: ptr → its registrations, latest last
-	ipcOpen   map[uint64]devRange     // IPCOpen: ptr → device and size
+	ipcOpen   map[uint64]ipcOpened    // IPCOpen: ptr → device, size and opens
 	devIndex  deviceRanges            // MemAlloc, RegisterDeviceRange and IPCOpen ranges per device, for the kernel path
 	hosts     regionTable             // pinned host ranges (HostAlloc and HostRegister), for the kernel path
 	kernels   map[int]*copyKernel     // per device, loaded at first use
@@ -159,7 +159,7 @@ func OpenReal() (*Real, error) {
 	}
 	r := &Real{
 		devAllocs: map[uint64]devRange{},
-		ipcOpen:   map[uint64]devRange{},
+		ipcOpen:   map[uint64]ipcOpened{},
 		hostAlloc: map[uint64]int{},
 		hostRegs:  map[uint64][]span{},
 		devRanges: map[uint64][]devRange{},

@@ -135,6 +135,13 @@ func (e tcpEndpoint) append(b []byte) []byte {
 }
 
 func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
+	if len(ep) >= 1+8+3 && ep[0] == 1 { // version 1 (TCP only), from an older kvbm
+		e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), addr: string(ep[9:])}
+		if _, _, err := net.SplitHostPort(e.addr); err != nil {
+			return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", ErrBadEndpoint, e.addr, err)
+		}
+		return e, nil
+	}
 	const head = 1 + 8 + 16 + 1
 	if len(ep) < head+3 || ep[0] != endpointVersion {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is not version %d", ErrBadEndpoint, len(ep), endpointVersion)
@@ -167,8 +174,10 @@ func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
 	var p *tcpPeer
 	var c *tcpConn
 	if !t.cfg.NoSameHost && ep.unix != "" && ep.host == hostID() && ep.host != [16]byte{} {
+		// Any failure here but the deadline's falls back to TCP: the socket
+		// may be in another network namespace, or refuse this user.
 		p = newTCPPeer(t, ep.worker, "unix", ep.unix)
-		if c, err = p.dial(ctx); err != nil && !errors.Is(err, errUnreachable) {
+		if c, err = p.dial(ctx); err != nil && ctx.Err() != nil {
 			return nil, err
 		}
 	}

@@ -37,6 +37,9 @@ type tcpPeer struct {
 type tcpConn struct {
 	c net.Conn
 	r *bufio.Reader
+	// deadline is the current operation's (zero: none); a copy of lent
+	// memory stops once it passes, as the exporter stops lending then.
+	deadline time.Time
 }
 
 func newTCPPeer(t *TCP, worker uint64, network, addr string) *tcpPeer {
@@ -93,11 +96,8 @@ func (p *tcpPeer) do(ctx context.Context, h transfer.LayoutHandle, ops []transfe
 	if err != nil {
 		return err
 	}
-	if d, ok := ctx.Deadline(); ok {
-		c.c.SetDeadline(d)
-	} else {
-		c.c.SetDeadline(time.Time{})
-	}
+	c.deadline, _ = ctx.Deadline()
+	c.c.SetDeadline(c.deadline)
 	stop := context.AfterFunc(ctx, func() { c.c.SetDeadline(time.Unix(1, 0)) })
 	err = p.exchange(c, h, ops, op)
 	if !stop() && err == nil {
@@ -109,6 +109,11 @@ func (p *tcpPeer) do(ctx context.Context, h transfer.LayoutHandle, ops []transfe
 		if errors.As(err, &se) {
 			p.put(c) // refused or failed there; the stream is in step
 			return fmt.Errorf("peer %x: %w", p.worker, err)
+		}
+		var le *localError
+		if errors.As(err, &le) {
+			p.put(c) // failed here, after the exchange ended in step
+			return err
 		}
 		if ctx.Err() == context.Canceled {
 			// The caller gave up (Cancel, a transfer deadline): this
@@ -228,7 +233,7 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, p.network, p.addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w: dial peer %x at %s: %w", ErrPeerUnavailable, errUnreachable, p.worker, p.addr, err)
+		return nil, fmt.Errorf("%w: dial peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, err)
 	}
 	setBuffers(nc)
 	if dl, ok := ctx.Deadline(); ok {

@@ -21,7 +21,7 @@ func (t *TCP) accept(ln net.Listener) {
 			c.Close()
 			return
 		}
-		if !samePeerUser(c) {
+		if !admitPeer(c) {
 			t.mu.Unlock()
 			c.Close() // another user of this host: it may not map our memory
 			continue

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -34,10 +35,6 @@ import (
 // errCannotMap marks a layout the peer shares that this process cannot
 // map (its device memory here, say): it is reached through the socket.
 var errCannotMap = errors.New("cannot map the peer's memory here")
-
-// errUnreachable marks a dial that found nobody listening: a same-host
-// socket in another network namespace, say, where TCP is tried instead.
-var errUnreachable = errors.New("unreachable")
 
 // hostID is this host's boot id (zero when unknown): two workers with the
 // same one run on one kernel, where shared memory files can be passed.
@@ -70,6 +67,9 @@ func listenSameHost(worker uint64) ([16]byte, string, net.Listener) {
 	}
 	return host, name, ln
 }
+
+// admitPeer decides whether a connection is served (a variable for tests).
+var admitPeer = samePeerUser
 
 // samePeerUser admits a same-host connection only from a process of this
 // user (or root): an abstract socket has no file permissions, and a peer
@@ -119,7 +119,11 @@ func (t *TCP) answerMap(c net.Conn, q request) error {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	_, _, err = uc.WriteMsgUnix(append(reply, payload...), oob, nil)
+	reply = append(reply, payload...)
+	n, _, err := uc.WriteMsgUnix(reply, oob, nil)
+	if err == nil && n < len(reply) {
+		_, err = c.Write(reply[n:]) // the files went with the first bytes
+	}
 	return err
 }
 
@@ -127,6 +131,9 @@ func (t *TCP) answerMap(c net.Conn, q request) error {
 // while the peer copies, until its done arrives (within the connection's
 // deadline).
 func (t *TCP) lend(c net.Conn, r io.Reader, q request, started *bool) error {
+	if _, ok := c.(*net.UnixConn); !ok {
+		return fmt.Errorf("%w: memory is lent to peers on this host only, over the Unix socket", transfer.ErrUnsupported)
+	}
 	return t.m.Lend(q.handle, q.ops, func() error {
 		*started = true
 		if _, err := c.Write(appendStatus(nil, statusOK, "")); err != nil {
@@ -146,8 +153,9 @@ func (t *TCP) lend(c net.Conn, r io.Reader, q request, started *bool) error {
 // sharedMaps are a peer's layouts mapped here, by handle. Copies hold the
 // read lock, so that unmapping waits for them.
 type sharedMaps struct {
-	mu   sync.RWMutex
-	maps map[transfer.LayoutHandle][]sharedMap
+	mu     sync.RWMutex
+	maps   map[transfer.LayoutHandle][]sharedMap
+	closed bool // the peer closed: nothing is mapped any more
 }
 
 // sharedMap is one region of the peer's memory, at addr there, mapped
@@ -168,6 +176,11 @@ func (s *sharedMaps) has(h transfer.LayoutHandle) bool {
 
 func (s *sharedMaps) set(h transfer.LayoutHandle, maps []sharedMap) {
 	s.mu.Lock()
+	if s.closed { // mapped while the peer closed: undo at once
+		s.mu.Unlock()
+		unmap(maps)
+		return
+	}
 	old := s.maps[h]
 	if s.maps == nil {
 		s.maps = map[transfer.LayoutHandle][]sharedMap{}
@@ -184,7 +197,7 @@ func (s *sharedMaps) set(h transfer.LayoutHandle, maps []sharedMap) {
 func (s *sharedMaps) closeAll() {
 	s.mu.Lock()
 	all := s.maps
-	s.maps = nil
+	s.maps, s.closed = nil, true
 	s.mu.Unlock()
 	for _, maps := range all {
 		unmap(maps)
@@ -347,6 +360,9 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 	if err := need(end); err != nil {
 		return nil, err
 	}
+	if n > end {
+		return nil, fmt.Errorf("%w: %d bytes after the map reply", ErrBadEndpoint, n-end)
+	}
 	ranges, err := parseRegions(buf[msgLen+2 : end])
 	if err != nil {
 		return nil, err
@@ -368,10 +384,16 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 				unmap(maps)
 				return nil, fmt.Errorf("%w: no device here to open the peer's device memory", errCannotMap)
 			}
-			dev, closeDev, err := p.t.m.OpenPeerDevice(*r.ipc)
+			dev, opened, closeDev, err := p.t.m.OpenPeerDevice(*r.ipc)
 			if err != nil {
 				unmap(maps)
 				return nil, fmt.Errorf("%w: peer %x, layout %v: %w", errCannotMap, p.worker, h, err)
+			}
+			if r.size > opened { // the copies are checked against r.size: it must be what was opened
+				closeDev()
+				unmap(maps)
+				return nil, fmt.Errorf("%w: peer %x says layout %v's allocation is %d bytes; %d were opened",
+					ErrBadEndpoint, p.worker, h, r.size, opened)
 			}
 			maps = append(maps, sharedMap{addr: r.addr, size: r.size, dev: dev, closeDev: closeDev})
 			continue
@@ -414,6 +436,11 @@ func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [
 	}
 	var devCopies []transfer.DeviceCopy
 	for i, o := range ops {
+		if !c.deadline.IsZero() && time.Now().After(c.deadline) {
+			// The exporter stopped lending (this process was frozen, say):
+			// copy nothing more into memory it may have reused.
+			return fmt.Errorf("%w: the lend's deadline passed mid-copy", os.ErrDeadlineExceeded)
+		}
 		switch {
 		case views[i].host == nil:
 			devCopies = append(devCopies, transfer.DeviceCopy{Device: views[i].dev, Host: o.Local, Size: o.Size})
@@ -427,13 +454,22 @@ func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [
 	if len(devCopies) > 0 {
 		copyErr = p.t.m.CopyPeerDevice(write, devCopies)
 	}
-	_, err := c.c.Write([]byte{lendDone})
-	if copyErr != nil {
-		// Here, not the peer's: the connection is in step (done was sent).
-		return &serverError{statusFailed, fmt.Sprintf("copy of the peer's device memory here: %v", copyErr)}
+	if _, err := c.c.Write([]byte{lendDone}); err != nil {
+		return err // the connection failed: that comes first
 	}
-	return err
+	if copyErr != nil {
+		return &localError{fmt.Errorf("copy of peer %x's device memory here: %w", p.worker, copyErr)}
+	}
+	return nil
 }
+
+// localError is an operation that failed in this process after its
+// exchange with the peer ended in step: the peer is not at fault and the
+// connection is kept.
+type localError struct{ err error }
+
+func (e *localError) Error() string { return e.err.Error() }
+func (e *localError) Unwrap() error { return e.err }
 
 // SameHost reports whether p reaches its worker over the same-host socket
 // (and maps the host layouts that worker shares).

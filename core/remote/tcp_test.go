@@ -263,7 +263,7 @@ func TestTCPSilentPeerFailsWithinTheDeadline(t *testing.T) {
 func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	tr := NewTCP(TCPConfig{})
 	defer tr.Close()
-	v1 := append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "127.0.0.1:1"...)
+	v1 := append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "nohostport"...)
 	v3 := tcpEndpoint{worker: 1, addr: "127.0.0.1:1"}.append(nil)
 	v3[0] = 3
 	relative := tcpEndpoint{worker: 1, unix: "/tmp/sock", addr: "127.0.0.1:1"}.append(nil)
@@ -271,7 +271,10 @@ func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 		_, err := tr.Connect(context.Background(), ep)
 		require.ErrorIs(t, err, ErrBadEndpoint, "%q", ep)
 	}
-	_, err := parseHello([]byte("KVBX\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"))
+	old, err := parseTCPEndpoint(append([]byte{1, 7, 0, 0, 0, 0, 0, 0, 0}, "10.0.0.1:4000"...))
+	require.NoError(t, err, "an older kvbm's endpoint (version 1, TCP only) is read")
+	require.Equal(t, tcpEndpoint{worker: 7, addr: "10.0.0.1:4000"}, old)
+	_, err = parseHello([]byte("KVBX\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"))
 	require.ErrorContains(t, err, "not a kvbm TCP transport")
 	_, err = parseHello(appendHello(nil, 1)[:5])
 	require.ErrorIs(t, err, ErrBadEndpoint)
@@ -398,6 +401,13 @@ func TestMapOverTCPIsRefused(t *testing.T) {
 	err = readStatus(c.r)
 	require.ErrorIs(t, err, ErrUnsupported)
 	require.ErrorContains(t, err, "peers on this host only")
+	d, err := p.exp.Describe(p.remote["g2"])
+	require.NoError(t, err)
+	_, err = c.c.Write(appendRequest(nil, opLendRead, p.remote["g2"], []RemoteOp{{Remote: d.Bases[0], Size: 64}}))
+	require.NoError(t, err)
+	err = readStatus(c.r)
+	require.ErrorIs(t, err, ErrUnsupported, "nothing is lent over TCP")
+	require.ErrorContains(t, err, "this host only")
 	peer.put(c)
 	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{1}, p.local["g2"], []int{1}, Options{})
 	require.NoError(t, err)
@@ -462,4 +472,36 @@ func TestSameHostSocketRefusesOtherUsers(t *testing.T) {
 			require.NotContains(t, string(out), "<nil>", "closed on (EOF, or reset: its hello was never read)")
 		}
 	}
+}
+
+// A same-host socket that closes on this process (another user's worker:
+// SO_PEERCRED) leaves TCP: Connect falls back to it.
+func TestSameHostRefusalFallsBackToTCP(t *testing.T) {
+	admitPeer = func(c net.Conn) bool { _, unix := c.(*net.UnixConn); return !unix }
+	t.Cleanup(func() { admitPeer = samePeerUser }) // after the pair's cleanup: its servers are gone
+	p := newTCPPair(t, 5*time.Second)
+	require.False(t, SameHost(p.peer), "reached over TCP")
+	require.False(t, Mapped(p.peer, p.remote["g2"]))
+	fill(t, p.exp, p.remote["g2"], 0x61)
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{3}, p.local["g2"], []int{3}, Options{})
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(-1))
+	require.Equal(t, pattern(p.cfg.BlockSize(), 0x61, 3), block(t, p.imp, p.local["g2"], 3))
+}
+
+// Mappings made while the peer closes are undone at once, not kept.
+func TestSharedMapsAfterCloseAreUnmapped(t *testing.T) {
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	mem, err := storage.AllocShared(emu, 0, 4096, false)
+	require.NoError(t, err)
+	defer mem.Close()
+	m, err := storage.MapShared(mem.File(), 4096)
+	require.NoError(t, err)
+	var s sharedMaps
+	h := LayoutHandle{Worker: 1, Layout: 1}
+	s.closeAll()
+	s.set(h, []sharedMap{{addr: 0x1000, size: 4096, m: m}})
+	require.False(t, s.has(h))
+	require.Nil(t, m.Bytes(), "unmapped")
 }

@@ -104,13 +104,14 @@ func (m *Manager) exportDevice(e *entry) ([]SharedRegion, error) {
 }
 
 // OpenPeerDevice maps a peer's device allocation (a SharedRegion's IPC
-// handle) on this manager's device, for CopyPeerDevice; close unmaps it.
-func (m *Manager) OpenPeerDevice(h cuda.IPCHandle) (addr uint64, close func() error, err error) {
-	addr, err = m.drv.IPCOpen(m.cfg.Device, h)
+// handle) on this manager's device, for CopyPeerDevice: its address and
+// size here; close unmaps it.
+func (m *Manager) OpenPeerDevice(h cuda.IPCHandle) (addr, size uint64, close func() error, err error) {
+	addr, size, err = m.drv.IPCOpen(m.cfg.Device, h)
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, nil, err
 	}
-	return addr, func() error { return m.drv.IPCClose(addr) }, nil
+	return addr, size, func() error { return m.drv.IPCClose(addr) }, nil
 }
 
 // DeviceCopy is one copy between device memory (a peer's, opened with
