@@ -14,7 +14,9 @@
 #    runs, with KVBM_DEVICE=cuda: the Go test binaries (./cuda twice: as is
 #    and with KVBM_CUDA_MEMCPY_BATCH=1), the C examples, and
 #    scripts/gpu_check.py (PyTorch layer-wise onboard through ctypes, GB/s of
-#    2 MiB blocks and 32 KiB fragments beside a raw pinned copy) and
+#    2 MiB blocks and 32 KiB fragments beside a raw pinned copy, host G1
+#    pinned by its owner, and two processes on this host pulling G1 and G2
+#    with CUDA IPC, KVBM_CUDA_IPC=1, beside the socket route) and
 #    scripts/gpu_check_vllm.py (the vLLM connector's worker side: offload
 #    after the forward's event, layer-wise onboard with torch events, on
 #    vLLM-shaped strided CUDA views; vllm itself is optional there). The
@@ -93,8 +95,8 @@ PY
   if ! torch_err=$(python3 -c 'import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"' 2>&1); then
     echo "gpu-check: PyTorch with CUDA is not usable here (import torch failed): ${torch_err##*$'\n'}" | tee -a "$out/summary.txt"
   fi
-  step python-torch 90 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py
-  tail -n 8 "$out/python-torch.log"
+  step python-torch 150 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py
+  tail -n 16 "$out/python-torch.log"
   # The vLLM connector's worker side on CUDA tensors (vLLM's LBNHC views)
   # with real torch events: kv_both offload, then layer-wise onboard.
   step python-vllm-connector 60 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check_vllm.py

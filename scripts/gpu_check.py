@@ -10,6 +10,12 @@ KVBM_DEVICE=cuda. Needs torch with CUDA and the kvbmgo package (python/).
 2. GB/s, each beside a raw copy of one large pinned buffer measured in the
    same run: whole 2 MiB blocks (both layouts fully contiguous) and 32 KiB
    fragments (G1 layer_separate), G2->G1 (H2D) and G1->G2 (D2H).
+3. Host G1 its owner pinned (cudaHostRegister, pin_memory).
+4. Same host, two processes (KVBM_CUDA_IPC=1): a second process registers
+   a torch tensor as G1 and exports it; this one pulls its blocks into its
+   own G1 and G2 (the G1 opened with CUDA IPC, G2 mapped shared memory),
+   every byte checked, each pull's GB/s printed beside the same pull with
+   the same-host route off (KVBM_SAME_HOST=0: pinned staging and a socket).
 """
 import os
 import sys
@@ -162,8 +168,78 @@ def pinned_host_g1() -> None:
         print(f"pinned host G1 ({how} by its owner): round trip ok", flush=True)
 
 
+IPC_BLOCKS = 64
+
+
+def ipc_exporter() -> None:
+    """The second process of same_host_ipc: G1 holds block b's pattern
+    (b + 1 in every fp16 element); prints metadata and handles, then waits
+    until stdin closes."""
+    import json
+    shape = (IPC_BLOCKS, LAYERS, 2, PAGE, HEADS, HEAD)
+    g1 = torch.empty(*shape, dtype=torch.float16, device=dev)
+    for b in range(IPC_BLOCKS):
+        g1[b].fill_(b + 1)
+    torch.cuda.synchronize()
+    with kvbmgo.Worker(worker_id=0x1C) as w:
+        cfg, h1 = w.register_kv_caches([g1], layout="fully_contiguous")
+        h2 = w.allocate_g2(cfg)
+        with w.transfer(Tier.G1, list(range(IPC_BLOCKS)), Tier.G2, list(range(IPC_BLOCKS))) as n:
+            n.wait()
+        print("ready " + json.dumps({"metadata": w.export_metadata().hex(), "g1": list(h1), "g2": list(h2)}), flush=True)
+        sys.stdin.read()
+
+
+def same_host_ipc() -> None:
+    import json
+    import subprocess
+    from kvbmgo import LayoutHandle
+    shape = (IPC_BLOCKS, LAYERS, 2, PAGE, HEADS, HEAD)
+    nbytes = IPC_BLOCKS * LAYERS * 2 * PAGE * HEADS * HEAD * 2
+    for route in ("same host", "socket"):
+        env = dict(os.environ, KVBM_CUDA_IPC="1", KVBM_SAME_HOST="1" if route == "same host" else "0")
+        child = subprocess.Popen([sys.executable, __file__, "--ipc-exporter"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            line = child.stdout.readline()
+            while line and not line.startswith("ready "):
+                line = child.stdout.readline()
+            assert line, f"the exporter process exited ({child.wait()})"
+            info = json.loads(line[len("ready "):])
+            g1 = torch.zeros(*shape, dtype=torch.float16, device=dev)
+            with kvbmgo.Worker(worker_id=0x2C) as w:
+                cfg, _ = w.register_kv_caches([g1], layout="fully_contiguous")
+                w.allocate_g2(cfg)
+                w.connect_remote(1, bytes.fromhex(info["metadata"]))
+                ids = list(range(IPC_BLOCKS))
+                for tier, remote in ((Tier.G1, LayoutHandle(*info["g1"])), (Tier.G1, LayoutHandle(*info["g2"])),
+                                     (Tier.G2, LayoutHandle(*info["g1"]))):
+                    g1.zero_()
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    with w.transfer_from_remote(remote, ids, tier, ids) as n:
+                        n.wait()
+                    took = time.perf_counter() - start
+                    if tier == Tier.G2:
+                        with w.transfer(Tier.G2, ids, Tier.G1, ids) as n:
+                            n.wait()
+                    torch.cuda.synchronize()
+                    for b in range(IPC_BLOCKS):
+                        assert bool((g1[b] == b + 1).all()), f"{route}: block {b} pulled from {remote} is wrong"
+                    name = f"{route}: {'G2' if remote == LayoutHandle(*info['g2']) else 'G1'}->{'G1' if tier == Tier.G1 else 'G2'}"
+                    rows.append((name, nbytes / took / 1e9, float("nan")))
+        finally:
+            child.stdin.close()
+            child.wait(30)
+    print("same host (CUDA IPC) and socket pulls: every byte ok", flush=True)
+
+
+if len(sys.argv) > 1 and sys.argv[1] == "--ipc-exporter":
+    ipc_exporter()
+    sys.exit(0)
+
 status = 0
-for step in (layerwise, blocks, pinned_host_g1):
+for step in (layerwise, blocks, pinned_host_g1, same_host_ipc):
     try:
         step()
     except Exception as e:  # report and go on to the next step
