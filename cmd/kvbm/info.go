@@ -71,6 +71,13 @@ func transports() []string {
 		} else if name == choice {
 			line += " (selected)"
 		}
+		if name == "tcp" {
+			if err := remote.SameHostStatus(); err != nil {
+				line += "; same host: " + err.Error()
+			} else {
+				line += "; same host: Unix socket, shared host memory, device memory by CUDA IPC (on the real driver with KVBM_CUDA_IPC=1)"
+			}
+		}
 		out = append(out, line)
 	}
 	if err != nil {

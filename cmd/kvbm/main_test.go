@@ -53,6 +53,7 @@ func TestInfo(t *testing.T) {
 	require.Contains(t, stdout, "GPUs")
 	require.Contains(t, stdout, "disk tier: "+dir)
 	require.Contains(t, stdout, "transports: loopback (workers of one process)")
+	require.Contains(t, stdout, "tcp (selected); same host: Unix socket")
 	require.Regexp(t, `tcp( \(selected\))?`, stdout)
 
 	rc, stdout, stderr = kvbm("info", "--json", "-dir", dir)

@@ -485,3 +485,15 @@ func Mapped(p Peer, h transfer.LayoutHandle) bool {
 	tp, ok := p.(*tcpPeer)
 	return ok && tp.shared.has(h)
 }
+
+// SameHostStatus says whether the TCP transport's same-host route is on
+// in this process (nil), or why not: what the info command reports.
+func SameHostStatus() error {
+	if os.Getenv("KVBM_SAME_HOST") == "0" {
+		return errors.New("off (KVBM_SAME_HOST=0)")
+	}
+	if hostID() == ([16]byte{}) {
+		return errors.New("off: this host's boot id is unknown, so peers cannot tell they share it")
+	}
+	return nil
+}
