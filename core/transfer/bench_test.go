@@ -181,19 +181,26 @@ func touch(b *testing.B, emu *cuda.Emulated, m *Manager, h LayoutHandle) {
 // device) per call, waited for before the next, as an engine's small
 // transfers are: the cost of a call and its completion, beside a plain copy
 // of the same 4 KiB in the same run.
-func BenchmarkSmallTransfer(b *testing.B) {
-	cfg := layout.Config{NumBlocks: 256, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 2048, DtypeWidth: 2}
+// smallBlocks is a manager with a G1 and a G2 of 256 blocks of 4 KiB, every
+// page touched: the small-transfer benchmarks' setup.
+func smallBlocks(b *testing.B) (m *Manager, g1, g2 LayoutHandle, cfg layout.Config) {
+	cfg = layout.Config{NumBlocks: 256, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 2048, DtypeWidth: 2}
 	emu := cuda.NewEmulated(1)
-	defer emu.Close()
+	b.Cleanup(func() { emu.Close() })
 	m, err := NewManager(Config{WorkerID: 1, Driver: emu})
 	require.NoError(b, err)
-	defer m.Close()
-	g1, err := m.AllocateLayout(storage.Device, cfg, FullyContiguous)
+	b.Cleanup(func() { m.Close() })
+	g1, err = m.AllocateLayout(storage.Device, cfg, FullyContiguous)
 	require.NoError(b, err)
-	g2, err := m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
+	g2, err = m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
 	require.NoError(b, err)
 	touch(b, emu, m, g1)
 	touch(b, emu, m, g2)
+	return m, g1, g2, cfg
+}
+
+func BenchmarkSmallTransfer(b *testing.B) {
+	m, g1, g2, cfg := smallBlocks(b)
 	size := cfg.BlockSize()
 	src, dst := make([]byte, 256*size), make([]byte, 256*size)
 	copy(dst, src)
@@ -228,18 +235,8 @@ func BenchmarkSmallTransfer(b *testing.B) {
 // before waiting for any (as an engine's step does), beside one transfer of
 // the same 256 blocks in the same run: the per-call cost a batch pays.
 func BenchmarkManySmallTransfers(b *testing.B) {
-	cfg := layout.Config{NumBlocks: 256, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 2048, DtypeWidth: 2}
-	emu := cuda.NewEmulated(1)
-	defer emu.Close()
-	m, err := NewManager(Config{WorkerID: 1, Driver: emu})
-	require.NoError(b, err)
-	defer m.Close()
-	g1, err := m.AllocateLayout(storage.Device, cfg, FullyContiguous)
-	require.NoError(b, err)
-	g2, err := m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
-	require.NoError(b, err)
-	touch(b, emu, m, g1)
-	touch(b, emu, m, g2)
+	m, g1, g2, _ := smallBlocks(b)
+	var err error
 	all := make([]int, 256)
 	ids := make([][]int, 256)
 	for i := range ids {
