@@ -268,12 +268,26 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
 }
 
 
+#: Calls that never wait (they enqueue, look up or free, in microseconds):
+#: made with the GIL held (ctypes.PyDLL). Releasing and taking the GIL back
+#: around each costs little alone, but with several Python threads every
+#: such call becomes a hand-over of the GIL between them (a thread switch
+#: each). Calls that can wait (notification_wait, synchronize, connect,
+#: metadata import, I/O) keep releasing it.
+HOLD_GIL = frozenset({
+    "kvbm_version", "kvbm_abi_version", "kvbm_status_string", "kvbm_last_error", "kvbm_handle_count",
+    "kvbm_worker_transfer", "kvbm_notification_poll", "kvbm_notification_free",
+    "kvbm_notification_cancel", "kvbm_event_query", "kvbm_event_record",
+})
+
+
 class _Lib:
     """The loaded library: one attribute per function of FUNCTIONS."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.cdll = ctypes.CDLL(path)  # never dlclose()d: the Go runtime lives in-process
+        self.pydll = ctypes.PyDLL(path)  # the same library, for the HOLD_GIL calls
         abi = self.cdll.kvbm_abi_version
         abi.restype, abi.argtypes = c_uint32, []
         # First the version: a mismatched library may lack functions of the table.
@@ -281,7 +295,7 @@ class _Lib:
         missing = []
         for name, (restype, argtypes, errcheck) in FUNCTIONS.items():
             try:
-                fn = getattr(self.cdll, name)
+                fn = getattr(self.pydll if name in HOLD_GIL else self.cdll, name)
             except AttributeError:
                 missing.append(name)
                 continue

@@ -59,6 +59,8 @@ class Notification(Handle):
         transfer's error; ValueError for a NaN timeout."""
         ms = _timeout_ms(timeout)
         h = self.handle
+        if lib.kvbm_notification_poll(h) == KVBM_OK:
+            return True  # done already: no blocking call (it releases the GIL)
         try:
             lib.kvbm_notification_wait(h, ms)
         except KvbmTimeoutError:
