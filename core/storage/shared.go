@@ -64,7 +64,9 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 	m.release = unmap
 	if pinned {
 		if err := drv.HostRegister(m.addr, size); err != nil {
-			return nil, errors.Join(fmt.Errorf("pin %d bytes of shared host memory: %w", size, err), unmap())
+			// Not shareable pinned memory here (a driver that refuses to
+			// pin shared pages): the caller falls back to private memory.
+			return nil, errors.Join(fmt.Errorf("%w: pin %d bytes of shared host memory: %w", ErrNotShareable, size, err), unmap())
 		}
 		m.kind, m.device = Pinned, device
 		m.release = func() error { return errors.Join(drv.HostUnregister(m.addr), unmap()) }

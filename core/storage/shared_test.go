@@ -68,3 +68,24 @@ func TestMapSharedRefusesUnsealedOrMisSizedFiles(t *testing.T) {
 	require.ErrorContains(t, err, "8192 bytes, the peer said 4096")
 	require.Error(t, unix.Ftruncate(int(m.File().Fd()), 4096), "sealed against shrinking")
 }
+
+// A driver that will not pin shared pages makes AllocShared fail with
+// ErrNotShareable (its caller then allocates private pinned memory), and
+// leaves nothing mapped or open behind.
+func TestSharedMemoryThatCannotBePinnedIsNotShareable(t *testing.T) {
+	drv := cuda.NewEmulated(1)
+	defer drv.Close()
+	m, err := AllocShared(drv, 0, 4096, true)
+	require.NoError(t, err)
+	defer m.Close()
+	// The same range pinned twice is refused, as a driver refusing shared pages would.
+	require.Error(t, drv.HostRegister(m.Addr(), 4096))
+	_, err = AllocShared(refusingDriver{drv}, 0, 4096, true)
+	require.ErrorIs(t, err, ErrNotShareable)
+}
+
+type refusingDriver struct{ *cuda.Emulated }
+
+func (refusingDriver) HostRegister(ptr, size uint64) error {
+	return cuda.NewError("cuMemHostRegister", cuda.ErrCodeNotSupported, "refused for the test")
+}

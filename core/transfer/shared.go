@@ -36,7 +36,9 @@ func CloseRegions(regions []SharedRegion) {
 }
 
 // allocHost allocates a host layout's memory, shared unless the manager
-// is configured private or the kernel cannot share it.
+// is configured private or it cannot be shared here (no memfd, or a driver
+// that will not pin it): then as before, private (cuMemHostAlloc for
+// pinned memory).
 func (m *Manager) allocHost(kind storage.Kind, size uint64) (*storage.Memory, error) {
 	if !m.cfg.PrivateHost {
 		mem, err := storage.AllocShared(m.drv, m.cfg.Device, size, kind == storage.Pinned)
