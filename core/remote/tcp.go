@@ -188,6 +188,7 @@ func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
 		}
 	}
 	p.put(c)
+	watch, _ := p.dialConn(ctx) // best effort: without it a death is seen at the next operation
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -195,6 +196,10 @@ func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
 		return nil, fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
 	}
 	t.peers[p] = struct{}{}
+	if watch != nil {
+		t.wg.Add(1)
+		go p.watch(watch)
+	}
 	return p, nil
 }
 

@@ -163,6 +163,31 @@ func (p *tcpPeer) exchange(c *tcpConn, h transfer.LayoutHandle, ops []transfer.R
 	return readStatus(c.r)
 }
 
+// watch holds one idle connection to the peer open, for no request: the
+// peer closing it (its process exited, its worker was destroyed) breaks the
+// peer at once, which lets go of its connections and of its memory mapped
+// here, instead of at the next operation (which may never come: an engine
+// forgets a dead peer's instance only if it is told to).
+func (p *tcpPeer) watch(c *tcpConn) {
+	defer p.t.wg.Done()
+	c.c.SetDeadline(time.Time{})
+	var b [1]byte
+	_, err := c.c.Read(b[:]) // a server sends nothing unasked: this ends only when one side closes
+	p.mu.Lock()
+	delete(p.open, c) // it holds no slot
+	closed := p.broken != nil
+	if !closed {
+		p.broken = fmt.Errorf("%w: peer %x at %s closed its connections (%v): it exited, or its worker was destroyed",
+			ErrPeerUnavailable, p.worker, p.addr, err)
+	}
+	p.mu.Unlock()
+	c.c.Close()
+	if !closed {
+		p.closeIdle()
+		p.shared.closeAll()
+	}
+}
+
 // fail closes a connection after a transport error and breaks the peer.
 func (p *tcpPeer) fail(c *tcpConn, ctx context.Context, cause error) error {
 	var err error

@@ -287,6 +287,27 @@ func TestKilledPeerFailsItsBlocksAndANewOneIsReconnected(t *testing.T) {
 	require.Equal(t, pattern(testConfig(1).BlockSize(), uint64(G2)<<8|1), dec.read(t, G2, 4))
 }
 
+// A peer that dies while nothing is asked of it is let go at once (its
+// connections, and its memory mapped here): the transport watches an idle
+// connection to it. The next pull fails at once, naming why.
+func TestDeadPeerIsLetGoWithoutAnOperation(t *testing.T) {
+	exp := startExporter(t, 0xA)
+	dec := decodeWorker(t, 20*time.Second)
+	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+	h := requireRemote(t, dec, 7, G2)
+	require.True(t, remote.Mapped(dec.peers[0xA], h))
+	exp.signal(t, syscall.SIGKILL)
+	require.Eventually(t, func() bool { return !remote.Mapped(dec.peers[0xA], h) }, 5*time.Second, 5*time.Millisecond,
+		"the dead peer's G2 is unmapped without a transfer noticing")
+	start := time.Now()
+	n, err := dec.ExecuteRemoteOnboardForInstance(7, G2, []int{1}, G2, []int{4}, transfer.Options{})
+	require.NoError(t, err)
+	err = n.WaitTimeout(-1)
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	require.ErrorContains(t, err, "closed its connections")
+	require.Less(t, time.Since(start), time.Second)
+}
+
 // A frozen peer (SIGSTOP) fails the pull within the deadline; once it runs
 // again, importing its metadata again reconnects.
 // Both ways a same-host peer is reached: G1 through the socket, G2 through
