@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import (ActionKind, Completion, FactKind, HandoffCoordinator, HandoffOrder,
                 OutcomeKind, Tier)
-from ..errors import AlreadyExistsError, KvbmError, KvbmIOError
+from ..errors import AlreadyExistsError, KvbmError
 from .metadata import RemotePull
 
 __all__ = ["PrefillServer", "DecodePuller", "instance_id"]
@@ -314,8 +314,6 @@ class DecodePuller:
                     except (_Unanswered, _Refused, KvbmError, ValueError) as e:
                         log.warning("kvbm: pull of request %s from engine %s: %s",
                                     p.req_id, p.engine_id, e)
-                        if isinstance(e, (_Unanswered, KvbmIOError)):
-                            self._forget(p, disconnect=True)
                         todo.extend(h.on_outcome(a.id, OutcomeKind.FAILED, str(e)))
                         continue
                     todo.extend(h.on_outcome(a.id, OutcomeKind.SCHEDULED))
@@ -377,23 +375,9 @@ class DecodePuller:
         except KvbmError as e:
             log.warning("kvbm: pull of request %s from engine %s failed: %s", p.req_id,
                         p.engine_id, e)
-            self._forget(p, disconnect=isinstance(e, KvbmIOError))
+            with self._lock:  # connect again next time (a restarted prefill)
+                self._md.pop((p.engine_id, self.rank), None)
             return FactKind.FAILED
-
-    def _forget(self, p: RemotePull, *, disconnect: bool) -> None:
-        """After a failed pull: connect to p's prefill again next time (a
-        restarted one). disconnect, when it died or cannot be reached: let
-        go of its connection, and of the memory of it mapped here on one
-        host, now rather than when a new one of the same worker id is
-        imported (which may never come)."""
-        key = (p.engine_id, self.rank)
-        with self._lock:
-            self._md.pop(key, None)
-            if disconnect:
-                try:
-                    self._worker.disconnect_remote(instance_id(*key))
-                except KvbmError:
-                    pass  # not connected (yet, or any more: another pull of it failed too)
 
     def _drain(self, p: RemotePull, n: Any) -> None:
         """Cancels a pull that outlasted the deadline and waits until the
