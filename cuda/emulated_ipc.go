@@ -107,7 +107,7 @@ func (e *Emulated) IPCOpen(device int, h IPCHandle) (uint64, uint64, error) {
 	if int(n.pid) == os.Getpid() {
 		return 0, 0, NewError(op, ErrCodeInvalidContext, "the handle was exported by this process; open it in another one")
 	}
-	key := ipcName{pid: n.pid, fd: n.fd, ino: n.ino, size: n.size}
+	key := ipcName{pid: n.pid, fd: n.fd, ino: n.ino, size: n.size, device: uint32(device)} // counted per device, as CUDA counts per context
 	e.ipcMu.Lock()
 	defer e.ipcMu.Unlock()
 	if o, ok := e.ipcOpen[key]; ok {

@@ -190,9 +190,9 @@ func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
 	p.put(c)
 	watch, _ := p.dialConn(ctx) // best effort: without it a death is seen at the next operation
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
-		p.Close()
+		t.mu.Unlock()
+		p.Close() // takes t.mu itself (forget)
 		return nil, fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
 	}
 	t.peers[p] = struct{}{}
@@ -200,6 +200,7 @@ func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
 		t.wg.Add(1)
 		go p.watch(watch)
 	}
+	t.mu.Unlock()
 	return p, nil
 }
 

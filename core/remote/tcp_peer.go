@@ -175,17 +175,16 @@ func (p *tcpPeer) watch(c *tcpConn) {
 	_, err := c.c.Read(b[:]) // a server sends nothing unasked: this ends only when one side closes
 	p.mu.Lock()
 	delete(p.open, c) // it holds no slot
-	closed := p.broken != nil
-	if !closed {
+	if p.broken == nil {
 		p.broken = fmt.Errorf("%w: peer %x at %s closed its connections (%v): it exited, or its worker was destroyed",
 			ErrPeerUnavailable, p.worker, p.addr, err)
 	}
 	p.mu.Unlock()
 	c.c.Close()
-	if !closed {
-		p.closeIdle()
-		p.shared.closeAll()
-	}
+	// Also when an operation broke the peer first (it does not unmap), or
+	// Close did (then this is done already): both are idempotent.
+	p.closeIdle()
+	p.shared.closeAll()
 }
 
 // fail closes a connection after a transport error and breaks the peer.

@@ -1,8 +1,10 @@
 package remote
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -504,4 +506,64 @@ func TestSharedMapsAfterCloseAreUnmapped(t *testing.T) {
 	s.set(h, []sharedMap{{addr: 0x1000, size: 4096, m: m}})
 	require.False(t, s.has(h))
 	require.Nil(t, m.Bytes(), "unmapped")
+}
+
+// Close while Connect is between its dials: Connect returns (the transport
+// is closed), it does not deadlock on the transport's lock.
+func TestConnectRacingCloseReturns(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	const worker = 0xABC
+	second, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		for i := 0; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(i int, c net.Conn) {
+				defer c.Close()
+				b := make([]byte, helloLen)
+				if _, err := io.ReadFull(c, b); err != nil {
+					return
+				}
+				if i == 1 { // the watch connection's hello: Close comes now
+					close(second)
+					<-release
+				}
+				c.Write(appendStatus(appendHello(nil, worker), statusOK, ""))
+				io.Copy(io.Discard, c)
+			}(i, c)
+		}
+	}()
+	tr := NewTCP(TCPConfig{NoSameHost: true})
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.Connect(context.Background(), tcpEndpoint{worker: worker, addr: ln.Addr().String()}.append(nil))
+		done <- err
+	}()
+	<-second
+	require.NoError(t, tr.Close())
+	close(release)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Connect did not return after Close")
+	}
+}
+
+// A peer an operation broke first (its request failed) is still let go of
+// when its connections close: its mapped memory is unmapped then.
+func TestPeerBrokenByAnOperationIsUnmappedWhenItCloses(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second)
+	peer := p.peer.(*tcpPeer)
+	h := p.remote["g2"]
+	require.True(t, Mapped(peer, h))
+	a, b := net.Pipe()
+	defer b.Close()
+	_ = peer.fail(&tcpConn{c: a, r: bufio.NewReader(a)}, context.Background(), io.ErrUnexpectedEOF)
+	require.NoError(t, p.expTCP.Close()) // the exporter goes: its server closes the watch connection
+	require.Eventually(t, func() bool { return !Mapped(peer, h) }, 5*time.Second, 5*time.Millisecond)
 }

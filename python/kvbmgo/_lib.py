@@ -268,15 +268,16 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
 }
 
 
-#: Calls that never wait (they enqueue, look up or free, in microseconds):
-#: made with the GIL held (ctypes.PyDLL). Releasing and taking the GIL back
-#: around each costs little alone, but with several Python threads every
-#: such call becomes a hand-over of the GIL between them (a thread switch
-#: each). Calls that can wait (notification_wait, synchronize, connect,
-#: metadata import, I/O) keep releasing it.
+#: Calls that never wait (they look up or free, in microseconds): made with
+#: the GIL held (ctypes.PyDLL). Releasing and taking the GIL back around
+#: each costs little alone, but with several Python threads every such call
+#: becomes a hand-over of the GIL between them (a thread switch each).
+#: Calls that can wait keep releasing it: notification_wait, synchronize,
+#: connect, metadata import, I/O, and transfer (its first use of a device
+#: loads the copy kernel and creates streams, on the real driver).
 HOLD_GIL = frozenset({
     "kvbm_version", "kvbm_abi_version", "kvbm_status_string", "kvbm_last_error", "kvbm_handle_count",
-    "kvbm_worker_transfer", "kvbm_notification_poll", "kvbm_notification_free",
+    "kvbm_notification_poll", "kvbm_notification_free",
     "kvbm_notification_cancel", "kvbm_event_query", "kvbm_event_record",
 })
 
