@@ -28,10 +28,13 @@
  * Environment (defaults only): KVBM_DEVICE=auto|cuda|emulated picks the
  * device backend at first use; KVBM_LOG sets the log level (stderr only);
  * KVBM_TRANSPORT=auto|ucx|tcp|loopback picks how workers of other processes
- * are reached (auto: UCX when libucp loads, else TCP; loopback: this
- * process only), with KVBM_TCP_LISTEN (default ":0", every interface) and
+ * are reached (auto: TCP; ucx: UCX through libucp; loopback: this process
+ * only), with KVBM_TCP_LISTEN (default ":0", every interface) and
  * KVBM_TCP_ADVERTISE (the host peers dial; default this host's first
- * non-loopback IPv4 address) for TCP.
+ * non-loopback IPv4 address) for TCP. Between processes of one host, TCP
+ * goes over a Unix socket and peers map each other's host layouts (shared
+ * memory) and device memory (CUDA IPC; on the real driver only with
+ * KVBM_CUDA_IPC=1); KVBM_SAME_HOST=0 turns that off.
  */
 #ifndef KVBM_H
 #define KVBM_H
