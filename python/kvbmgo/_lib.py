@@ -309,6 +309,12 @@ class _Lib:
             setattr(self, name, fn)
         if missing:
             raise ImportError(f"{path} lacks {', '.join(missing)}: an older libkvbm?")
+        # poll without errcheck, for Notification.wait's first look (a done
+        # transfer's wait is then one plain call): the caller checks the status.
+        poll = self.pydll.kvbm_notification_poll
+        poll = ctypes.cast(poll, type(poll))  # a function object of its own
+        poll.restype, poll.argtypes = _status, [_p]
+        self.kvbm_notification_poll_unchecked = poll
 
 
 class _LazyLib:

@@ -59,7 +59,7 @@ class Notification(Handle):
         transfer's error; ValueError for a NaN timeout."""
         ms = _timeout_ms(timeout)
         h = self.handle
-        if lib.kvbm_notification_poll(h) == KVBM_OK:
+        if lib.kvbm_notification_poll_unchecked(h) == KVBM_OK:
             return True  # done already: no blocking call (it releases the GIL)
         try:
             lib.kvbm_notification_wait(h, ms)

@@ -13,7 +13,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional,
 import numpy as np
 
 from . import _lib
-from ._cint import SMALL_ARRAY, block_ids, int32, layer_range, millis, uint64
+from ._cint import SMALL_ARRAY, UINT32_MAX, block_ids, int32, layer_range, millis, uint64
 from ._cint import keys as _keys
 from ._cache import PrefixCache, WriteMode, enable as _enable_cache
 from ._counters import PathCounters, TransferPath
@@ -66,6 +66,13 @@ def transfer_ids(src_ids: Ids, dst_ids: Ids) -> Tuple[Any, int, Any, int, int]:
     # The common case in one step: lists, tuples or small numpy arrays of
     # valid ids (block_ids does the same per list, and names a bad id).
     s, d = src_ids, dst_ids
+    if s.__class__ is list and d.__class__ is list and len(s) == 1 and len(d) == 1:
+        # One block each way (a small transfer's usual call): one array for both.
+        a, b = s[0], d[0]
+        if a.__class__ is int and b.__class__ is int and 0 <= a <= UINT32_MAX and 0 <= b <= UINT32_MAX:
+            both = array("I", (a, b))
+            p = both.buffer_info()[0]
+            return both, p, both, p + both.itemsize, 1
     if s.__class__ is np.ndarray and s.size <= SMALL_ARRAY:
         s = s.tolist()  # nested for ndim > 1, floats, bools: refused below
     if d.__class__ is np.ndarray and d.size <= SMALL_ARRAY:
