@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvbm/kvbm/internal/memfd"
 )
 
 // CUDA IPC on the emulated device. Its device allocations live in sealed
@@ -20,24 +22,11 @@ import (
 
 const ipcMagic = "KVBMEMU1"
 
-// ipcSeals forbid resizing: a file that shrank under a mapping would
-// SIGBUS the importer.
-const ipcSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
-
 // ipcFile makes a sealed shared memory file of size bytes, or nil where
 // the kernel refuses (the allocation is then private and not exportable).
 func ipcFile(size uint64) *os.File {
-	fd, err := unix.MemfdCreate("kvbm-emulated-device", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	f, err := memfd.New("kvbm-emulated-device", size)
 	if err != nil {
-		return nil
-	}
-	f := os.NewFile(uintptr(fd), "kvbm-emulated-device")
-	if unix.Ftruncate(fd, int64(size)) != nil {
-		f.Close()
-		return nil
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, ipcSeals); err != nil {
-		f.Close()
 		return nil
 	}
 	return f
@@ -119,12 +108,9 @@ func (e *Emulated) IPCOpen(device int, h IPCHandle) (uint64, uint64, error) {
 		return 0, 0, NewError(op, ErrCodeInvalidValue, fmt.Sprintf("the exporting process freed that allocation or exited (or is out of reach): %v", err))
 	}
 	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Ino != n.ino || uint64(st.Size) != n.size || n.size == 0 {
-		return 0, 0, NewError(op, ErrCodeInvalidValue, "the exporting process freed that allocation")
-	}
-	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&ipcSeals != ipcSeals {
-		return 0, 0, NewError(op, ErrCodeInvalidValue, "the exported memory is not sealed against resizing")
+	if ino, err := memfd.Check(f, n.size); err != nil || ino != n.ino {
+		return 0, 0, NewError(op, ErrCodeInvalidValue, fmt.Sprintf(
+			"the exporting process freed that allocation (the file at its descriptor is other memory: %v)", err))
 	}
 	mem, err := syscall.Mmap(int(f.Fd()), 0, int(n.size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {

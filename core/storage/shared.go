@@ -9,16 +9,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/memfd"
 )
 
-// Shared host memory: a sealed memfd mapped MAP_SHARED, so that a peer
-// process on this host that is handed the file (over a Unix socket) maps
-// the same pages and copies them with plain loads and stores, without a
-// socket or a kernel copy in between. The seals forbid resizing, so the
-// peer may trust the size it maps: a truncated file would SIGBUS it.
-
-// sharedSeals are the seals every shared memory file carries.
-const sharedSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+// Shared host memory: a sealed memory file (internal/memfd) mapped
+// MAP_SHARED, so that a peer process on this host that is handed the file
+// (over a Unix socket) maps the same pages and copies them with plain loads
+// and stores, without a socket or a kernel copy in between.
 
 // ErrNotShareable is returned where this kernel cannot make shared memory
 // files (no memfd_create, or a sandbox that forbids it); callers fall
@@ -33,22 +30,18 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 	if size == 0 {
 		return nil, fmt.Errorf("allocate shared host memory: size must be > 0")
 	}
-	fd, err := unix.MemfdCreate("kvbm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("%w: memfd_create: %w", ErrNotShareable, err)
+	f, err := memfd.New("kvbm", size)
+	if errors.Is(err, memfd.ErrUnavailable) {
+		return nil, fmt.Errorf("%w: %w", ErrNotShareable, err)
 	}
-	f := os.NewFile(uintptr(fd), "kvbm-memfd")
+	if err != nil {
+		return nil, fmt.Errorf("allocate %d bytes of shared host memory: %w", size, err)
+	}
 	fail := func(what string, err error) (*Memory, error) {
 		f.Close()
 		return nil, fmt.Errorf("allocate %d bytes of shared host memory: %s: %w", size, what, err)
 	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return fail("ftruncate", err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, sharedSeals); err != nil {
-		return fail("seal", err)
-	}
-	b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fail("mmap", err)
 	}
@@ -106,20 +99,8 @@ type Mapping struct {
 // file must carry the seals AllocShared gives it (so that it cannot shrink
 // under the mapping) and be exactly size bytes.
 func MapShared(f *os.File, size uint64) (*Mapping, error) {
-	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
-	if err != nil {
-		return nil, fmt.Errorf("map shared memory: not a sealed memory file: %w", err)
-	}
-	if seals&sharedSeals != sharedSeals {
-		return nil, fmt.Errorf("map shared memory: the file's seals are %#x, want at least %#x (it could shrink under the mapping)",
-			seals, sharedSeals)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+	if _, err := memfd.Check(f, size); err != nil {
 		return nil, fmt.Errorf("map shared memory: %w", err)
-	}
-	if size == 0 || uint64(st.Size) != size {
-		return nil, fmt.Errorf("map shared memory: the file is %d bytes, the peer said %d", st.Size, size)
 	}
 	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

@@ -143,17 +143,28 @@ func (m *Manager) CopyPeerDevice(toDevice bool, copies []DeviceCopy) error {
 	return m.syncCopies(kind, ops)
 }
 
+// hostShared reports whether a host layout's memory is all shared memory
+// files (what Lend asks of every request, without building the regions).
+func hostShared(e *entry) bool {
+	if !e.kind.IsHost() || len(e.owned) == 0 {
+		return false
+	}
+	for _, o := range e.owned {
+		if mem, ok := o.(*storage.Memory); !ok || mem.File() == nil {
+			return false
+		}
+	}
+	return true
+}
+
 func sharedRegions(e *entry) []SharedRegion {
-	if !e.kind.IsHost() {
+	if !hostShared(e) {
 		return nil
 	}
-	var out []SharedRegion
-	for _, o := range e.owned {
-		mem, ok := o.(*storage.Memory)
-		if !ok || mem.File() == nil {
-			return nil
-		}
-		out = append(out, SharedRegion{Addr: mem.Addr(), Size: mem.Size(), File: mem.File()})
+	out := make([]SharedRegion, len(e.owned))
+	for i, o := range e.owned {
+		mem := o.(*storage.Memory)
+		out[i] = SharedRegion{Addr: mem.Addr(), Size: mem.Size(), File: mem.File()}
 	}
 	return out
 }
@@ -167,7 +178,7 @@ func (m *Manager) Lend(h LayoutHandle, ops []RemoteOp, fn func() error) error {
 	if err != nil {
 		return err
 	}
-	if e.kind != storage.Device && sharedRegions(e) == nil {
+	if e.kind != storage.Device && !hostShared(e) {
 		return fmt.Errorf("%w: layout %v is not shared memory; read or write it through Serve", ErrUnsupported, h)
 	}
 	release, err := m.hold(e)
