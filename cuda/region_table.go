@@ -8,8 +8,9 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"unsafe"
+
+	"github.com/kvbm/kvbm/internal/hugepage"
 )
 
 // A region table is the set of address ranges a driver knows as one kind of
@@ -134,7 +135,7 @@ func (t *regionTable) close() error {
 	var errs []error
 	for _, r := range *t.snap.Load() {
 		if r.mem != nil {
-			if err := syscall.Munmap(r.mem); err != nil {
+			if err := hugepage.Unmap(r.mem); err != nil {
 				errs = append(errs, fmt.Errorf("unmap %s memory %#x: %w", t.what, r.start, err))
 			}
 		}
@@ -166,37 +167,36 @@ func (t *regionTable) alloc(op string, kind regionKind, device int, size, limit 
 	if size > math.MaxInt {
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("cannot map %d bytes", size))
 	}
-	flags := syscall.MAP_ANON | syscall.MAP_PRIVATE
-	if kind == regionHostAlloc {
-		// cuMemHostAlloc returns memory that is resident (pinned): the
-		// first copy into it takes no page faults, and neither should ours.
-		flags |= syscall.MAP_POPULATE
-	}
 	var file *os.File
+	fd := -1
 	if kind == regionDeviceAlloc {
 		// Device memory lives in a shared memory file, so that IPCExport
 		// can name it for another process as cuIpcGetMemHandle does.
 		file = ipcFile(size)
+		if file != nil {
+			fd = int(file.Fd())
+		}
 	}
-	var mem []byte
-	var err error
-	if file != nil {
-		mem, err = syscall.Mmap(int(file.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	} else {
-		mem, err = syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, flags)
-	}
+	// 2 MiB-aligned, so that host memory gets huge pages (internal/hugepage).
+	mem, err := hugepage.Map(size, fd)
 	if err != nil {
 		if file != nil {
 			file.Close()
 		}
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("mmap of %d bytes of %s memory: %v", size, t.what, err))
 	}
+	if kind == regionHostAlloc || kind == regionDeviceAlloc {
+		// cuMemHostAlloc and cuMemAlloc return memory that is resident
+		// (pinned; device memory in 2 MiB pages): the first copy into it
+		// takes no page faults, and neither should ours.
+		hugepage.Populate(mem, file != nil)
+	}
 	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
 	if other := t.insertLocked(region{start: addr, end: addr + size, kind: kind, device: device, mem: mem, file: file}); other != nil {
 		// A fresh mapping cannot overlap another allocation, only a
 		// registration of memory that has since been unmapped: the
 		// registrant's bug, but refuse rather than alias.
-		_ = syscall.Munmap(mem)
+		_ = hugepage.Unmap(mem)
 		if file != nil {
 			file.Close()
 		}
@@ -230,7 +230,7 @@ func (t *regionTable) free(op string, kind regionKind, ptr uint64) error {
 	if r.file != nil {
 		r.file.Close()
 	}
-	if err := syscall.Munmap(r.mem); err != nil {
+	if err := hugepage.Unmap(r.mem); err != nil {
 		return NewError(op, ErrCodeUnknown, fmt.Sprintf("munmap %#x: %v", ptr, err))
 	}
 	return nil

@@ -11,10 +11,10 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/hugepage"
 )
 
 // Kind is the kind of storage behind a layout; it chooses the transfer
@@ -92,7 +92,7 @@ func AllocSystem(size uint64) (*Memory, error) {
 		return nil, fmt.Errorf("allocate %d bytes of system memory: %w", size, err)
 	}
 	return &Memory{kind: System, device: -1, addr: addrOf(b), size: size,
-		release: func() error { return syscall.Munmap(b) }}, nil
+		release: func() error { return hugepage.Unmap(b) }}, nil
 }
 
 // AllocPinned allocates size bytes of pinned host memory for device.
@@ -165,11 +165,13 @@ func (m *Memory) Bytes() ([]byte, error) {
 	return HostBytes(m.addr, m.size), nil
 }
 
+// mmapAnon maps private memory 2 MiB-aligned and asking for huge pages, so
+// that a block of it is one contiguous range for O_DIRECT I/O and copies.
 func mmapAnon(size uint64) ([]byte, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("size must be > 0")
 	}
-	return syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	return hugepage.Map(size, -1)
 }
 
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }

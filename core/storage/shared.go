@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/hugepage"
 	"github.com/kvbm/kvbm/internal/memfd"
 )
 
@@ -41,7 +42,7 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 		f.Close()
 		return nil, fmt.Errorf("allocate %d bytes of shared host memory: %s: %w", size, what, err)
 	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	b, err := hugepage.Map(size, int(f.Fd()))
 	if err != nil {
 		return fail("mmap", err)
 	}
@@ -53,7 +54,7 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 	}
 	populate(b, node)
 	m := &Memory{kind: System, device: -1, addr: addrOf(b), size: size, file: f}
-	unmap := func() error { return errors.Join(unix.Munmap(b), f.Close()) }
+	unmap := func() error { return errors.Join(hugepage.Unmap(b), f.Close()) }
 	m.release = unmap
 	if pinned {
 		if err := drv.HostRegister(m.addr, size); err != nil {
@@ -69,21 +70,15 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 
 // populate makes every page resident now, as cuMemHostAlloc does, so that
 // no copy into the memory later takes page faults: on NUMA node node when
-// it is known (mbind MPOL_PREFERRED before the pages exist), then with
-// MADV_POPULATE_WRITE, or by touching each page where the kernel lacks it.
+// it is known (mbind MPOL_PREFERRED before the pages exist), as huge pages
+// where the kernel gives them (hugepage.Populate).
 func populate(b []byte, node int) {
 	if node >= 0 && node < 64 {
 		mask := uint64(1) << node
 		_, _, _ = unix.Syscall6(unix.SYS_MBIND, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
 			unix.MPOL_PREFERRED, uintptr(unsafe.Pointer(&mask)), 64, 0) // a hint: without it the pages still work
 	}
-	if unix.Madvise(b, unix.MADV_POPULATE_WRITE) == nil {
-		return
-	}
-	page := os.Getpagesize()
-	for i := 0; i < len(b); i += page {
-		b[i] = 0
-	}
+	hugepage.Populate(b, true)
 }
 
 // File is the memory's shared memory file, for a peer process to map; nil
@@ -102,7 +97,7 @@ func MapShared(f *os.File, size uint64) (*Mapping, error) {
 	if _, err := memfd.Check(f, size); err != nil {
 		return nil, fmt.Errorf("map shared memory: %w", err)
 	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	b, err := hugepage.Map(size, int(f.Fd())) // aligned, so that the peer's huge pages map whole
 	if err != nil {
 		return nil, fmt.Errorf("map shared memory of %d bytes: %w", size, err)
 	}
@@ -117,7 +112,7 @@ func (m *Mapping) Close() error {
 	if m.b == nil {
 		return nil
 	}
-	err := unix.Munmap(m.b)
+	err := hugepage.Unmap(m.b)
 	m.b = nil
 	return err
 }
