@@ -74,7 +74,7 @@ bench-cmd: kvbm
 	$(BUILD)/kvbm bench -dir $(BUILD)/bench
 
 bench-go: deps deps-ucx $(VERSITYGW)
-	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache ./core/remote/ucx
+	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache ./core/remote/ucx ./internal/memcopy
 	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
 	$(GO) test -run '^$$' -bench 'CrossProcess|PeerFailure' -benchtime 3x ./core/worker
 

@@ -3,6 +3,8 @@ package cuda
 import (
 	"fmt"
 	"sync"
+
+	"github.com/kvbm/kvbm/internal/memcopy"
 )
 
 // Streams of the emulated device: each is an unbounded ordered queue run by
@@ -214,7 +216,7 @@ func (e *Emulated) execCopy(kind CopyKind, c Copy) error {
 				kind, c.Size, c.Src, c.Dst, err)
 		}
 	}
-	copy(view(c.Dst, c.Size), view(c.Src, c.Size))
+	memcopy.Copy(view(c.Dst, c.Size), view(c.Src, c.Size)) // as a copy engine: not through the caches
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/internal/memcopy"
 )
 
 // The same-host path of the TCP transport. Two workers on one host talk
@@ -445,9 +446,9 @@ func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [
 		case views[i].host == nil:
 			devCopies = append(devCopies, transfer.DeviceCopy{Device: views[i].dev, Host: o.Local, Size: o.Size})
 		case write:
-			copy(views[i].host, storage.HostBytes(o.Local, o.Size))
+			memcopy.Copy(views[i].host, storage.HostBytes(o.Local, o.Size))
 		default:
-			copy(storage.HostBytes(o.Local, o.Size), views[i].host)
+			memcopy.Copy(storage.HostBytes(o.Local, o.Size), views[i].host)
 		}
 	}
 	var copyErr error

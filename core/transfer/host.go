@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/internal/memcopy"
 )
 
 // hostPool runs host copies, or disk I/O, on a fixed number of goroutines,
@@ -75,7 +76,7 @@ func (m *Manager) copyHost(p *plan) error {
 	return forEachChunk(m.host, p, func(lo, hi int, _ *Failures) {
 		for i := lo; i < hi; i++ {
 			for _, op := range p.blockCopies(i) {
-				copy(storage.HostBytes(op.dst, op.size), storage.HostBytes(op.src, op.size))
+				memcopy.Copy(storage.HostBytes(op.dst, op.size), storage.HostBytes(op.src, op.size))
 			}
 		}
 	})

@@ -1,0 +1,10 @@
+//go:build !amd64
+
+package memcopy
+
+import "unsafe"
+
+// Elsewhere Copy is copy.
+const streaming = false
+
+func copyNT(dst, src unsafe.Pointer, n uintptr) { panic("memcopy: no streaming copy on this architecture") }
