@@ -299,18 +299,38 @@ func inParallel(parts [][]int, fn func(part []int) error) (time.Duration, error)
 	return time.Since(t0), errors.Join(errs...)
 }
 
-// smallBlock is a 4 KiB block (one layer, one token of 2,048 bf16
-// values): what a small transfer of an engine's step moves.
-func smallBlock(blocks int) layout.Config {
-	return layout.Config{NumBlocks: blocks, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 2048, DtypeWidth: 2}
+// smallBlockSizes are the block sizes of the small-transfer figures: 4
+// KiB (one token of one layer, 2,048 bf16 values), a 32 KiB fragment (16
+// tokens of one layer of Llama-3-8B's K or V) and 256 KiB. A call costs
+// about the same whatever it moves, so the figures show from which block
+// size one-block calls come close to one call.
+var smallBlockSizes = []int{4 << 10, 32 << 10, 256 << 10}
+
+// smallBlock is a layout of blocks of one layer and one token of bytes.
+func smallBlock(blocks, bytes int) layout.Config {
+	return layout.Config{NumBlocks: blocks, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: bytes / 2, DtypeWidth: 2}
 }
 
-// benchSmall measures small transfers G2→G1 of 4 KiB blocks: one block a
-// call with its wait, beside a copy of the same 4 KiB; and 256 one-block
-// calls in flight at once, beside one call of the same 256 blocks.
-func benchSmall(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult, err error) {
+// benchSmall measures small transfers G2→G1 for each of smallBlockSizes.
+func benchSmall(drv cuda.Driver, cfg benchConfig, p *progress) ([]benchResult, error) {
+	var results []benchResult
+	for _, size := range smallBlockSizes {
+		r, err := benchSmallSize(drv, cfg, p, size)
+		results = append(results, r...)
+		if err != nil {
+			return results, err
+		}
+	}
+	return results, nil
+}
+
+// benchSmallSize measures small transfers G2→G1 of blocks of blockBytes:
+// one block a call with its wait, beside a copy of the same bytes; and 256
+// one-block calls in flight at once, beside one call of the same 256
+// blocks.
+func benchSmallSize(drv cuda.Driver, cfg benchConfig, p *progress, blockBytes int) (_ []benchResult, err error) {
 	const batch = 256
-	names := []string{"G2→G1 one 4 KiB block, call+wait", "G2→G1 256 one-block calls"}
+	names := []string{"G2→G1 one-block call+wait", "G2→G1 256 one-block calls"}
 	if !cfg.wants(names[0]) && !cfg.wants(names[1]) {
 		return nil, nil
 	}
@@ -319,7 +339,7 @@ func benchSmall(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult,
 		return nil, fmt.Errorf("small transfers: %w", err)
 	}
 	defer func() { err = errors.Join(err, m.Close()) }()
-	lc := smallBlock(batch)
+	lc := smallBlock(batch, blockBytes)
 	g1, err := m.AllocateLayout(storage.Device, lc, transfer.FullyContiguous)
 	if err != nil {
 		return nil, fmt.Errorf("small transfers: G1: %w", err)
@@ -348,7 +368,7 @@ func benchSmall(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult,
 		one[i] = ids[i : i+1]
 	}
 	paths := []benchPath{
-		{names[0], "copy of 4 KiB", func() (time.Duration, error) {
+		{names[0], "copy of the block", func() (time.Duration, error) {
 			t0 := time.Now()
 			for i := range ops {
 				n, err := m.ExecuteTransfer(g2, one[i%batch], g1, one[i%batch], transfer.Options{})

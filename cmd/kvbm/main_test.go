@@ -80,7 +80,7 @@ func TestBench(t *testing.T) {
 	require.Equal(t, 0, rc, stderr)
 	var r benchReport
 	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
-	require.Len(t, r.Results, 2*15+2+4) // the grid twice, small transfers, remote by both routes
+	require.Len(t, r.Results, 2*15+2*len(smallBlockSizes)+4) // the grid twice, small transfers, remote by both routes
 	for _, x := range r.Results {
 		require.Empty(t, x.Error, x.Path)
 		require.Positive(t, x.Value, x.Path)
