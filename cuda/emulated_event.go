@@ -86,12 +86,12 @@ func (e *Emulated) EventRecord(h Event, sh Stream) error {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf(
 			"event %d is on device %d but stream %d is on device %d", h, ev.device, sh, s.device))
 	}
-	m := newMarker()
 	// Enqueue and publish under ev.mu, so that of two concurrent records the
 	// one enqueued last is the event's capture.
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	if err := s.push(op, item{op: opMarker, m: m}); err != nil {
+	m, err := s.record(op)
+	if err != nil {
 		return err
 	}
 	ev.rec = m

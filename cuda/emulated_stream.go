@@ -49,6 +49,15 @@ type marker struct {
 
 func newMarker() *marker { return &marker{done: make(chan struct{})} }
 
+// reached is a marker reached without error, shared by every record on an
+// idle stream whose work all succeeded (a small transfer's completion
+// event): such a record allocates and enqueues nothing.
+var reached = func() *marker {
+	m := newMarker()
+	close(m.done)
+	return m
+}()
+
 // complete reports whether m has been reached, and its error.
 func (m *marker) complete() (bool, error) {
 	select {
@@ -111,6 +120,21 @@ func (s *stream) push(op string, it item) error {
 		s.cond.Signal()
 	}
 	return nil
+}
+
+// record returns the marker of an event record on s: reached when s is
+// idle and its work all succeeded, else a new marker in its queue.
+func (s *stream) record(op string) (*marker, error) {
+	s.mu.Lock()
+	// Nothing runs or waits, so s.err is not being written (busy and the
+	// queue change under s.mu).
+	idle := !s.stopped && !s.destroyed && len(s.q) == 0 && !s.busy && s.err == nil && !s.e.shutdown.Load()
+	s.mu.Unlock()
+	if idle {
+		return reached, nil
+	}
+	m := newMarker()
+	return m, s.push(op, item{op: opMarker, m: m})
 }
 
 // inlinable reports whether it may run on the caller: a marker, a wait

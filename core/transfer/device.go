@@ -105,6 +105,7 @@ type deviceCopies struct {
 	events       []cuda.Event
 	streamBuf    [1]cuda.Stream
 	eventBuf     [1]cuda.Event
+	copyBuf      [1]cuda.Copy // a one-block transfer's copy, without an allocation of its own
 }
 
 // enqueueDeviceQuery is enqueueDevice; the copies' done reports whether
@@ -131,7 +132,7 @@ func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) 
 	}
 	for i, s := range d.streams {
 		part := p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))]
-		if err := m.enqueueCopies(part, kind, s, opts.Precondition); err != nil {
+		if err := m.enqueueCopiesIn(d.copyBuf[:0], part, kind, s, opts.Precondition); err != nil {
 			d.release()
 			return nil, err
 		}
@@ -188,14 +189,20 @@ func (d *deviceCopies) release() {
 // enqueueCopies puts copies on stream, behind precondition when
 // it is set.
 func (m *Manager) enqueueCopies(ops []copyOp, kind cuda.CopyKind, stream cuda.Stream, precondition cuda.Event) error {
+	return m.enqueueCopiesIn(nil, ops, kind, stream, precondition)
+}
+
+// enqueueCopiesIn is enqueueCopies building the driver's copy list in buf
+// (appended to; the driver keeps no reference to it).
+func (m *Manager) enqueueCopiesIn(buf []cuda.Copy, ops []copyOp, kind cuda.CopyKind, stream cuda.Stream, precondition cuda.Event) error {
 	if precondition != 0 {
 		if err := m.drv.StreamWaitEvent(stream, precondition); err != nil {
 			return fmt.Errorf("wait for precondition event: %w", err)
 		}
 	}
-	copies := make([]cuda.Copy, len(ops))
-	for i, op := range ops {
-		copies[i] = cuda.Copy{Dst: op.dst, Src: op.src, Size: op.size}
+	copies := buf[:0]
+	for _, op := range ops {
+		copies = append(copies, cuda.Copy{Dst: op.dst, Src: op.src, Size: op.size})
 	}
 	if err := m.drv.MemcpyBatchAsync(kind, copies, stream); err != nil {
 		return fmt.Errorf("enqueue %d %v copies: %w", len(copies), kind, err)

@@ -7,4 +7,6 @@ import "unsafe"
 // Elsewhere Copy is copy.
 const streaming = false
 
-func copyNT(dst, src unsafe.Pointer, n uintptr) { panic("memcopy: no streaming copy on this architecture") }
+func copyNT(dst, src unsafe.Pointer, n uintptr) {
+	panic("memcopy: no streaming copy on this architecture")
+}
