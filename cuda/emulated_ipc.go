@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvbm/kvbm/internal/hugepage"
 	"github.com/kvbm/kvbm/internal/memfd"
 )
 
@@ -112,13 +112,13 @@ func (e *Emulated) IPCOpen(device int, h IPCHandle) (uint64, uint64, error) {
 		return 0, 0, NewError(op, ErrCodeInvalidValue, fmt.Sprintf(
 			"the exporting process freed that allocation (the file at its descriptor is other memory: %v)", err))
 	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, int(n.size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := hugepage.Map(n.size, int(f.Fd())) // released by the region table, with hugepage.Unmap
 	if err != nil {
 		return 0, 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("map %d bytes: %v", n.size, err))
 	}
 	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
 	if err := e.devs.insertMapped(op, region{start: addr, end: addr + n.size, kind: regionDeviceIPC, device: device, mem: mem}); err != nil {
-		_ = syscall.Munmap(mem)
+		_ = hugepage.Unmap(mem)
 		return 0, 0, err
 	}
 	if e.ipcOpen == nil {

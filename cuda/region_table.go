@@ -185,11 +185,15 @@ func (t *regionTable) alloc(op string, kind regionKind, device int, size, limit 
 		}
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("mmap of %d bytes of %s memory: %v", size, t.what, err))
 	}
-	if kind == regionHostAlloc || kind == regionDeviceAlloc {
-		// cuMemHostAlloc and cuMemAlloc return memory that is resident
-		// (pinned; device memory in 2 MiB pages): the first copy into it
-		// takes no page faults, and neither should ours.
-		hugepage.Populate(mem, file != nil)
+	if kind == regionHostAlloc {
+		// cuMemHostAlloc returns memory that is resident (pinned): the
+		// first copy into it takes no page faults, and neither should ours.
+		// Device memory stays lazy (the emulated device offers far more
+		// than a test touches).
+		if err := hugepage.Populate(mem, false); err != nil {
+			_ = hugepage.Unmap(mem)
+			return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("%d bytes of %s memory: %v", size, t.what, err))
+		}
 	}
 	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
 	if other := t.insertLocked(region{start: addr, end: addr + size, kind: kind, device: device, mem: mem, file: file}); other != nil {

@@ -52,7 +52,10 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 			node = info.NUMANode
 		}
 	}
-	populate(b, node)
+	if err := populate(b, node); err != nil {
+		_ = hugepage.Unmap(b)
+		return fail("populate", err)
+	}
 	m := &Memory{kind: System, device: -1, addr: addrOf(b), size: size, file: f}
 	unmap := func() error { return errors.Join(hugepage.Unmap(b), f.Close()) }
 	m.release = unmap
@@ -72,13 +75,13 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 // no copy into the memory later takes page faults: on NUMA node node when
 // it is known (mbind MPOL_PREFERRED before the pages exist), as huge pages
 // where the kernel gives them (hugepage.Populate).
-func populate(b []byte, node int) {
+func populate(b []byte, node int) error {
 	if node >= 0 && node < 64 {
 		mask := uint64(1) << node
 		_, _, _ = unix.Syscall6(unix.SYS_MBIND, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
 			unix.MPOL_PREFERRED, uintptr(unsafe.Pointer(&mask)), 64, 0) // a hint: without it the pages still work
 	}
-	hugepage.Populate(b, true)
+	return hugepage.Populate(b, true)
 }
 
 // File is the memory's shared memory file, for a peer process to map; nil

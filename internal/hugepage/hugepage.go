@@ -38,28 +38,27 @@ func Map(size uint64, fd int) ([]byte, error) {
 	// Reserve Size bytes more than needed, place the mapping at the first
 	// Size boundary inside the reservation (MAP_FIXED over our own
 	// reservation replaces nothing else) and give back the rest.
-	res, _, errno := unix.Syscall6(unix.SYS_MMAP, 0, length+Size, unix.PROT_NONE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, ^uintptr(0), 0)
-	if errno != 0 {
-		return nil, fmt.Errorf("reserve %d bytes of address space: %w", length+Size, errno)
+	res, err := unix.MmapPtr(-1, 0, nil, length+Size, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("reserve %d bytes of address space: %w", length+Size, err)
 	}
-	start := (res + Size - 1) &^ (Size - 1)
-	flags, f := uintptr(unix.MAP_PRIVATE|unix.MAP_ANONYMOUS), ^uintptr(0)
+	head := (Size - uintptr(res)%Size) % Size
+	start := unsafe.Add(res, head)
+	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
 	if fd >= 0 {
-		flags, f = unix.MAP_SHARED, uintptr(fd)
+		flags = unix.MAP_SHARED
 	}
-	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, start, length, unix.PROT_READ|unix.PROT_WRITE,
-		flags|unix.MAP_FIXED, f, 0); errno != 0 {
-		_ = munmap(res, length+Size)
-		return nil, fmt.Errorf("mmap %d bytes: %w", size, errno)
+	if _, err := unix.MmapPtr(fd, 0, start, length, unix.PROT_READ|unix.PROT_WRITE, flags|unix.MAP_FIXED); err != nil {
+		_ = unix.MunmapPtr(res, length+Size)
+		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
 	}
-	if start > res {
-		_ = munmap(res, start-res)
+	if head > 0 {
+		_ = unix.MunmapPtr(res, head)
 	}
-	if end, resEnd := start+length, res+length+Size; end < resEnd {
-		_ = munmap(end, resEnd-end)
+	if tail := Size - head; tail > 0 {
+		_ = unix.MunmapPtr(unsafe.Add(start, length), tail)
 	}
-	b := unsafe.Slice((*byte)(pointer(start)), int(size))
+	b := unsafe.Slice((*byte)(start), int(size))
 	if fd < 0 {
 		_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advice: base pages work too
 	}
@@ -71,10 +70,10 @@ func Unmap(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	return munmap(uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	return unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)))
 }
 
-// Populate makes every page of b (from Map) resident now, as
+// Populate makes every page of b (fresh from Map) resident now, as
 // cuMemHostAlloc's are, backed by huge pages where the kernel gives them.
 // Private memory has asked for them in Map. Shared memory (shmem) gets
 // huge pages at fault time only where the administrator enabled them for
@@ -83,11 +82,13 @@ func Unmap(b []byte) error {
 // depend on those settings) makes it a huge page.
 //
 // Whatever is not made huge (an older kernel, no free huge page, the
-// tail) is faulted in as base pages. Nothing here fails: the pages work
-// either way.
-func Populate(b []byte, shared bool) {
+// tail) is faulted in as base pages. It fails only when the memory cannot
+// be made resident (ENOMEM: the caller reports out of memory rather than
+// meet the OOM killer later); on a kernel without MADV_POPULATE_WRITE
+// (before 5.14) each page is touched instead.
+func Populate(b []byte, shared bool) error {
 	if len(b) == 0 {
-		return
+		return nil
 	}
 	if shared && len(b) >= Size {
 		// MADV_COLLAPSE skips ranges with no page present; a page each is
@@ -98,26 +99,17 @@ func Populate(b []byte, shared bool) {
 		for off := first; off+Size <= uintptr(len(b)); off += Size {
 			_ = unix.Madvise(b[off:off+pageSize], unix.MADV_POPULATE_WRITE)
 		}
-		_ = unix.Madvise(b, unix.MADV_COLLAPSE)
+		_ = unix.Madvise(b, unix.MADV_COLLAPSE) // best effort: base pages work too
 	}
-	if unix.Madvise(b, unix.MADV_POPULATE_WRITE) == nil {
-		return
+	err := unix.Madvise(b, unix.MADV_POPULATE_WRITE)
+	if err == nil {
+		return nil
+	}
+	if err != unix.EINVAL {
+		return fmt.Errorf("make %d bytes resident: %w", len(b), err)
 	}
 	for i := 0; i < len(b); i += int(pageSize) {
 		b[i] = 0
 	}
-}
-
-func munmap(addr, length uintptr) error {
-	if _, _, errno := unix.Syscall(unix.SYS_MUNMAP, addr, length, 0); errno != 0 {
-		return fmt.Errorf("munmap: %w", errno)
-	}
 	return nil
-}
-
-// pointer turns the address of a mapping (never Go-managed memory) into a
-// pointer; through a pointer to the integer, as vet cannot prove the
-// direct conversion safe.
-func pointer(addr uintptr) unsafe.Pointer {
-	return *(*unsafe.Pointer)(unsafe.Pointer(&addr))
 }

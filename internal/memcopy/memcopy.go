@@ -26,6 +26,18 @@ func Copy(dst, src []byte) int {
 	if n < MinStreaming || !streaming || overlap(dst[:n], src[:n]) {
 		return copy(dst, src)
 	}
+	stream(dst[:n], src[:n])
+	return n
+}
+
+// stream copies src into dst (of one length, not overlapping) with
+// streaming stores where the architecture has them.
+func stream(dst, src []byte) {
+	n := len(dst)
+	if !haveNT {
+		copy(dst, src)
+		return
+	}
 	// Head: up to the first 64-byte boundary of dst, so that every
 	// streaming store is aligned; tail: what is left under 64 bytes.
 	head := int(-uintptr(unsafe.Pointer(unsafe.SliceData(dst))) & 63)
@@ -37,7 +49,6 @@ func Copy(dst, src []byte) int {
 		off += m
 	}
 	copy(dst[off:n], src[off:n])
-	return n
 }
 
 func overlap(a, b []byte) bool {

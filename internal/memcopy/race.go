@@ -1,0 +1,5 @@
+//go:build race
+
+package memcopy
+
+const raceEnabled = true
