@@ -97,4 +97,16 @@ func TestBench(t *testing.T) {
 	require.Contains(t, stdout, "| 1 MiB ")
 	require.NotContains(t, stdout, "layer-wise")
 	require.Equal(t, 2+5, strings.Count(stdout, "\n|"), stdout) // header, rule, 5 rows (G3 write, read; G4 put, get, cold get)
+
+	// The gets alone: the put they read runs first, untimed.
+	rc, stdout, stderr = kvbm("bench", "--json", "-dir", t.TempDir(), "-blocks", "2", "-concurrency", "1",
+		"-reps", "1", "-paths", "G4→G2 get")
+	require.Equal(t, 0, rc, stderr)
+	r = benchReport{}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
+	require.Len(t, r.Results, 2)
+	for _, x := range r.Results {
+		require.Empty(t, x.Error, x.Path)
+		require.Positive(t, x.Ratio, x.Path)
+	}
 }

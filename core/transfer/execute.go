@@ -40,7 +40,9 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		return nil, err
 	}
 	start, path := time.Now(), pathOf(strat, kind)
-	n := newNotification()
+	// Its done channel is made just before a goroutine may complete it; one
+	// completed here, before it is returned, shares an already-closed one.
+	n := &Notification{}
 	if p.src.remote != nil || p.dst.remote != nil {
 		// A peer is involved: the transfer can be canceled, or run past
 		// its deadline, and its remote operations then stop.
@@ -65,6 +67,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 			m.finish(n, p, path, start, d.wait())
 			return n, nil
 		}
+		n.done = make(chan struct{})
 		go func() {
 			defer release()
 			m.finish(n, p, path, start, d.wait())
@@ -77,6 +80,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		m.finish(n, p, path, start, m.copyHost(p))
 		return n, nil
 	}
+	n.done = make(chan struct{})
 	go func() {
 		defer release()
 		if strat == twoHop {

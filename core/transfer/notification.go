@@ -42,7 +42,7 @@ func newNotification() *Notification { return &Notification{done: make(chan stru
 
 // completed returns a notification that is already complete.
 func completed(err error) *Notification {
-	n := newNotification()
+	n := &Notification{}
 	n.complete(err)
 	return n
 }
@@ -56,10 +56,24 @@ func (n *Notification) complete(err error) {
 	n.completeWith(err, failedBlocks(err))
 }
 
-// completeWith is complete with err's failed blocks already worked out.
+// closedDone is the done channel of notifications completed before anyone
+// else could see them (a small transfer finished inside its call): one
+// channel for all, already closed, instead of one made and closed each.
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// completeWith is complete with err's failed blocks already worked out. A
+// notification without a done channel must not have been handed out yet.
 func (n *Notification) completeWith(err error, failed []int) {
 	n.once.Do(func() {
 		n.err, n.failed = err, failed
+		if n.done == nil {
+			n.done = closedDone
+			return
+		}
 		close(n.done)
 	})
 }
