@@ -342,7 +342,36 @@ class KvbmKVManager(CommonKVManager):
 
     def _send(self, endpoint: Tuple[str, int], frames: List[bytes]) -> None:
         na = NetworkAddress(endpoint[0], int(endpoint[1]))
-        self._send_multipart_locked(na.to_tcp(), frames, is_ipv6=na.is_ipv6)
+        tcp = na.to_tcp()
+        # SGLang's cached PUSH socket does not reconnect, and waits up to its
+        # send timeout (30 s) for a peer: to a peer that died a moment ago,
+        # before its disconnection reached the socket's monitor, a send
+        # blocks that long. Bounded here by the waiting timeout, past which
+        # the prefill gives up on the decode anyway; a socket that timed out
+        # is dropped, as SGLang drops one its monitor saw disconnect, so that
+        # the next message (the failure SGLang reports) does not wait again.
+        sock = self._connect(tcp, is_ipv6=na.is_ipv6)
+        with self._socket_send_locks[tcp]:
+            sock.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms())
+            try:
+                sock.send_multipart(frames)
+            except zmq.Again:
+                self._drop_socket(tcp, sock)
+                raise
+
+    def _drop_socket(self, endpoint: str, sock: Any) -> None:
+        with self._socket_lock:
+            if self._socket_cache.get(endpoint) is not sock:
+                return  # replaced already
+            del self._socket_cache[endpoint]
+            sock.close(linger=0)
+            monitor = self._monitor_cache.pop(endpoint, None)
+            if monitor is not None:
+                monitor.close()
+
+    def _send_timeout_ms(self) -> int:
+        timeout = float(getattr(self, "waiting_timeout", 30) or 30)
+        return int(min(30.0, max(1.0, timeout)) * 1000)
 
     # ---- messages the common receiver sends (decode -> prefill)
 

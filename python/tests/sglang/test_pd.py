@@ -341,10 +341,52 @@ def test_silent_decode_fails_the_prefill(pair, monkeypatch):
     state, _ = wait_for(sender.poll, {KVPoll.Failed}, 8, "prefill")
     took = time.monotonic() - t0
     assert 1.9 <= took < 4.0, took
-    assert "did not confirm" in failure(sender)
+    # Or, where the prefill's socket to the decode had not yet seen it go,
+    # telling the decode of the pages times out after as long (see
+    # test_message_to_a_decode_just_gone_waits_no_longer_than_the_timeout).
+    why = failure(sender)
+    assert "did not confirm" in why or "telling decode" in why, why
     state, took = wait_for(lonely.poll, {KVPoll.Failed}, 8, "prefill without a decode")
     assert "Bootstrapping" in failure(lonely)
     assert not p.D.kv_any()
+
+
+def test_message_to_a_decode_just_gone_waits_no_longer_than_the_timeout(pair, monkeypatch):
+    """A decode dies after the prefill told it of a first chunk, and the
+    prefill's socket has not yet seen it go (its disconnection event not
+    yet read): SGLang's socket would hold the next message for 30 s; the
+    prefill gives up after SGLANG_DISAGGREGATION_WAITING_TIMEOUT and says
+    why."""
+    import zmq
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2")
+    p = pair()
+    sender = p.sender(83)
+    recv = p.receiver(83)
+    recv.send_metadata(np.array([4, 5, 6, 7], np.int32), 1, [], decode_prefix_len=0)
+    wait_for(sender.poll, KVPoll.WaitingForInput, 10, "prefill")
+    pages = np.array([0, 1, 2, 3], np.int32)
+    sender.init(len(pages), 1)
+    sender.send(pages[:2], None, num_kv_tokens=2 * h.PAGE)  # the decode's socket is made and used
+    assert len(p.pm._monitor_cache) == 1, p.pm._monitor_cache
+    (monitor,) = p.pm._monitor_cache.values()
+    p.dm.close()
+    p.closed.append(p.dm)
+    # Read the disconnection before the prefill does, as if the next message
+    # went out before the event arrived.
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            monitor.recv_multipart(zmq.NOBLOCK)
+            break
+        except zmq.Again:
+            assert time.monotonic() < deadline, "the prefill's socket never saw the decode go"
+            time.sleep(0.01)
+    t0 = time.monotonic()
+    sender.send(pages[2:], [], num_kv_tokens=2 * h.PAGE)
+    state, _ = wait_for(sender.poll, {KVPoll.Failed}, 8, "prefill")
+    took = time.monotonic() - t0
+    assert 1.9 <= took < 4.0, took
+    assert "telling decode" in failure(sender)
 
 
 def test_decode_abort(pair):
