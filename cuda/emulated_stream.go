@@ -220,6 +220,10 @@ func (s *stream) exec(it *item) {
 			s.err = s.e.execCopy(it.kind, c)
 		}
 	case opWait:
+		if done, err := it.m.complete(); done && s.err == nil {
+			s.err = err // no lock taken on a shared reached marker
+			break
+		}
 		if s.err == nil {
 			select {
 			case <-it.m.done:

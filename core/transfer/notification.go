@@ -119,12 +119,16 @@ func (n *Notification) Wait(ctx context.Context) error {
 
 // WaitTimeout is Wait with a timeout; a negative timeout waits forever.
 func (n *Notification) WaitTimeout(timeout time.Duration) error {
+	// A poll first: it takes no lock, where a blocking receive takes the
+	// channel's, and transfers completed in their call share one channel
+	// (closedDone) across every worker. It also keeps a select below from
+	// picking the timer half the time.
+	if done, err := n.Poll(); done {
+		return err
+	}
 	if timeout < 0 {
 		<-n.done
 		return n.err
-	}
-	if done, err := n.Poll(); done {
-		return err // a select below would pick the timer half the time
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
