@@ -132,6 +132,30 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		return func() (time.Duration, error) { return files.IO(blockBufs, write, conc) }
 	}
 	ctx := context.Background()
+	// The G4 gets (and their baseline) read what the put and its baseline
+	// wrote: a get run without the put path runs them once first, untimed
+	// (a failure is the get's).
+	var putDone bool
+	put := func() (time.Duration, error) {
+		return inParallel(parts, func(part []int) error {
+			return objectErrors("G2→G4 PutBlocks", w.PutBlocks(ctx, keysOf(part), worker.G2, part))
+		})
+	}
+	putBase := func() (time.Duration, error) {
+		d, err := filesBase(true)()
+		putDone = putDone || err == nil
+		return d, err
+	}
+	ensurePut := func() error {
+		if putDone {
+			return nil
+		}
+		if _, err := put(); err != nil {
+			return fmt.Errorf("%s first, for the gets: %w", putPath, err)
+		}
+		_, err := putBase()
+		return err
+	}
 	fragName := sizeString(blockSize / (lc.NumLayers * lc.OuterDim))
 	copyName := fmt.Sprintf("copy ×%d", gomaxprocs())
 	paths := []benchPath{
@@ -161,12 +185,11 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		}, copyBase},
 		{"G2→G3 disk write", "O_DIRECT pwrite", move("G2→G3", g2, g3), diskBase(true)},
 		{"G3→G2 disk read", "O_DIRECT pread", move("G3→G2", g3, g2), diskBase(false)},
-		{putPath, "file+fsync per block", func() (time.Duration, error) {
-			return inParallel(parts, func(part []int) error {
-				return objectErrors("G2→G4 PutBlocks", w.PutBlocks(ctx, keysOf(part), worker.G2, part))
-			})
-		}, filesBase(true)},
+		{putPath, "file+fsync per block", put, putBase},
 		{"G4→G2 get", "read file per block", func() (time.Duration, error) {
+			if err := ensurePut(); err != nil {
+				return 0, err
+			}
 			return inParallel(parts, func(part []int) error {
 				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
 			})
@@ -174,6 +197,9 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		// Cold: both sides' files dropped from the page cache before each run
 		// (outside the timing), so that both read the device.
 		{"G4→G2 get, cold cache", "read file per block, cold", func() (time.Duration, error) {
+			if err := ensurePut(); err != nil {
+				return 0, err
+			}
 			if err := baseline.DropCache(filepath.Join(dir, "g4")); err != nil {
 				return 0, err
 			}
@@ -195,21 +221,6 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		}
 		defer func() { err = errors.Join(err, closeCache()) }()
 		paths = append(paths, cps...)
-	}
-	// The G4 gets (and their baseline) read what the put and its baseline
-	// wrote: when only a get is asked for, the put runs once, untimed.
-	if !cfg.wants(putPath) && (cfg.wants("G4→G2 get") || cfg.wants("G4→G2 get, cold cache")) {
-		for _, bp := range paths {
-			if bp.name != putPath {
-				continue
-			}
-			if _, err := bp.run(); err != nil {
-				return nil, fmt.Errorf("%s, for the gets: %w", putPath, err)
-			}
-			if _, err := bp.base(); err != nil {
-				return nil, fmt.Errorf("%s baseline, for the gets: %w", putPath, err)
-			}
-		}
 	}
 	var results []benchResult
 	for _, bp := range paths {

@@ -323,6 +323,9 @@ class KvbmKVManager(CommonKVManager):
             pool.shutdown(wait=True)
         for r in list(getattr(self, "_rooms", {}).values()):
             r.coord.close()
+            for n in r.early:  # pulls not yet awaited (they go on)
+                n.close()
+            r.early = []
         for w in self.workers:
             try:
                 w.close()
@@ -346,12 +349,17 @@ class KvbmKVManager(CommonKVManager):
         # SGLang's cached PUSH socket does not reconnect, and waits up to its
         # send timeout (30 s) for a peer: to a peer that died a moment ago,
         # before its disconnection reached the socket's monitor, a send
-        # blocks that long. Bounded here by the waiting timeout, past which
-        # the prefill gives up on the decode anyway; a socket that timed out
-        # is dropped, as SGLang drops one its monitor saw disconnect, so that
-        # the next message (the failure SGLang reports) does not wait again.
+        # blocks that long. Bounded here by a few seconds (or the waiting
+        # timeout, past which the prefill gives up on the decode anyway,
+        # when shorter); a socket that timed out is dropped, as SGLang drops
+        # one its monitor saw disconnect, so that the next message (the
+        # failure SGLang reports) does not wait again.
         sock = self._connect(tcp, is_ipv6=na.is_ipv6)
         with self._socket_send_locks[tcp]:
+            if self._socket_cache.get(tcp) is not sock:
+                # Dropped or replaced (by another thread's timeout, SGLang's
+                # reconnect or close()) since: the current one, or a new one.
+                sock = self._connect(tcp, is_ipv6=na.is_ipv6)
             sock.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms())
             try:
                 sock.send_multipart(frames)
@@ -370,8 +378,12 @@ class KvbmKVManager(CommonKVManager):
                 monitor.close()
 
     def _send_timeout_ms(self) -> int:
-        timeout = float(getattr(self, "waiting_timeout", 30) or 30)
-        return int(min(30.0, max(1.0, timeout)) * 1000)
+        # A live peer takes a message at once (a PUSH socket blocks only with
+        # 1,000 queued): a few seconds is long enough for one, and the
+        # waiting timeout (300 s by default) far too long for the scheduler
+        # thread this runs on.
+        timeout = float(getattr(self, "waiting_timeout", 5) or 5)
+        return int(min(5.0, max(1.0, timeout)) * 1000)
 
     # ---- messages the common receiver sends (decode -> prefill)
 
