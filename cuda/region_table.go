@@ -40,6 +40,17 @@ type region struct {
 	file *os.File
 }
 
+// unmap releases what the table mapped for r: its memory and its file.
+func (r region) unmap() error {
+	if r.file != nil {
+		r.file.Close()
+	}
+	if r.mem == nil {
+		return nil
+	}
+	return hugepage.Unmap(r.mem)
+}
+
 // regionTable is a sorted set of non-overlapping ranges. Readers (the
 // range checks of every enqueue) load an immutable snapshot without a lock;
 // writers (allocations, frees, registrations: rare) copy it under mu.
@@ -134,13 +145,8 @@ func (t *regionTable) close() error {
 	t.closed = true
 	var errs []error
 	for _, r := range *t.snap.Load() {
-		if r.mem != nil {
-			if err := hugepage.Unmap(r.mem); err != nil {
-				errs = append(errs, fmt.Errorf("unmap %s memory %#x: %w", t.what, r.start, err))
-			}
-		}
-		if r.file != nil {
-			r.file.Close()
+		if err := r.unmap(); err != nil {
+			errs = append(errs, fmt.Errorf("unmap %s memory %#x: %w", t.what, r.start, err))
 		}
 	}
 	t.snap.Store(&[]region{})
@@ -185,25 +191,23 @@ func (t *regionTable) alloc(op string, kind regionKind, device int, size, limit 
 		}
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("mmap of %d bytes of %s memory: %v", size, t.what, err))
 	}
+	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+	r := region{start: addr, end: addr + size, kind: kind, device: device, mem: mem, file: file}
 	if kind == regionHostAlloc {
 		// cuMemHostAlloc returns memory that is resident (pinned): the
 		// first copy into it takes no page faults, and neither should ours.
 		// Device memory stays lazy (the emulated device offers far more
 		// than a test touches).
 		if err := hugepage.Populate(mem, false); err != nil {
-			_ = hugepage.Unmap(mem)
+			_ = r.unmap()
 			return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("%d bytes of %s memory: %v", size, t.what, err))
 		}
 	}
-	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
-	if other := t.insertLocked(region{start: addr, end: addr + size, kind: kind, device: device, mem: mem, file: file}); other != nil {
+	if other := t.insertLocked(r); other != nil {
 		// A fresh mapping cannot overlap another allocation, only a
 		// registration of memory that has since been unmapped: the
 		// registrant's bug, but refuse rather than alias.
-		_ = hugepage.Unmap(mem)
-		if file != nil {
-			file.Close()
-		}
+		_ = r.unmap()
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf(
 			"new mapping %#x+%d overlaps stale %s range %#x+%d", addr, size, t.what, other.start, other.end-other.start))
 	}
@@ -231,10 +235,7 @@ func (t *regionTable) free(op string, kind regionKind, ptr uint64) error {
 	if r.kind == regionDeviceAlloc {
 		t.used[r.device] -= r.end - r.start
 	}
-	if r.file != nil {
-		r.file.Close()
-	}
-	if err := hugepage.Unmap(r.mem); err != nil {
+	if err := r.unmap(); err != nil {
 		return NewError(op, ErrCodeUnknown, fmt.Sprintf("munmap %#x: %v", ptr, err))
 	}
 	return nil

@@ -85,9 +85,14 @@ func (m *Memory) Close() error {
 	return m.err
 }
 
-// AllocSystem maps size bytes of zeroed, pageable host memory.
+// AllocSystem maps size bytes of zeroed, pageable host memory, 2 MiB-aligned
+// and asking for huge pages, so that a block of it is one contiguous range
+// for O_DIRECT I/O and copies.
 func AllocSystem(size uint64) (*Memory, error) {
-	b, err := mmapAnon(size)
+	if size == 0 {
+		return nil, fmt.Errorf("allocate system memory: size must be > 0")
+	}
+	b, err := hugepage.Map(size, -1)
 	if err != nil {
 		return nil, fmt.Errorf("allocate %d bytes of system memory: %w", size, err)
 	}
@@ -163,15 +168,6 @@ func (m *Memory) Bytes() ([]byte, error) {
 		return nil, fmt.Errorf("%v memory at %#x is not host-accessible", m.kind, m.addr)
 	}
 	return HostBytes(m.addr, m.size), nil
-}
-
-// mmapAnon maps private memory 2 MiB-aligned and asking for huge pages, so
-// that a block of it is one contiguous range for O_DIRECT I/O and copies.
-func mmapAnon(size uint64) ([]byte, error) {
-	if size == 0 {
-		return nil, fmt.Errorf("size must be > 0")
-	}
-	return hugepage.Map(size, -1)
 }
 
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }

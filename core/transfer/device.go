@@ -132,7 +132,7 @@ func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) 
 	}
 	for i, s := range d.streams {
 		part := p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))]
-		if err := m.enqueueCopiesIn(d.copyBuf[:0], part, kind, s, opts.Precondition); err != nil {
+		if err := m.enqueueCopies(d.copyBuf[:0], part, kind, s, opts.Precondition); err != nil {
 			d.release()
 			return nil, err
 		}
@@ -186,15 +186,10 @@ func (d *deviceCopies) release() {
 	d.events = d.events[:0]
 }
 
-// enqueueCopies puts copies on stream, behind precondition when
-// it is set.
-func (m *Manager) enqueueCopies(ops []copyOp, kind cuda.CopyKind, stream cuda.Stream, precondition cuda.Event) error {
-	return m.enqueueCopiesIn(nil, ops, kind, stream, precondition)
-}
-
-// enqueueCopiesIn is enqueueCopies building the driver's copy list in buf
-// (appended to; the driver keeps no reference to it).
-func (m *Manager) enqueueCopiesIn(buf []cuda.Copy, ops []copyOp, kind cuda.CopyKind, stream cuda.Stream, precondition cuda.Event) error {
+// enqueueCopies puts copies on stream, behind precondition when it is
+// set. The driver's copy list is built in buf (appended to, may be nil;
+// the driver keeps no reference to it).
+func (m *Manager) enqueueCopies(buf []cuda.Copy, ops []copyOp, kind cuda.CopyKind, stream cuda.Stream, precondition cuda.Event) error {
 	if precondition != 0 {
 		if err := m.drv.StreamWaitEvent(stream, precondition); err != nil {
 			return fmt.Errorf("wait for precondition event: %w", err)

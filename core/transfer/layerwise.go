@@ -109,7 +109,7 @@ func (m *Manager) enqueueLayers(p *plan, srcIDs, dstIDs []int, events []cuda.Eve
 		ops := subPlan(p.src, p.dst, srcIDs, dstIDs, LayerRange{layer, layer + 1}).ops
 		if side != 0 && len(ops) > 1 {
 			half := len(ops) / 2
-			if err := m.enqueueCopies(ops[half:], kind, side, 0); err != nil {
+			if err := m.enqueueCopies(nil, ops[half:], kind, side, 0); err != nil {
 				return fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
 			}
 			if err := m.chain(side, s); err != nil {
@@ -117,7 +117,7 @@ func (m *Manager) enqueueLayers(p *plan, srcIDs, dstIDs []int, events []cuda.Eve
 			}
 			ops = ops[:half]
 		}
-		if err := m.enqueueCopies(ops, kind, s, 0); err != nil {
+		if err := m.enqueueCopies(nil, ops, kind, s, 0); err != nil {
 			return fmt.Errorf("layer-wise onboard, layer %d: %w", layer, err)
 		}
 		if err := m.drv.EventRecord(events[layer], s); err != nil {

@@ -129,7 +129,7 @@ func (m *Manager) syncCopies(kind cuda.CopyKind, ops []copyOp) error {
 	if err != nil {
 		return err
 	}
-	if err := m.enqueueCopies(ops, kind, s, 0); err != nil {
+	if err := m.enqueueCopies(nil, ops, kind, s, 0); err != nil {
 		return err
 	}
 	if err := m.drv.StreamSynchronize(s); err != nil {

@@ -130,15 +130,16 @@ func (m *Manager) CopyPeerDevice(toDevice bool, copies []DeviceCopy) error {
 	}
 	defer release()
 	kind := cuda.DeviceToHost
-	ops := make([]copyOp, len(copies))
-	for i, c := range copies {
-		ops[i] = copyOp{src: c.Device, dst: c.Host, size: c.Size}
-		if toDevice {
-			ops[i] = copyOp{src: c.Host, dst: c.Device, size: c.Size}
-		}
-	}
 	if toDevice {
 		kind = cuda.HostToDevice
+	}
+	ops := make([]copyOp, len(copies))
+	for i, c := range copies {
+		if toDevice {
+			ops[i] = copyOp{src: c.Host, dst: c.Device, size: c.Size}
+		} else {
+			ops[i] = copyOp{src: c.Device, dst: c.Host, size: c.Size}
+		}
 	}
 	return m.syncCopies(kind, ops)
 }

@@ -106,19 +106,25 @@ func thpMode(t *testing.T, name string) string {
 	return mode
 }
 
-// skipWithoutFreeHugePages skips when b is not all huge pages because the
-// kernel has none free (memory too fragmented): collapsing a probe mapping
-// fails with EAGAIN or ENOMEM. Any other shortfall is left to fail the
-// test (b itself is not touched).
-func skipWithoutFreeHugePages(t *testing.T, b []byte, field string) {
-	if smapsKB(t, b, field) == len(b)/1024 {
-		return
-	}
+// probeCollapse is MADV_COLLAPSE's answer for a fresh 2 MiB mapping with
+// one page present: EINVAL where the kernel lacks it (before 6.1), EAGAIN
+// or ENOMEM where it has no free huge page.
+func probeCollapse(t *testing.T) error {
 	probe, err := Map(Size, -1)
 	require.NoError(t, err)
 	defer Unmap(probe)
 	require.NoError(t, unix.Madvise(probe[:4096], unix.MADV_POPULATE_WRITE))
-	if err := unix.Madvise(probe, unix.MADV_COLLAPSE); err == unix.EAGAIN || err == unix.ENOMEM {
+	return unix.Madvise(probe, unix.MADV_COLLAPSE)
+}
+
+// skipWithoutFreeHugePages skips when b is not all huge pages because the
+// kernel has none free (memory too fragmented). Any other shortfall is
+// left to fail the test (b itself is not touched).
+func skipWithoutFreeHugePages(t *testing.T, b []byte, field string) {
+	if smapsKB(t, b, field) == len(b)/1024 {
+		return
+	}
+	if err := probeCollapse(t); err == unix.EAGAIN || err == unix.ENOMEM {
 		t.Skipf("no free huge pages here (MADV_COLLAPSE: %v)", err)
 	}
 }
@@ -149,14 +155,7 @@ func TestPopulateGivesHugePages(t *testing.T) {
 		b, err := Map(size, int(f.Fd()))
 		require.NoError(t, err)
 		defer Unmap(b)
-		probe, err := memfd.New("probe", Size)
-		require.NoError(t, err)
-		defer probe.Close()
-		pb, err := Map(Size, int(probe.Fd()))
-		require.NoError(t, err)
-		defer Unmap(pb)
-		require.NoError(t, unix.Madvise(pb[:4096], unix.MADV_POPULATE_WRITE))
-		if err := unix.Madvise(pb, unix.MADV_COLLAPSE); err == unix.EINVAL {
+		if err := probeCollapse(t); err == unix.EINVAL {
 			t.Skipf("MADV_COLLAPSE unsupported here (Linux < 6.1): %v", err)
 		}
 		require.NoError(t, Populate(b, true))
