@@ -25,10 +25,14 @@ class BlockLoad:
 @dataclass
 class BlockStore:
     """Offer G1 block block_ids[i], which holds keys[i], to the cache once
-    this step's forward has written it."""
+    this step's forward has written it. depends_on: the request's earlier
+    G1 blocks that this step's sync loads fill; if one of them fails, this
+    step computed these blocks over wrong KV and none of them is offered
+    (vLLM uncomputes a failed block and every block after it)."""
     req_id: str
     keys: List[bytes]
     block_ids: List[int]
+    depends_on: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -59,9 +63,10 @@ class KvbmConnectorMetadata(KVConnectorMetadata):
     """One step's work for the worker side, built by the scheduler side."""
     loads: List[BlockLoad] = field(default_factory=list)
     stores: List[BlockStore] = field(default_factory=list)
-    #: Finished requests whose blocks vLLM frees only when the worker side
-    #: reports them in finished_sending (their stores are done).
-    held: List[str] = field(default_factory=list)
+    #: The G1 blocks vLLM handed to requests this step (it may reuse a
+    #: finished request's blocks at once): a store still reading one of
+    #: them is waited for before this step's loads and forward write them.
+    allocated: List[int] = field(default_factory=list)
     #: Requests preempted this step: their G1 blocks may be reused now.
     preempted: List[str] = field(default_factory=list)
     #: Disaggregated prefill->decode: requests this prefill instance holds

@@ -42,7 +42,6 @@ class _Request:
     request: Any                      # vllm.v1.request.Request (its block_hashes grow)
     block_ids: List[int] = field(default_factory=list)
     next_store: int = 0               # blocks before it were offered or hit already
-    stored_any: bool = False          # a store was sent: hold the blocks at finish
     match: Tuple[int, int] = (0, 0)   # (first block, blocks) of the last match
     remote: bool = False              # the last match was a remote prefill's
 
@@ -96,7 +95,6 @@ class KvbmScheduler:
         self._tokens: "OrderedDict[bytes, Tuple[Optional[bytes], List[int]]]" = OrderedDict()
         self._requests: Dict[str, _Request] = {}
         self._loads: List[BlockLoad] = []
-        self._held: List[str] = []
         self._events: List[KVCacheEvent] = []
 
     # ---- vLLM's scheduler calls, in its order
@@ -188,11 +186,15 @@ class KvbmScheduler:
 
     def build_connector_meta(self, scheduler_output: Any) -> KvbmConnectorMetadata:
         """This step's loads, the stores of every block this step completes,
-        the finished requests whose blocks wait for their stores, and the
-        preempted ones. Resets the step's state."""
+        the blocks handed to requests this step and the preempted requests
+        (stores still reading their blocks are waited for before the
+        forward writes them). Resets the step's state."""
         bs = self.block_size
         stores: List[BlockStore] = []
         scheduled = scheduler_output.num_scheduled_tokens
+        # The G1 blocks this step's sync loads fill: a request computing
+        # over one of them stores nothing this step if it fails.
+        sync_ids = {b for ld in self._loads if not ld.is_async for b in ld.block_ids}
 
         def offer(req_id: str, computed: int, computed_after: int) -> None:
             st = self._requests.get(req_id)
@@ -200,8 +202,12 @@ class KvbmScheduler:
                 return
             # Fewer tokens computed than blocks offered: vLLM rewound the
             # request (a failed load, a preemption); its blocks are computed
-            # again and offered again.
-            st.next_store = min(st.next_store, computed // bs)
+            # again and offered again. vLLM rewinds to a block's start; a
+            # count inside a block is the last prompt token recomputed after
+            # a load of the whole prompt (that block's KV is the load's, not
+            # computed again, and is not offered again).
+            if computed % bs == 0:
+                st.next_store = min(st.next_store, computed // bs)
             hashes = st.request.block_hashes
             full = min(len(hashes), computed_after // bs, len(st.block_ids))
             if full <= st.next_store:
@@ -215,11 +221,14 @@ class KvbmScheduler:
                                        list(st.request.all_token_ids[i * bs:(i + 1) * bs]))
                     if len(self._tokens) > _MAX_TOKENS:
                         self._tokens.popitem(last=False)
-            stores.append(BlockStore(req_id, keys, st.block_ids[st.next_store:full]))
+            depends = [b for b in st.block_ids[:st.next_store] if b in sync_ids] \
+                if sync_ids else []
+            stores.append(BlockStore(req_id, keys, st.block_ids[st.next_store:full], depends))
             st.next_store = full
-            st.stored_any = True
 
+        allocated: List[int] = []
         for new in scheduler_output.scheduled_new_reqs:
+            allocated.extend(new.block_ids[0])
             st = self._requests.get(new.req_id)
             if st is None:
                 continue
@@ -229,10 +238,12 @@ class KvbmScheduler:
         cached = scheduler_output.scheduled_cached_reqs
         resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
         for i, req_id in enumerate(cached.req_ids):
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                allocated.extend(new_ids[0])
             st = self._requests.get(req_id)
             if st is None:
                 continue
-            new_ids = cached.new_block_ids[i]
             if req_id in resumed:
                 st.block_ids = list(new_ids[0]) if new_ids is not None else []
             elif new_ids is not None:
@@ -244,24 +255,26 @@ class KvbmScheduler:
             st = self._requests.get(req_id)
             if st is not None:
                 st.block_ids = []
-        md = KvbmConnectorMetadata(loads=self._loads, stores=stores, held=self._held,
+        md = KvbmConnectorMetadata(loads=self._loads, stores=stores, allocated=allocated,
                                    preempted=preempted, sends=self._sends, pulls=self._pulls)
-        self._loads, self._held, self._sends, self._pulls = [], [], [], []
+        self._loads, self._sends, self._pulls = [], [], []
         return md
 
     def request_finished(self, request: Any, block_ids: List[int]
                          ) -> Tuple[bool, Optional[dict]]:
-        """Holds the blocks of a request that sent stores until the worker
-        side reports them done (finished_sending).
+        """A finished request's blocks go back to vLLM at once, stores in
+        flight or not (as OffloadingConnector's): a block vLLM hands to
+        another request is named in a later step's metadata (allocated), and
+        the worker side waits for the stores reading it before that step
+        writes it.
 
         P/D: a prefill request (kv_transfer_params do_remote_decode) that
-        ended normally also holds its blocks, until the decode instance is
-        done with them, and returns the kv_transfer_params that NixlConnector
+        ended normally holds its blocks until the decode instance is done
+        with them, and returns the kv_transfer_params that NixlConnector
         returns, naming them. A decode request that ends before its pull was
         recorded (aborted) tells the prefill to let go."""
         req_id = request.request_id
-        st = self._requests.pop(req_id, None)
-        stored = st is not None and st.stored_any
+        self._requests.pop(req_id, None)
         params = getattr(request, "kv_transfer_params", None) or {}
         if self.consumer and params.get("do_remote_prefill") \
                 and _remote_prefill(request) is not None:
@@ -276,9 +289,7 @@ class KvbmScheduler:
                        remote_request_id=req_id, remote_host=self.config.pd_host,
                        remote_port=self.port, tp_size=self.tp_size,
                        remote_num_tokens=request.num_computed_tokens)
-        if stored:
-            self._held.append(req_id)
-        return stored or out is not None, out
+        return out is not None, out
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Feeds the workers' cache events into the index and into take_events."""

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import Event, LayoutConfig, Worker, dense_span
@@ -101,6 +102,16 @@ def engine_worker_id(engine_id: str) -> int:
     return int.from_bytes(d, "little") | 1
 
 
+@dataclass
+class _Store:
+    """An offload in flight: its notification, the requests whose blocks it
+    reads, those G1 blocks, and (CUDA) the event its copies wait for."""
+    n: Any
+    reqs: Set[str]
+    ids: Set[int]
+    ev: Any
+
+
 class KvbmWorker:
     def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
                  engine_id: str = "", tp_size: int = 1, dp_index: int = 0) -> None:
@@ -122,8 +133,9 @@ class KvbmWorker:
         # Sync loads of this step: (notification, G1 ids), or None.
         self._sync_load: Optional[Tuple[Any, List[int]]] = None
         self._async_loads: Dict[str, Tuple[Any, List[int]]] = {}
-        # Stores in flight: (notification, requests, the CUDA event it waits for).
-        self._stores: List[Tuple[Any, Set[str], Any]] = []
+        self._stores: List[_Store] = []  # in flight
+        # Requests vLLM holds for a decode instance that cannot pull them
+        # (no side channel): reported in finished_sending at once.
         self._held: Set[str] = set()
         self._load_errors: Set[int] = set()
 
@@ -203,8 +215,8 @@ class KvbmWorker:
         if self._puller is not None:
             self._puller.close()
             self._puller = None
-        for n, _, _ in self._stores:
-            self._finish(n)
+        for st in self._stores:
+            self._finish(st.n)
         self._stores = []
         for n, _ in self._async_loads.values():
             self._finish(n)
@@ -238,7 +250,19 @@ class KvbmWorker:
         if self._started:
             return
         self._started = True
-        self._held.update(md.held)
+        if self.worker is None:
+            # Before register_kv_caches or after shutdown (vLLM's
+            # no-forward path): nothing moves. Loads and pulls fail, every
+            # block (an async one is reported finished, with its errors, at
+            # the next get_finished); requests to hold go back to vLLM.
+            self._held.update(send.req_id for send in md.sends)
+            loads = [(p.req_id, p.block_ids, True) for p in md.pulls]
+            loads += [(ld.req_id, ld.block_ids, ld.is_async) for ld in md.loads]
+            for req_id, ids, is_async in loads:
+                self._load_errors.update(ids)
+                if ids and is_async:
+                    self._async_loads[req_id] = (None, list(ids))
+            return
         for send in md.sends:
             try:
                 self._prefill_server().hold(send.req_id)
@@ -249,11 +273,7 @@ class KvbmWorker:
                           send.req_id, e)
                 self._held.add(send.req_id)
         for pull in md.pulls:
-            if self.worker is None:
-                self._load_errors.update(pull.block_ids)
-                continue
             self._decode_puller().start(pull)
-        cache = self.worker.cache
         keys: List[bytes] = []
         ids: List[int] = []
         for ld in md.loads:
@@ -310,24 +330,34 @@ class KvbmWorker:
         completed to the cache, after the forward's writes (on CUDA: after
         an event recorded on the current stream; the copies wait for it)."""
         self.start_load_kv(md)  # a step whose start_load_kv was not called
+        failed: Set[int] = set()  # G1 blocks this step's sync loads did not fill
         if self._sync_load is not None:
             n, ids = self._sync_load
-            if n is not None:
-                self._load_errors.update(self._finish(n))
+            failed = set(ids) if n is None else set(self._finish(n))
+            self._load_errors.update(failed)
             self._sync_load = None
-        if not md.stores:
+        if not md.stores or self.worker is None:
             return
         keys: List[bytes] = []
         ids: List[int] = []
         reqs: Set[str] = set()
         seen: Set[bytes] = set()
         for st in md.stores:
+            if failed and not failed.isdisjoint(st.depends_on):
+                # Computed this step over a block that failed to load: wrong
+                # KV, never cached (vLLM computes them again, and they are
+                # offered again then).
+                log.info("kvbm: request %s: %d blocks computed over a failed load are "
+                         "not stored", st.req_id, len(st.block_ids))
+                continue
             reqs.add(st.req_id)
             for k, b in zip(st.keys, st.block_ids):
                 if k not in seen:  # two requests with one prefix: store it once
                     seen.add(k)
                     keys.append(k)
                     ids.append(b)
+        if not keys:
+            return
         ev: Any = None
         if self._cuda:
             import torch
@@ -339,34 +369,37 @@ class KvbmWorker:
         except (KvbmError, ValueError) as e:
             log.warning("kvbm: offload of %d blocks refused: %s", len(ids), e)
             return
-        self._stores.append((n, reqs, ev))
+        self._stores.append(_Store(n, reqs, set(ids), ev))
 
     def handle_preemptions(self, md: KvbmConnectorMetadata) -> None:
-        """The G1 blocks of preempted requests may be reused this step: their
-        stores must have read them first."""
+        """Called by vLLM at the start of every step, before its loads and
+        forward: the G1 blocks of preempted requests, and blocks vLLM handed
+        to a request this step (a finished request's blocks are reused at
+        once), are written this step, so the stores still reading them are
+        waited for first."""
         pre = set(md.preempted)
-        if not pre:
+        allocated = set(md.allocated)
+        if not self._stores or not (pre or allocated):
             return
         keep = []
-        for n, reqs, ev in self._stores:
-            if reqs & pre:
-                self._finish(n)
+        for st in self._stores:
+            if not st.n.done() and (st.reqs & pre or not allocated.isdisjoint(st.ids)):
+                self._store_done(st)
             else:
-                keep.append((n, reqs, ev))
+                keep.append(st)
         self._stores = keep
 
     def get_finished(self) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        """(held requests whose stores are done, async loads done)."""
+        """(requests held for a decode instance that it is done with, and
+        whose stores are done; async loads done)."""
         keep = []
         pending: Set[str] = set()
-        for n, reqs, ev in self._stores:
-            if n.done():
-                failed = self._finish(n)
-                if failed:
-                    log.info("kvbm: %d blocks not offloaded: %s", len(failed), failed)
+        for st in self._stores:
+            if st.n.done():
+                self._store_done(st)
             else:
-                keep.append((n, reqs, ev))
-                pending |= reqs
+                keep.append(st)
+                pending |= st.reqs
         self._stores = keep
         held = self._held
         if self._server is not None:
@@ -387,6 +420,11 @@ class KvbmWorker:
                 del self._async_loads[req_id]
                 recving.add(req_id)
         return sending or None, recving or None
+
+    def _store_done(self, st: "_Store") -> None:
+        failed = self._finish(st.n)
+        if failed:
+            log.info("kvbm: %d blocks not offloaded: %s", len(failed), failed)
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -147,17 +147,26 @@ class Engine:
                                        pattern(r.block_hashes[b], layer)), \
                         f"{req_id} block {b} (G1 {ids[b]}) layer {layer}"
 
+    def holds_its_kv(self, r, ids, b):
+        """G1 block ids[b] holds block b of request r, in every layer."""
+        return all(torch.equal(self.read(ids[b], layer), pattern(r.block_hashes[b], layer))
+                   for layer in range(len(LAYERS)))
+
     def forward(self, so):
         """Writes the KV of every token scheduled this step: each full block
-        gets its pattern, a partial one junk."""
+        gets its pattern, a partial one junk. As attention would, a block
+        computed over an earlier block that does not hold its KV (a failed
+        load) is wrong too: junk."""
         for req_id, n in so.num_scheduled_tokens.items():
             r = self.sched.requests[req_id]
             end = r.num_computed_tokens
             start = end - n
             ids = self.block_ids(req_id)
+            right = all(self.holds_its_kv(r, ids, b)
+                        for b in range(min(start // BLOCK, len(r.block_hashes))))
             for b in range(start // BLOCK, (end - 1) // BLOCK + 1):
                 for layer in range(len(LAYERS)):
-                    if b < len(r.block_hashes) and (b + 1) * BLOCK <= end:
+                    if right and b < len(r.block_hashes) and (b + 1) * BLOCK <= end:
                         self.write(ids[b], layer, pattern(r.block_hashes[b], layer))
                     else:
                         self.write(ids[b], layer, torch.full((HEADS, BLOCK, 2 * HEAD), -7,

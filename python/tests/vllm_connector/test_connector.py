@@ -42,9 +42,9 @@ def test_b_loads_the_prefix_a_offloaded(engine):
             seen["scheduled"] = so.num_scheduled_tokens["B"]
     e.run(before_forward=check)
     assert seen["scheduled"] == 10, "B computes only its own 10 tokens"
-    # A's blocks were held after it finished until the worker said its
-    # stores had read them.
-    assert [o.finished_sending for o in e.outputs if o.finished_sending] == [{"A"}]
+    # A's blocks went back to vLLM when it finished (its stores ordered
+    # before their reuse): never held for finished_sending.
+    assert not any(o.finished_sending for o in e.outputs)
     st = e.worker._worker.worker.cache.stats()
     assert st.onboarded == 2 and st.onboarded_from_g2 == 2
     assert [bytes(h) for h in b.block_hashes[:2]] == a_keys
@@ -56,6 +56,7 @@ def _lost_block_run(e):
     prompt = list(range(7, 7 + 2 * BLOCK + 1))
     a = e.add("A", prompt)
     e.run()
+    e.settle()  # A's stores done and the scheduler told
     assert e.sched.reset_prefix_cache()
     e.raw.zero_()
     b_prompt = prompt[:2 * BLOCK] + list(range(600, 600 + BLOCK + 3))
@@ -312,3 +313,118 @@ def test_a_lost_block_is_reported_with_async_loads():
         assert step.finished_recving == {"B"} and step.invalid_block_ids == reported
     finally:
         e.close()
+
+
+class _LazyStore:
+    """A store that reads its G1 blocks as late as its notification's
+    contract allows: only when it is waited for (done() is False until
+    then), as a slow copy would."""
+
+    def __init__(self, start):
+        self._start, self._n = start, None
+
+    def _real(self):
+        if self._n is None:
+            self._n = self._start()
+        return self._n
+
+    def done(self):
+        return self._n is not None and self._n.done()
+
+    def wait(self, *a, **kw):
+        return self._real().wait(*a, **kw)
+
+    def failed_blocks(self):
+        return self._real().failed_blocks()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._real().close()
+
+
+class _SlowStores:
+    """The kvbmgo Worker, but its cache's stores are _LazyStore."""
+
+    def __init__(self, w):
+        self._w = w
+        outer = self
+
+        class Cache:
+            def __getattr__(self, name):
+                return getattr(outer._w.cache, name)
+
+            def offload(self, keys, ids, **kw):
+                keys, ids = list(keys), list(ids)
+                return _LazyStore(lambda: outer._w.cache.offload(keys, ids, **kw)[0]), []
+        self.cache = Cache()
+
+    def __getattr__(self, name):
+        return getattr(self._w, name)
+
+
+def test_a_finished_requests_blocks_are_free_at_once_and_read_before_reuse():
+    # 4 usable GPU blocks; A takes all of them. When A finishes, its blocks
+    # are back in vLLM's free pool in that step (stores still in flight);
+    # B reuses them in the next; the stores read A's KV before B's forward
+    # writes them: a request with A's prompt later loads A's bytes.
+    e = Engine({"g2_blocks": 32}, num_blocks=5)
+    try:
+        w = e.worker._worker
+        w.worker = _SlowStores(w.worker)
+        pool = e.sched.kv_cache_manager.block_pool
+        a_prompt = list(range(4000, 4000 + 3 * BLOCK + 1))
+        a = e.add("A", a_prompt)
+        while "A" not in e.finished:
+            e.step()
+        assert not e.sched.requests, "A's blocks were held after it finished"
+        assert pool.get_num_free_blocks() == 4
+        assert w._stores and not any(st.n.done() for st in w._stores)
+        a_ids = set().union(*(st.ids for st in w._stores))
+        e.add("B", list(range(5000, 5000 + 3 * BLOCK + 1)))
+        so, _ = e.step()
+        assert a_ids <= set(so.scheduled_new_reqs[0].block_ids[0]), "B reuses A's blocks"
+        assert not any("A" in st.reqs for st in w._stores), "A's stores were waited for"
+        e.run()
+        for st in w._stores:  # the copies still in flight land now
+            st.n.wait()
+        e.settle()
+        assert e.sched.reset_prefix_cache()
+        e.raw.zero_()
+        e.verify = True  # every loaded block checked before the forward
+        c = e.add("C", a_prompt)
+        e.run()
+        assert [bytes(h) for h in c.block_hashes[:3]] == [bytes(h) for h in a.block_hashes[:3]]
+        assert e.worker._worker.worker.cache.stats().onboarded == 3
+    finally:
+        e.close()
+
+
+def test_worker_calls_before_registration_and_after_shutdown_do_nothing():
+    # vLLM's no-forward path (bind, start_load_kv, wait_for_save,
+    # get_finished, clear) before register_kv_caches and after shutdown:
+    # no error; a load asked for is reported failed, and an async one
+    # finished, so that no request waits for it.
+    from kvbmgo.vllm.metadata import BlockLoad, BlockStore, KvbmConnectorMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    e = Engine({"g2_blocks": 8})
+    e.close()
+    fresh = KVConnectorFactory.create_connector(e.vc, KVConnectorRole.WORKER, e.kvc)
+    for c in (fresh, e.worker):
+        md = KvbmConnectorMetadata(
+            loads=[BlockLoad("L", [b"k" * 32], [3]), BlockLoad("M", [b"m" * 32], [4], True)],
+            stores=[BlockStore("S", [b"s" * 32], [5])], allocated=[3, 4, 5],
+            preempted=["S"])
+        c.handle_preemptions(md)
+        c.bind_connector_metadata(md)
+        c.start_load_kv(e.ctx)
+        for name in LAYERS:
+            c.wait_for_layer_load(name)
+        c.wait_for_save()
+        assert c.get_finished(set()) == (None, {"M"})
+        assert c.get_block_ids_with_load_errors() == {3, 4}
+        assert c.build_connector_worker_meta() is None
+        c.clear_connector_metadata()
+        c.shutdown()

@@ -438,3 +438,28 @@ def test_a_restarted_prefill_is_connected_again():
         assert not set().union(*(o.invalid_block_ids for o in d.outputs))
     finally:
         d.close()
+
+
+def test_a_fully_pulled_full_block_prompt_is_not_offered_again(pd):
+    # vLLM recomputes the last prompt token after a pull of the whole
+    # prompt (num_computed_tokens = prompt - 1): not a rewind. The pulled
+    # blocks are not offered for storing again, and the decode request is
+    # not held after it finishes (vLLM's test_full_block_prompt).
+    p, d = pd
+    prompt = list(range(3000, 3000 + 3 * BLOCK))
+    r, params, want = prefill(p, prompt=prompt)
+    offered = []
+    orig = d.worker._worker.wait_for_save
+
+    def spy(md):
+        offered.extend(k for st in md.stores for k in st.keys)
+        return orig(md)
+    d.worker._worker.wait_for_save = spy
+    d.add("R-decode", prompt, max_tokens=2 * BLOCK + 1, kv_transfer_params=params)
+    run_both(p, d)
+    pulled = {bytes(h) for h in r.block_hashes[:3]}
+    assert not pulled & set(offered), "a pulled block was offered for storing"
+    assert len(offered) == 2  # the two blocks the decode computed
+    assert d.finished["R-decode"].finish_reason.name == "LENGTH"
+    assert not any(o.finished_sending for o in d.outputs)
+    assert not set().union(*(o.invalid_block_ids for o in d.outputs))
