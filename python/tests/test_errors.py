@@ -1,5 +1,10 @@
 """Error paths: closed objects, bad handles, lengths, dtypes, contiguity, the ABI check."""
+import ast
+import builtins
 import gc
+import inspect
+import pathlib
+import re
 import threading
 import weakref
 
@@ -76,6 +81,69 @@ def test_every_status_maps_to_a_kvbm_error():
     exported = {n for n in errors.__all__ if n.endswith("Error")}
     assert exported == {c.__name__ for c in table.values()} | {
         "KvbmError", "UnknownStatusError", "KvbmClosedError", "AbiMismatchError"}
+
+
+_ERROR_NAME = re.compile(r"\b[A-Za-z_]\w*(?:Error|Exception)\b")
+
+
+def _wrong_error_names(doc):
+    """The exception names in doc that are neither a class of kvbmgo.errors
+    nor a builtin exception (IOError and EnvironmentError, OSError's old
+    names, are refused: they read as a KvbmIOError that is not there)."""
+    wrong = []
+    for name in _ERROR_NAME.findall(doc):
+        cls = getattr(errors, name, None) or getattr(builtins, name, None)
+        if (not (isinstance(cls, type) and issubclass(cls, BaseException))
+                or name in ("IOError", "EnvironmentError")):
+            wrong.append(name)
+    return wrong
+
+
+def _docstrings():
+    """(where, docstring) of every module, class and function of the package
+    (vllm/ and sglang/ included), read from the source: importing those
+    needs vllm and sglang."""
+    root = pathlib.Path(kvbmgo.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    yield f"{path.relative_to(root)}:{getattr(node, 'name', '')}", doc
+
+
+def test_docstrings_name_only_real_exception_classes():
+    assert _wrong_error_names("Raises InvalidArgumentsError, KvbmTimeoutError, IOError") == [
+        "InvalidArgumentsError", "IOError"]  # the check catches a wrong name
+    seen = set()
+    bad = []
+    for where, doc in _docstrings():
+        seen.add(where)
+        bad += [f"{where}: {name}" for name in _wrong_error_names(doc)]
+    assert bad == []
+    # The public API is among what was read.
+    for where in ("_worker.py:transfer", "_cache.py:offload", "_notification.py:poll",
+                  "_handoff.py:on_outcome", "errors.py:"):
+        assert where in seen
+    # And so do the objects kvbmgo exports, as Python sees them: their own
+    # docstrings and those of their methods and properties, inherited ones
+    # from kvbmgo's classes included.
+    checked = 0
+    for name in kvbmgo.__all__:
+        obj = getattr(kvbmgo, name)
+        docs = [(name, obj.__doc__)]
+        if inspect.isclass(obj):
+            for cls in obj.__mro__:
+                if cls.__module__.startswith("kvbmgo"):
+                    for attr, m in vars(cls).items():
+                        m = m.fget if isinstance(m, property) else getattr(m, "__func__", m)
+                        docs.append((f"{name}.{attr}", getattr(m, "__doc__", None)))
+        for where, doc in docs:
+            if isinstance(doc, str):
+                checked += 1
+                assert _wrong_error_names(doc) == [], where
+    assert checked > 100
 
 
 def test_use_after_close(worker):
