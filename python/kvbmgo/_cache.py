@@ -140,7 +140,10 @@ class PrefixCache:
         decisions say which. The Notification completes when the G1 blocks
         may be reused; it fails naming the G1 blocks not saved. Raises
         ValueError (lengths differ), InvalidArgumentError (a bad or repeated
-        key), OutOfRangeError (a G1 id beyond G1)."""
+        key, an id that does not fit a uint32), OutOfRangeError (a G1 id
+        beyond G1), TypeError (an id that is not an integer, or a
+        precondition that is neither an Event, an int nor None),
+        CanceledError (the worker is closing); nothing changed on an error."""
         k, lens, n = _keys(keys)
         b, ba, m = block_ids(g1_ids, "g1_ids")
         if m != n:
@@ -161,8 +164,10 @@ class PrefixCache:
         loaded. With layer_events (one per layer) the copies go layer by
         layer on stream and every event is recorded before this returns.
         Raises ValueError (lengths differ), InvalidArgumentError (a bad or
-        repeated key, a repeated G1 id, the number of events),
-        OutOfRangeError (a G1 id beyond G1)."""
+        repeated key, a repeated G1 id, the number of events, an id that does
+        not fit a uint32),
+        OutOfRangeError (a G1 id beyond G1), TypeError, CanceledError (the
+        worker is closing); nothing changed on an error."""
         k, lens, n = _keys(keys)
         b, ba, m = block_ids(g1_ids, "g1_ids")
         if m != n:

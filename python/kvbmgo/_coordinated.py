@@ -37,15 +37,18 @@ class CoordinatedWorker(Handle):
         worker._dependents.add(self)
 
     def set_local(self, tier: int, handle: LayoutHandle) -> None:
-        """Records the handle of a local tier. Raises AlreadyExistsError,
-        InvalidArgumentError."""
+        """Records the handle of a local tier. Raises AlreadyExistsError (the
+        tier is set already), InvalidArgumentError (a bad tier or handle; one
+        that does not fit its C type), TypeError."""
         tier = int32(tier, "tier")
         c = LayoutHandle(*handle).to_c("handle")
         lib.kvbm_coordinated_set_local(self.handle, tier, byref(c))
 
     def apply_layout_response(self, metadata: bytes) -> None:
         """Records the local handles named in metadata the inner worker
-        exported. Raises DataCorruptionError, AlreadyExistsError."""
+        exported. Raises InvalidArgumentError (empty metadata),
+        DataCorruptionError (bytes that do not decode), AlreadyExistsError (a
+        tier set to another handle; nothing applied)."""
         b, n = metadata_bytes(metadata)
         lib.kvbm_coordinated_apply_layout_response(self.handle, b, n)
 
@@ -58,7 +61,9 @@ class CoordinatedWorker(Handle):
         lib.kvbm_coordinated_import_remote_metadata(self.handle, leader, rank, b, n)
 
     def resolve_remote_handle(self, leader: int, rank: int, tier: int) -> LayoutHandle:
-        """The handle of tier of remote (leader, rank). Raises NotFoundError."""
+        """The handle of tier of remote (leader, rank). Raises NotFoundError
+        (an unknown remote or tier), InvalidArgumentError (a bad tier; an
+        integer that does not fit its C type), TypeError."""
         out = _lib.LayoutHandleC()
         lib.kvbm_coordinated_resolve_remote_handle(self.handle, uint64(leader, "leader"),
                                                    int32(rank, "rank"), int32(tier, "tier"),

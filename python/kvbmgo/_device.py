@@ -33,8 +33,8 @@ class Stream(Handle):
     _kind = "Stream"
 
     def __init__(self, device: int = 0) -> None:
-        """Creates a stream on device. Raises CudaError,
-        InvalidArgumentError (device does not fit an int32)."""
+        """Creates a stream on device. Raises CudaError (no such device),
+        InvalidArgumentError (device does not fit an int32), TypeError."""
         device = int32(device, "device")
         h = c_void_p()
         lib.kvbm_stream_create(device, byref(h))
@@ -47,7 +47,7 @@ class Stream(Handle):
 
     def wait_event(self, event: "Union[Event, int]") -> None:
         """Makes work queued on this stream after the call wait for event's
-        capture. Raises CudaError."""
+        capture. Raises CudaError (an unknown event), and as pointer_of."""
         lib.kvbm_stream_wait_event(self.handle, pointer_of(event, Event, "event"))
 
 
@@ -59,8 +59,8 @@ class Event(Handle):
     _kind = "Event"
 
     def __init__(self, device: int = 0) -> None:
-        """Creates an event on device. Raises CudaError,
-        InvalidArgumentError (device does not fit an int32)."""
+        """Creates an event on device. Raises CudaError (no such device),
+        InvalidArgumentError (device does not fit an int32), TypeError."""
         device = int32(device, "device")
         h = c_void_p()
         lib.kvbm_event_create(device, byref(h))
@@ -68,7 +68,7 @@ class Event(Handle):
 
     def record(self, stream: "Union[Stream, int, None]" = None) -> None:
         """Captures the work queued on stream so far (None: the legacy default
-        stream). Raises CudaError."""
+        stream). Raises CudaError (an unknown stream), and as pointer_of."""
         lib.kvbm_event_record(self.handle, pointer_of(stream, Stream, "stream"))
 
     def query(self) -> bool:

@@ -67,8 +67,9 @@ class Handle:
 
     def close(self) -> None:
         """Frees the handle; a second close does nothing. Raises the library's
-        error if the free fails (the object is closed all the same; only the
-        finalizer of a forgotten object stays silent)."""
+        error if the free fails (InvalidHandleError: freed behind the
+        object's back; the object is closed all the same; only the finalizer
+        of a forgotten object stays silent)."""
         self._h = None
         ref = getattr(self, "_finalizer", None)
         owned = _live.pop(ref, None) if ref is not None else None

@@ -48,7 +48,9 @@ def handle_count() -> int:
 
 
 def status_string(status: int) -> str:
-    """The name of a status code ("KVBM_ERR_INVALID_HANDLE")."""
+    """The name of a status code ("KVBM_ERR_INVALID_HANDLE"; "KVBM_ERR_UNKNOWN"
+    for a value that is none). Raises InvalidArgumentError (status does not
+    fit an int32), TypeError."""
     return lib.kvbm_status_string(int32(status, "status")).decode()
 
 

@@ -115,7 +115,8 @@ class LayoutConfig:
     def to_c(self) -> _lib.LayoutConfigC:
         """The C struct. Raises InvalidArgumentError for a field that does not
         fit its C type (uint32; int32 for layout and block_dim), TypeError for
-        one that is not an integer."""
+        one that is not an integer, ValueError for a layout or block_dim name
+        that is none of them."""
         c = [uint32(getattr(self, name), f"LayoutConfig.{name}")
              for name in ("num_blocks", "num_layers", "outer_dim", "page_size", "inner_dim",
                           "dtype_width")]
@@ -136,8 +137,10 @@ class LayoutConfig:
         ``[num_blocks, page, *inner]`` for block_dim "first". For
         "fully_contiguous", one tensor ``[num_blocks, num_layers, outer, page, *inner]``.
         page_size, when given, must match the shape's. Raises ValueError for
-        an empty input, mismatched shapes or dtypes, TypeError for objects
-        without a shape.
+        an empty input, mismatched shapes or dtypes, a shape that does not fit
+        the layout, an unknown layout or block_dim name; TypeError for objects
+        without a shape, and as buffer_of; InvalidArgumentError for a layout
+        or block_dim value that does not fit an int32.
         """
         tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
         if not tensors:

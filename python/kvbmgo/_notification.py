@@ -36,7 +36,8 @@ class Notification(Handle):
     def poll(self) -> bool:
         """True when the transfer completed successfully, False while it runs.
         Raises the transfer's error (CudaError, KvbmIOError,
-        DataCorruptionError, ...; see failed_blocks()), InvalidHandleError."""
+        DataCorruptionError, NotFoundError, CanceledError, ...; see
+        failed_blocks()), InvalidHandleError."""
         return lib.kvbm_notification_poll(self.handle) == KVBM_OK
 
     def done(self) -> bool:
@@ -56,7 +57,7 @@ class Notification(Handle):
         """Blocks (GIL released) until the transfer completes or timeout seconds
         pass (None or math.inf: forever). True when it completed successfully,
         False on a timeout (the transfer goes on; wait again). Raises the
-        transfer's error; ValueError for a NaN timeout."""
+        transfer's error (as poll()); ValueError for a NaN timeout."""
         ms = _timeout_ms(timeout)
         h = self.handle
         if lib.kvbm_notification_poll_unchecked(h) == KVBM_OK:
@@ -71,7 +72,8 @@ class Notification(Handle):
 
     async def wait_async(self, timeout: Optional[float] = None) -> bool:
         """As wait(), for asyncio: polls with a growing asyncio.sleep (50 µs up
-        to 5 ms), never blocking the event loop; cancellation-safe."""
+        to 5 ms), never blocking the event loop; cancellation-safe. Raises as
+        poll()."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         delay = 50e-6

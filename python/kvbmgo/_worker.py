@@ -139,12 +139,14 @@ class Worker(Handle):
         bounds each operation on another process's memory: a dead, frozen or
         unreachable peer fails the transfer's blocks within it. The worker
         serves its layouts to other processes on the transport KVBM_TRANSPORT
-        selects (kvbmgo.info().transport). Raises InvalidArgumentError (a malformed
-        location, no S3 credentials), AlreadyExistsError (worker_id in use),
-        KvbmIOError (object_dir; an S3 server that refuses or lacks the bucket),
-        UnsupportedError / CudaError (device backend), InvalidArgumentError
-        (no such device; worker_id does not fit a uint64, device_id or rank
-        an int32), TypeError (one is not an integer)."""
+        selects (kvbmgo.info().transport). Raises InvalidArgumentError (a
+        malformed location, no S3 credentials, no such device; worker_id does
+        not fit a uint64, device_id or rank an int32; remote_deadline not
+        within (0, 2**32) ms), TypeError (one is not an integer),
+        AlreadyExistsError (worker_id in use), KvbmIOError (object_dir cannot
+        be created; an S3 server that refuses the credentials, lacks the
+        bucket or does not answer), KvbmTimeoutError (an S3 server silent for
+        30 s), UnsupportedError / CudaError (device backend)."""
         worker_id = uint64(worker_id, "worker_id")
         device_id = int32(device_id, "device_id")
         c = _lib.WorkerConfigC()
@@ -174,8 +176,9 @@ class Worker(Handle):
         """Closes the coordinated workers over this one, waits for transfers in
         flight, releases G2/G3, then lets go of the registered G1 memory (which
         workers that imported this one's layouts keep alive until they close).
-        Raises the first error of a failed destroy, after closing everything:
-        G1 memory of a worker whose destroy failed is then kept for good."""
+        Raises the first error of a failed destroy (InvalidHandleError: the
+        handle was freed behind its back, ...), after closing everything: G1
+        memory of a worker whose destroy failed is then kept for good."""
         first: Optional[BaseException] = None
         for dep in list(self._dependents):
             try:
@@ -297,7 +300,8 @@ class Worker(Handle):
                            block_dim: Union[str, int] = "second"
                            ) -> Tuple[LayoutConfig, LayoutHandle]:
         """LayoutConfig.from_kv_caches, then register_g1 with those tensors.
-        Returns the inferred config (e.g. to allocate G2 alike) and the handle."""
+        Returns the inferred config (e.g. to allocate G2 alike) and the handle.
+        Raises as LayoutConfig.from_kv_caches and register_g1."""
         cfg = LayoutConfig.from_kv_caches(kv_caches, page_size=page_size, layout=layout,
                                           block_dim=block_dim)
         tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
@@ -305,7 +309,9 @@ class Worker(Handle):
 
     def allocate_g2(self, config: LayoutConfig) -> LayoutHandle:
         """Allocates G2 (pinned host memory, owned by the worker). Raises
-        AlreadyExistsError, CudaError, InvalidArgumentError."""
+        AlreadyExistsError (G2 registered or allocated), CudaError (the
+        allocation, out of memory included), InvalidArgumentError (the
+        config), and what config.to_c() raises."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g2(self.handle, byref(cfg), byref(out))
@@ -313,7 +319,8 @@ class Worker(Handle):
 
     def allocate_g3(self, config: LayoutConfig) -> LayoutHandle:
         """Allocates G3 (a file in disk_dir). Raises InvalidArgumentError (no
-        disk_dir), AlreadyExistsError, KvbmIOError."""
+        disk_dir, the config), AlreadyExistsError (G3 allocated), KvbmIOError
+        (the file), and what config.to_c() raises."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g3(self.handle, byref(cfg), byref(out))
@@ -328,13 +335,17 @@ class Worker(Handle):
         """Copies blocks src_ids of tier src into blocks dst_ids of tier dst.
         layers is a half-open range (start, end); precondition an event the copy
         waits for before it reads. Returns the Notification (close it).
-        Raises ValueError (lengths differ), OutOfRangeError (an id beyond
-        the layout; a layer range that is empty or not within the layers),
-        InvalidArgumentError (no ids, a destination repeated, a block both
-        source and destination in one layout, a tier outside G1..G3; an
+        Raises ValueError (lengths differ, a numpy array of ids that is not
+        1-D), OutOfRangeError (an InvalidArgumentError and an IndexError: an
+        id beyond the layout; a layer range that is empty or not within the
+        layers), InvalidArgumentError (no ids, a destination repeated, a block
+        both source and destination in one layout, a tier outside G1..G3; an
         integer that does not fit its C type: a tier an int32, an id or a
-        layer a uint32), TypeError (a bool or a non-integer), NotFoundError
-        (tier not registered), UnsupportedError, CudaError, CanceledError."""
+        layer a uint32), TypeError (a bool or a non-integer; a stream or
+        precondition that is neither a Stream/Event, an int nor None),
+        NotFoundError (tier not registered), UnsupportedError (no path between
+        the tiers), CudaError (the driver; an unknown stream or event),
+        CanceledError (the worker is closing)."""
         # The hot path of an engine: kept to what each call needs.
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         h = self._h
@@ -350,7 +361,9 @@ class Worker(Handle):
     def onboard_layerwise(self, src_ids: Ids, dst_ids: Ids, events: "Sequence[Union[Event, int]]",
                           stream: "Union[Stream, int, None]" = None) -> Notification:
         """Onboards G2 -> G1 one layer at a time, recording events[L] right
-        after layer L's copies (one event per layer). Raises as transfer()."""
+        after layer L's copies (one event per layer). Raises as transfer(),
+        InvalidArgumentError for a number of events that is not the number of
+        layers."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         ev = (c_void_p * len(events))(*(pointer_of(e, Event, "events") for e in events))
         out = c_void_p()
@@ -362,7 +375,8 @@ class Worker(Handle):
 
     def export_metadata(self) -> bytes:
         """The worker's layout metadata (every registered tier), for another
-        worker's import_metadata / connect_remote."""
+        worker's import_metadata / connect_remote. Raises nothing beyond what
+        any call may (see kvbmgo.errors)."""
         h = self.handle
         size = c_size_t()
         try:
@@ -400,14 +414,19 @@ class Worker(Handle):
     def import_metadata(self, source: "Union[bytes, Worker]") -> None:
         """Imports another in-process worker's metadata (bytes, or the Worker
         itself, which is then kept alive) so its layouts can be sources.
-        Raises InvalidArgumentError (own metadata), DataCorruptionError,
-        NotFoundError (the exporter is gone)."""
+        Raises InvalidArgumentError (empty or own metadata, an endpoint that
+        does not parse), DataCorruptionError (bytes that do not decode, or
+        another metadata version), NotFoundError (the exporter is gone, or the
+        peer now runs another worker), UnsupportedError (no transport in
+        common), KvbmIOError (the peer cannot be reached or did not answer
+        within the deadline)."""
         b, n = self._metadata(source)
         lib.kvbm_worker_import_metadata(self.handle, b, n)
 
     def connect_remote(self, instance: int, source: "Union[bytes, Worker]") -> None:
         """As import_metadata, remembering the layouts under instance for
-        transfer_from_instance."""
+        transfer_from_instance. Raises as import_metadata, InvalidArgumentError
+        for an instance that does not fit a uint64."""
         b, n = self._metadata(source)
         instance = uint64(instance, "instance")
         lib.kvbm_worker_connect_remote(self.handle, instance, b, n)
@@ -426,7 +445,8 @@ class Worker(Handle):
         """Pulls blocks of a connected instance's tier src into local tier dst.
         deadline (seconds) bounds the pull as a whole (its blocks then fail with
         CanceledError, as after Notification.cancel()). Raises as transfer(),
-        NotFoundError for an unknown instance or tier."""
+        NotFoundError for an unknown instance or tier, InvalidArgumentError for
+        a deadline not within (0, 2**32) ms."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         out = c_void_p()
         lib.kvbm_worker_transfer_from_instance(self.handle, uint64(instance, "instance"),
@@ -441,8 +461,10 @@ class Worker(Handle):
                              precondition: "Union[Event, int, None]" = None,
                              deadline: Optional[float] = None) -> Notification:
         """Pulls blocks src_ids of another worker's layout remote (imported with
-        import_metadata) into local tier dst. Raises as transfer(),
-        NotFoundError when remote was not imported."""
+        import_metadata) into local tier dst. Raises as
+        transfer_from_instance(), NotFoundError when remote was not imported,
+        InvalidArgumentError or TypeError for a remote whose fields are not
+        uint64s."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         r, out = LayoutHandle(*remote).to_c("remote"), c_void_p()
         lib.kvbm_worker_transfer_from_remote(self.handle, byref(r), sa, int32(dst, "dst"), da, n,
@@ -487,7 +509,9 @@ class Worker(Handle):
         onboarded) that many times (0 or 1: always); g3, g4: when blocks are
         written down (WriteMode or its name, "write-back" ...); max_events:
         events kept until drained (0: 65,536). Raises NotFoundError (no G1 or
-        G2), AlreadyExistsError (enabled already), ValueError (a mode)."""
+        G2), AlreadyExistsError (enabled already), ValueError (a mode that is
+        not a WriteMode), InvalidArgumentError (admit_after or max_events not
+        a uint32), TypeError."""
         self._cache = _enable_cache(self, admit_after, g3, g4, max_events)
         return self._cache
 
@@ -503,7 +527,9 @@ class Worker(Handle):
 
     def object_has(self, keys: Sequence[Key]) -> List[bool]:
         """Whether a well-formed object exists under each key (1 to 64 bytes;
-        str is UTF-8 encoded). Raises InvalidArgumentError for a bad key."""
+        str is UTF-8 encoded). Raises InvalidArgumentError for a bad key
+        (empty or longer than 64 bytes). Without an object store nothing is
+        found."""
         k, lens, n = _keys(keys)
         found = (c_uint8 * n)()
         lib.kvbm_worker_object_has(self.handle, k, lens, n, found)
@@ -528,10 +554,10 @@ class Worker(Handle):
         Before anything moves, raises ValueError (lengths differ),
         OutOfRangeError (an id beyond the layout), InvalidArgumentError (a
         bad key, a tier outside G1..G3, an integer that does not fit its C
-        type), NotFoundError (tier not registered), UnsupportedError (no
-        object store). Then raises the first failed block's error
-        (KvbmIOError, ...) with ``block_statuses`` (one status per block)
-        attached."""
+        type), TypeError, NotFoundError (tier not registered),
+        UnsupportedError (no object store). Then raises the first failed
+        block's error (KvbmIOError, KvbmTimeoutError, ...) with
+        ``block_statuses`` (one status per block) attached."""
         self._object_io(lib.kvbm_worker_object_put, keys, tier, block_ids)
 
     def object_get(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
@@ -547,8 +573,8 @@ class Worker(Handle):
         Raises ValueError (lengths differ), OutOfRangeError (an id beyond the
         layout), InvalidArgumentError (a destination repeated, a bad key, a
         tier outside G1..G3, an integer that does not fit its C type),
-        NotFoundError (tier not registered), UnsupportedError (no object
-        store)."""
+        TypeError, NotFoundError (tier not registered), UnsupportedError (no
+        object store)."""
         k, lens, n = _keys(keys)
         dst = int32(dst, "dst")
         b, ba, m = block_ids(dst_ids, "dst_ids")

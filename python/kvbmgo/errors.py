@@ -1,4 +1,48 @@
-"""Exceptions: one class per kvbm status code, all under :class:`KvbmError`."""
+"""Exceptions: one class per kvbm status code, all under :class:`KvbmError`.
+
+Where a builtin exception fits, a class is that one too, so that ``except
+ValueError``, ``except LookupError`` or ``except OSError`` catches what it
+says (the table is the decision; tests/test_errors.py checks it)::
+
+    class                    status (kvbm_status_t)            also a subclass of
+    ------------------------ ---------------------------- ---  ---------------------------------
+    KvbmError                any error status                  Exception
+    InvalidArgumentError     KVBM_ERR_INVALID_ARGUMENT     -1  ValueError
+      OutOfRangeError        KVBM_ERR_OUT_OF_RANGE         -6  InvalidArgumentError, IndexError
+    InvalidHandleError       KVBM_ERR_INVALID_HANDLE       -2  ValueError
+    NotFoundError            KVBM_ERR_NOT_FOUND            -3  LookupError
+    AlreadyExistsError       KVBM_ERR_ALREADY_EXISTS       -4  -
+    FailedPreconditionError  KVBM_ERR_FAILED_PRECONDITION  -5  -
+    BufferTooSmallError      KVBM_ERR_BUFFER_TOO_SMALL     -7  -
+    KvbmIOError              KVBM_ERR_IO                   -8  OSError
+    CudaError                KVBM_ERR_CUDA                 -9  -
+    KvbmTimeoutError         KVBM_ERR_TIMEOUT             -10  TimeoutError (an OSError)
+    CanceledError            KVBM_ERR_CANCELED            -11  -
+    UnsupportedError         KVBM_ERR_UNSUPPORTED         -12  -
+    DataCorruptionError      KVBM_ERR_DATA_CORRUPTION     -13  -
+    InternalError            KVBM_ERR_INTERNAL            -14  -
+    UnknownStatusError       a status this package lacks       -
+
+    not statuses, so not KvbmErrors:
+    KvbmClosedError          an object used after close()      ValueError
+    AbiMismatchError         the library's ABI differs         ImportError
+
+An id or index beyond its bound is an invalid argument (the library's Go
+core says so too: its out-of-range error is an invalid-argument error), so
+``except InvalidArgumentError`` and ``except ValueError`` catch
+OutOfRangeError, and ``except IndexError`` catches it as well. A handle
+that is gone is a bad value whether Python sees it (KvbmClosedError) or the
+library does (InvalidHandleError): both are ValueErrors. NotFoundError is a
+LookupError, not a KeyError, whose str() would quote the message. Out of
+memory has no status of its own, so no class is a MemoryError: the call
+that allocates reports it, for pinned or device memory as a CudaError (the
+driver's out-of-memory error, named in the message).
+
+Beyond what a docstring names, any call may raise KvbmClosedError (the
+object was closed), InvalidHandleError (its handle was freed behind its
+back) and FailedPreconditionError (in a child forked after the library was
+loaded).
+"""
 
 from __future__ import annotations
 
@@ -58,7 +102,7 @@ class InvalidArgumentError(KvbmError, ValueError):
     status, status_name = -1, "KVBM_ERR_INVALID_ARGUMENT"
 
 
-class InvalidHandleError(KvbmError):
+class InvalidHandleError(KvbmError, ValueError):
     """KVBM_ERR_INVALID_HANDLE: freed, stale, never issued or wrong kind."""
     status, status_name = -2, "KVBM_ERR_INVALID_HANDLE"
 
@@ -78,8 +122,9 @@ class FailedPreconditionError(KvbmError):
     status, status_name = -5, "KVBM_ERR_FAILED_PRECONDITION"
 
 
-class OutOfRangeError(KvbmError, IndexError):
-    """KVBM_ERR_OUT_OF_RANGE: an index beyond its bound."""
+class OutOfRangeError(InvalidArgumentError, IndexError):
+    """KVBM_ERR_OUT_OF_RANGE: an index beyond its bound (an InvalidArgumentError
+    and a ValueError, and an IndexError too)."""
     status, status_name = -6, "KVBM_ERR_OUT_OF_RANGE"
 
 
@@ -88,7 +133,7 @@ class BufferTooSmallError(KvbmError):
     status, status_name = -7, "KVBM_ERR_BUFFER_TOO_SMALL"
 
 
-class KvbmIOError(KvbmError):
+class KvbmIOError(KvbmError, OSError):
     """KVBM_ERR_IO: file system or disk."""
     status, status_name = -8, "KVBM_ERR_IO"
 
@@ -98,7 +143,7 @@ class CudaError(KvbmError):
     status, status_name = -9, "KVBM_ERR_CUDA"
 
 
-class KvbmTimeoutError(KvbmError):
+class KvbmTimeoutError(KvbmError, TimeoutError):
     """KVBM_ERR_TIMEOUT: a wait ended first; the work goes on."""
     status, status_name = -10, "KVBM_ERR_TIMEOUT"
 

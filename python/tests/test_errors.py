@@ -1,5 +1,10 @@
 """Error paths: closed objects, bad handles, lengths, dtypes, contiguity, the ABI check."""
+import ast
+import builtins
 import gc
+import inspect
+import pathlib
+import re
 import threading
 import weakref
 
@@ -11,7 +16,7 @@ from kvbmgo import (Event, HandoffCoordinator, HandoffOrder, LayoutConfig, Strea
                     errors)
 from kvbmgo._lib import lib
 
-from conftest import NUM_BLOCKS, new_worker_id, wait_ok
+from conftest import NUM_BLOCKS, NUM_LAYERS, new_worker_id, wait_ok
 
 IDS = list(range(NUM_BLOCKS))
 
@@ -24,6 +29,121 @@ def test_one_class_per_status():
         assert issubclass(cls, errors.KvbmError) and cls.status == s
         assert cls.status_name == kvbmgo.status_string(s)
     assert errors.error_class(-99) is errors.UnknownStatusError
+
+
+def test_hierarchy():
+    """The hierarchy of errors.py's table: each status class is a KvbmError
+    and, where one fits, the builtin a caller would catch."""
+    E = errors
+    assert issubclass(E.KvbmError, Exception)
+    # Out of range is a kind of invalid argument (as the Go core's
+    # ErrOutOfRange is an ErrInvalidArgument), and an IndexError too.
+    assert issubclass(E.OutOfRangeError, E.InvalidArgumentError)
+    assert issubclass(E.OutOfRangeError, ValueError)
+    assert issubclass(E.OutOfRangeError, IndexError)
+    builtins = {E.InvalidArgumentError: ValueError, E.InvalidHandleError: ValueError,
+                E.NotFoundError: LookupError, E.KvbmIOError: OSError,
+                E.KvbmTimeoutError: TimeoutError}
+    for cls, base in builtins.items():
+        assert issubclass(cls, E.KvbmError) and issubclass(cls, base), cls
+    assert not issubclass(E.NotFoundError, KeyError)  # str() of a KeyError quotes its text
+    plain = [E.AlreadyExistsError, E.FailedPreconditionError, E.BufferTooSmallError,
+             E.CudaError, E.CanceledError, E.UnsupportedError, E.DataCorruptionError,
+             E.InternalError, E.UnknownStatusError]
+    for cls in plain:
+        assert cls.__bases__ == (E.KvbmError,), cls
+    for cls in plain + [E.InvalidHandleError, E.KvbmIOError, E.KvbmTimeoutError]:
+        assert not issubclass(cls, E.InvalidArgumentError), cls
+    # Not statuses, so not KvbmErrors.
+    assert issubclass(E.KvbmClosedError, ValueError)
+    assert not issubclass(E.KvbmClosedError, E.KvbmError)
+    assert issubclass(E.AbiMismatchError, ImportError)
+    assert not issubclass(E.AbiMismatchError, E.KvbmError)
+    # The builtin bases keep the message and the attributes.
+    for cls in (E.OutOfRangeError, E.KvbmIOError, E.KvbmTimeoutError, E.NotFoundError):
+        e = cls("why", status=cls.status, function="kvbm_f")
+        assert str(e) == f"kvbm_f: {cls.status_name}: why" and e.args == (str(e),)
+        assert (e.message, e.function) == ("why", "kvbm_f")
+
+
+def test_every_status_maps_to_a_kvbm_error():
+    """Every status of the table, and every name the library gives, has its
+    class; the classes errors.py exports are the table's and the rest."""
+    table = errors._BY_STATUS
+    assert sorted(table) == list(range(-14, 0))
+    for status, cls in table.items():
+        assert issubclass(cls, errors.KvbmError) and cls.status == status
+        assert errors.error_class(status) is cls
+        assert cls.__name__ in errors.__all__
+        assert kvbmgo.status_string(status) == cls.status_name
+    assert kvbmgo.status_string(-15) == "KVBM_ERR_UNKNOWN"  # no status past the table
+    assert errors.error_class(-15) is errors.UnknownStatusError
+    exported = {n for n in errors.__all__ if n.endswith("Error")}
+    assert exported == {c.__name__ for c in table.values()} | {
+        "KvbmError", "UnknownStatusError", "KvbmClosedError", "AbiMismatchError"}
+
+
+_ERROR_NAME = re.compile(r"\b[A-Za-z_]\w*(?:Error|Exception)\b")
+
+
+def _wrong_error_names(doc):
+    """The exception names in doc that are neither a class of kvbmgo.errors
+    nor a builtin exception (IOError and EnvironmentError, OSError's old
+    names, are refused: they read as a KvbmIOError that is not there)."""
+    wrong = []
+    for name in _ERROR_NAME.findall(doc):
+        cls = getattr(errors, name, None) or getattr(builtins, name, None)
+        if (not (isinstance(cls, type) and issubclass(cls, BaseException))
+                or name in ("IOError", "EnvironmentError")):
+            wrong.append(name)
+    return wrong
+
+
+def _docstrings():
+    """(where, docstring) of every module, class and function of the package
+    (vllm/ and sglang/ included), read from the source: importing those
+    needs vllm and sglang."""
+    root = pathlib.Path(kvbmgo.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    yield f"{path.relative_to(root)}:{getattr(node, 'name', '')}", doc
+
+
+def test_docstrings_name_only_real_exception_classes():
+    assert _wrong_error_names("Raises InvalidArgumentsError, KvbmTimeoutError, IOError") == [
+        "InvalidArgumentsError", "IOError"]  # the check catches a wrong name
+    seen = set()
+    bad = []
+    for where, doc in _docstrings():
+        seen.add(where)
+        bad += [f"{where}: {name}" for name in _wrong_error_names(doc)]
+    assert bad == []
+    # The public API is among what was read.
+    for where in ("_worker.py:transfer", "_cache.py:offload", "_notification.py:poll",
+                  "_handoff.py:on_outcome", "errors.py:"):
+        assert where in seen
+    # And so do the objects kvbmgo exports, as Python sees them: their own
+    # docstrings and those of their methods and properties, inherited ones
+    # from kvbmgo's classes included.
+    checked = 0
+    for name in kvbmgo.__all__:
+        obj = getattr(kvbmgo, name)
+        docs = [(name, obj.__doc__)]
+        if inspect.isclass(obj):
+            for cls in obj.__mro__:
+                if cls.__module__.startswith("kvbmgo"):
+                    for attr, m in vars(cls).items():
+                        m = m.fget if isinstance(m, property) else getattr(m, "__func__", m)
+                        docs.append((f"{name}.{attr}", getattr(m, "__doc__", None)))
+        for where, doc in docs:
+            if isinstance(doc, str):
+                checked += 1
+                assert _wrong_error_names(doc) == [], where
+    assert checked > 100
 
 
 def test_use_after_close(worker):
@@ -125,6 +245,24 @@ def test_transfer_argument_errors(worker):
     with pytest.raises(errors.InvalidArgumentError):
         w.onboard_layerwise(IDS, IDS, [Event()])  # one event for four layers
     gc.collect()
+
+
+def test_out_of_range_ids_are_invalid_arguments(worker):
+    """Worker.transfer with an id beyond the layout raises OutOfRangeError,
+    which except InvalidArgumentError, except ValueError and except
+    IndexError all catch."""
+    w, _ = worker
+    for src, dst in (([NUM_BLOCKS], [0]), ([0], [NUM_BLOCKS])):
+        for catch in (errors.InvalidArgumentError, ValueError, IndexError, errors.KvbmError):
+            try:
+                w.transfer(Tier.G1, src, Tier.G2, dst)
+            except catch as e:
+                assert type(e) is errors.OutOfRangeError and e.status == -6
+                assert e.function == "kvbm_worker_transfer" and str(NUM_BLOCKS) in e.message
+            else:
+                pytest.fail(f"no error for {src} -> {dst}")
+    with pytest.raises(errors.InvalidArgumentError, match="KVBM_ERR_OUT_OF_RANGE"):
+        w.transfer(Tier.G1, IDS, Tier.G2, IDS, layers=(0, NUM_LAYERS + 1))
 
 
 def test_register_g1_errors(g1_config):
