@@ -305,7 +305,9 @@ class Worker(Handle):
 
     def allocate_g2(self, config: LayoutConfig) -> LayoutHandle:
         """Allocates G2 (pinned host memory, owned by the worker). Raises
-        AlreadyExistsError, CudaError, InvalidArgumentError."""
+        AlreadyExistsError, CudaError (also: more than the host or the memory
+        cgroup can hold, refused before a page is touched, the message naming
+        the bytes requested and available), InvalidArgumentError."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g2(self.handle, byref(cfg), byref(out))
@@ -313,7 +315,8 @@ class Worker(Handle):
 
     def allocate_g3(self, config: LayoutConfig) -> LayoutHandle:
         """Allocates G3 (a file in disk_dir). Raises InvalidArgumentError (no
-        disk_dir), AlreadyExistsError, KvbmIOError."""
+        disk_dir), AlreadyExistsError, KvbmIOError (also: larger than the
+        free disk space, the message naming the bytes requested and free)."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g3(self.handle, byref(cfg), byref(out))
