@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/kvbm/kvbm/internal/memavail"
 )
 
 // Memory of the real driver: device allocations, pinned host memory
@@ -68,6 +70,13 @@ func (r *Real) HostAlloc(device int, size uint64) (uint64, error) {
 	if size == 0 {
 		return 0, NewError(op, ErrCodeInvalidValue, "size must be > 0")
 	}
+	// The driver pins every page: beyond what the host holds that meets
+	// the OOM killer rather than failing, so refuse it first.
+	release, err := memavail.Reserve(size)
+	if err != nil {
+		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("pinned host memory: %v", err))
+	}
+	defer release()
 	node := -1
 	if r.numa {
 		node = d.info.NUMANode

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvbm/kvbm/internal/hugepage"
+	"github.com/kvbm/kvbm/internal/memavail"
 )
 
 // A region table is the set of address ranges a driver knows as one kind of
@@ -172,6 +173,16 @@ func (t *regionTable) alloc(op string, kind regionKind, device int, size, limit 
 	}
 	if size > math.MaxInt {
 		return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("cannot map %d bytes", size))
+	}
+	if kind == regionHostAlloc {
+		// Resident at once (below): refuse what cannot fit before a page
+		// is touched, as cuMemHostAlloc fails rather than meet the OOM
+		// killer.
+		release, err := memavail.Reserve(size)
+		if err != nil {
+			return 0, NewError(op, ErrCodeOutOfMemory, fmt.Sprintf("%s memory: %v", t.what, err))
+		}
+		defer release()
 	}
 	var file *os.File
 	fd := -1

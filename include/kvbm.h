@@ -341,7 +341,10 @@ kvbm_status_t kvbm_worker_register_g2(kvbm_worker_t worker, const kvbm_layout_co
                                       kvbm_layout_handle_t *handle);
 
 /* Allocates G2 (pinned host memory, owned by the worker). handle may be
- * NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_ALREADY_EXISTS,
+ * NULL. A size the host or this process's memory cgroup cannot hold (less a
+ * margin) is refused before a page is touched: KVBM_ERR_CUDA (out of
+ * memory), the message naming the bytes requested and available. Returns
+ * KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_ALREADY_EXISTS,
  * KVBM_ERR_CUDA (allocation), KVBM_ERR_INVALID_HANDLE,
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_allocate_g2(kvbm_worker_t worker, const kvbm_layout_config_t *config,
@@ -349,8 +352,9 @@ kvbm_status_t kvbm_worker_allocate_g2(kvbm_worker_t worker, const kvbm_layout_co
 
 /* Allocates G3 (one file in the worker's disk_dir, owned by the worker).
  * handle may be NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (also: no
- * disk_dir), KVBM_ERR_ALREADY_EXISTS, KVBM_ERR_IO, KVBM_ERR_INVALID_HANDLE,
- * KVBM_ERR_FAILED_PRECONDITION. */
+ * disk_dir), KVBM_ERR_ALREADY_EXISTS, KVBM_ERR_IO (also: larger than the
+ * filesystem's free space, the message naming the bytes requested and
+ * free), KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_allocate_g3(kvbm_worker_t worker, const kvbm_layout_config_t *config,
                                       kvbm_layout_handle_t *handle);
 

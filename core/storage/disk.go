@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"syscall"
+
+	"github.com/kvbm/kvbm/internal/memavail"
 )
 
 // DirectIOAlignment is the alignment O_DIRECT needs of buffer addresses, file
@@ -45,6 +47,11 @@ func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("create disk layout: size must be > 0")
 	}
+	release, err := checkSpace(dir, size)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	f, err := os.CreateTemp(dir, "kvbm-layout-*.g3")
 	if err != nil {
 		return nil, fmt.Errorf("create disk layout in %q: %w", dir, err)
@@ -52,6 +59,11 @@ func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 	d := &DiskFile{path: f.Name(), size: size, buffered: f}
 	if err := reserve(f, size); err != nil {
 		d.Close()
+		if errors.Is(err, syscall.ENOSPC) {
+			if free, ok := freeBytes(dir); ok {
+				err = fmt.Errorf("%w (%d bytes free)", err, free)
+			}
+		}
 		return nil, fmt.Errorf("reserve %d bytes for %q: %w", size, d.path, err)
 	}
 	direct, err := os.OpenFile(d.path, os.O_RDWR|syscall.O_DIRECT, 0)
@@ -63,6 +75,41 @@ func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 		d.direct = direct
 	}
 	return d, nil
+}
+
+// checkSpace refuses a layout larger than the free space of dir's
+// filesystem before a block is written (fallocate of too much may first
+// fill the disk, zero-filling would), naming the bytes requested and free.
+// A file on tmpfs is shared memory: its pages are reserved as
+// AllocShared's are (internal/memavail), until release.
+func checkSpace(dir string, size uint64) (release func(), err error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return nil, fmt.Errorf("create disk layout in %q: %w", dir, err)
+	}
+	if free := st.Bavail * uint64(st.Bsize); size > free {
+		return nil, fmt.Errorf("create disk layout in %q: %d bytes requested, %d free: %w", dir, size, free, syscall.ENOSPC)
+	}
+	if st.Type != tmpfsMagic {
+		return func() {}, nil
+	}
+	release, err = memavail.Reserve(size)
+	if err != nil {
+		return nil, fmt.Errorf("create disk layout in %q (tmpfs: its files are memory): %w (%w)", dir, err, syscall.ENOMEM)
+	}
+	return release, nil
+}
+
+const tmpfsMagic = 0x01021994 // TMPFS_MAGIC
+
+// freeBytes is the free space of dir's filesystem for an unprivileged
+// user.
+func freeBytes(dir string) (uint64, bool) {
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) != nil {
+		return 0, false
+	}
+	return st.Bavail * uint64(st.Bsize), true
 }
 
 // reserve allocates the file's blocks so that a full disk fails now, not in

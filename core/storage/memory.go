@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/hugepage"
+	"github.com/kvbm/kvbm/internal/memavail"
 )
 
 // Kind is the kind of storage behind a layout; it chooses the transfer
@@ -91,6 +92,12 @@ func (m *Memory) Close() error {
 func AllocSystem(size uint64) (*Memory, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("allocate system memory: size must be > 0")
+	}
+	// Faulted in as it is written, but a layout is written whole: refuse
+	// what could never be resident now rather than meet the OOM killer
+	// then.
+	if err := memavail.Check(size); err != nil {
+		return nil, outOfMemory("allocate system memory", err)
 	}
 	b, err := hugepage.Map(size, -1)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/hugepage"
+	"github.com/kvbm/kvbm/internal/memavail"
 	"github.com/kvbm/kvbm/internal/memfd"
 )
 
@@ -31,6 +32,13 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 	if size == 0 {
 		return nil, fmt.Errorf("allocate shared host memory: size must be > 0")
 	}
+	// Every page is made resident below: refuse what cannot fit before
+	// one is touched, with the out of memory cuMemHostAlloc would give.
+	release, err := memavail.Reserve(size)
+	if err != nil {
+		return nil, outOfMemory("allocate shared host memory", err)
+	}
+	defer release()
 	f, err := memfd.New("kvbm", size)
 	if errors.Is(err, memfd.ErrUnavailable) {
 		return nil, fmt.Errorf("%w: %w", ErrNotShareable, err)
@@ -54,7 +62,8 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 	}
 	if err := populate(b, node); err != nil {
 		_ = hugepage.Unmap(b)
-		return fail("populate", err)
+		f.Close()
+		return nil, outOfMemory(fmt.Sprintf("allocate %d bytes of shared host memory", size), err)
 	}
 	m := &Memory{kind: System, device: -1, addr: addrOf(b), size: size, file: f}
 	unmap := func() error { return errors.Join(hugepage.Unmap(b), f.Close()) }
@@ -69,6 +78,13 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 		m.release = func() error { return errors.Join(drv.HostUnregister(m.addr), unmap()) }
 	}
 	return m, nil
+}
+
+// outOfMemory is err, host memory that could not be made resident, as the
+// driver's out of memory: what cuMemHostAlloc gives for pinned memory (a
+// KVBM_ERR_CUDA through the C ABI).
+func outOfMemory(op string, err error) error {
+	return cuda.NewError(op, cuda.ErrCodeOutOfMemory, err.Error())
 }
 
 // populate makes every page resident now, as cuMemHostAlloc does, so that

@@ -2,12 +2,16 @@ package storage
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvbm/kvbm/internal/memavail"
 )
 
 func TestSystemMemory(t *testing.T) {
@@ -91,4 +95,41 @@ func TestDiskFileTruncatedReadsShort(t *testing.T) {
 		require.ErrorIs(t, err, io.ErrUnexpectedEOF, "offset %d", c.off)
 		require.ErrorContains(t, err, "the file ends before its layout does")
 	}
+}
+
+// A disk layout larger than its filesystem's free space is refused before
+// a block is reserved, naming the bytes requested and free.
+func TestDiskFileLargerThanTheFreeSpaceIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	var st syscall.Statfs_t
+	require.NoError(t, syscall.Statfs(dir, &st))
+	free := st.Bavail * uint64(st.Bsize)
+	_, err := CreateDiskFile(dir, free+1<<40)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.ErrorContains(t, err, fmt.Sprintf("%d bytes requested, ", free+1<<40))
+	require.ErrorContains(t, err, " free")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, entries, "no file is left behind")
+}
+
+// A disk layout on tmpfs is memory (shmem): it is refused as host memory
+// is when it cannot fit.
+func TestDiskFileOnTmpfsIsCheckedAgainstMemory(t *testing.T) {
+	var st syscall.Statfs_t
+	if syscall.Statfs("/dev/shm", &st) != nil || st.Type != tmpfsMagic {
+		t.Skip("no tmpfs at /dev/shm")
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "kvbm-test-")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	reading := memavail.Reading{MemTotal: 24 << 30, MemAvailable: 1<<30 + 8<<20} // 1 GiB kept free
+	defer memavail.Override(func() (memavail.Reading, error) { return reading, nil })()
+	d, err := CreateDiskFile(dir, 8<<20)
+	require.NoError(t, err, "just under")
+	require.NoError(t, d.Close())
+	_, err = CreateDiskFile(dir, 8<<20+1)
+	require.ErrorIs(t, err, memavail.ErrInsufficient)
+	require.ErrorIs(t, err, syscall.ENOMEM)
+	require.ErrorContains(t, err, fmt.Sprintf("%d bytes requested, %d available", 8<<20+1, 8<<20))
 }

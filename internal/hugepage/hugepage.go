@@ -86,6 +86,11 @@ func Unmap(b []byte) error {
 // be made resident (ENOMEM: the caller reports out of memory rather than
 // meet the OOM killer later); on a kernel without MADV_POPULATE_WRITE
 // (before 5.14) each page is touched instead.
+//
+// ENOMEM comes only where the kernel refuses outright: memory beyond what
+// the host or the cgroup holds is more often met by the OOM killer while
+// the pages are faulted in. Callers reserve the bytes with
+// internal/memavail first, before mapping them.
 func Populate(b []byte, shared bool) error {
 	if len(b) == 0 {
 		return nil

@@ -310,8 +310,10 @@ class Worker(Handle):
     def allocate_g2(self, config: LayoutConfig) -> LayoutHandle:
         """Allocates G2 (pinned host memory, owned by the worker). Raises
         AlreadyExistsError (G2 registered or allocated), CudaError (the
-        allocation, out of memory included), InvalidArgumentError (the
-        config), and what config.to_c() raises."""
+        allocation; also more than the host or the memory cgroup can hold,
+        refused before a page is touched, the message naming the bytes
+        requested and available), InvalidArgumentError (the config), and
+        what config.to_c() raises."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g2(self.handle, byref(cfg), byref(out))
@@ -320,7 +322,8 @@ class Worker(Handle):
     def allocate_g3(self, config: LayoutConfig) -> LayoutHandle:
         """Allocates G3 (a file in disk_dir). Raises InvalidArgumentError (no
         disk_dir, the config), AlreadyExistsError (G3 allocated), KvbmIOError
-        (the file), and what config.to_c() raises."""
+        (the file; also larger than the free disk space, the message naming
+        the bytes requested and free), and what config.to_c() raises."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g3(self.handle, byref(cfg), byref(out))

@@ -428,3 +428,49 @@ def test_worker_calls_before_registration_and_after_shutdown_do_nothing():
         assert c.build_connector_worker_meta() is None
         c.clear_connector_metadata()
         c.shutdown()
+
+
+_SIZE_CHILD = """
+import json, os, sys
+with open("/proc/self/oom_score_adj", "w") as f:
+    f.write("1000")  # a regression meets the OOM killer: it takes this child first
+sys.path.insert(0, sys.argv[2])
+import conftest  # noqa: F401 - its environment
+from harness import Engine
+from kvbmgo import errors
+try:
+    Engine(json.loads(sys.argv[1])).close()
+    print(json.dumps({"error": None}))
+except errors.KvbmError as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+"""
+
+
+def _mem_total():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith("MemTotal:"))
+
+
+@pytest.mark.parametrize("tier", ["g2", "g3"])
+def test_a_tier_the_machine_cannot_hold_fails_at_start(tmp_path, tier):
+    """g2_bytes of twice the machine's memory, or g3_bytes beyond the disk's free
+    space, fail register_kv_caches at once with the library's message naming the
+    bytes requested and available, in a child process (see _SIZE_CHILD)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    if tier == "g2":
+        extra, error, word = {"g2_bytes": 2 * _mem_total()}, "CudaError", " available"
+    else:
+        st = os.statvfs(tmp_path)
+        extra = {"g2_blocks": 8, "g3_dir": str(tmp_path),
+                 "g3_bytes": st.f_bavail * st.f_frsize + (1 << 40)}
+        error, word = "KvbmIOError", " free"
+    r = subprocess.run([sys.executable, "-c", _SIZE_CHILD, json.dumps(extra),
+                        os.path.dirname(__file__)], capture_output=True, text=True, timeout=300)
+    assert r.returncode >= 0, f"the child was killed by signal {-r.returncode}\n{r.stderr}"
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["error"] == error, out
+    assert "bytes requested, " in out["message"] and word in out["message"], out
