@@ -207,9 +207,11 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 			}
 			t.Skipf("UCX does not load: %v", err)
 		}
+		t.Setenv(ucx.EnvAcceptLateWrites, "1") // refused otherwise (ucx.ErrLateWrites)
 		network, err := remote.Open("ucx")
 		require.NoError(t, err)
-		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx"), decodeWorkerOn(t, 10*time.Second, network))
+		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites+"=1"),
+			decodeWorkerOn(t, 10*time.Second, network))
 	})
 }
 
