@@ -38,7 +38,10 @@ func Register(name string, open Opener) {
 // transport, and an importer that dies with such requests queued can make
 // UCX abort the exporting process (ucp_request.inl "Endpoint timeout").
 // UCX is for deployments that choose it, with a UCX build (KVBM_UCX_LIB)
-// that reaches their memory one-sided (RDMA, CUDA).
+// that reaches their memory one-sided (RDMA, CUDA). Opening "ucx" is
+// refused (ucx.ErrLateWrites) unless KVBM_UCX_ACCEPT_LATE_WRITES=1: it
+// cannot promise that no byte of a failed operation lands after its
+// notification completed.
 func Choice(name string) (string, error) {
 	openersMu.Lock()
 	defer openersMu.Unlock()

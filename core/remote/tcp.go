@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvbm/kvbm/core/transfer"
 )
@@ -45,6 +46,8 @@ type TCP struct {
 	conns  map[net.Conn]struct{} // server side
 	peers  map[*tcpPeer]struct{}
 	wg     sync.WaitGroup
+
+	served atomic.Uint64 // requests of peers answered, however they ended
 }
 
 // NewTCP makes a TCP transport; Serve starts its server.
@@ -203,6 +206,11 @@ func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
 	t.mu.Unlock()
 	return p, nil
 }
+
+// Served is the number of peers' requests the server has answered so far,
+// however each ended (a peer that gave up on one still counts): a test
+// waits on it to know that a late answer was made.
+func (t *TCP) Served() uint64 { return t.served.Load() }
 
 // Close stops the server, closes its connections and every peer, and
 // waits for the server's goroutines.

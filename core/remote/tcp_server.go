@@ -2,10 +2,14 @@ package remote
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func (t *TCP) accept(ln net.Listener) {
@@ -77,7 +81,9 @@ func (t *TCP) serveConn(c net.Conn) {
 			return // closed, or a malformed request: the connection cannot be trusted further
 		}
 		c.SetDeadline(time.Now().Add(deadline))
-		if err := t.answer(c, r, q); err != nil {
+		err = t.answer(c, r, q)
+		t.served.Add(1)
+		if err != nil {
 			return
 		}
 	}
@@ -104,12 +110,30 @@ func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
 			return err
 		})
 	default:
+		// A write whose pusher gave up (its deadline passed, it was
+		// canceled) is not applied: its bytes may still be queued here,
+		// read late by a server that was frozen, and the blocks they are
+		// for may have been reused since. The pusher closes the connection
+		// before it reports the failure; the server looks for that before
+		// it moves the bytes into the layout, then every checkEvery bytes,
+		// and before staged bytes are copied to the device.
+		unchecked := uint64(0)
 		err = t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
 			started = true
 			for _, p := range pieces {
+				if unchecked == 0 || unchecked >= checkEvery {
+					if peerClosed(c) {
+						return errPusherGaveUp
+					}
+					unchecked = 1
+				}
 				if _, err := io.ReadFull(r, p); err != nil {
 					return err
 				}
+				unchecked += uint64(len(p))
+			}
+			if peerClosed(c) {
+				return errPusherGaveUp
 			}
 			return nil
 		})
@@ -130,6 +154,34 @@ func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
 		return werr
 	}
 	return nil
+}
+
+// checkEvery is how many bytes of a write the server moves into the
+// layout between two looks at whether its pusher closed the connection.
+const checkEvery = 1 << 20
+
+var errPusherGaveUp = errors.New("the pusher closed the connection before the write's bytes were applied")
+
+// peerClosed reports whether the peer of c has closed its side (shut
+// down writing, or reset), seen by the kernel even while bytes it sent
+// before are still queued to be read here.
+func peerClosed(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			closed = fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return closed
 }
 
 // setBuffers asks for socket buffers large enough to keep a fast link busy.

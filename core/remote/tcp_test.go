@@ -17,6 +17,7 @@ import (
 	. "github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // tcpPair is an exporter and an importer, each with its own TCP transport
@@ -566,4 +567,43 @@ func TestPeerBrokenByAnOperationIsUnmappedWhenItCloses(t *testing.T) {
 	_ = peer.fail(&tcpConn{c: a, r: bufio.NewReader(a)}, context.Background(), io.ErrUnexpectedEOF)
 	require.NoError(t, p.expTCP.Close()) // the exporter goes: its server closes the watch connection
 	require.Eventually(t, func() bool { return !Mapped(peer, h) }, 5*time.Second, 5*time.Millisecond)
+}
+
+// A server sees that its peer closed the connection even while bytes the
+// peer sent before are still queued to be read (what keeps a write the
+// pusher gave up on from being applied), on TCP and on the same-host Unix
+// socket alike; an open peer, or one that only sent, is not closed.
+func TestPeerClosedIsSeenWithBytesStillQueued(t *testing.T) {
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			addr := "127.0.0.1:0"
+			if network == "unix" {
+				addr = fmt.Sprintf("@kvbm-test-peerclosed-%d", os.Getpid())
+			}
+			ln, err := net.Listen(network, addr)
+			require.NoError(t, err)
+			defer ln.Close()
+			client, err := net.Dial(network, ln.Addr().String())
+			require.NoError(t, err)
+			server, err := ln.Accept()
+			require.NoError(t, err)
+			defer server.Close()
+			require.False(t, peerClosed(server))
+			_, err = client.Write([]byte("queued bytes"))
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				var pending int
+				raw, _ := server.(syscall.Conn).SyscallConn()
+				raw.Control(func(fd uintptr) { pending, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+				return pending > 0
+			}, time.Second, time.Millisecond)
+			require.False(t, peerClosed(server), "bytes queued, the peer still open")
+			require.NoError(t, client.Close())
+			require.Eventually(t, func() bool { return peerClosed(server) }, time.Second, time.Millisecond)
+			b := make([]byte, 12)
+			_, err = io.ReadFull(server, b)
+			require.NoError(t, err, "the queued bytes are still there to read")
+			require.Equal(t, "queued bytes", string(b))
+		})
+	}
 }

@@ -34,7 +34,8 @@ const exporterBlocks = 16
 // TestExporterProcess is the helper process: a worker with G1 (device,
 // layer-separate) and G2 (pinned) filled with pattern(…, tier<<8|block),
 // that prints its metadata and then answers commands on stdin:
-// "check TIER BLOCK TAG" prints ok or bad; "exit" (or EOF) ends it.
+// "check TIER BLOCK TAG" prints ok or bad; "served" prints how many
+// requests its TCP server has answered; "exit" (or EOF) ends it.
 func TestExporterProcess(t *testing.T) {
 	if os.Getenv(exporterEnv) == "" {
 		t.Skip("the exporter helper process of the cross-process tests")
@@ -75,6 +76,12 @@ func TestExporterProcess(t *testing.T) {
 		f := strings.Fields(in.Text())
 		if len(f) == 0 || f[0] == "exit" {
 			return
+		}
+		if f[0] == "served" { // how many requests the TCP server answered so far
+			tcp, ok := network.(*remote.TCP)
+			require.True(t, ok, "served is asked of the TCP transport")
+			fmt.Println(tcp.Served())
+			continue
 		}
 		tier, _ := strconv.Atoi(f[1])
 		block, _ := strconv.Atoi(f[2])
@@ -207,9 +214,11 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 			}
 			t.Skipf("UCX does not load: %v", err)
 		}
+		t.Setenv(ucx.EnvAcceptLateWrites, "1") // refused otherwise (ucx.ErrLateWrites)
 		network, err := remote.Open("ucx")
 		require.NoError(t, err)
-		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx"), decodeWorkerOn(t, 10*time.Second, network))
+		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites+"=1"),
+			decodeWorkerOn(t, 10*time.Second, network))
 	})
 }
 

@@ -32,6 +32,30 @@
 // table, since shared memory stays readable after its owner died).
 package ucx
 
+import "errors"
+
+// ErrLateWrites is why KVBM_TRANSPORT=ucx (remote.Open) is refused: the
+// transport cannot promise that no byte of an operation lands once its
+// notification completed. A push that failed at its deadline, its peer
+// frozen, is applied by the peer when it runs again (UCX emulates puts
+// with messages the peer's progress thread applies, and the pusher
+// cannot take them back), so the blocks a failed push was for may be
+// overwritten after they were reused; a pull's requests that closing the
+// endpoint does not cancel (reads emulated over messages) are left to
+// UCX after the pull completed, their late replies written where the
+// pull's blocks were; and a layout unregistered while peers still have it
+// imported stays reachable through their rkeys, which on those emulated
+// reads and writes makes the exporter touch memory that may be gone.
+// EnvAcceptLateWrites opens it anyway; New is not refused.
+var ErrLateWrites = errors.New("the UCX transport is refused: once an operation failed at its deadline, " +
+	"a frozen peer that runs again can still apply a failed push's bytes in blocks that were reused, and a pull's " +
+	"uncancelled requests are left in flight; a layout unregistered while peers have it imported stays reachable " +
+	"through their rkeys. Use the tcp transport, or set " + EnvAcceptLateWrites + "=1 to accept this")
+
+// EnvAcceptLateWrites, set to 1, lets KVBM_TRANSPORT=ucx (remote.Open)
+// open the transport despite ErrLateWrites.
+const EnvAcceptLateWrites = "KVBM_UCX_ACCEPT_LATE_WRITES"
+
 // EnvLib names the libucp to load instead of DefaultLib.
 const EnvLib = "KVBM_UCX_LIB"
 

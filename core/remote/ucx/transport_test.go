@@ -409,3 +409,21 @@ func TestAllocHost(t *testing.T) {
 	_, err = exp.tr.AllocHost(1 << 20)
 	require.NoError(t, err)
 }
+
+// KVBM_TRANSPORT=ucx is refused, saying why, until the late writes are
+// accepted (EnvAcceptLateWrites); New itself is not.
+func TestSelectingUCXIsRefusedUntilLateWritesAreAccepted(t *testing.T) {
+	needUCX(t)
+	t.Setenv(EnvAcceptLateWrites, "")
+	_, err := remote.Open("ucx")
+	require.ErrorIs(t, err, ErrLateWrites)
+	require.ErrorContains(t, err, "transport ucx: the UCX transport is refused")
+	require.ErrorContains(t, err, EnvAcceptLateWrites+"=1")
+	require.ErrorIs(t, remote.Status()["ucx"], ErrLateWrites, "the info command says why")
+
+	t.Setenv(EnvAcceptLateWrites, "1")
+	tr, err := remote.Open("ucx")
+	require.NoError(t, err)
+	require.Equal(t, "ucx", tr.Name())
+	require.NoError(t, tr.Close())
+}

@@ -1,0 +1,192 @@
+package worker
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/ucx"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/stretchr/testify/require"
+)
+
+// lateCase is one way of reaching the exporter process.
+type lateCase struct {
+	name    string
+	env     []string // the exporter's
+	network func(t *testing.T) remote.Transport
+	// counted: the exporter's server counts its answers ("served"), so
+	// that the test knows when the late one was made; otherwise it waits
+	// lateWait.
+	counted bool
+	// latePushes: a failed push may still be applied (why UCX is refused:
+	// ucx.ErrLateWrites).
+	latePushes bool
+}
+
+// latePushEnv, set to 1, runs the late push test on a transport known to
+// apply a failed push late (it then fails).
+const latePushEnv = "KVBM_TEST_LATE_PUSH"
+
+// lateWait is how long a test without the exporter's count waits for
+// its late answer.
+const lateWait = time.Second
+
+func lateCases(t *testing.T) []lateCase {
+	tcp := func(*testing.T) remote.Transport { return remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0"}) }
+	cases := []lateCase{
+		{name: "tcp", env: []string{"KVBM_SAME_HOST=0"}, network: tcp, counted: true},
+		{name: "same host", network: tcp, counted: true},
+	}
+	if err := ucx.Available(); err != nil {
+		if os.Getenv("KVBM_REQUIRE_UCX") == "1" {
+			t.Fatalf("KVBM_REQUIRE_UCX=1 but UCX does not load: %v", err)
+		}
+		t.Logf("no ucx case: UCX does not load: %v", err)
+		return cases
+	}
+	return append(cases, lateCase{name: "ucx", env: []string{"KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites + "=1"},
+		latePushes: true,
+		network: func(t *testing.T) remote.Transport {
+			t.Setenv(ucx.EnvAcceptLateWrites, "1")
+			n, err := remote.Open("ucx")
+			require.NoError(t, err)
+			return n
+		}})
+}
+
+func (e *exporter) served(t *testing.T) uint64 {
+	t.Helper()
+	_, err := fmt.Fprintln(e.stdin, "served")
+	require.NoError(t, err)
+	require.True(t, e.out.Scan())
+	n, err := strconv.ParseUint(e.out.Text(), 10, 64)
+	require.NoError(t, err, "served printed %q", e.out.Text())
+	return n
+}
+
+// awaitLate waits, once the frozen exporter runs again, until it has
+// answered the request the importer gave up on (more than before
+// requests answered), or lateWait where it does not count them.
+func (e *exporter) awaitLate(t *testing.T, c lateCase, before uint64) {
+	t.Helper()
+	if !c.counted {
+		time.Sleep(lateWait)
+		return
+	}
+	require.Eventually(t, func() bool { return e.served(t) > before }, 10*time.Second, 5*time.Millisecond,
+		"the exporter answers the request it was frozen before")
+	time.Sleep(50 * time.Millisecond) // and whatever that answer sets off lands
+}
+
+// Once a pull's notification completes — here failed, at the deadline,
+// the exporter frozen (SIGSTOP) before it answered — no byte of it lands
+// in the destination blocks: the test reuses them at once, then lets the
+// exporter run, waits until it has answered the pull it was frozen
+// before, and finds every block of the destination tier (the failed
+// ones and their neighbours) as it left them, byte for byte. For each
+// way of reaching the exporter, into host memory (G2, straight from the
+// transport) and device memory (G1, through a bounce buffer), from both
+// of the exporter's tiers.
+func TestNoByteOfAFailedPullLandsAfterItCompletes(t *testing.T) {
+	size := testConfig(1).BlockSize()
+	for _, c := range lateCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			exp := startExporter(t, 0xA, c.env...)
+			const deadline = 300 * time.Millisecond
+			dec := decodeWorkerOn(t, deadline, c.network(t))
+			for _, src := range []Tier{G1, G2} {
+				for _, dst := range []Tier{G2, G1} {
+					require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+					for b := range exporterBlocks {
+						dec.write(t, dst, b, pattern(size, 0xFFFF))
+					}
+					var before uint64
+					if c.counted {
+						before = exp.served(t)
+					}
+					exp.signal(t, syscall.SIGSTOP)
+					srcIDs, dstIDs := []int{3, 0, 15, 7}, []int{1, 9, 4, 12}
+					n, err := dec.ExecuteRemoteOnboardForInstance(7, src, srcIDs, dst, dstIDs, transfer.Options{})
+					require.NoError(t, err)
+					err = n.WaitTimeout(-1)
+					require.ErrorIs(t, err, transfer.ErrTimeout, "%v -> %v", src, dst)
+					require.Equal(t, []int{1, 4, 9, 12}, n.FailedBlocks())
+					// The engine reuses the failed blocks at once.
+					for _, b := range dstIDs {
+						dec.write(t, dst, b, pattern(size, 0xBEEF))
+					}
+					exp.signal(t, syscall.SIGCONT)
+					exp.awaitLate(t, c, before)
+					for b := range exporterBlocks {
+						want := pattern(size, 0xFFFF)
+						for _, d := range dstIDs {
+							if d == b {
+								want = pattern(size, 0xBEEF)
+							}
+						}
+						require.Equal(t, want, dec.read(t, dst, b), "%v -> %v: block %d after the late answer", src, dst, b)
+					}
+				}
+			}
+		})
+	}
+}
+
+// A push reads the pusher's blocks and writes the peer's. Once its
+// notification completes, the pusher's memory is free: nothing reads the
+// source blocks (the engine may overwrite them) and nothing writes here.
+// The peer's destination blocks of a failed push hold undefined bytes;
+// but a push the pusher gave up on is not applied there later: the
+// exporter, frozen before it took the push's bytes off the socket and run
+// again after the pusher's deadline, sees that the pusher closed the
+// connection and drops them (TCP; the same-host route copies the bytes
+// itself, from the pusher, and stops before the push completes). Every
+// block of the exporter's tier is checked after its late answer. UCX
+// fails this (it is refused for it, ucx.ErrLateWrites): skipped.
+func TestAFailedPushIsNotAppliedLate(t *testing.T) {
+	size := testConfig(1).BlockSize()
+	for _, c := range lateCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			if c.latePushes && os.Getenv(latePushEnv) != "1" {
+				t.Skipf("%s applies a failed push's bytes when its frozen peer runs again (%v); %s=1 runs this anyway, to see it",
+					c.name, ucx.ErrLateWrites, latePushEnv)
+			}
+			exp := startExporter(t, 0xA, c.env...)
+			const deadline = 300 * time.Millisecond
+			dec := decodeWorkerOn(t, deadline, c.network(t))
+			for _, dst := range []Tier{G2, G1} {
+				for _, src := range []Tier{G2, G1} {
+					require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+					h := requireRemote(t, dec, 7, dst)
+					srcIDs, dstIDs := []int{2, 5}, []int{11, 6}
+					for i, b := range srcIDs {
+						dec.write(t, src, b, pattern(size, 0x5000+uint64(i)))
+					}
+					var before uint64
+					if c.counted {
+						before = exp.served(t)
+					}
+					exp.signal(t, syscall.SIGSTOP)
+					n, err := dec.ExecuteRemoteOffload(src, srcIDs, RemoteLayout(h, dstIDs), transfer.Options{})
+					require.NoError(t, err)
+					err = n.WaitTimeout(-1)
+					require.ErrorIs(t, err, transfer.ErrTimeout, "%v -> %v", src, dst)
+					require.Equal(t, []int{6, 11}, n.FailedBlocks())
+					for _, b := range srcIDs { // the engine reuses its source blocks at once
+						dec.write(t, src, b, pattern(size, 0xBEEF))
+					}
+					exp.signal(t, syscall.SIGCONT)
+					exp.awaitLate(t, c, before)
+					for b := range exporterBlocks {
+						exp.check(t, dst, b, uint64(dst)<<8|uint64(b))
+					}
+				}
+			}
+		})
+	}
+}
