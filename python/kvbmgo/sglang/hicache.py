@@ -29,6 +29,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
@@ -74,6 +75,15 @@ def _chunks(idx: List[int], size: int) -> List[List[int]]:
     return [idx[i:i + size] for i in range(0, len(idx), size)]
 
 
+#: At most this many batches are kept between two get_stats calls.
+_MAX_MOVES = 8192
+
+
+def _no_moves() -> Dict[str, List[float]]:
+    return {k: [] for k in ("prefetch_pgs", "prefetch_bandwidth", "backup_pgs",
+                            "backup_bandwidth")}
+
+
 class KvbmHiCacheStorage(HiCacheStorage):
     """HiCache storage over kvbm. Built by SGLang's
     ``StorageBackendFactory.create_backend("dynamic", storage_config, ...)``
@@ -93,6 +103,10 @@ class KvbmHiCacheStorage(HiCacheStorage):
         self._staging: Any = None  # torch tensor [staging_pages, page elements]
         self._staging_lock = threading.Lock()
         self._warned: set = set()
+        # get_stats: per batch, pages moved and GB/s, since the last call
+        # (the prefetch and backup threads add, the scheduler's takes).
+        self._stats_lock = threading.Lock()
+        self._moved: Dict[str, List[float]] = _no_moves()
 
     # ---- setup
 
@@ -209,6 +223,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
 
     def _offload(self, keys: List[bytes], ids: List[int]) -> List[bool]:
         """Saves G1 blocks ids under keys; True per block stored or present."""
+        t0 = time.monotonic()
         ok = [False] * len(keys)
         cache = self._worker.cache
         for rnd in _rounds(keys):
@@ -224,11 +239,13 @@ class KvbmHiCacheStorage(HiCacheStorage):
                 for i, b, d in zip(chunk, ci, decisions):
                     ok[i] = (d in (Decision.PRESENT, Decision.IN_FLIGHT) or
                              (d == Decision.STORE and b not in failed))
+        self._record("backup", sum(ok), t0)
         return ok
 
     def _onboard(self, keys: List[bytes], ids: List[int]) -> List[bool]:
         """Loads keys into G1 blocks ids; True per block loaded, never for
         one that failed (missing, corrupt, a failed copy)."""
+        t0 = time.monotonic()
         ok = [False] * len(keys)
         cache = self._worker.cache
         for rnd in _rounds(keys):
@@ -243,7 +260,34 @@ class KvbmHiCacheStorage(HiCacheStorage):
                 failed = _wait_failed(n, ci, logger.info, "not loaded")
                 for i, b in zip(chunk, ci):
                     ok[i] = b not in failed
+        self._record("prefetch", sum(ok), t0)
         return ok
+
+    # ---- storage metrics (SGLang's --enable-storage-metrics)
+
+    def _record(self, what: str, pages: int, t0: float) -> None:
+        if not pages:
+            return
+        seconds = max(time.monotonic() - t0, 1e-9)
+        gbps = pages * self.layout.page_bytes / seconds / 1e9
+        with self._stats_lock:
+            if len(self._moved[what + "_pgs"]) < _MAX_MOVES:
+                self._moved[what + "_pgs"].append(pages)
+                self._moved[what + "_bandwidth"].append(gbps)
+
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics since the last call, as its built-in
+        backends report them: pages per prefetch (load) and backup (store)
+        batch, and each batch's GB/s (bytes moved over the call's time)."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+        with self._stats_lock:
+            moved, self._moved = self._moved, _no_moves()
+        m = StorageMetrics()
+        m.prefetch_pgs.extend(int(n) for n in moved["prefetch_pgs"])
+        m.backup_pgs.extend(int(n) for n in moved["backup_pgs"])
+        m.prefetch_bandwidth.extend(moved["prefetch_bandwidth"])
+        m.backup_bandwidth.extend(moved["backup_bandwidth"])
+        return m
 
     # ---- zero-copy interface (interface_v1)
 

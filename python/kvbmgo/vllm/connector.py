@@ -139,3 +139,22 @@ class KvbmConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+
+    # ---- stats (both sides) and metrics
+
+    def get_kv_connector_stats(self) -> Any:
+        if self._worker is not None:
+            return self._worker.get_stats()
+        return self._scheduler.take_stats()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: "Optional[dict[str, Any]]" = None) -> Any:
+        from .stats import KvbmConnectorStats
+        return KvbmConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: "dict[type, type]",
+                           labelnames: "list[str]",
+                           per_engine_labelvalues: "dict[int, list[object]]") -> Any:
+        from .stats import KvbmPromMetrics
+        return KvbmPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

@@ -24,6 +24,7 @@ from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.request import RequestStatus
 
 from .config import KvbmConfig
+from .stats import KvbmConnectorStats
 from .metadata import (BlockLoad, BlockStore, KvbmConnectorMetadata, KvbmWorkerMetadata,
                        RemotePull, RemoteSend)
 
@@ -44,6 +45,7 @@ class _Request:
     next_store: int = 0               # blocks before it were offered or hit already
     match: Tuple[int, int] = (0, 0)   # (first block, blocks) of the last match
     remote: bool = False              # the last match was a remote prefill's
+    looked: int = 0                   # tokens the last match could have served
 
 
 #: The kv_transfer_params keys a decode request needs (NixlConnector's).
@@ -96,6 +98,7 @@ class KvbmScheduler:
         self._requests: Dict[str, _Request] = {}
         self._loads: List[BlockLoad] = []
         self._events: List[KVCacheEvent] = []
+        self._stats = KvbmConnectorStats()
 
     # ---- vLLM's scheduler calls, in its order
 
@@ -126,15 +129,17 @@ class KvbmScheduler:
             if h not in tiers:
                 break
             n += 1
-        self._remember(request, (start, n), False)
+        self._remember(request, (start, n), False, max(0, limit - start) * bs)
         if n == 0:
             return 0, False
         return n * bs, self.config.async_load
 
-    def _remember(self, request: Any, match: Tuple[int, int], remote: bool) -> None:
+    def _remember(self, request: Any, match: Tuple[int, int], remote: bool,
+                  looked: int = 0) -> None:
         st = self._requests.get(request.request_id)
         if st is None:
             st = self._requests[request.request_id] = _Request(request)
+        st.looked = looked
         st.match, st.remote = match, remote
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
@@ -149,6 +154,10 @@ class KvbmScheduler:
             self._pull(request, params, blocks, start, num_external_tokens)
             st.next_store = max(st.next_store, start + num_external_tokens // self.block_size)
             return
+        if st.looked:  # counted once per match (async: alloc is called twice)
+            self._stats.add("lookup_tokens", st.looked)
+            self._stats.add("hit_tokens", num_external_tokens)
+            st.looked = 0
         # Blocks the GPU or the cache hit are not offered again.
         nb = num_external_tokens // self.block_size
         st.next_store = max(st.next_store, start + nb)
@@ -315,6 +324,13 @@ class KvbmScheduler:
                         del self._tiers[key]
                         self._tokens.pop(key, None)
                 self._events.append(BlockRemoved(block_hashes=[key], medium=medium))
+
+    def take_stats(self) -> Optional[KvbmConnectorStats]:
+        """The lookups since the last call (None: none)."""
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, KvbmConnectorStats()
+        return stats
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         events, self._events = self._events, []

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -110,6 +111,7 @@ class _Store:
     reqs: Set[str]
     ids: Set[int]
     ev: Any
+    t0: float = 0.0  # time.monotonic() at its start
 
 
 class KvbmWorker:
@@ -138,11 +140,21 @@ class KvbmWorker:
         # (no side channel): reported in finished_sending at once.
         self._held: Set[str] = set()
         self._load_errors: Set[int] = set()
+        # Stats (stats.py): this interval's, the cache's counters at the
+        # last look, when each load and pull started; _moved: something
+        # started or ended since the last look.
+        self._stats: Any = None
+        self._cache_seen: Any = None
+        self._started_at: Dict[str, Tuple[float, List[int]]] = {}
+        self._moved = False
+        self._block_bytes = 0
+        self._block_tokens = 0
 
     # ---- setup and teardown
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         cfg, buffers, self._layer_index = g1_layout(kv_caches)
+        self._block_bytes, self._block_tokens = cfg.block_bytes, cfg.page_size
         self._cuda = buffers[0].device is not None
         c = self.config
         g2, g3 = c.tier_blocks(cfg.block_bytes)
@@ -171,6 +183,7 @@ class KvbmWorker:
                 w.allocate_g3(host.replace(num_blocks=g3))
             w.enable_cache(admit_after=c.admit_after, g3=c.g3_mode, g4=c.g4_mode,
                            max_events=c.max_events)
+            self._cache_seen = w.cache.stats()  # the stats' first deltas are from here
             if self._cuda:
                 import torch
                 self._events = [torch.cuda.Event() for _ in range(cfg.num_layers)]
@@ -272,12 +285,17 @@ class KvbmWorker:
                 log.error("kvbm: request %s cannot be held for a decode instance: %s",
                           send.req_id, e)
                 self._held.add(send.req_id)
+        now = time.monotonic()
         for pull in md.pulls:
             self._decode_puller().start(pull)
+            if pull.block_ids:
+                self._started_at["pull:" + pull.req_id] = (now, list(pull.block_ids))
+                self._moved = True
         keys: List[bytes] = []
         ids: List[int] = []
         for ld in md.loads:
             if ld.is_async:
+                self._started_at[ld.req_id] = (now, [])
                 self._async_loads[ld.req_id] = (self._onboard(ld.keys, ld.block_ids, None),
                                                 list(ld.block_ids))
             else:
@@ -285,6 +303,7 @@ class KvbmWorker:
                 ids.extend(ld.block_ids)
         if keys:
             events = [self._event_handle(e) for e in self._events]
+            self._started_at[""] = (now, [])
             self._sync_load = (self._onboard(keys, ids, events), ids)
 
     def _onboard(self, keys: List[bytes], ids: List[int], events: Optional[List[Any]]) -> Any:
@@ -336,6 +355,7 @@ class KvbmWorker:
             failed = set(ids) if n is None else set(self._finish(n))
             self._load_errors.update(failed)
             self._sync_load = None
+            self._ended("load_seconds", "")
         if not md.stores or self.worker is None:
             return
         keys: List[bytes] = []
@@ -349,6 +369,7 @@ class KvbmWorker:
                 # offered again then).
                 log.info("kvbm: request %s: %d blocks computed over a failed load are "
                          "not stored", st.req_id, len(st.block_ids))
+                self._stat().add("failed_blocks", len(st.block_ids), "computed_over_failed_load")
                 continue
             reqs.add(st.req_id)
             for k, b in zip(st.keys, st.block_ids):
@@ -369,7 +390,8 @@ class KvbmWorker:
         except (KvbmError, ValueError) as e:
             log.warning("kvbm: offload of %d blocks refused: %s", len(ids), e)
             return
-        self._stores.append(_Store(n, reqs, set(ids), ev))
+        self._stores.append(_Store(n, reqs, set(ids), ev, time.monotonic()))
+        self._moved = True
 
     def handle_preemptions(self, md: KvbmConnectorMetadata) -> None:
         """Called by vLLM at the start of every step, before its loads and
@@ -414,17 +436,87 @@ class KvbmWorker:
             pulled, failed = self._puller.finished()
             recving |= pulled
             self._load_errors.update(failed)
+            for req_id in pulled:
+                self._pulled(req_id, failed)
         for req_id, (n, ids) in list(self._async_loads.items()):
             if n is None or n.done():
                 self._load_errors.update(self._finish(n))
                 del self._async_loads[req_id]
+                self._ended("load_seconds", req_id)
                 recving.add(req_id)
         return sending or None, recving or None
 
     def _store_done(self, st: "_Store") -> None:
         failed = self._finish(st.n)
+        self._stat().observe("store_seconds", time.monotonic() - st.t0)
+        self._moved = True
         if failed:
             log.info("kvbm: %d blocks not offloaded: %s", len(failed), failed)
+
+    # ---- stats (stats.py)
+
+    def _stat(self) -> Any:
+        if self._stats is None:
+            from .stats import KvbmConnectorStats
+            self._stats = KvbmConnectorStats()
+        return self._stats
+
+    def _ended(self, series: str, key: str) -> None:
+        started = self._started_at.pop(key, None)
+        if started is not None:
+            self._stat().observe(series, time.monotonic() - started[0])
+            self._moved = True
+
+    def _pulled(self, req_id: str, failed: Set[int]) -> None:
+        started = self._started_at.pop("pull:" + req_id, None)
+        if started is None:
+            return
+        t0, ids = started
+        st = self._stat()
+        st.observe("pull_seconds", time.monotonic() - t0)
+        lost = sum(1 for b in ids if b in failed)
+        if self.rank == 0:
+            st.add("pulls")
+            st.add("pull_blocks", len(ids) - lost)
+            if lost:
+                st.add("pull_failures")
+                st.add("failed_blocks", lost, "pull")
+        st.add("pull_bytes", (len(ids) - lost) * self._block_bytes)
+        self._moved = True
+
+    def get_stats(self) -> Any:
+        """This interval's figures (KvbmConnectorStats), or None when
+        nothing moved: the cache's counters are read only after a step that
+        started or ended a transfer."""
+        if self._moved and self.worker is not None:
+            self._moved = False
+            now = self.worker.cache.stats()
+            was, self._cache_seen = self._cache_seen, now
+            if was is not None:
+                self._add_cache_deltas(was, now)
+        stats = self._stats
+        if stats is None or stats.is_empty():
+            return None
+        self._stats = None
+        return stats
+
+    def _add_cache_deltas(self, was: Any, now: Any) -> None:
+        st = self._stat()
+        onboarded = 0
+        for tier in ("G2", "G3", "G4"):
+            field_ = f"onboarded_from_{tier.lower()}"
+            n = getattr(now, field_) - getattr(was, field_)
+            onboarded += n
+            if self.rank == 0 and n:
+                st.add("onboarded_blocks", n, tier)
+                st.add("onboarded_tokens", n * self._block_tokens, tier)
+        st.add("onboarded_bytes", onboarded * self._block_bytes)
+        offloaded = now.offloaded - was.offloaded
+        st.add("offloaded_bytes", offloaded * self._block_bytes)
+        if self.rank == 0:
+            st.add("offloaded_blocks", offloaded)
+            st.add("failed_blocks", now.onboard_failed - was.onboard_failed, "load")
+            st.add("failed_blocks", now.offload_failed - was.offload_failed, "store")
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -384,3 +384,34 @@ def test_prefetch_and_backup_threads_at_once(tmp_path, close_after):
             break
         time.sleep(0.01)
     assert all(b.exists(k) for k in keys)
+
+
+def test_storage_metrics_through_sglangs_collector(close_after):
+    # What --enable-storage-metrics shows: SGLang's StorageMetricsCollector
+    # logs get_stats() into the real prometheus_client registry.
+    from prometheus_client import REGISTRY
+    from sglang.srt.observability.metrics_collector import StorageMetricsCollector
+    host = host_pool("page_first")
+    b = create_backend(host, kvbm_extra(v1=True))
+    close_after(b)
+    assert b.get_stats().prefetch_pgs == []  # nothing moved yet
+    ctl = controller(b, host)
+    n = 5
+    src = host.alloc(n * PAGE)
+    fill_pages(host, src, seed=3)
+    toks = tokens(n, base=9000)
+    backup(ctl, src, toks)
+    _, loaded = prefetch(ctl, host, toks)
+    assert loaded == n
+    labels = {"storage_backend": "kvbm"}
+    collector = StorageMetricsCollector(labels)
+    collector.log_storage_metrics(b.get_stats())
+
+    def sample(name):
+        return REGISTRY.get_sample_value(name, labels)
+    assert sample("sglang:backup_pgs_count") == 1 and sample("sglang:backup_pgs_sum") == n
+    assert sample("sglang:prefetch_pgs_count") == 1 and sample("sglang:prefetch_pgs_sum") == n
+    assert sample("sglang:prefetch_bandwidth_count") == 1
+    assert sample("sglang:backup_bandwidth_sum") > 0
+    # Taken: the next call reports only what moved since.
+    assert b.get_stats().backup_pgs == []

@@ -106,6 +106,8 @@ class Engine:
         #: req_id -> the EngineCoreOutput that finished it (finish_reason,
         #: kv_transfer_params).
         self.finished = {}
+        #: The kv_connector_stats payloads vLLM's SchedulerStats carried.
+        self.stats = []
 
     @property
     def connector(self):
@@ -196,6 +198,7 @@ class Engine:
         sending, recving = w.get_finished(so.finished_req_ids)
         kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                 invalid_block_ids=w.get_block_ids_with_load_errors(),
+                                kv_connector_stats=w.get_kv_connector_stats(),
                                 kv_connector_worker_meta=w.build_connector_worker_meta())
         w.clear_connector_metadata()
         req_ids = list(so.num_scheduled_tokens)
@@ -210,6 +213,8 @@ class Engine:
                                 kv_connector_output=kvo)
         self.outputs.append(kvo)
         for outs in self.sched.update_from_output(so, out).values():
+            if outs.scheduler_stats is not None and outs.scheduler_stats.kv_connector_stats:
+                self.stats.append(outs.scheduler_stats.kv_connector_stats)
             for o in outs.outputs:
                 if o.finish_reason is not None:
                     self.finished[o.request_id] = o
