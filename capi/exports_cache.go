@@ -222,3 +222,23 @@ func kvbmgo_worker_cache_events(h C.uintptr_t, events *C.kvbm_cache_event_t, cap
 	*count = C.size_t(len(got))
 	return statusOK
 }
+
+//export kvbmgo_worker_cache_reset
+func kvbmgo_worker_cache_reset(h C.uintptr_t, g2, g3 *C.uint64_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	c, st := getCache("worker_cache_reset", h)
+	if st != statusOK {
+		return st
+	}
+	n2, n3, err := c.Reset()
+	if err != nil {
+		return failErr(err)
+	}
+	if g2 != nil {
+		*g2 = C.uint64_t(n2)
+	}
+	if g3 != nil {
+		*g3 = C.uint64_t(n3)
+	}
+	return statusOK
+}

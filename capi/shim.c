@@ -251,6 +251,9 @@ kvbm_status_t kvbm_worker_cache_onboard(kvbm_worker_t w, const uint8_t *const *k
 kvbm_status_t kvbm_worker_cache_stats(kvbm_worker_t w, kvbm_cache_stats_t *stats) {
     FORWARD(kvbmgo_worker_cache_stats(H(w), stats));
 }
+kvbm_status_t kvbm_worker_cache_reset(kvbm_worker_t w, uint64_t *g2_removed, uint64_t *g3_removed) {
+    FORWARD(kvbmgo_worker_cache_reset(H(w), g2_removed, g3_removed));
+}
 kvbm_status_t kvbm_worker_cache_events(kvbm_worker_t w, kvbm_cache_event_t *events,
                                        size_t capacity, size_t *count) {
     FORWARD(kvbmgo_worker_cache_events(H(w), events, capacity, count));

@@ -739,6 +739,17 @@ typedef struct kvbm_cache_stats {
  * (no cache), KVBM_ERR_INVALID_HANDLE. */
 kvbm_status_t kvbm_worker_cache_stats(kvbm_worker_t worker, kvbm_cache_stats_t *stats);
 
+/* Forgets every key G2 and G3 hold (an engine's reset of its prefix
+ * cache): a KVBM_CACHE_EVENT_REMOVED is recorded for each, their blocks
+ * take new stores, a block a transfer holds is freed when it lets go. Keys
+ * still being stored land afterwards; G4 objects are kept (they outlive the
+ * process and may be shared). Sets *g2_removed and *g3_removed (each may be
+ * NULL) to the keys that left each tier. Returns KVBM_OK,
+ * KVBM_ERR_FAILED_PRECONDITION (no cache), KVBM_ERR_CANCELED (the worker is
+ * being destroyed), KVBM_ERR_INVALID_HANDLE. Any thread. */
+kvbm_status_t kvbm_worker_cache_reset(kvbm_worker_t worker, uint64_t *g2_removed,
+                                      uint64_t *g3_removed);
+
 enum {
     KVBM_CACHE_EVENT_STORED = 1, /* the key became present in the tier */
     KVBM_CACHE_EVENT_REMOVED = 2 /* it left (evicted, or found corrupt) */

@@ -387,3 +387,39 @@ func TestWriteBackFallsThroughToG4WhenG3IsHeld(t *testing.T) {
 	require.Equal(t, []worker.Tier{worker.G4, worker.G4, worker.G2, worker.G2, worker.G4, worker.G4, worker.G2, worker.G2}, ts)
 	require.Zero(t, f.c.Stats().WriteDownFailed)
 }
+
+// Reset forgets what G2 and G3 hold: matches find nothing, a REMOVED event
+// names each key, their blocks take new stores, and offering a key again
+// stores it anew (not deduplicated against the forgotten copy).
+func TestResetForgetsG2AndG3(t *testing.T) {
+	f := newFixture(t, tiers{g1: 16, g2: 4, g3: 8}, Config{})
+	f.offload(0, seq(0, 4))
+	f.offload(4, seq(4, 4)) // 0-3 down to G3, 4-7 in G2
+	f.quiesce()
+	f.c.DrainEvents(nil, 0)
+	g2, g3, err := f.c.Reset()
+	require.NoError(t, err)
+	require.Equal(t, 4, g2)
+	require.Equal(t, 4, g3)
+	n, _, err := f.c.Match(keyRange(0, 8))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	evs := f.c.DrainEvents(nil, 0)
+	require.Len(t, evs, 8)
+	for _, e := range evs {
+		require.Equal(t, pool.Removed, e.Kind)
+	}
+	st := f.c.Stats()
+	require.Equal(t, 4, st.G2.Free)
+	require.Equal(t, 8, st.G3.Free)
+	require.Equal(t, []pool.Decision{pool.Store, pool.Store, pool.Store, pool.Store}, f.offload(0, seq(0, 4)))
+	f.quiesce()
+	f.clearG1()
+	note, err := f.c.Onboard(keyRange(0, 4), seq(8, 4), nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	f.requireLoaded(seq(8, 4), 0)
+	require.NoError(t, f.c.Close())
+	_, _, err = f.c.Reset()
+	require.ErrorIs(t, err, transfer.ErrClosed)
+}

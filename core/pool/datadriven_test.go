@@ -19,7 +19,7 @@ import (
 //	store KEY...             PrepareStore: one line per key
 //	register KEY:ID...
 //	release ID...  pin ID...  unpin ID...
-//	touch KEY...  remove KEY...  acquire KEY  lookup KEY...
+//	touch KEY...  remove KEY...  clear  acquire KEY  lookup KEY...
 //	lru                      evictable blocks, least recently used first
 //	events                   drains the events
 //	stats
@@ -37,6 +37,7 @@ func TestData(t *testing.T) {
 		"unpin":    idsOp((*Pool).Unpin),
 		"touch":    func(s *script, t *testing.T, c datadriven.Command) string { return fmt.Sprint(s.p.Touch(keys(t, c))) },
 		"remove":   func(s *script, t *testing.T, c datadriven.Command) string { return fmt.Sprint(s.p.Remove(keys(t, c))) },
+		"clear":    func(s *script, t *testing.T, c datadriven.Command) string { return fmt.Sprint(s.p.Clear()) },
 		"acquire":  (*script).acquire,
 		"lookup":   (*script).lookup,
 		"lru":      (*script).lru,

@@ -321,6 +321,19 @@ func (p *Pool) Remove(keys []Key) int {
 	return n
 }
 
+// Clear removes every registered key, as Remove does (a pinned block loses
+// its key at once and is freed at its last Unpin); keys still storing are
+// left to land. It returns how many keys were removed.
+func (p *Pool) Clear() int {
+	var keys []Key
+	for i := range p.blocks {
+		if p.blocks[i].state == stateRegistered {
+			keys = append(keys, p.blocks[i].key)
+		}
+	}
+	return p.Remove(keys)
+}
+
 // Decision is what PrepareStore decided for one key.
 type Decision uint8
 

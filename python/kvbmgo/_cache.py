@@ -9,7 +9,7 @@ UTF-8 encoded), 1 to 64 bytes each.
 from __future__ import annotations
 
 import enum
-from ctypes import byref, c_int32, c_size_t, c_void_p, sizeof
+from ctypes import byref, c_int32, c_size_t, c_uint64, c_void_p, sizeof
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
@@ -191,6 +191,15 @@ class PrefixCache:
             return CacheTierStats(*(getattr(t, f.name) for f in fields(CacheTierStats)))
         rest = [getattr(c, f.name) for f in fields(CacheStats)[2:]]
         return CacheStats(tier(c.g2), tier(c.g3), *rest)
+
+    def reset(self) -> Tuple[int, int]:
+        """Forgets every key G2 and G3 hold (a REMOVED event for each; keys
+        still being stored land afterwards; G4 objects are kept). Returns
+        how many keys left (G2, G3). Raises FailedPreconditionError (no
+        cache), CanceledError (the worker is closing)."""
+        g2, g3 = c_uint64(), c_uint64()
+        lib.kvbm_worker_cache_reset(self._worker.handle, byref(g2), byref(g3))
+        return g2.value, g3.value
 
     def events(self, max_events: Optional[int] = None) -> List[CacheEvent]:
         """Drains the events (all, or the oldest max_events): keys that

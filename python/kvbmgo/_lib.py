@@ -236,6 +236,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
     "kvbm_worker_cache_stats": (_status, [_p, POINTER(CacheStatsC)], _S),
     "kvbm_worker_cache_events": (_status, [_p, POINTER(CacheEventC), c_size_t,
                                            POINTER(c_size_t)], _S),
+    "kvbm_worker_cache_reset": (_status, [_p, POINTER(c_uint64), POINTER(c_uint64)], _S),
     # notification
     "kvbm_notification_poll": (_status, [_p], _S),
     "kvbm_notification_wait": (_status, [_p, ctypes.c_int64], _S),

@@ -174,14 +174,17 @@ class KvbmHiCacheStorage(HiCacheStorage):
             w.close()
 
     def clear(self) -> None:
-        """Makes every page stored so far unreachable to this backend: keys
-        move to a new namespace, the old pages age out of G2/G3 by LRU.
-        kvbm's cache has no call that removes keys, so pages in the object
-        store (G4) stay, and a backend made after a restart finds them."""
+        """Forgets every page stored so far: G2 and G3 drop them (their
+        blocks take new pages), and keys move to a new namespace, so that
+        pages in the object store (G4), which outlive the process and may
+        be shared, are no longer found by this backend."""
         self._namespace = hashlib.sha256(b"cleared|" + self._namespace).digest()
-        self._warn_once("clear", "kvbm HiCache storage: clear() hides the pages stored so "
-                        "far from this backend; the library cannot delete them, and pages "
-                        "in the object store are found again after a restart")
+        if self._worker is not None:
+            try:
+                g2, g3 = self._worker.cache.reset()
+                logger.info("kvbm HiCache storage: clear() dropped %d G2 and %d G3 pages", g2, g3)
+            except KvbmError as e:
+                logger.warning("kvbm HiCache storage: clear(): %s", e)
 
     # ---- keys and pages
 

@@ -91,6 +91,9 @@ class KvbmConnector(KVConnectorBase_V1):
     def take_events(self) -> Iterable[Any]:
         return self._scheduler.take_events()
 
+    def reset_cache(self) -> bool:
+        return self._scheduler.reset_cache()
+
     # ---- worker side
 
     def register_kv_caches(self, kv_caches: "dict[str, Any]") -> None:

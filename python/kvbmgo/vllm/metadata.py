@@ -73,6 +73,9 @@ class KvbmConnectorMetadata(KVConnectorMetadata):
     #: for decode instances, and pulls this decode instance starts.
     sends: List[RemoteSend] = field(default_factory=list)
     pulls: List[RemotePull] = field(default_factory=list)
+    #: vLLM reset the connector's cache: drop what G2 and G3 hold, before
+    #: this step's loads.
+    reset_cache: bool = False
 
 
 #: A cache event as it crosses processes: (kind, tier, key); kind 1 stored,

@@ -99,6 +99,7 @@ class KvbmScheduler:
         self._loads: List[BlockLoad] = []
         self._events: List[KVCacheEvent] = []
         self._stats = KvbmConnectorStats()
+        self._reset = False  # reset_cache was called: tell the workers
 
     # ---- vLLM's scheduler calls, in its order
 
@@ -265,8 +266,10 @@ class KvbmScheduler:
             if st is not None:
                 st.block_ids = []
         md = KvbmConnectorMetadata(loads=self._loads, stores=stores, allocated=allocated,
-                                   preempted=preempted, sends=self._sends, pulls=self._pulls)
+                                   preempted=preempted, sends=self._sends, pulls=self._pulls,
+                                   reset_cache=self._reset)
         self._loads, self._sends, self._pulls = [], [], []
+        self._reset = False
         return md
 
     def request_finished(self, request: Any, block_ids: List[int]
@@ -324,6 +327,18 @@ class KvbmScheduler:
                         del self._tiers[key]
                         self._tokens.pop(key, None)
                 self._events.append(BlockRemoved(block_hashes=[key], medium=medium))
+
+    def reset_cache(self) -> bool:
+        """vLLM's reset of the connector's cache: the index forgets every
+        key at once (nothing more is matched), and the next step tells the
+        workers to drop what G2 and G3 hold (their REMOVED events follow).
+        G4 objects are kept: they outlive the engine and may be shared."""
+        log.info("kvbm: reset_cache: %d keys forgotten; the workers drop G2 and G3 at the "
+                 "next step (G4 is kept)", len(self._tiers))
+        self._tiers.clear()
+        self._tokens.clear()
+        self._reset = True
+        return True
 
     def take_stats(self) -> Optional[KvbmConnectorStats]:
         """The lookups since the last call (None: none)."""

@@ -276,6 +276,12 @@ class KvbmWorker:
                 if ids and is_async:
                     self._async_loads[req_id] = (None, list(ids))
             return
+        if md.reset_cache:
+            try:
+                g2, g3 = self.worker.cache.reset()
+                log.info("kvbm: reset_cache: %d G2 and %d G3 blocks dropped (G4 kept)", g2, g3)
+            except KvbmError as e:
+                log.warning("kvbm: reset_cache: %s", e)
         for send in md.sends:
             try:
                 self._prefill_server().hold(send.req_id)

@@ -255,6 +255,8 @@ def test_clear_hides_what_was_stored(close_after):
     b.clear()
     assert b.batch_exists(["c0", "c1"]) == 0
     assert b.batch_get_v1(["c0", "c1"], idx) == [False, False]
+    st = b._worker.cache.stats()
+    assert st.g2.free == st.g2.capacity, "G2 dropped the pages"
     assert b.batch_set_v1(["c0"], idx[:PAGE]) == [True] and b.exists("c0")
 
 

@@ -474,3 +474,35 @@ def test_a_tier_the_machine_cannot_hold_fails_at_start(tmp_path, tier):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["error"] == error, out
     assert "bytes requested, " in out["message"] and word in out["message"], out
+
+
+def test_reset_cache_drops_g2_and_g3(tmp_path):
+    # vLLM's reset of the connector's cache (reset_prefix_cache with the
+    # connector's): nothing is matched afterwards, the workers drop G2 and
+    # G3 (their REMOVED events reach vLLM's event stream), a prompt seen
+    # before is computed again and stored anew.
+    e = Engine({"g2_blocks": 2, "g3_dir": str(tmp_path), "g3_blocks": 8}, max_batched=16,
+               serial=True)
+    try:
+        prompt = list(range(6000, 6000 + 3 * BLOCK + 1))
+        a = e.add("A", prompt)
+        e.run()
+        e.settle()
+        keys = [bytes(h) for h in a.block_hashes[:3]]
+        cache = e.worker._worker.worker.cache
+        assert cache.match(keys)[0] == 3
+        assert e.connector.reset_cache() is True
+        assert all(not e.connector._scheduler.cached_tiers(k) for k in keys)
+        e.settle()
+        assert cache.match(keys)[0] == 0
+        st = cache.stats()
+        assert st.g2.free == st.g2.capacity and st.g3.free == st.g3.capacity
+        assert e.sched.reset_prefix_cache()
+        b = e.add("B", prompt)
+        e.run()
+        e.settle()
+        assert [bytes(h) for h in b.block_hashes[:3]] == keys
+        assert cache.stats().onboarded == 0, "nothing was left to load"
+        assert cache.match(keys)[0] == 3, "stored anew"
+    finally:
+        e.close()
