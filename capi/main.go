@@ -44,7 +44,9 @@ import (
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
 
-	// The UCX transport, selectable with KVBM_TRANSPORT=ucx.
+	// The TCP transport (KVBM_TRANSPORT=tcp, and auto's choice) and the
+	// UCX transport (KVBM_TRANSPORT=ucx).
+	_ "github.com/kvbm/kvbm/core/remote/tcp"
 	_ "github.com/kvbm/kvbm/core/remote/ucx"
 )
 
