@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/core/cache"
@@ -20,7 +21,7 @@ func getCache(what string, h C.uintptr_t) (*cache.Cache, C.kvbm_status_t) {
 	if st != statusOK {
 		return nil, st
 	}
-	c := e.cache.Load()
+	c := e.Cache()
 	if c == nil {
 		return nil, fail(errFailedPrecondition, "%s: the worker has no cache; call kvbm_worker_cache_enable first", what)
 	}
@@ -41,7 +42,7 @@ func kvbmgo_worker_cache_enable(h C.uintptr_t, cfg *C.kvbm_cache_config_t) (st C
 	if st != statusOK {
 		return st
 	}
-	cc := cache.Config{Worker: e.w}
+	var cc cache.Config
 	if cfg != nil {
 		if cfg.struct_size < C.sizeof_kvbm_cache_config_t {
 			return fail(errInvalidArgument, "worker_cache_enable: struct_size %d is less than %d (use KVBM_CACHE_CONFIG_INIT)",
@@ -55,16 +56,8 @@ func kvbmgo_worker_cache_enable(h C.uintptr_t, cfg *C.kvbm_cache_config_t) (st C
 		}
 		cc.AdmitAfter, cc.MaxEvents = int(cfg.admit_after), int(cfg.max_events)
 	}
-	if e.cache.Load() != nil {
-		return fail(errAlreadyExists, "worker_cache_enable: the worker has a cache already")
-	}
-	c, err := cache.New(cc)
-	if err != nil {
-		return failErr(err)
-	}
-	if !e.cache.CompareAndSwap(nil, c) {
-		_ = c.Close()
-		return fail(errAlreadyExists, "worker_cache_enable: the worker has a cache already")
+	if _, err := e.EnableCache(cc); err != nil {
+		return failErr(fmt.Errorf("worker_cache_enable: %w", err))
 	}
 	return statusOK
 }

@@ -25,7 +25,7 @@ func kvbmgo_coordinated_create(inner C.uintptr_t, rank C.int32_t, host C.uint64_
 	if out == nil {
 		return fail(errInvalidArgument, "coordinated_create: coordinated is NULL")
 	}
-	c := worker.NewCoordinated(e.w, int(rank), worker.InstanceID(host))
+	c := worker.NewCoordinated(e.Worker(), int(rank), worker.InstanceID(host))
 	*out = C.uintptr_t(table.Add(kindCoordinated, c))
 	return statusOK
 }

@@ -22,7 +22,7 @@ func kvbmgo_worker_counters(h C.uintptr_t, out *C.kvbm_counters_t) (st C.kvbm_st
 	}
 	n := min(int((uintptr(out.struct_size)-pathsOff)/pathSize), C.KVBM_PATH_COUNT)
 	paths := unsafe.Slice(&out.paths[0], n)
-	all := e.w.Counters()
+	all := e.Worker().Counters()
 	for i, c := range all[:n] {
 		paths[i] = C.kvbm_path_counters_t{transfers: C.uint64_t(c.Transfers), blocks: C.uint64_t(c.Blocks),
 			bytes: C.uint64_t(c.Bytes), failed_blocks: C.uint64_t(c.FailedBlocks), nanoseconds: C.uint64_t(c.Nanoseconds)}

@@ -21,7 +21,7 @@ func kvbmgo_worker_export_metadata(h C.uintptr_t, buf *C.uint8_t, capacity C.siz
 	if size == nil || (buf == nil && capacity > 0) {
 		return fail(errInvalidArgument, "worker_export_metadata: size is NULL, or buf is NULL with capacity %d", capacity)
 	}
-	md, err := e.w.ExportMetadata()
+	md, err := e.Worker().ExportMetadata()
 	if err != nil {
 		return failErr(err)
 	}
@@ -52,7 +52,7 @@ func kvbmgo_worker_import_metadata(h C.uintptr_t, p *C.uint8_t, n C.size_t) (st 
 	if st != statusOK {
 		return st
 	}
-	if _, err := e.w.ImportMetadata(md); err != nil {
+	if _, err := e.Worker().ImportMetadata(md); err != nil {
 		return failErr(err)
 	}
 	return statusOK

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/kvbm/kvbm/core/node"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
@@ -69,7 +70,7 @@ func kvbmgo_worker_object_has(h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n
 	// A key whose object cannot be used (corrupt, truncated, unreadable)
 	// is not found; the call still succeeds, and the last error says why.
 	unusable, first, firstAt := 0, error(nil), 0
-	for i, p := range e.w.HasBlocks(context.Background(), ks) {
+	for i, p := range e.Worker().HasBlocks(context.Background(), ks) {
 		out[i] = 0
 		if p.Found {
 			out[i] = 1
@@ -93,7 +94,7 @@ func kvbmgo_worker_object_has(h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n
 // objectArgs checks the arguments every object call shares: the worker,
 // the keys, the tier and the block ids.
 func objectArgs(what string, h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n C.size_t, t C.int32_t,
-	ids *C.uint32_t) (*workerEntry, []object.Key, worker.Tier, C.kvbm_status_t) {
+	ids *C.uint32_t) (*node.Node, []object.Key, worker.Tier, C.kvbm_status_t) {
 	e, st := getWorker(h)
 	if st != statusOK {
 		return nil, nil, 0, st
@@ -117,7 +118,7 @@ func kvbmgo_worker_object_put(h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n
 	if st != statusOK {
 		return st
 	}
-	return objectResults(e.w.PutBlocks(context.Background(), ks, tr, blockIDs(ids, n)), statuses, n)
+	return objectResults(e.Worker().PutBlocks(context.Background(), ks, tr, blockIDs(ids, n)), statuses, n)
 }
 
 //export kvbmgo_worker_object_get
@@ -128,7 +129,7 @@ func kvbmgo_worker_object_get(h C.uintptr_t, keys **C.uint8_t, lens *C.size_t, n
 	if st != statusOK {
 		return st
 	}
-	return objectResults(e.w.GetBlocks(context.Background(), ks, tr, blockIDs(ids, n)), statuses, n)
+	return objectResults(e.Worker().GetBlocks(context.Background(), ks, tr, blockIDs(ids, n)), statuses, n)
 }
 
 // objectResults writes each block's status into statuses (when not NULL)
@@ -161,7 +162,7 @@ func kvbmgo_worker_onboard_objects(h C.uintptr_t, keys **C.uint8_t, lens *C.size
 	if st != statusOK {
 		return st
 	}
-	note, err := e.w.ExecuteRemoteOnboard(worker.RemoteObjects(ks), tr, blockIDs(ids, n), transfer.Options{})
+	note, err := e.Worker().ExecuteRemoteOnboard(worker.RemoteObjects(ks), tr, blockIDs(ids, n), transfer.Options{})
 	if err != nil {
 		return failErr(err)
 	}
@@ -179,7 +180,7 @@ func kvbmgo_worker_offload_objects(h C.uintptr_t, src C.int32_t, ids *C.uint32_t
 	if st != statusOK {
 		return st
 	}
-	note, err := e.w.ExecuteRemoteOffload(tr, blockIDs(ids, n), worker.RemoteObjects(ks), transfer.Options{})
+	note, err := e.Worker().ExecuteRemoteOffload(tr, blockIDs(ids, n), worker.RemoteObjects(ks), transfer.Options{})
 	if err != nil {
 		return failErr(err)
 	}

@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"github.com/kvbm/kvbm/core/node"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 )
@@ -21,7 +22,7 @@ func kvbmgo_worker_connect_remote(h C.uintptr_t, instance C.uint64_t, p *C.uint8
 	if st != statusOK {
 		return st
 	}
-	return result(e.w.ConnectRemote(worker.InstanceID(instance), [][]byte{md}))
+	return result(e.Worker().ConnectRemote(worker.InstanceID(instance), [][]byte{md}))
 }
 
 //export kvbmgo_worker_disconnect_remote
@@ -31,7 +32,7 @@ func kvbmgo_worker_disconnect_remote(h C.uintptr_t, instance C.uint64_t) (st C.k
 	if st != statusOK {
 		return st
 	}
-	return result(e.w.DisconnectRemote(worker.InstanceID(instance)))
+	return result(e.Worker().DisconnectRemote(worker.InstanceID(instance)))
 }
 
 //export kvbmgo_worker_transfer_from_instance
@@ -46,7 +47,7 @@ func kvbmgo_worker_transfer_from_instance(h C.uintptr_t, instance C.uint64_t, sr
 	if st != statusOK {
 		return st
 	}
-	note, err := e.w.ExecuteRemoteOnboardForInstance(worker.InstanceID(instance), s, blockIDs(srcIDs, n), d,
+	note, err := e.Worker().ExecuteRemoteOnboardForInstance(worker.InstanceID(instance), s, blockIDs(srcIDs, n), d,
 		blockIDs(dstIDs, n), opts)
 	if err != nil {
 		return failErr(err)
@@ -62,7 +63,7 @@ func kvbmgo_worker_transfer_from_remote(h C.uintptr_t, remote *C.kvbm_layout_han
 	if st != statusOK {
 		return st
 	}
-	note, err := e.w.ExecuteRemoteOnboard(worker.RemoteLayout(rh, blockIDs(srcIDs, n)), d, blockIDs(dstIDs, n), opts)
+	note, err := e.Worker().ExecuteRemoteOnboard(worker.RemoteLayout(rh, blockIDs(srcIDs, n)), d, blockIDs(dstIDs, n), opts)
 	if err != nil {
 		return failErr(err)
 	}
@@ -77,7 +78,7 @@ func kvbmgo_worker_transfer_to_remote(h C.uintptr_t, src C.int32_t, srcIDs *C.ui
 	if st != statusOK {
 		return st
 	}
-	note, err := e.w.ExecuteRemoteOffload(s, blockIDs(srcIDs, n), worker.RemoteLayout(rh, blockIDs(dstIDs, n)), opts)
+	note, err := e.Worker().ExecuteRemoteOffload(s, blockIDs(srcIDs, n), worker.RemoteLayout(rh, blockIDs(dstIDs, n)), opts)
 	if err != nil {
 		return failErr(err)
 	}
@@ -88,7 +89,7 @@ func kvbmgo_worker_transfer_to_remote(h C.uintptr_t, src C.int32_t, srcIDs *C.ui
 // worker's layout: the worker, the remote handle, the local tier t and what
 // every transfer takes.
 func remoteArgs(what string, h C.uintptr_t, remote *C.kvbm_layout_handle_t, t C.int32_t, srcIDs, dstIDs *C.uint32_t,
-	n C.size_t, o *C.kvbm_transfer_options_t, out *C.uintptr_t) (*workerEntry, transfer.LayoutHandle, worker.Tier,
+	n C.size_t, o *C.kvbm_transfer_options_t, out *C.uintptr_t) (*node.Node, transfer.LayoutHandle, worker.Tier,
 	transfer.Options, C.kvbm_status_t) {
 	e, st := getWorker(h)
 	if st != statusOK {

@@ -7,39 +7,22 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
-	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/layout"
-	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/node"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
 )
 
-// workerEntry is what a kvbm_worker_t names.
-type workerEntry struct {
-	w *worker.PhysicalWorker
-	// cache is set once by kvbm_worker_cache_enable.
-	cache atomic.Pointer[cache.Cache]
-}
-
-// close closes the worker's cache, then the worker.
-func (e *workerEntry) close() error {
-	var err error
-	if c := e.cache.Load(); c != nil {
-		err = c.Close()
-	}
-	return errors.Join(err, e.w.Close())
-}
-
-func getWorker(h C.uintptr_t) (*workerEntry, C.kvbm_status_t) {
-	return lookup[*workerEntry](h, kindWorker, "worker")
+// getWorker returns the worker (a node: the worker, its transport and its
+// cache) that a kvbm_worker_t names.
+func getWorker(h C.uintptr_t) (*node.Node, C.kvbm_status_t) {
+	return lookup[*node.Node](h, kindWorker, "worker")
 }
 
 // blockIDs copies a C array of n block ids.
@@ -148,19 +131,11 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if cfg.struct_size >= C.sizeof_kvbm_worker_config_t {
 		sc.RemoteDeadline = time.Duration(cfg.remote_deadline_ms) * time.Millisecond
 	}
-	network, err := remote.FromEnv()
+	n, err := node.New(node.Config{Worker: sc})
 	if err != nil {
-		return failErr(fmt.Errorf("worker_create: KVBM_TRANSPORT: %w", err))
+		return failErr(fmt.Errorf("worker_create: %w", err))
 	}
-	sc.Network = network
-	w, err := worker.NewStandalone(sc)
-	if err != nil {
-		if network != nil {
-			network.Close()
-		}
-		return failErr(err)
-	}
-	*out = C.uintptr_t(table.Add(kindWorker, &workerEntry{w: w}))
+	*out = C.uintptr_t(table.Add(kindWorker, n))
 	return statusOK
 }
 
@@ -175,7 +150,7 @@ func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {
 	if !ok {
 		return badHandle("worker", h)
 	}
-	return result(v.(*workerEntry).close())
+	return result(v.(*node.Node).Close())
 }
 
 //export kvbmgo_worker_register_g1
@@ -220,7 +195,7 @@ func registerExternal(what string, h C.uintptr_t, c *C.kvbm_layout_config_t, ptr
 	for i, v := range src {
 		p[i] = uint64(v)
 	}
-	lh, err := register(e.w, cfg, shape, p)
+	lh, err := register(e.Worker(), cfg, shape, p)
 	if err != nil {
 		return failErr(err)
 	}
@@ -251,7 +226,7 @@ func allocate(what string, h C.uintptr_t, c *C.kvbm_layout_config_t, out *C.kvbm
 	if st != statusOK {
 		return st
 	}
-	lh, err := alloc(e.w, cfg, shape)
+	lh, err := alloc(e.Worker(), cfg, shape)
 	if err != nil {
 		return failErr(err)
 	}
@@ -287,7 +262,7 @@ func kvbmgo_worker_transfer(h C.uintptr_t, src C.int32_t, srcIDs *C.uint32_t, ds
 	if st != statusOK {
 		return st
 	}
-	note, err := e.w.ExecuteLocalTransfer(s, d, blockIDs(srcIDs, n), blockIDs(dstIDs, n), opts)
+	note, err := e.Worker().ExecuteLocalTransfer(s, d, blockIDs(srcIDs, n), blockIDs(dstIDs, n), opts)
 	if err != nil {
 		return failErr(err)
 	}
@@ -314,7 +289,7 @@ func kvbmgo_worker_onboard_layerwise(h C.uintptr_t, srcIDs, dstIDs *C.uint32_t, 
 	if stream != 0 {
 		sp = transfer.StreamOf(cuda.Stream(stream))
 	}
-	note, err := e.w.ExecuteLayerwiseOnboard(blockIDs(srcIDs, n), blockIDs(dstIDs, n), evs, sp)
+	note, err := e.Worker().ExecuteLayerwiseOnboard(blockIDs(srcIDs, n), blockIDs(dstIDs, n), evs, sp)
 	if err != nil {
 		return failErr(err)
 	}

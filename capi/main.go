@@ -3,6 +3,13 @@
 // the handle table and the mapping of Go errors to kvbm_status_t. The
 // contract is include/kvbm.h, written by hand.
 //
+// A kvbm_worker_t is a core/node.Node: the worker (core/worker), its
+// network transport (core/remote, core/remote/tcp, core/remote/ucx) and
+// its prefix cache (core/cache), assembled and closed by core/node. The
+// other handles reach core/worker (coordinated workers), core/transfer
+// (notifications), core/object (G4 keys) and core/handoff (the hand-off
+// state machine, which stands apart from the data plane).
+//
 // Each public kvbm_* function is defined in C (shim.c) and forwards to its
 // own Go export, kvbm_x to kvbmgo_x, so that a child process after fork()
 // is refused before it enters the Go runtime. The exports live in one file
@@ -44,7 +51,8 @@ import (
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
 
-	// The UCX transport, selectable with KVBM_TRANSPORT=ucx.
+	// The UCX transport, selectable with KVBM_TRANSPORT=ucx (TCP comes
+	// with core/node).
 	_ "github.com/kvbm/kvbm/core/remote/ucx"
 )
 

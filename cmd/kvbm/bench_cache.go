@@ -20,11 +20,11 @@ const (
 	cacheOnboardPath = "prefix cache onboard G2→G1 layer-wise"
 )
 
-// cachePaths makes w's cache and the two paths; close drops the cache.
-func cachePaths(drv cuda.Driver, w *tierWorker, parts [][]int, ref *baseline.Copy, bytes int64) (_ []benchPath, close func() error, err error) {
-	c, err := cache.New(cache.Config{Worker: w.PhysicalWorker, G3: cache.WriteOff, G4: cache.WriteOff})
+// cachePaths makes w's cache (closed with w) and the two paths.
+func cachePaths(drv cuda.Driver, w *tierWorker, parts [][]int, ref *baseline.Copy, bytes int64) ([]benchPath, error) {
+	c, err := w.node.EnableCache(cache.Config{G3: cache.WriteOff, G4: cache.WriteOff})
 	if err != nil {
-		return nil, nil, fmt.Errorf("prefix cache: %w", err)
+		return nil, fmt.Errorf("prefix cache: %w", err)
 	}
 	var gen atomic.Uint64
 	// keys of part for generation g: never seen before g.
@@ -65,10 +65,5 @@ func cachePaths(drv cuda.Driver, w *tierWorker, parts [][]int, ref *baseline.Cop
 			})
 		}, copyBase},
 	}
-	return paths, func() error {
-		if err := c.Close(); err != nil {
-			return fmt.Errorf("prefix cache: close: %w", err)
-		}
-		return nil
-	}, nil
+	return paths, nil
 }

@@ -215,11 +215,10 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 	}...)
 	if cfg.wants(cacheOffloadPath) || cfg.wants(cacheOnboardPath) {
 		// Last: the cache owns G2 from now on.
-		cps, closeCache, err := cachePaths(drv, w, parts, ref, bytes)
+		cps, err := cachePaths(drv, w, parts, ref, bytes)
 		if err != nil {
 			return nil, err
 		}
-		defer func() { err = errors.Join(err, closeCache()) }()
 		paths = append(paths, cps...)
 	}
 	var results []benchResult

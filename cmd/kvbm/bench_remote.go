@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
-	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
@@ -89,13 +89,13 @@ func remotePair(drv cuda.Driver, lc layout.Config, sameHost bool) (pull, push fu
 		}
 		return err
 	}
-	side := func(id uint64) (*transfer.Manager, *remote.TCP, transfer.LayoutHandle, error) {
+	side := func(id uint64) (*transfer.Manager, *tcp.Transport, transfer.LayoutHandle, error) {
 		m, err := transfer.NewManager(transfer.Config{WorkerID: id, Driver: drv})
 		if err != nil {
 			return nil, nil, transfer.LayoutHandle{}, err
 		}
 		closers = append(closers, m.Close)
-		t := remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
+		t := tcp.New(tcp.Config{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
 		closers = append(closers, t.Close)
 		if err := t.Serve(m); err != nil {
 			return nil, nil, transfer.LayoutHandle{}, err
@@ -119,8 +119,8 @@ func remotePair(drv cuda.Driver, lc layout.Config, sameHost bool) (pull, push fu
 	if err != nil {
 		return nil, nil, closeAll, err
 	}
-	if remote.SameHost(peer) != sameHost {
-		return nil, nil, closeAll, fmt.Errorf("the peer is reached by the same-host route: %v, want %v", remote.SameHost(peer), sameHost)
+	if tcp.SameHost(peer) != sameHost {
+		return nil, nil, closeAll, fmt.Errorf("the peer is reached by the same-host route: %v, want %v", tcp.SameHost(peer), sameHost)
 	}
 	d, err := exp.Describe(remoteG2)
 	if err != nil {

@@ -103,16 +103,11 @@ func runPrefix(drv cuda.Driver, root string, ref *baseline.Copy) (run *prefixRun
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, w.close()) }()
-	c, err := cache.New(cache.Config{Worker: w.PhysicalWorker, G3: cache.WriteBack, G4: cache.WriteBack})
+	// The cache closes with the worker's node, before the worker.
+	c, err := w.node.EnableCache(cache.Config{G3: cache.WriteBack, G4: cache.WriteBack})
 	if err != nil {
 		return nil, fmt.Errorf("prefix: %w", err)
 	}
-	// The cache goes before its worker.
-	defer func() {
-		if cerr := c.Close(); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("prefix: close cache: %w", cerr))
-		}
-	}()
 
 	tokensA := promptTokens(1, prefixPromptA*page)
 	tokensB := append(append([]uint32(nil), tokensA...), promptTokens(2, prefixNew*page)...)

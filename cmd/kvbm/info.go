@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/version"
 )
@@ -72,7 +73,7 @@ func transports() []string {
 			line += " (selected)"
 		}
 		if name == "tcp" {
-			if err := remote.SameHostStatus(); err != nil {
+			if err := tcp.SameHostStatus(); err != nil {
 				line += "; same host: " + err.Error()
 			} else {
 				line += "; same host: Unix socket, shared host memory, device memory by CUDA IPC (on the real driver with KVBM_CUDA_IPC=1)"

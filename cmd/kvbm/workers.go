@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/node"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
@@ -34,11 +35,12 @@ func llama3_8BTokens(blocks, tokens int) layout.Config {
 // waitLimit bounds every wait, so that a hang is an error, not a stuck run.
 const waitLimit = 2 * time.Minute
 
-// tierWorker is a standalone worker (its own transfer manager, G3 and G4)
-// with what the demo owns around it: the "engine" tensors registered as its
-// G1.
+// tierWorker is a node's worker (its own transfer manager, G3 and G4; no
+// network transport: loopback only) with what the demo owns around it: the
+// "engine" tensors registered as its G1.
 type tierWorker struct {
 	*worker.PhysicalWorker
+	node  *node.Node // its cache, once made, closes with it
 	name  string
 	g1cfg layout.Config
 	g1mem []*storage.Memory
@@ -58,12 +60,13 @@ type tierSpec struct {
 // ABI: G1 as the engine has it (one device allocation per layer, registered
 // by pointer), G2 pinned and fully contiguous, G3 on disk.
 func newTierWorker(drv cuda.Driver, s tierSpec) (w *tierWorker, err error) {
-	pw, err := worker.NewStandalone(worker.StandaloneConfig{WorkerID: s.id, Driver: drv,
-		DiskDir: s.diskDir, ObjectDir: s.objectDir, Loopback: s.loop})
+	n, err := node.New(node.Config{Worker: worker.StandaloneConfig{WorkerID: s.id, Driver: drv,
+		DiskDir: s.diskDir, ObjectDir: s.objectDir, Loopback: s.loop}, Transport: "loopback"})
 	if err != nil {
 		return nil, fmt.Errorf("%s: worker: %w", s.name, err)
 	}
-	w = &tierWorker{PhysicalWorker: pw, name: s.name}
+	pw := n.Worker()
+	w = &tierWorker{PhysicalWorker: pw, node: n, name: s.name}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, w.close())
@@ -102,11 +105,12 @@ func newTierWorker(drv cuda.Driver, s tierSpec) (w *tierWorker, err error) {
 	return w, nil
 }
 
-// close releases the worker (waiting for transfers in flight, freeing G2
-// and G3, leaving the loopback) and then the engine's G1 tensors.
+// close releases the node (its cache, then the worker: waiting for
+// transfers in flight, freeing G2 and G3, leaving the loopback) and then the
+// engine's G1 tensors.
 func (w *tierWorker) close() error {
 	var errs []error
-	if err := w.Close(); err != nil {
+	if err := w.node.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("%s: close worker: %w", w.name, err))
 	}
 	for i, mem := range w.g1mem {

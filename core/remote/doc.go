@@ -1,8 +1,11 @@
 // Package remote is the data plane between workers: the Transport seam
 // through which a worker serves its layouts to peers and reaches theirs,
-// and its implementations — Loopback (workers of one process), TCP (any
-// two processes, the fallback that always works) and UCX (shared memory,
-// TCP and RDMA through libucp, loaded at run time).
+// Loopback (workers of one process), and the selection of a network
+// transport by name (Register, Choice, Open). The network transports are
+// packages of their own that register themselves when linked in: tcp
+// (any two processes, the fallback that always works, with its same-host
+// route) and ucx (shared memory, TCP and RDMA through libucp, loaded at
+// run time).
 //
 // A worker serves its layouts on every transport it has and publishes each
 // transport's endpoint in its exported metadata; a peer that imports the

@@ -15,11 +15,12 @@ type Opener func() (Transport, error)
 
 var (
 	openersMu sync.Mutex
-	openers   = map[string]Opener{"tcp": func() (Transport, error) { return NewTCP(TCPConfig{}), nil }}
+	openers   = map[string]Opener{}
 )
 
-// Register makes a network transport selectable by name; the UCX package
-// registers itself when it is linked in.
+// Register makes a network transport selectable by name; the TCP and UCX
+// packages (core/remote/tcp, core/remote/ucx) register themselves when
+// they are linked in.
 func Register(name string, open Opener) {
 	openersMu.Lock()
 	defer openersMu.Unlock()
@@ -71,6 +72,10 @@ func Open(name string) (Transport, error) {
 	openersMu.Lock()
 	open := openers[choice]
 	openersMu.Unlock()
+	if open == nil { // "auto" chose TCP, which this program does not link in
+		return nil, fmt.Errorf("%w: transport %s is not linked into this program (import core/remote/%s)",
+			transfer.ErrUnsupported, choice, choice)
+	}
 	t, err := open()
 	if err != nil {
 		return nil, fmt.Errorf("transport %s: %w", choice, err)

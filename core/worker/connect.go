@@ -26,11 +26,28 @@ func (w *PhysicalWorker) serve(loop *remote.Loopback, network remote.Transport) 
 		w.loopback = loop
 	}
 	if network != nil {
-		w.network = network
-		if err := network.Serve(w.m); err != nil {
-			return errors.Join(fmt.Errorf("serve on %s: %w", network.Name(), err), w.leave())
+		if err := w.ServeNetwork(network); err != nil {
+			return errors.Join(err, w.leave())
 		}
 	}
+	return nil
+}
+
+// ServeNetwork makes the worker's layouts reachable by other processes
+// over network (TCP or UCX), and theirs through it: the transport starts
+// listening here. The worker takes network over and closes it, at Close,
+// or at once when serving fails. A worker has one network transport, set
+// before the worker is shared between goroutines (core/node does it at
+// create).
+func (w *PhysicalWorker) ServeNetwork(network remote.Transport) error {
+	if w.network != nil {
+		return errors.Join(fmt.Errorf("%w: worker %x serves on %s already", ErrAlreadyExists, w.m.WorkerID(), w.network.Name()),
+			network.Close())
+	}
+	if err := network.Serve(w.m); err != nil {
+		return errors.Join(fmt.Errorf("serve on %s: %w", network.Name(), err), network.Close())
+	}
+	w.network = network
 	return nil
 }
 

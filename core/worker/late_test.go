@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/stretchr/testify/require"
@@ -37,10 +38,10 @@ const latePushEnv = "KVBM_TEST_LATE_PUSH"
 const lateWait = time.Second
 
 func lateCases(t *testing.T) []lateCase {
-	tcp := func(*testing.T) remote.Transport { return remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0"}) }
+	overTCP := func(*testing.T) remote.Transport { return tcp.New(tcp.Config{Listen: "127.0.0.1:0"}) }
 	cases := []lateCase{
-		{name: "tcp", env: []string{"KVBM_SAME_HOST=0"}, network: tcp, counted: true},
-		{name: "same host", network: tcp, counted: true},
+		{name: "tcp", env: []string{"KVBM_SAME_HOST=0"}, network: overTCP, counted: true},
+		{name: "same host", network: overTCP, counted: true},
 	}
 	if err := ucx.Available(); err != nil {
 		if os.Getenv("KVBM_REQUIRE_UCX") == "1" {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
@@ -78,9 +79,9 @@ func TestExporterProcess(t *testing.T) {
 			return
 		}
 		if f[0] == "served" { // how many requests the TCP server answered so far
-			tcp, ok := network.(*remote.TCP)
+			tr, ok := network.(*tcp.Transport)
 			require.True(t, ok, "served is asked of the TCP transport")
-			fmt.Println(tcp.Served())
+			fmt.Println(tr.Served())
 			continue
 		}
 		tier, _ := strconv.Atoi(f[1])
@@ -168,7 +169,7 @@ func (e *exporter) kill() {
 
 // decodeWorker is this process's worker, on the TCP transport.
 func decodeWorker(t *testing.T, deadline time.Duration) *testWorker {
-	return decodeWorkerOn(t, deadline, remote.NewTCP(remote.TCPConfig{Listen: "127.0.0.1:0"}))
+	return decodeWorkerOn(t, deadline, tcp.New(tcp.Config{Listen: "127.0.0.1:0"}))
 }
 
 func decodeWorkerOn(t *testing.T, deadline time.Duration, network remote.Transport) *testWorker {
@@ -196,16 +197,16 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 	t.Run("same host", func(t *testing.T) {
 		dec := decodeWorker(t, 10*time.Second)
 		pullAndPush(t, startExporter(t, 0xA), dec)
-		require.True(t, remote.SameHost(dec.peers[0xA]), "reached over the Unix socket")
+		require.True(t, tcp.SameHost(dec.peers[0xA]), "reached over the Unix socket")
 		for _, tier := range []Tier{G1, G2} {
-			require.True(t, remote.Mapped(dec.peers[0xA], requireRemote(t, dec, 7, tier)), "%v mapped (G1 by CUDA IPC)", tier)
+			require.True(t, tcp.Mapped(dec.peers[0xA], requireRemote(t, dec, 7, tier)), "%v mapped (G1 by CUDA IPC)", tier)
 		}
 	})
 	t.Run("tcp", func(t *testing.T) {
 		dec := decodeWorker(t, 10*time.Second)
 		pullAndPush(t, startExporter(t, 0xA, "KVBM_SAME_HOST=0"), dec)
-		require.False(t, remote.SameHost(dec.peers[0xA]))
-		require.False(t, remote.Mapped(dec.peers[0xA], requireRemote(t, dec, 7, G2)))
+		require.False(t, tcp.SameHost(dec.peers[0xA]))
+		require.False(t, tcp.Mapped(dec.peers[0xA], requireRemote(t, dec, 7, G2)))
 	})
 	t.Run("ucx", func(t *testing.T) {
 		if err := ucx.Available(); err != nil {
@@ -304,9 +305,9 @@ func TestDeadPeerIsLetGoWithoutAnOperation(t *testing.T) {
 	dec := decodeWorker(t, 20*time.Second)
 	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
 	h := requireRemote(t, dec, 7, G2)
-	require.True(t, remote.Mapped(dec.peers[0xA], h))
+	require.True(t, tcp.Mapped(dec.peers[0xA], h))
 	exp.signal(t, syscall.SIGKILL)
-	require.Eventually(t, func() bool { return !remote.Mapped(dec.peers[0xA], h) }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return !tcp.Mapped(dec.peers[0xA], h) }, 5*time.Second, 5*time.Millisecond,
 		"the dead peer's G2 is unmapped without a transfer noticing")
 	start := time.Now()
 	n, err := dec.ExecuteRemoteOnboardForInstance(7, G2, []int{1}, G2, []int{4}, transfer.Options{})

@@ -1,4 +1,4 @@
-package remote
+package tcp
 
 import (
 	"context"
@@ -10,11 +10,12 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 )
 
-// TCPConfig configures the TCP transport.
-type TCPConfig struct {
+// Config configures the TCP transport.
+type Config struct {
 	// Listen is the address the server listens on (default
 	// KVBM_TCP_LISTEN, else ":0": every interface, a free port).
 	Listen string
@@ -27,15 +28,15 @@ type TCPConfig struct {
 	Conns int
 	// NoSameHost turns off the same-host path (default: on, unless
 	// KVBM_SAME_HOST=0): a peer on this host otherwise connects over a Unix
-	// socket and maps the shared memory of host layouts (tcp_shared.go).
+	// socket and maps the shared memory of host layouts (samehost.go).
 	NoSameHost bool
 }
 
-// TCP is the transport that always works: plain TCP streams, several per
+// Transport is the transport that always works: plain TCP streams, several per
 // peer, each moving one request at a time straight between the socket and
 // registered memory. It serves one manager.
-type TCP struct {
-	cfg  TCPConfig
+type Transport struct {
+	cfg  Config
 	m    *transfer.Manager
 	ln   net.Listener
 	unix net.Listener // the same-host socket; nil when off
@@ -50,8 +51,8 @@ type TCP struct {
 	served atomic.Uint64 // requests of peers answered, however they ended
 }
 
-// NewTCP makes a TCP transport; Serve starts its server.
-func NewTCP(cfg TCPConfig) *TCP {
+// New makes a TCP transport; Serve starts its server.
+func New(cfg Config) *Transport {
 	if cfg.Listen == "" {
 		cfg.Listen = os.Getenv("KVBM_TCP_LISTEN")
 	}
@@ -67,14 +68,14 @@ func NewTCP(cfg TCPConfig) *TCP {
 	if os.Getenv("KVBM_SAME_HOST") == "0" {
 		cfg.NoSameHost = true
 	}
-	return &TCP{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}}
+	return &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}}
 }
 
 // Name is "tcp".
-func (t *TCP) Name() string { return "tcp" }
+func (t *Transport) Name() string { return "tcp" }
 
 // Addr is the address the server listens on (nil before Serve).
-func (t *TCP) Addr() net.Addr {
+func (t *Transport) Addr() net.Addr {
 	if t.ln == nil {
 		return nil
 	}
@@ -82,7 +83,7 @@ func (t *TCP) Addr() net.Addr {
 }
 
 // Serve listens and serves m's layouts to peers.
-func (t *TCP) Serve(m *transfer.Manager) error {
+func (t *Transport) Serve(m *transfer.Manager) error {
 	if t.m != nil {
 		return fmt.Errorf("%w: tcp transport already serves worker %x", transfer.ErrAlreadyExists, t.m.WorkerID())
 	}
@@ -115,7 +116,7 @@ func (t *TCP) Serve(m *transfer.Manager) error {
 // Endpoint is version u8 (2) | worker u64 | host id [16] | Unix socket
 // name length u8 | name | "host:port". The host id and socket name are
 // zero and empty when the same-host path is off.
-func (t *TCP) Endpoint() ([]byte, error) {
+func (t *Transport) Endpoint() ([]byte, error) {
 	if t.ep == nil {
 		return nil, fmt.Errorf("%w: tcp transport is not serving", transfer.ErrInvalidArgument)
 	}
@@ -141,26 +142,26 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 	if len(ep) >= 1+8+3 && ep[0] == 1 { // version 1 (TCP only), from an older kvbm
 		e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), addr: string(ep[9:])}
 		if _, _, err := net.SplitHostPort(e.addr); err != nil {
-			return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", ErrBadEndpoint, e.addr, err)
+			return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", remote.ErrBadEndpoint, e.addr, err)
 		}
 		return e, nil
 	}
 	const head = 1 + 8 + 16 + 1
 	if len(ep) < head+3 || ep[0] != endpointVersion {
-		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is not version %d", ErrBadEndpoint, len(ep), endpointVersion)
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is not version %d", remote.ErrBadEndpoint, len(ep), endpointVersion)
 	}
 	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:])}
 	copy(e.host[:], ep[9:25])
 	n := int(ep[25])
 	if len(ep) < head+n+3 {
-		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is too short for its %d-byte socket name", ErrBadEndpoint, len(ep), n)
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is too short for its %d-byte socket name", remote.ErrBadEndpoint, len(ep), n)
 	}
 	e.unix, e.addr = string(ep[head:head+n]), string(ep[head+n:])
 	if n > 0 && e.unix[0] != '@' {
-		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint's same-host socket %q is not an abstract name", ErrBadEndpoint, e.unix)
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint's same-host socket %q is not an abstract name", remote.ErrBadEndpoint, e.unix)
 	}
 	if _, _, err := net.SplitHostPort(e.addr); err != nil {
-		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", ErrBadEndpoint, e.addr, err)
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", remote.ErrBadEndpoint, e.addr, err)
 	}
 	return e, nil
 }
@@ -169,7 +170,7 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 // endpoint names, and keeps the connection for its first operation. A peer
 // on this host is dialed on its Unix socket when it has one and it can be
 // reached (another network namespace cannot), else over TCP.
-func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
+func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, error) {
 	ep, err := parseTCPEndpoint(endpoint)
 	if err != nil {
 		return nil, err
@@ -210,11 +211,11 @@ func (t *TCP) Connect(ctx context.Context, endpoint []byte) (Peer, error) {
 // Served is the number of peers' requests the server has answered so far,
 // however each ended (a peer that gave up on one still counts): a test
 // waits on it to know that a late answer was made.
-func (t *TCP) Served() uint64 { return t.served.Load() }
+func (t *Transport) Served() uint64 { return t.served.Load() }
 
 // Close stops the server, closes its connections and every peer, and
 // waits for the server's goroutines.
-func (t *TCP) Close() error {
+func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -244,7 +245,7 @@ func (t *TCP) Close() error {
 	return err
 }
 
-func (t *TCP) forget(p *tcpPeer) {
+func (t *Transport) forget(p *tcpPeer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.peers, p)
@@ -275,4 +276,4 @@ func advertiseHost(configured string, listen *net.TCPAddr) (string, error) {
 	return "127.0.0.1", nil
 }
 
-var _ Transport = (*TCP)(nil)
+var _ remote.Transport = (*Transport)(nil)

@@ -1,4 +1,4 @@
-package remote
+package tcp
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 )
@@ -20,7 +21,7 @@ import (
 // failed — the peer is broken: every connection closes and later calls
 // fail at once, until the worker connects again.
 type tcpPeer struct {
-	t       *TCP
+	t       *Transport
 	worker  uint64
 	network string // "tcp", or "unix" for a peer on this host
 	addr    string
@@ -42,7 +43,7 @@ type tcpConn struct {
 	deadline time.Time
 }
 
-func newTCPPeer(t *TCP, worker uint64, network, addr string) *tcpPeer {
+func newTCPPeer(t *Transport, worker uint64, network, addr string) *tcpPeer {
 	return &tcpPeer{t: t, worker: worker, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
 		idle: make(chan *tcpConn, t.cfg.Conns), open: map[*tcpConn]struct{}{}}
 }
@@ -177,7 +178,7 @@ func (p *tcpPeer) watch(c *tcpConn) {
 	delete(p.open, c) // it holds no slot
 	if p.broken == nil {
 		p.broken = fmt.Errorf("%w: peer %x at %s closed its connections (%v): it exited, or its worker was destroyed",
-			ErrPeerUnavailable, p.worker, p.addr, err)
+			remote.ErrPeerUnavailable, p.worker, p.addr, err)
 	}
 	p.mu.Unlock()
 	c.c.Close()
@@ -193,12 +194,12 @@ func (p *tcpPeer) fail(c *tcpConn, ctx context.Context, cause error) error {
 	var ne net.Error
 	switch {
 	case ctx.Err() == context.DeadlineExceeded || (errors.As(cause, &ne) && ne.Timeout()):
-		err = fmt.Errorf("%w: %w: peer %x at %s did not answer within the deadline", ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+		err = fmt.Errorf("%w: %w: peer %x at %s did not answer within the deadline", remote.ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
 	case errors.Is(cause, io.EOF) || errors.Is(cause, io.ErrUnexpectedEOF):
 		err = fmt.Errorf("%w: peer %x at %s closed the connection mid-operation (it exited, or refused the stream)",
-			ErrPeerUnavailable, p.worker, p.addr)
+			remote.ErrPeerUnavailable, p.worker, p.addr)
 	default:
-		err = fmt.Errorf("%w: peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, cause)
+		err = fmt.Errorf("%w: peer %x at %s: %w", remote.ErrPeerUnavailable, p.worker, p.addr, cause)
 	}
 	p.mu.Lock()
 	if p.broken == nil {
@@ -237,7 +238,7 @@ func (p *tcpPeer) get(ctx context.Context) (*tcpConn, error) {
 				return nil, fmt.Errorf("peer %x: %w", p.worker, context.Cause(ctx))
 			}
 			return nil, fmt.Errorf("%w: %w: no connection to peer %x at %s within the deadline",
-				ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+				remote.ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
 		}
 	}
 }
@@ -257,7 +258,7 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, p.network, p.addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, err)
+		return nil, fmt.Errorf("%w: dial peer %x at %s: %w", remote.ErrPeerUnavailable, p.worker, p.addr, err)
 	}
 	setBuffers(nc)
 	if dl, ok := ctx.Deadline(); ok {
@@ -281,9 +282,9 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			return nil, fmt.Errorf("%w: %w: peer %x at %s accepted but did not answer the hello within the deadline",
-				ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+				remote.ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
 		}
-		return nil, fmt.Errorf("%w: hello to peer %x at %s: %w", ErrPeerUnavailable, p.worker, p.addr, err)
+		return nil, fmt.Errorf("%w: hello to peer %x at %s: %w", remote.ErrPeerUnavailable, p.worker, p.addr, err)
 	}
 	p.mu.Lock()
 	p.open[c] = struct{}{}
@@ -332,7 +333,7 @@ func (p *tcpPeer) brokenErr() error {
 func (p *tcpPeer) Close() error {
 	p.mu.Lock()
 	if p.broken == nil {
-		p.broken = fmt.Errorf("%w: the connection to peer %x at %s was closed", ErrPeerUnavailable, p.worker, p.addr)
+		p.broken = fmt.Errorf("%w: the connection to peer %x at %s was closed", remote.ErrPeerUnavailable, p.worker, p.addr)
 	}
 	open := make([]*tcpConn, 0, len(p.open))
 	for c := range p.open {

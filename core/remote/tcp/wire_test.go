@@ -1,9 +1,10 @@
-package remote
+package tcp
 
 import (
 	"bytes"
 	"testing"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
@@ -33,7 +34,7 @@ func TestRequestRoundTripAndLimits(t *testing.T) {
 		"too large": appendRequest(nil, opRead, h, []transfer.RemoteOp{{Remote: 1, Size: maxRequestBytes}, {Remote: 2, Size: 1}}),
 	} {
 		_, _, err := readRequest(bytes.NewReader(bad), nil)
-		require.ErrorIs(t, err, ErrBadEndpoint, name)
+		require.ErrorIs(t, err, remote.ErrBadEndpoint, name)
 	}
 	_, _, err = readRequest(bytes.NewReader(b[:len(b)-3]), nil)
 	require.Error(t, err, "truncated")
@@ -66,7 +67,7 @@ func FuzzTCPEndpoint(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ep []byte) {
 		e, err := parseTCPEndpoint(ep)
 		if err != nil {
-			require.ErrorIs(t, err, ErrBadEndpoint)
+			require.ErrorIs(t, err, remote.ErrBadEndpoint)
 			return
 		}
 		if ep[0] == 1 { // an older kvbm's: read as version 2 without the same-host route
@@ -86,7 +87,7 @@ func FuzzParseRegions(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rs, err := parseRegions(b)
 		if err != nil {
-			require.ErrorIs(t, err, ErrBadEndpoint)
+			require.ErrorIs(t, err, remote.ErrBadEndpoint)
 			return
 		}
 		require.NotEmpty(t, rs)

@@ -1,4 +1,4 @@
-package remote
+package tcp
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/internal/memcopy"
@@ -93,7 +94,7 @@ func samePeerUser(c net.Conn) bool {
 }
 
 // answerMap hands a same-host peer the shared memory files of a layout.
-func (t *TCP) answerMap(c net.Conn, q request) error {
+func (t *Transport) answerMap(c net.Conn, q request) error {
 	uc, ok := c.(*net.UnixConn)
 	var regions []transfer.SharedRegion
 	err := fmt.Errorf("%w: shared memory is mapped by peers on this host only, over the Unix socket", transfer.ErrUnsupported)
@@ -131,7 +132,7 @@ func (t *TCP) answerMap(c net.Conn, q request) error {
 // lend answers a lend request: the ranges are checked and the manager held
 // while the peer copies, until its done arrives (within the connection's
 // deadline).
-func (t *TCP) lend(c net.Conn, r io.Reader, q request, started *bool) error {
+func (t *Transport) lend(c net.Conn, r io.Reader, q request, started *bool) error {
 	if _, ok := c.(*net.UnixConn); !ok {
 		return fmt.Errorf("%w: memory is lent to peers on this host only, over the Unix socket", transfer.ErrUnsupported)
 	}
@@ -145,7 +146,7 @@ func (t *TCP) lend(c net.Conn, r io.Reader, q request, started *bool) error {
 			return err
 		}
 		if done[0] != lendDone {
-			return fmt.Errorf("%w: lend ended with %d, want %d", ErrBadEndpoint, done[0], lendDone)
+			return fmt.Errorf("%w: lend ended with %d, want %d", remote.ErrBadEndpoint, done[0], lendDone)
 		}
 		return nil
 	})
@@ -318,7 +319,7 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 	if oobn > 0 {
 		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 		if err != nil {
-			return nil, fmt.Errorf("%w: map reply's control message: %w", ErrBadEndpoint, err)
+			return nil, fmt.Errorf("%w: map reply's control message: %w", remote.ErrBadEndpoint, err)
 		}
 		for _, m := range msgs {
 			fds, err := unix.ParseUnixRights(&m)
@@ -343,7 +344,7 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 	}
 	msgLen := 3 + int(binary.LittleEndian.Uint16(buf[1:]))
 	if msgLen > 3+maxMessage {
-		return nil, fmt.Errorf("%w: map reply message of %d bytes", ErrBadEndpoint, msgLen-3)
+		return nil, fmt.Errorf("%w: map reply message of %d bytes", remote.ErrBadEndpoint, msgLen-3)
 	}
 	if buf[0] != statusOK {
 		if err := need(msgLen); err != nil {
@@ -356,13 +357,13 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 	}
 	end := msgLen + 2 + int(binary.LittleEndian.Uint16(buf[msgLen:]))
 	if end > len(buf) {
-		return nil, fmt.Errorf("%w: map reply of %d bytes", ErrBadEndpoint, end)
+		return nil, fmt.Errorf("%w: map reply of %d bytes", remote.ErrBadEndpoint, end)
 	}
 	if err := need(end); err != nil {
 		return nil, err
 	}
 	if n > end {
-		return nil, fmt.Errorf("%w: %d bytes after the map reply", ErrBadEndpoint, n-end)
+		return nil, fmt.Errorf("%w: %d bytes after the map reply", remote.ErrBadEndpoint, n-end)
 	}
 	ranges, err := parseRegions(buf[msgLen+2 : end])
 	if err != nil {
@@ -375,7 +376,7 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 		}
 	}
 	if len(files) != nfiles {
-		return nil, fmt.Errorf("%w: map reply of %d file regions came with %d files", ErrBadEndpoint, nfiles, len(files))
+		return nil, fmt.Errorf("%w: map reply of %d file regions came with %d files", remote.ErrBadEndpoint, nfiles, len(files))
 	}
 	maps := make([]sharedMap, 0, len(ranges))
 	next := 0 // the next file; all of them are closed on return (a mapping outlives its file)
@@ -394,7 +395,7 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 				closeDev()
 				unmap(maps)
 				return nil, fmt.Errorf("%w: peer %x says layout %v's allocation is %d bytes; %d were opened",
-					ErrBadEndpoint, p.worker, h, r.size, opened)
+					remote.ErrBadEndpoint, p.worker, h, r.size, opened)
 			}
 			maps = append(maps, sharedMap{addr: r.addr, size: r.size, dev: dev, closeDev: closeDev})
 			continue
@@ -474,7 +475,7 @@ func (e *localError) Unwrap() error { return e.err }
 
 // SameHost reports whether p reaches its worker over the same-host socket
 // (and maps the host layouts that worker shares).
-func SameHost(p Peer) bool {
+func SameHost(p remote.Peer) bool {
 	tp, ok := p.(*tcpPeer)
 	return ok && tp.network == "unix"
 }
@@ -482,7 +483,7 @@ func SameHost(p Peer) bool {
 // Mapped reports whether p reaches layout h through memory mapped here
 // (the peer's shared host memory, or its device memory opened with CUDA
 // IPC) rather than through the socket.
-func Mapped(p Peer, h transfer.LayoutHandle) bool {
+func Mapped(p remote.Peer, h transfer.LayoutHandle) bool {
 	tp, ok := p.(*tcpPeer)
 	return ok && tp.shared.has(h)
 }

@@ -1,4 +1,4 @@
-package remote
+package tcp
 
 import (
 	"bufio"
@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
-	. "github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -25,29 +26,29 @@ import (
 // and the peer are the same as between processes.
 type tcpPair struct {
 	emu            *cuda.Emulated
-	exp, imp       *Manager
-	expTCP, impTCP *TCP
-	peer           Peer
+	exp, imp       *transfer.Manager
+	expTCP, impTCP *Transport
+	peer           remote.Peer
 	cfg            layout.Config
-	remote         map[string]LayoutHandle // exporter's layouts by name
-	local          map[string]LayoutHandle
+	remote         map[string]transfer.LayoutHandle // exporter's layouts by name
+	local          map[string]transfer.LayoutHandle
 }
 
-func newTCPPair(t *testing.T, deadline time.Duration, cfgs ...TCPConfig) *tcpPair {
+func newTCPPair(t *testing.T, deadline time.Duration, cfgs ...Config) *tcpPair {
 	t.Helper()
-	tcpCfg := TCPConfig{Listen: "127.0.0.1:0"}
+	tcpCfg := Config{Listen: "127.0.0.1:0"}
 	if len(cfgs) > 0 {
 		tcpCfg = cfgs[0]
 	}
 	p := &tcpPair{emu: cuda.NewEmulated(1), cfg: smallConfig(8),
-		remote: map[string]LayoutHandle{}, local: map[string]LayoutHandle{}}
+		remote: map[string]transfer.LayoutHandle{}, local: map[string]transfer.LayoutHandle{}}
 	var err error
-	p.exp, err = NewManager(Config{WorkerID: 0xE1, Driver: p.emu, RemoteDeadline: deadline})
+	p.exp, err = transfer.NewManager(transfer.Config{WorkerID: 0xE1, Driver: p.emu, RemoteDeadline: deadline})
 	require.NoError(t, err)
-	p.imp, err = NewManager(Config{WorkerID: 0x11, Driver: p.emu, RemoteDeadline: deadline})
+	p.imp, err = transfer.NewManager(transfer.Config{WorkerID: 0x11, Driver: p.emu, RemoteDeadline: deadline})
 	require.NoError(t, err)
-	p.expTCP = NewTCP(tcpCfg)
-	p.impTCP = NewTCP(tcpCfg)
+	p.expTCP = New(tcpCfg)
+	p.impTCP = New(tcpCfg)
 	require.NoError(t, p.expTCP.Serve(p.exp))
 	require.NoError(t, p.impTCP.Serve(p.imp))
 	t.Cleanup(func() {
@@ -59,8 +60,8 @@ func newTCPPair(t *testing.T, deadline time.Duration, cfgs ...TCPConfig) *tcpPai
 	})
 	for name, s := range map[string]struct {
 		kind  storage.Kind
-		shape Shape
-	}{"g2": {storage.Pinned, FullyContiguous}, "g1": {storage.Device, Shape{Kind: layout.LayerSeparate, BlockDim: layout.BlockIsSecondDim}}} {
+		shape transfer.Shape
+	}{"g2": {storage.Pinned, transfer.FullyContiguous}, "g1": {storage.Device, transfer.Shape{Kind: layout.LayerSeparate, BlockDim: layout.BlockIsSecondDim}}} {
 		p.remote[name], err = p.exp.AllocateLayout(s.kind, p.cfg, s.shape)
 		require.NoError(t, err)
 		p.local[name], err = p.imp.AllocateLayout(s.kind, p.cfg, s.shape)
@@ -73,14 +74,14 @@ func newTCPPair(t *testing.T, deadline time.Duration, cfgs ...TCPConfig) *tcpPai
 	for _, h := range p.remote {
 		d, err := p.exp.Describe(h)
 		require.NoError(t, err)
-		_, err = p.imp.Import(p.peer, []Descriptor{d})
+		_, err = p.imp.Import(p.peer, []transfer.Descriptor{d})
 		require.NoError(t, err)
 	}
 	return p
 }
 
 // fill writes a distinct pattern into every block of a layout.
-func fill(t *testing.T, m *Manager, h LayoutHandle, seed byte) {
+func fill(t *testing.T, m *transfer.Manager, h transfer.LayoutHandle, seed byte) {
 	t.Helper()
 	bio, err := m.BlockIO(h)
 	require.NoError(t, err)
@@ -97,7 +98,7 @@ func pattern(size int, seed byte, id int) []byte {
 	return b
 }
 
-func block(t *testing.T, m *Manager, h LayoutHandle, id int) []byte {
+func block(t *testing.T, m *transfer.Manager, h transfer.LayoutHandle, id int) []byte {
 	t.Helper()
 	bio, err := m.BlockIO(h)
 	require.NoError(t, err)
@@ -112,7 +113,7 @@ func block(t *testing.T, m *Manager, h LayoutHandle, id int) []byte {
 func TestTCPMovesEveryByteBothWays(t *testing.T) {
 	for _, sameHost := range []bool{true, false} {
 		t.Run(map[bool]string{true: "same host", false: "tcp"}[sameHost], func(t *testing.T) {
-			p := newTCPPair(t, 5*time.Second, TCPConfig{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
+			p := newTCPPair(t, 5*time.Second, Config{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
 			peer := p.peer.(*tcpPeer)
 			if sameHost {
 				require.Equal(t, "unix", peer.network)
@@ -133,7 +134,7 @@ func movesEveryByteBothWays(t *testing.T, p *tcpPair) {
 			t.Run(src+"->"+dst, func(t *testing.T) {
 				fill(t, p.exp, p.remote[src], 0x5A)
 				fill(t, p.imp, p.local[dst], 0x00)
-				n, err := p.imp.ExecuteTransfer(p.remote[src], []int{1, 6, 3}, p.local[dst], []int{0, 2, 7}, Options{})
+				n, err := p.imp.ExecuteTransfer(p.remote[src], []int{1, 6, 3}, p.local[dst], []int{0, 2, 7}, transfer.Options{})
 				require.NoError(t, err)
 				require.NoError(t, n.WaitTimeout(-1))
 				for i, pair := range [][2]int{{1, 0}, {6, 2}, {3, 7}} {
@@ -146,7 +147,7 @@ func movesEveryByteBothWays(t *testing.T, p *tcpPair) {
 				// Push back the other way: local src-kind blocks into the remote dst-kind layout.
 				fill(t, p.imp, p.local[src], 0xC3)
 				fill(t, p.exp, p.remote[dst], 0x00)
-				n, err = p.imp.ExecuteTransfer(p.local[src], []int{5, 0}, p.remote[dst], []int{4, 2}, Options{})
+				n, err = p.imp.ExecuteTransfer(p.local[src], []int{5, 0}, p.remote[dst], []int{4, 2}, transfer.Options{})
 				require.NoError(t, err)
 				require.NoError(t, n.WaitTimeout(-1))
 				require.Equal(t, pattern(p.cfg.BlockSize(), 0xC3, 5), block(t, p.exp, p.remote[dst], 4))
@@ -158,9 +159,9 @@ func movesEveryByteBothWays(t *testing.T, p *tcpPair) {
 		}
 	}
 	c := p.imp.Counters()
-	require.NotZero(t, c[PathRemoteRead].Transfers)
-	require.NotZero(t, c[PathRemoteWrite].Transfers)
-	require.NotZero(t, c[PathTwoHop].Transfers, "device destinations go through a pinned bounce")
+	require.NotZero(t, c[transfer.PathRemoteRead].Transfers)
+	require.NotZero(t, c[transfer.PathRemoteWrite].Transfers)
+	require.NotZero(t, c[transfer.PathTwoHop].Transfers, "device destinations go through a pinned bounce")
 }
 
 // A request the server refuses names the reason and leaves the connection
@@ -174,23 +175,23 @@ func TestTCPServerRefusalKeepsThePeer(t *testing.T) {
 	require.NoError(t, err)
 	mem, err := p.peer.Attach(d)
 	require.NoError(t, err)
-	err = mem.Memory.Read(context.Background(), p.remote["g2"], []RemoteOp{{Remote: 0x10, Local: buf.Addr(), Size: 64}})
-	require.ErrorIs(t, err, ErrOutOfRange)
+	err = mem.Memory.Read(context.Background(), p.remote["g2"], []transfer.RemoteOp{{Remote: 0x10, Local: buf.Addr(), Size: 64}})
+	require.ErrorIs(t, err, transfer.ErrOutOfRange)
 	require.ErrorContains(t, err, "not inside one region")
-	err = mem.Memory.Read(context.Background(), LayoutHandle{Worker: 0xE1, Layout: 999}, []RemoteOp{{Remote: d.Bases[0], Local: buf.Addr(), Size: 64}})
-	require.ErrorIs(t, err, ErrNotFound)
-	err = mem.Memory.Write(context.Background(), p.remote["g2"], []RemoteOp{{Remote: d.Bases[0] - 1, Local: buf.Addr(), Size: 64}})
-	require.ErrorIs(t, err, ErrOutOfRange)
-	require.NotErrorIs(t, err, ErrPeerUnavailable)
+	err = mem.Memory.Read(context.Background(), transfer.LayoutHandle{Worker: 0xE1, Layout: 999}, []transfer.RemoteOp{{Remote: d.Bases[0], Local: buf.Addr(), Size: 64}})
+	require.ErrorIs(t, err, transfer.ErrNotFound)
+	err = mem.Memory.Write(context.Background(), p.remote["g2"], []transfer.RemoteOp{{Remote: d.Bases[0] - 1, Local: buf.Addr(), Size: 64}})
+	require.ErrorIs(t, err, transfer.ErrOutOfRange)
+	require.NotErrorIs(t, err, remote.ErrPeerUnavailable)
 
 	fill(t, p.exp, p.remote["g2"], 0x77)
-	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{2}, Options{})
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{2}, transfer.Options{})
 	require.NoError(t, err)
 	require.NoError(t, n.WaitTimeout(-1))
 	require.Equal(t, pattern(p.cfg.BlockSize(), 0x77, 2), block(t, p.imp, p.local["g2"], 2))
 
-	_, err = p.peer.Attach(Descriptor{Handle: LayoutHandle{Worker: 0x99, Layout: 1}})
-	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = p.peer.Attach(transfer.Descriptor{Handle: transfer.LayoutHandle{Worker: 0x99, Layout: 1}})
+	require.ErrorIs(t, err, transfer.ErrInvalidArgument)
 }
 
 // A closed exporter fails the importer's transfers with the blocks named,
@@ -198,21 +199,21 @@ func TestTCPServerRefusalKeepsThePeer(t *testing.T) {
 func TestTCPPeerGoneFailsBlocksAndReconnects(t *testing.T) {
 	p := newTCPPair(t, 5*time.Second)
 	require.NoError(t, p.expTCP.Close())
-	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{0, 1}, p.local["g2"], []int{4, 5}, Options{})
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{0, 1}, p.local["g2"], []int{4, 5}, transfer.Options{})
 	require.NoError(t, err)
 	err = n.WaitTimeout(-1)
-	require.ErrorIs(t, err, ErrPeerUnavailable)
-	var te *Error
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	var te *transfer.Error
 	require.ErrorAs(t, err, &te)
 	require.Equal(t, []int{4, 5}, te.FailedBlocks)
 	start := time.Now()
-	n, err = p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{6}, Options{})
+	n, err = p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{6}, transfer.Options{})
 	require.NoError(t, err)
-	require.ErrorIs(t, n.WaitTimeout(-1), ErrPeerUnavailable)
+	require.ErrorIs(t, n.WaitTimeout(-1), remote.ErrPeerUnavailable)
 	require.Less(t, time.Since(start), time.Second, "a broken peer fails at once")
 
 	// The exporter serves again on a new transport; importing again reconnects.
-	again := NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
+	again := New(Config{Listen: "127.0.0.1:0"})
 	defer again.Close()
 	require.NoError(t, again.Serve(p.exp))
 	ep, err := again.Endpoint()
@@ -221,10 +222,10 @@ func TestTCPPeerGoneFailsBlocksAndReconnects(t *testing.T) {
 	require.NoError(t, err)
 	d, err := p.exp.Describe(p.remote["g2"])
 	require.NoError(t, err)
-	_, err = p.imp.Import(peer, []Descriptor{d})
+	_, err = p.imp.Import(peer, []transfer.Descriptor{d})
 	require.NoError(t, err)
 	fill(t, p.exp, p.remote["g2"], 0x42)
-	n, err = p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{6}, Options{})
+	n, err = p.imp.ExecuteTransfer(p.remote["g2"], []int{2}, p.local["g2"], []int{6}, transfer.Options{})
 	require.NoError(t, err)
 	require.NoError(t, n.WaitTimeout(-1))
 	require.Equal(t, pattern(p.cfg.BlockSize(), 0x42, 2), block(t, p.imp, p.local["g2"], 6))
@@ -248,14 +249,14 @@ func TestTCPSilentPeerFailsWithinTheDeadline(t *testing.T) {
 		}
 	}()
 	ep := tcpEndpoint{worker: 0xE1, addr: ln.Addr().String()}.append(nil)
-	tr := NewTCP(TCPConfig{})
+	tr := New(Config{})
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
 	_, err = tr.Connect(ctx, ep)
-	require.ErrorIs(t, err, ErrPeerUnavailable)
-	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	require.ErrorIs(t, err, transfer.ErrTimeout)
 	require.Less(t, time.Since(start), 2*time.Second)
 	ln.Close()
 	for c := range accepted {
@@ -264,7 +265,7 @@ func TestTCPSilentPeerFailsWithinTheDeadline(t *testing.T) {
 }
 
 func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
-	tr := NewTCP(TCPConfig{})
+	tr := New(Config{})
 	defer tr.Close()
 	v1 := append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "nohostport"...)
 	v3 := tcpEndpoint{worker: 1, addr: "127.0.0.1:1"}.append(nil)
@@ -272,7 +273,7 @@ func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	relative := tcpEndpoint{worker: 1, unix: "/tmp/sock", addr: "127.0.0.1:1"}.append(nil)
 	for _, ep := range [][]byte{nil, {9}, v1, v3, relative, tcpEndpoint{worker: 1, addr: "nohostport"}.append(nil)} {
 		_, err := tr.Connect(context.Background(), ep)
-		require.ErrorIs(t, err, ErrBadEndpoint, "%q", ep)
+		require.ErrorIs(t, err, remote.ErrBadEndpoint, "%q", ep)
 	}
 	old, err := parseTCPEndpoint(append([]byte{1, 7, 0, 0, 0, 0, 0, 0, 0}, "10.0.0.1:4000"...))
 	require.NoError(t, err, "an older kvbm's endpoint (version 1, TCP only) is read")
@@ -280,15 +281,15 @@ func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	_, err = parseHello([]byte("KVBX\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"))
 	require.ErrorContains(t, err, "not a kvbm TCP transport")
 	_, err = parseHello(appendHello(nil, 1)[:5])
-	require.ErrorIs(t, err, ErrBadEndpoint)
+	require.ErrorIs(t, err, remote.ErrBadEndpoint)
 
 	// A stale endpoint: the server is another worker now.
 	emu := cuda.NewEmulated(1)
 	defer emu.Close()
-	m, err := NewManager(Config{WorkerID: 0xAB, Driver: emu})
+	m, err := transfer.NewManager(transfer.Config{WorkerID: 0xAB, Driver: emu})
 	require.NoError(t, err)
 	defer m.Close()
-	srv := NewTCP(TCPConfig{Listen: "127.0.0.1:0"})
+	srv := New(Config{Listen: "127.0.0.1:0"})
 	defer srv.Close()
 	require.NoError(t, srv.Serve(m))
 	ep, err := srv.Endpoint()
@@ -296,12 +297,12 @@ func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	stale := append([]byte(nil), ep...)
 	stale[1] = 0xAC
 	_, err = tr.Connect(context.Background(), stale)
-	require.ErrorIs(t, err, ErrPeerUnavailable)
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
 	require.ErrorContains(t, err, "stale")
 }
 
 // Cancel and a transfer deadline stop a pull the exporter is slow to
-// serve: its blocks fail with ErrCanceled within the bound, nothing is
+// serve: its blocks fail with transfer.ErrCanceled within the bound, nothing is
 // written to them once the notification completed, and the peer stays
 // connected (the next pull works).
 func TestTCPCancelAndDeadlineStopAPullAndKeepThePeer(t *testing.T) {
@@ -317,7 +318,7 @@ func TestTCPCancelAndDeadlineStopAPullAndKeepThePeer(t *testing.T) {
 				}
 				return nil
 			})
-			opts := Options{}
+			opts := transfer.Options{}
 			if how == "deadline" {
 				opts.Deadline = 100 * time.Millisecond
 			}
@@ -329,8 +330,8 @@ func TestTCPCancelAndDeadlineStopAPullAndKeepThePeer(t *testing.T) {
 				n.Cancel()
 			}
 			err = n.WaitTimeout(-1)
-			require.ErrorIs(t, err, ErrCanceled)
-			require.NotErrorIs(t, err, ErrPeerUnavailable, "the peer is not at fault")
+			require.ErrorIs(t, err, transfer.ErrCanceled)
+			require.NotErrorIs(t, err, remote.ErrPeerUnavailable, "the peer is not at fault")
 			require.Equal(t, []int{2, 3}, n.FailedBlocks())
 			require.Less(t, time.Since(start), 2*time.Second, "well before the 5 s remote deadline")
 
@@ -341,7 +342,7 @@ func TestTCPCancelAndDeadlineStopAPullAndKeepThePeer(t *testing.T) {
 				require.Equal(t, pattern(p.cfg.BlockSize(), 0, b), block(t, p.imp, p.local["g2"], b),
 					"nothing lands after the notification completed")
 			}
-			n, err = p.imp.ExecuteTransfer(p.remote["g1"], []int{4}, p.local["g2"], []int{5}, Options{})
+			n, err = p.imp.ExecuteTransfer(p.remote["g1"], []int{4}, p.local["g2"], []int{5}, transfer.Options{})
 			require.NoError(t, err)
 			require.NoError(t, n.WaitTimeout(-1))
 			require.Equal(t, pattern(p.cfg.BlockSize(), 0x31, 4), block(t, p.imp, p.local["g2"], 5))
@@ -352,41 +353,41 @@ func TestTCPCancelAndDeadlineStopAPullAndKeepThePeer(t *testing.T) {
 // On one host, host layouts the exporter allocated are mapped and copied
 // directly; memory the engine registered is not shared and goes through
 // the socket; a layout the exporter unregistered fails its blocks with
-// ErrNotFound and is unmapped here, the peer kept.
+// transfer.ErrNotFound and is unmapped here, the peer kept.
 func TestSameHostSharesOnlyAllocatedHostMemory(t *testing.T) {
 	p := newTCPPair(t, 5*time.Second)
 	peer := p.peer.(*tcpPeer)
 	engine, err := storage.AllocSystem(uint64(8 * p.cfg.BlockSize()))
 	require.NoError(t, err)
 	defer engine.Close()
-	reg, err := p.exp.RegisterExternal(storage.Pinned, p.cfg, FullyContiguous, []uint64{engine.Addr()})
+	reg, err := p.exp.RegisterExternal(storage.Pinned, p.cfg, transfer.FullyContiguous, []uint64{engine.Addr()})
 	require.NoError(t, err)
 	d, err := p.exp.Describe(reg)
 	require.NoError(t, err)
-	_, err = p.imp.Import(p.peer, []Descriptor{d})
+	_, err = p.imp.Import(p.peer, []transfer.Descriptor{d})
 	require.NoError(t, err)
 	require.False(t, peer.shared.has(reg), "engine memory is not shared")
 	_, err = p.exp.Shared(reg)
-	require.ErrorIs(t, err, ErrUnsupported)
+	require.ErrorIs(t, err, transfer.ErrUnsupported)
 
 	fill(t, p.exp, reg, 0x21)
 	fill(t, p.exp, p.remote["g2"], 0x22)
-	for _, src := range []LayoutHandle{reg, p.remote["g2"]} {
-		n, err := p.imp.ExecuteTransfer(src, []int{4, 1}, p.local["g2"], []int{0, 3}, Options{})
+	for _, src := range []transfer.LayoutHandle{reg, p.remote["g2"]} {
+		n, err := p.imp.ExecuteTransfer(src, []int{4, 1}, p.local["g2"], []int{0, 3}, transfer.Options{})
 		require.NoError(t, err)
 		require.NoError(t, n.WaitTimeout(-1))
-		seed := map[LayoutHandle]byte{reg: 0x21, p.remote["g2"]: 0x22}[src]
+		seed := map[transfer.LayoutHandle]byte{reg: 0x21, p.remote["g2"]: 0x22}[src]
 		require.Equal(t, pattern(p.cfg.BlockSize(), seed, 4), block(t, p.imp, p.local["g2"], 0))
 		require.Equal(t, pattern(p.cfg.BlockSize(), seed, 1), block(t, p.imp, p.local["g2"], 3))
 	}
 
 	require.NoError(t, p.exp.Unregister(p.remote["g2"]))
-	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{2, 5}, p.local["g2"], []int{2, 5}, Options{})
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{2, 5}, p.local["g2"], []int{2, 5}, transfer.Options{})
 	require.NoError(t, err)
-	require.ErrorIs(t, n.WaitTimeout(-1), ErrNotFound)
+	require.ErrorIs(t, n.WaitTimeout(-1), transfer.ErrNotFound)
 	require.Equal(t, []int{2, 5}, n.FailedBlocks())
 	require.False(t, peer.shared.has(p.remote["g2"]), "unmapped once the exporter said it is gone")
-	n, err = p.imp.ExecuteTransfer(reg, []int{7}, p.local["g2"], []int{7}, Options{})
+	n, err = p.imp.ExecuteTransfer(reg, []int{7}, p.local["g2"], []int{7}, transfer.Options{})
 	require.NoError(t, err)
 	require.NoError(t, n.WaitTimeout(-1), "the peer is kept")
 	require.Equal(t, pattern(p.cfg.BlockSize(), 0x21, 7), block(t, p.imp, p.local["g2"], 7))
@@ -395,24 +396,24 @@ func TestSameHostSharesOnlyAllocatedHostMemory(t *testing.T) {
 // A peer asking for shared memory over TCP (another host, as far as the
 // server knows) is refused, and its connection kept.
 func TestMapOverTCPIsRefused(t *testing.T) {
-	p := newTCPPair(t, 5*time.Second, TCPConfig{Listen: "127.0.0.1:0", NoSameHost: true})
+	p := newTCPPair(t, 5*time.Second, Config{Listen: "127.0.0.1:0", NoSameHost: true})
 	peer := p.peer.(*tcpPeer)
 	c, err := peer.get(context.Background())
 	require.NoError(t, err)
 	_, err = c.c.Write(appendRequest(nil, opMap, p.remote["g2"], nil))
 	require.NoError(t, err)
 	err = readStatus(c.r)
-	require.ErrorIs(t, err, ErrUnsupported)
+	require.ErrorIs(t, err, transfer.ErrUnsupported)
 	require.ErrorContains(t, err, "peers on this host only")
 	d, err := p.exp.Describe(p.remote["g2"])
 	require.NoError(t, err)
-	_, err = c.c.Write(appendRequest(nil, opLendRead, p.remote["g2"], []RemoteOp{{Remote: d.Bases[0], Size: 64}}))
+	_, err = c.c.Write(appendRequest(nil, opLendRead, p.remote["g2"], []transfer.RemoteOp{{Remote: d.Bases[0], Size: 64}}))
 	require.NoError(t, err)
 	err = readStatus(c.r)
-	require.ErrorIs(t, err, ErrUnsupported, "nothing is lent over TCP")
+	require.ErrorIs(t, err, transfer.ErrUnsupported, "nothing is lent over TCP")
 	require.ErrorContains(t, err, "this host only")
 	peer.put(c)
-	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{1}, p.local["g2"], []int{1}, Options{})
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{1}, p.local["g2"], []int{1}, transfer.Options{})
 	require.NoError(t, err)
 	require.NoError(t, n.WaitTimeout(-1))
 }
@@ -460,7 +461,7 @@ func TestSameHostSocketRefusesOtherUsers(t *testing.T) {
 	require.NoError(t, err)
 	defer os.RemoveAll(dir)
 	require.NoError(t, os.Chmod(dir, 0o755))
-	self := dir + "/remote.test"
+	self := dir + "/tcp.test"
 	require.NoError(t, os.WriteFile(self, bin, 0o755))
 	for _, uid := range []uint32{0, 65534} {
 		cmd := exec.Command(self, "-test.run", "^TestSameHostDialerProcess$", "-test.v")
@@ -486,7 +487,7 @@ func TestSameHostRefusalFallsBackToTCP(t *testing.T) {
 	require.False(t, SameHost(p.peer), "reached over TCP")
 	require.False(t, Mapped(p.peer, p.remote["g2"]))
 	fill(t, p.exp, p.remote["g2"], 0x61)
-	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{3}, p.local["g2"], []int{3}, Options{})
+	n, err := p.imp.ExecuteTransfer(p.remote["g2"], []int{3}, p.local["g2"], []int{3}, transfer.Options{})
 	require.NoError(t, err)
 	require.NoError(t, n.WaitTimeout(-1))
 	require.Equal(t, pattern(p.cfg.BlockSize(), 0x61, 3), block(t, p.imp, p.local["g2"], 3))
@@ -502,7 +503,7 @@ func TestSharedMapsAfterCloseAreUnmapped(t *testing.T) {
 	m, err := storage.MapShared(mem.File(), 4096)
 	require.NoError(t, err)
 	var s sharedMaps
-	h := LayoutHandle{Worker: 1, Layout: 1}
+	h := transfer.LayoutHandle{Worker: 1, Layout: 1}
 	s.closeAll()
 	s.set(h, []sharedMap{{addr: 0x1000, size: 4096, m: m}})
 	require.False(t, s.has(h))
@@ -538,7 +539,7 @@ func TestConnectRacingCloseReturns(t *testing.T) {
 			}(i, c)
 		}
 	}()
-	tr := NewTCP(TCPConfig{NoSameHost: true})
+	tr := New(Config{NoSameHost: true})
 	done := make(chan error, 1)
 	go func() {
 		_, err := tr.Connect(context.Background(), tcpEndpoint{worker: worker, addr: ln.Addr().String()}.append(nil))
@@ -549,7 +550,7 @@ func TestConnectRacingCloseReturns(t *testing.T) {
 	close(release)
 	select {
 	case err := <-done:
-		require.ErrorIs(t, err, ErrClosed)
+		require.ErrorIs(t, err, transfer.ErrClosed)
 	case <-time.After(5 * time.Second):
 		t.Fatal("Connect did not return after Close")
 	}
@@ -606,4 +607,8 @@ func TestPeerClosedIsSeenWithBytesStillQueued(t *testing.T) {
 			require.Equal(t, "queued bytes", string(b))
 		})
 	}
+}
+
+func smallConfig(blocks int) layout.Config {
+	return layout.Config{NumBlocks: blocks, NumLayers: 4, OuterDim: 2, PageSize: 4, InnerDim: 64, DtypeWidth: 2}
 }

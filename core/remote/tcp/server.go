@@ -1,4 +1,4 @@
-package remote
+package tcp
 
 import (
 	"bufio"
@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func (t *TCP) accept(ln net.Listener) {
+func (t *Transport) accept(ln net.Listener) {
 	defer t.wg.Done()
 	for {
 		c, err := ln.Accept()
@@ -41,7 +41,7 @@ func (t *TCP) accept(ln net.Listener) {
 // a request is in progress the connection has the manager's remote
 // deadline, so that a frozen peer cannot hold the manager open for ever;
 // between requests it waits without one.
-func (t *TCP) serveConn(c net.Conn) {
+func (t *Transport) serveConn(c net.Conn) {
 	defer t.wg.Done()
 	defer func() {
 		c.Close()
@@ -92,7 +92,7 @@ func (t *TCP) serveConn(c net.Conn) {
 // answer serves one request; an error means the connection must close.
 // A request Serve refuses before its first piece (a bad range, an unknown
 // layout) is answered with the reason, the connection kept.
-func (t *TCP) answer(c net.Conn, r io.Reader, q request) error {
+func (t *Transport) answer(c net.Conn, r io.Reader, q request) error {
 	started := false
 	var err error
 	switch q.op {

@@ -1,4 +1,4 @@
-package remote
+package tcp
 
 import (
 	"encoding/binary"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 )
@@ -23,7 +24,7 @@ import (
 // under another id (stale metadata) is refused at once.
 //
 // A peer on the same host connects over a Unix socket instead and may also
-// send (tcp_shared.go):
+// send (samehost.go):
 //
 //	map:      op 3 | handle | count 0
 //	  reply:  status | message | (ok) length u16 | regions u16 |
@@ -121,13 +122,13 @@ func appendHello(b []byte, worker uint64) []byte {
 // parseHello checks a hello's magic and version and returns its worker.
 func parseHello(b []byte) (uint64, error) {
 	if len(b) != helloLen {
-		return 0, fmt.Errorf("%w: hello of %d bytes, want %d", ErrBadEndpoint, len(b), helloLen)
+		return 0, fmt.Errorf("%w: hello of %d bytes, want %d", remote.ErrBadEndpoint, len(b), helloLen)
 	}
 	if string(b[:4]) != wireMagic {
-		return 0, fmt.Errorf("%w: magic %q, want %q: not a kvbm TCP transport", ErrBadEndpoint, b[:4], wireMagic)
+		return 0, fmt.Errorf("%w: magic %q, want %q: not a kvbm TCP transport", remote.ErrBadEndpoint, b[:4], wireMagic)
 	}
 	if v := binary.LittleEndian.Uint16(b[4:]); v != wireVersion {
-		return 0, fmt.Errorf("%w: wire version %d, this library speaks %d", ErrBadEndpoint, v, wireVersion)
+		return 0, fmt.Errorf("%w: wire version %d, this library speaks %d", remote.ErrBadEndpoint, v, wireVersion)
 	}
 	return binary.LittleEndian.Uint64(b[6:]), nil
 }
@@ -150,7 +151,7 @@ func readStatus(r io.Reader) error {
 	}
 	n := int(binary.LittleEndian.Uint16(head[1:]))
 	if n > maxMessage {
-		return fmt.Errorf("%w: status message of %d bytes", ErrBadEndpoint, n)
+		return fmt.Errorf("%w: status message of %d bytes", remote.ErrBadEndpoint, n)
 	}
 	msg := make([]byte, n)
 	if _, err := io.ReadFull(r, msg); err != nil {
@@ -183,7 +184,7 @@ func appendRequest(b []byte, op wireOp, h transfer.LayoutHandle, ops []transfer.
 }
 
 // readRequest reads and checks a request header (not its bytes). Malformed
-// input returns an error wrapping ErrBadEndpoint and never panics.
+// input returns an error wrapping remote.ErrBadEndpoint and never panics.
 func readRequest(r io.Reader, buf []byte) (request, []byte, error) {
 	var head [reqHeadLen]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
@@ -192,17 +193,17 @@ func readRequest(r io.Reader, buf []byte) (request, []byte, error) {
 	q := request{op: wireOp(head[0]), handle: transfer.LayoutHandle{
 		Worker: binary.LittleEndian.Uint64(head[1:]), Layout: binary.LittleEndian.Uint16(head[9:])}}
 	if q.op < opRead || q.op > opLendWrite {
-		return q, buf, fmt.Errorf("%w: request op %d", ErrBadEndpoint, q.op)
+		return q, buf, fmt.Errorf("%w: request op %d", remote.ErrBadEndpoint, q.op)
 	}
 	n := binary.LittleEndian.Uint32(head[11:])
 	if q.op == opMap {
 		if n != 0 {
-			return q, buf, fmt.Errorf("%w: map request with %d ops, want 0", ErrBadEndpoint, n)
+			return q, buf, fmt.Errorf("%w: map request with %d ops, want 0", remote.ErrBadEndpoint, n)
 		}
 		return q, buf, nil
 	}
 	if n == 0 || n > maxOps {
-		return q, buf, fmt.Errorf("%w: request of %d ops, want 1 to %d", ErrBadEndpoint, n, maxOps)
+		return q, buf, fmt.Errorf("%w: request of %d ops, want 1 to %d", remote.ErrBadEndpoint, n, maxOps)
 	}
 	need := int(n) * opLen
 	if cap(buf) < need {
@@ -218,7 +219,7 @@ func readRequest(r io.Reader, buf []byte) (request, []byte, error) {
 		o.Remote = binary.LittleEndian.Uint64(buf[i*opLen:])
 		o.Size = binary.LittleEndian.Uint64(buf[i*opLen+8:])
 		if o.Size == 0 || o.Size > maxRequestBytes || q.bytes+o.Size > maxRequestBytes {
-			return q, buf, fmt.Errorf("%w: request op %d of %d bytes makes the request more than %d bytes", ErrBadEndpoint, i, o.Size, uint64(maxRequestBytes))
+			return q, buf, fmt.Errorf("%w: request op %d of %d bytes makes the request more than %d bytes", remote.ErrBadEndpoint, i, o.Size, uint64(maxRequestBytes))
 		}
 		q.bytes += o.Size
 	}
@@ -254,20 +255,20 @@ type sharedRange struct {
 // parseRegions decodes the regions of a map reply (after its status),
 // which must be the whole of b: from 1 to maxRegions non-empty ranges that
 // do not wrap around, each a file or an IPC handle. Malformed input
-// returns an error wrapping ErrBadEndpoint and never panics.
+// returns an error wrapping remote.ErrBadEndpoint and never panics.
 func parseRegions(b []byte) ([]sharedRange, error) {
 	if len(b) < 2 {
-		return nil, fmt.Errorf("%w: map reply of %d bytes", ErrBadEndpoint, len(b))
+		return nil, fmt.Errorf("%w: map reply of %d bytes", remote.ErrBadEndpoint, len(b))
 	}
 	n := int(binary.LittleEndian.Uint16(b))
 	if n == 0 || n > maxRegions {
-		return nil, fmt.Errorf("%w: map reply of %d regions (1 to %d)", ErrBadEndpoint, n, maxRegions)
+		return nil, fmt.Errorf("%w: map reply of %d regions (1 to %d)", remote.ErrBadEndpoint, n, maxRegions)
 	}
 	out := make([]sharedRange, n)
 	at := 2
 	for i := range out {
 		if len(b) < at+17 {
-			return nil, fmt.Errorf("%w: map reply truncated at region %d", ErrBadEndpoint, i)
+			return nil, fmt.Errorf("%w: map reply truncated at region %d", remote.ErrBadEndpoint, i)
 		}
 		r := sharedRange{addr: binary.LittleEndian.Uint64(b[at:]), size: binary.LittleEndian.Uint64(b[at+8:])}
 		kind := b[at+16]
@@ -276,20 +277,20 @@ func parseRegions(b []byte) ([]sharedRange, error) {
 		case regionFile:
 		case regionIPC:
 			if len(b) < at+len(cuda.IPCHandle{}) {
-				return nil, fmt.Errorf("%w: map reply truncated in region %d's IPC handle", ErrBadEndpoint, i)
+				return nil, fmt.Errorf("%w: map reply truncated in region %d's IPC handle", remote.ErrBadEndpoint, i)
 			}
 			r.ipc = new(cuda.IPCHandle)
 			at += copy(r.ipc[:], b[at:])
 		default:
-			return nil, fmt.Errorf("%w: map reply region %d of kind %d", ErrBadEndpoint, i, kind)
+			return nil, fmt.Errorf("%w: map reply region %d of kind %d", remote.ErrBadEndpoint, i, kind)
 		}
 		if r.size == 0 || r.addr+r.size < r.addr {
-			return nil, fmt.Errorf("%w: map reply region %d [%#x, +%d)", ErrBadEndpoint, i, r.addr, r.size)
+			return nil, fmt.Errorf("%w: map reply region %d [%#x, +%d)", remote.ErrBadEndpoint, i, r.addr, r.size)
 		}
 		out[i] = r
 	}
 	if at != len(b) {
-		return nil, fmt.Errorf("%w: map reply has %d bytes after its regions", ErrBadEndpoint, len(b)-at)
+		return nil, fmt.Errorf("%w: map reply has %d bytes after its regions", remote.ErrBadEndpoint, len(b)-at)
 	}
 	return out, nil
 }

@@ -1,0 +1,135 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvbm/kvbm/core/cache"
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/core/worker"
+	"github.com/kvbm/kvbm/cuda"
+)
+
+func newDriver(t *testing.T) *cuda.Emulated {
+	emu := cuda.NewEmulated(1)
+	t.Cleanup(func() { require.NoError(t, emu.Close()) })
+	return emu
+}
+
+// The transport is the one Transport names, KVBM_TRANSPORT when it names
+// none; the worker serves on it from create.
+func TestNewServesOnTheTransportItNames(t *testing.T) {
+	drv := newDriver(t)
+	for _, c := range []struct {
+		transport, env string
+		want           []string
+	}{
+		{transport: "loopback", want: []string{"loopback"}},
+		{transport: "tcp", want: []string{"loopback", "tcp"}},
+		{env: "loopback", want: []string{"loopback"}},
+		{env: "", want: []string{"loopback", "tcp"}}, // auto
+	} {
+		t.Setenv("KVBM_TRANSPORT", c.env)
+		t.Setenv("KVBM_TCP_LISTEN", "127.0.0.1:0")
+		n, err := New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv, Loopback: remote.NewLoopback()},
+			Transport: c.transport})
+		require.NoError(t, err)
+		require.Equal(t, c.want, n.Worker().Transports(), "%+v", c)
+		_, err = n.Worker().ExportMetadata()
+		require.NoError(t, err, "every transport has its endpoint: it listens")
+		require.NoError(t, n.Close())
+	}
+}
+
+func TestNewRefusesAnUnknownTransportSayingWhereItCameFrom(t *testing.T) {
+	drv := newDriver(t)
+	_, err := New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv}, Transport: "carrier-pigeon"})
+	require.ErrorIs(t, err, transfer.ErrInvalidArgument)
+	require.ErrorContains(t, err, `transport: invalid argument: transport "carrier-pigeon" is not one of`)
+	t.Setenv("KVBM_TRANSPORT", "carrier-pigeon")
+	_, err = New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv}})
+	require.ErrorContains(t, err, `KVBM_TRANSPORT: invalid argument: transport "carrier-pigeon"`)
+	_, err = New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv, Network: &probe{}}, Transport: "loopback"})
+	require.ErrorIs(t, err, transfer.ErrInvalidArgument, "the node opens the transport itself")
+}
+
+// probe is a transport that records its Close, and fails Serve when told.
+type probe struct {
+	failServe      bool
+	served, closed bool
+}
+
+func (p *probe) Name() string { return "probe" }
+func (p *probe) Serve(*transfer.Manager) error {
+	if p.failServe {
+		return errors.New("probe: no")
+	}
+	p.served = true
+	return nil
+}
+func (p *probe) Endpoint() ([]byte, error) { return []byte("probe"), nil }
+func (p *probe) Connect(context.Context, []byte) (remote.Peer, error) {
+	return nil, errors.New("probe")
+}
+func (p *probe) Close() error { p.closed = true; return nil }
+
+// A create that fails closes the transport it opened: a worker that cannot
+// be made (no such device), or one whose transport cannot serve.
+func TestAFailedCreateClosesTheTransport(t *testing.T) {
+	drv := newDriver(t)
+	var last *probe
+	failServe := false
+	remote.Register("node-probe", func() (remote.Transport, error) {
+		last = &probe{failServe: failServe}
+		return last, nil
+	})
+	_, err := New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv, Device: 3}, Transport: "node-probe"})
+	require.ErrorIs(t, err, transfer.ErrInvalidArgument)
+	require.True(t, last.closed, "no worker: its transport is closed")
+	require.False(t, last.served)
+
+	failServe = true
+	loop := remote.NewLoopback()
+	_, err = New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv, Loopback: loop}, Transport: "node-probe"})
+	require.ErrorContains(t, err, "serve on probe: probe: no")
+	require.True(t, last.closed, "it cannot serve: closed")
+	_, err = loop.Attach(transfer.Descriptor{Handle: transfer.LayoutHandle{Worker: 1}})
+	require.ErrorIs(t, err, transfer.ErrNotFound, "the worker that was made is closed, and left the loopback")
+}
+
+// One cache per node, made once G1 and G2 are registered; Close closes it
+// before the worker.
+func TestOneCacheClosedWithTheNode(t *testing.T) {
+	drv := newDriver(t)
+	n, err := New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv}, Transport: "loopback"})
+	require.NoError(t, err)
+	_, err = n.EnableCache(cache.Config{})
+	require.ErrorIs(t, err, transfer.ErrNotFound, "G1 and G2 first")
+	require.Nil(t, n.Cache())
+
+	cfg := layout.Config{NumBlocks: 4, NumLayers: 2, OuterDim: 2, PageSize: 4, InnerDim: 32, DtypeWidth: 2}
+	g1, err := storage.AllocDevice(drv, 0, uint64(cfg.NumBlocks*cfg.BlockSize()))
+	require.NoError(t, err)
+	defer g1.Close()
+	_, err = n.Worker().RegisterG1(cfg, transfer.FullyContiguous, []uint64{g1.Addr()})
+	require.NoError(t, err)
+	_, err = n.Worker().AllocateG2(cfg, transfer.FullyContiguous)
+	require.NoError(t, err)
+	c, err := n.EnableCache(cache.Config{})
+	require.NoError(t, err)
+	require.Same(t, c, n.Cache())
+	_, err = n.EnableCache(cache.Config{})
+	require.ErrorIs(t, err, transfer.ErrAlreadyExists)
+	require.ErrorContains(t, err, "the worker has a cache already")
+
+	require.NoError(t, n.Close())
+	_, _, err = c.Offload([][]byte{[]byte("k")}, []int{0}, 0)
+	require.ErrorIs(t, err, transfer.ErrClosed)
+	require.ErrorContains(t, err, "the cache is closed", "the cache went first")
+}

@@ -1,0 +1,10 @@
+package tcp
+
+import "github.com/kvbm/kvbm/core/remote"
+
+// Linking this package in makes the transport selectable as
+// KVBM_TRANSPORT=tcp and as "auto" (remote.Open), with the defaults of an
+// empty Config (KVBM_TCP_LISTEN, KVBM_TCP_ADVERTISE, KVBM_SAME_HOST).
+func init() {
+	remote.Register("tcp", func() (remote.Transport, error) { return New(Config{}), nil })
+}
