@@ -10,7 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetada
                                                                KVConnectorWorkerMetadata)
 
 __all__ = ["BlockLoad", "BlockStore", "KvbmConnectorMetadata", "KvbmWorkerMetadata",
-           "RemoteSend", "RemotePull"]
+           "RemoteSend", "RemotePull", "SYNC_FAILURE_STEPS"]
 
 
 @dataclass
@@ -22,13 +22,22 @@ class BlockLoad:
     is_async: bool = False
 
 
+#: For how many steps a failed sync load makes stores computed over its
+#: blocks wrong: vLLM may run a step before it hears of the last one's
+#: failures (async scheduling: 2 batches in flight; pipeline stages more).
+#: Both sides use it: the scheduler names the blocks sync loads filled in
+#: that many steps (depends_on), the worker remembers as long which failed.
+SYNC_FAILURE_STEPS = 4
+
+
 @dataclass
 class BlockStore:
     """Offer G1 block block_ids[i], which holds keys[i], to the cache once
     this step's forward has written it. depends_on: the request's earlier
-    G1 blocks that this step's sync loads fill; if one of them fails, this
-    step computed these blocks over wrong KV and none of them is offered
-    (vLLM uncomputes a failed block and every block after it)."""
+    G1 blocks that sync loads filled in the last SYNC_FAILURE_STEPS steps;
+    if one of them failed, these blocks were computed over wrong KV and none
+    of them is offered (vLLM uncomputes a failed block and every block after
+    it)."""
     req_id: str
     keys: List[bytes]
     block_ids: List[int]

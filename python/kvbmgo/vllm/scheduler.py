@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import logging
 from itertools import islice
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.request import RequestStatus
 
 from .config import KvbmConfig
 from .stats import KvbmConnectorStats
-from .metadata import (BlockLoad, BlockStore, KvbmConnectorMetadata, KvbmWorkerMetadata,
-                       RemotePull, RemoteSend)
+from .metadata import (SYNC_FAILURE_STEPS, BlockLoad, BlockStore, KvbmConnectorMetadata,
+                       KvbmWorkerMetadata, RemotePull, RemoteSend)
 
 __all__ = ["KvbmScheduler"]
 
@@ -100,6 +100,7 @@ class KvbmScheduler:
         self._events: List[KVCacheEvent] = []
         self._stats = KvbmConnectorStats()
         self._reset = False  # reset_cache was called: tell the workers
+        self._recent_sync: Deque[Set[int]] = deque(maxlen=SYNC_FAILURE_STEPS)
 
     # ---- vLLM's scheduler calls, in its order
 
@@ -202,9 +203,13 @@ class KvbmScheduler:
         bs = self.block_size
         stores: List[BlockStore] = []
         scheduled = scheduler_output.num_scheduled_tokens
-        # The G1 blocks this step's sync loads fill: a request computing
-        # over one of them stores nothing this step if it fails.
-        sync_ids = {b for ld in self._loads if not ld.is_async for b in ld.block_ids}
+        # The G1 blocks sync loads filled this step and the few before (with
+        # async scheduling or pipeline stages vLLM runs a step before it
+        # hears of the last one's failed loads): a store computed over one
+        # that failed is dropped by the worker side.
+        self._recent_sync.append({b for ld in self._loads if not ld.is_async
+                                  for b in ld.block_ids})
+        sync_ids = set().union(*self._recent_sync)
 
         def offer(req_id: str, computed: int, computed_after: int) -> None:
             st = self._requests.get(req_id)
@@ -236,10 +241,16 @@ class KvbmScheduler:
             stores.append(BlockStore(req_id, keys, st.block_ids[st.next_store:full], depends))
             st.next_store = full
 
-        allocated: List[int] = []
+        # Blocks written this step: loads' and pulls' (their requests may
+        # not be scheduled: they wait for the KV), and what scheduled
+        # requests compute, from after their GPU prefix hit (a hit block is
+        # read, not written).
+        allocated: List[int] = [b for ld in self._loads for b in ld.block_ids]
+        allocated += [b for p in self._pulls for b in p.block_ids]
         for new in scheduler_output.scheduled_new_reqs:
-            allocated.extend(new.block_ids[0])
             st = self._requests.get(new.req_id)
+            hit = st.match[0] if st is not None else new.num_computed_tokens // bs
+            allocated.extend(new.block_ids[0][hit:])
             if st is None:
                 continue
             st.block_ids = list(new.block_ids[0])

@@ -11,13 +11,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import Event, LayoutConfig, Worker, dense_span
 from ..errors import AlreadyExistsError, KvbmError
 from .config import KvbmConfig
-from .metadata import KvbmConnectorMetadata, KvbmWorkerMetadata
+from .metadata import SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
 
 __all__ = ["KvbmWorker", "g1_layout"]
 
@@ -140,6 +141,7 @@ class KvbmWorker:
         # (no side channel): reported in finished_sending at once.
         self._held: Set[str] = set()
         self._load_errors: Set[int] = set()
+        self._sync_failed: Deque[Set[int]] = deque(maxlen=SYNC_FAILURE_STEPS)
         # Stats (stats.py): this interval's, the cache's counters at the
         # last look, when each load and pull started; _moved: something
         # started or ended since the last look.
@@ -355,13 +357,16 @@ class KvbmWorker:
         completed to the cache, after the forward's writes (on CUDA: after
         an event recorded on the current stream; the copies wait for it)."""
         self.start_load_kv(md)  # a step whose start_load_kv was not called
-        failed: Set[int] = set()  # G1 blocks this step's sync loads did not fill
+        now_failed: Set[int] = set()  # G1 blocks this step's sync loads did not fill
         if self._sync_load is not None:
             n, ids = self._sync_load
-            failed = set(ids) if n is None else set(self._finish(n))
-            self._load_errors.update(failed)
+            now_failed = set(ids) if n is None else set(self._finish(n))
+            self._load_errors.update(now_failed)
             self._sync_load = None
             self._ended("load_seconds", "")
+        # ... and those of the steps before (see SYNC_FAILURE_STEPS).
+        self._sync_failed.append(now_failed)
+        failed = set().union(*self._sync_failed)
         if not md.stores or self.worker is None:
             return
         keys: List[bytes] = []

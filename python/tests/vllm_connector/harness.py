@@ -35,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 from vllm.forward_context import ForwardContext  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
                                         KVCacheGroupSpec, KVCacheTensor,
@@ -64,10 +65,12 @@ class Engine:
     """One scheduler and one worker connector, in one process."""
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
-                 max_batched=64, serial=False, role="kv_both", engine_id=None):
+                 max_batched=64, serial=False, role="kv_both", engine_id=None,
+                 pipelined=False):
         """serial: each step waits until the cache moves nothing before the
         next (tests whose outcome would depend on G2 stores in flight).
-        role, engine_id: the KVTransferConfig's (P/D)."""
+        role, engine_id: the KVTransferConfig's (P/D). pipelined: vLLM's
+        AsyncScheduler, run with run_pipelined()."""
         self.serial = serial
         self.verify = False  # check_computed before every forward
         mc = ModelConfig(model=MODEL, tokenizer=MODEL, skip_tokenizer_init=True,
@@ -95,7 +98,9 @@ class Engine:
         self.raw = torch.zeros(size, dtype=torch.int8)
         self.views = dict(zip(LAYERS, create_kv_cache_views(self.raw, spec, num_blocks, lay,
                                                             tensor)))
-        self.sched = Scheduler(vllm_config=vc, kv_cache_config=kvc, log_stats=True,
+        self.pipelined = pipelined
+        sched_cls = AsyncScheduler if pipelined else Scheduler
+        self.sched = sched_cls(vllm_config=vc, kv_cache_config=kvc, log_stats=True,
                                structured_output_manager=StructuredOutputManager(vc),
                                block_size=BLOCK)
         self.worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kvc)
@@ -136,12 +141,22 @@ class Engine:
     def write(self, block_id, layer, data):
         self.views[LAYERS[layer]][block_id].view(torch.int16).copy_(data)
 
+    @staticmethod
+    def spans(so):
+        """req_id -> (tokens computed before this step, after it), from the
+        scheduler output alone (with async scheduling the requests have
+        moved on already)."""
+        out = {new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs}
+        c = so.scheduled_cached_reqs
+        out.update(zip(c.req_ids, c.num_computed_tokens))
+        return {r: (s, s + so.num_scheduled_tokens[r]) for r, s in out.items()
+                if r in so.num_scheduled_tokens}
+
     def check_computed(self, so):
         """Every full block a scheduled request has computed already (GPU
         hit, kvbm load, or an earlier step) holds its KV, in every layer."""
-        for req_id, n in so.num_scheduled_tokens.items():
+        for req_id, (start, _) in self.spans(so).items():
             r = self.sched.requests[req_id]
-            start = r.num_computed_tokens - n
             ids = self.block_ids(req_id)
             for b in range(start // BLOCK):
                 for layer in range(len(LAYERS)):
@@ -159,10 +174,8 @@ class Engine:
         gets its pattern, a partial one junk. As attention would, a block
         computed over an earlier block that does not hold its KV (a failed
         load) is wrong too: junk."""
-        for req_id, n in so.num_scheduled_tokens.items():
+        for req_id, (start, end) in self.spans(so).items():
             r = self.sched.requests[req_id]
-            end = r.num_computed_tokens
-            start = end - n
             ids = self.block_ids(req_id)
             right = all(self.holds_its_kv(r, ids, b)
                         for b in range(min(start // BLOCK, len(r.block_hashes))))
@@ -177,6 +190,13 @@ class Engine:
     def step(self, before_forward=None):
         """One engine step; before_forward(so) sees G1 after the step's loads."""
         so = self.sched.schedule()
+        kvo = self.record(so, self.execute(so, before_forward))
+        return so, kvo
+
+    def execute(self, so, before_forward=None):
+        """What the model runner does with one scheduler output, as vLLM's
+        kv_connector_model_runner_mixin orders the connector's calls;
+        returns the ModelRunnerOutput."""
         w = self.worker
         md = so.kv_connector_metadata
         w.handle_preemptions(md)
@@ -201,16 +221,24 @@ class Engine:
                                 kv_connector_stats=w.get_kv_connector_stats(),
                                 kv_connector_worker_meta=w.build_connector_worker_meta())
         w.clear_connector_metadata()
+        spans = self.spans(so)
         req_ids = list(so.num_scheduled_tokens)
         sampled = []
         for rid in req_ids:
             r = self.sched.requests[rid]
-            sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
-        out = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
+            # With async scheduling a step is run before the last one's
+            # token is known: every step past the prompt samples.
+            last = r.num_prompt_tokens if self.pipelined else r.num_tokens
+            sampled.append([7] if spans[rid][1] >= last else [])
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
                                                                    enumerate(req_ids)},
-                                sampled_token_ids=sampled, logprobs=None,
-                                prompt_logprobs_dict={}, pooler_output=None,
-                                kv_connector_output=kvo)
+                                 sampled_token_ids=sampled, logprobs=None,
+                                 prompt_logprobs_dict={}, pooler_output=None,
+                                 kv_connector_output=kvo)
+
+    def record(self, so, out):
+        """Feeds a step's output to the scheduler (update_from_output)."""
+        kvo = out.kv_connector_output
         self.outputs.append(kvo)
         for outs in self.sched.update_from_output(so, out).values():
             if outs.scheduler_stats is not None and outs.scheduler_stats.kv_connector_stats:
@@ -218,7 +246,22 @@ class Engine:
             for o in outs.outputs:
                 if o.finish_reason is not None:
                     self.finished[o.request_id] = o
-        return so, kvo
+        return kvo
+
+    def run_pipelined(self, timeout=20.0):
+        """run() with async scheduling: step N+1 is scheduled and run
+        before step N's output reaches the scheduler, as vLLM's
+        AsyncScheduler does (pipelined=True)."""
+        import time
+        deadline = time.monotonic() + timeout
+        pending = None
+        while self.sched.has_requests() or pending is not None:
+            assert time.monotonic() < deadline, f"requests left: {list(self.sched.requests)}"
+            so = self.sched.schedule() if self.sched.has_requests() else None
+            out = self.execute(so) if so is not None else None
+            if pending is not None:
+                self.record(*pending)
+            pending = (so, out) if so is not None else None
 
     def idle(self, timeout=10.0):
         """Waits until the cache moves nothing (write-backs to G3 included)."""

@@ -506,3 +506,40 @@ def test_reset_cache_drops_g2_and_g3(tmp_path):
         assert cache.match(keys)[0] == 3, "stored anew"
     finally:
         e.close()
+
+
+def test_an_async_load_into_a_finished_requests_blocks_waits_for_its_stores():
+    # B's async load is recorded in a step that does not schedule B (it
+    # waits for the KV): the blocks it writes, A's a moment ago, are named
+    # all the same, and A's stores read them first.
+    e = Engine({"g2_blocks": 32, "load_mode": "async"}, num_blocks=5)
+    try:
+        w = e.worker._worker
+        p_prompt = list(range(100, 100 + 3 * BLOCK + 1))
+        e.add("P", p_prompt)
+        e.run()
+        e.settle()
+        assert e.sched.reset_prefix_cache()
+        w.worker = _SlowStores(w.worker)
+        a_prompt = list(range(4000, 4000 + 3 * BLOCK + 1))
+        a = e.add("A", a_prompt)
+        while "A" not in e.finished:
+            e.step()
+        a_ids = set().union(*(st.ids for st in w._stores))
+        e.add("B", p_prompt)
+        so, _ = e.step()
+        loads = so.kv_connector_metadata.loads
+        assert len(loads) == 1 and loads[0].is_async and set(loads[0].block_ids) & a_ids
+        assert not any("A" in st.reqs for st in w._stores), "A's stores were waited for"
+        e.run()
+        for st in w._stores:  # the copies still in flight land now
+            st.n.wait()
+        e.settle()
+        assert e.sched.reset_prefix_cache()
+        e.raw.zero_()
+        e.verify = True
+        c = e.add("C", a_prompt)
+        e.run()
+        assert [bytes(h) for h in c.block_hashes[:3]] == [bytes(h) for h in a.block_hashes[:3]]
+    finally:
+        e.close()

@@ -69,3 +69,36 @@ def test_no_block_at_or_after_a_failed_load_is_stored(load_mode, policy):
         assert [bytes(h) for h in c.block_hashes[:4]] == keys
     finally:
         e.close()
+
+
+def test_async_scheduling_stores_nothing_computed_over_a_failed_sync_load():
+    # vLLM 0.33 schedules and runs step N+1 before step N's output (and its
+    # invalid_block_ids) reaches the scheduler: N+1 computes more of B over
+    # the failed X1. None of that may be stored either.
+    e = Engine({"g2_blocks": 64}, max_batched=32, pipelined=True)
+    try:
+        prompt = list(range(11, 11 + BLOCK + 1))
+        e.add("A", prompt)
+        e.run_pipelined()
+        e.idle()
+        e.add("A2", prompt)  # a step so the scheduler hears A's stores
+        e.run_pipelined()
+        assert e.sched.reset_prefix_cache()
+        e.raw.zero_()
+        b = e.add("B", prompt[:BLOCK] + list(range(2000, 2000 + 5 * BLOCK + 5)))
+        e.connector._scheduler.apply_events([(1, 2, bytes(b.block_hashes[1]))])
+        e.run_pipelined()
+        e.idle()
+        keys = [bytes(h) for h in b.block_hashes[:6]]
+        cache = e.worker._worker.worker.cache
+        assert cache.stats().deduped == 0, cache.stats()
+        # C has B's prefix: what kvbm gives it is right, byte for byte.
+        assert e.sched.reset_prefix_cache()
+        e.raw.zero_()
+        e.verify = True
+        c = e.add("C", list(b.prompt_token_ids[:6 * BLOCK]) + [9, 9, 9])
+        e.run_pipelined()
+        assert [bytes(h) for h in c.block_hashes[:6]] == keys
+        assert cache.stats().onboarded >= 2
+    finally:
+        e.close()
