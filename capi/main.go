@@ -30,25 +30,16 @@ void kvbm_capi_set_error(const char *msg, size_t len);
 import "C"
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"runtime/debug"
-	"syscall"
 	"unsafe"
 
 	_ "github.com/ianlancetaylor/cgosymbolizer" // symbolize C frames in Go tracebacks
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
-	"github.com/kvbm/kvbm/core/cache"
-	"github.com/kvbm/kvbm/core/handoff"
+	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/core/logging"
-	"github.com/kvbm/kvbm/core/object"
-	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/remote"
-	"github.com/kvbm/kvbm/core/transfer"
-	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
 
 	// The UCX transport, selectable with KVBM_TRANSPORT=ucx (TCP comes
@@ -133,49 +124,29 @@ func recoverStatus(st *C.kvbm_status_t) {
 	}
 }
 
-// statusOf maps an error to its status through the core's sentinel errors.
+// statusOfKind is the status of each kind of error (kvbmerr.KindOf); an
+// error of a kind not listed, or of none, is KVBM_ERR_INTERNAL.
+var statusOfKind = map[kvbmerr.Kind]C.kvbm_status_t{
+	kvbmerr.InvalidArgument:    errInvalidArgument,
+	kvbmerr.OutOfRange:         errOutOfRange,
+	kvbmerr.NotFound:           errNotFound,
+	kvbmerr.AlreadyExists:      errAlreadyExists,
+	kvbmerr.FailedPrecondition: errFailedPrecondition,
+	kvbmerr.DataCorruption:     errDataCorruption,
+	kvbmerr.IO:                 errIO,
+	kvbmerr.CUDA:               errCUDA,
+	kvbmerr.Timeout:            errTimeout,
+	kvbmerr.Canceled:           errCanceled,
+	kvbmerr.Unsupported:        errUnsupported,
+}
+
+// statusOf maps an error to its status through its kind.
 func statusOf(err error) C.kvbm_status_t {
-	var cudaErr *cuda.Error
-	var pathErr *fs.PathError
-	var errno syscall.Errno
-	switch {
-	case err == nil:
+	if err == nil {
 		return statusOK
-	case errors.Is(err, transfer.ErrOutOfRange):
-		return errOutOfRange
-	case errors.Is(err, transfer.ErrInvalidArgument), errors.Is(err, object.ErrInvalidArgument),
-		errors.Is(err, handoff.ErrInvalidConfig), errors.Is(err, handoff.ErrUnsupportedEngine),
-		errors.Is(err, handoff.ErrForeignHandoff), errors.Is(err, handoff.ErrInvalidFact),
-		errors.Is(err, handoff.ErrInvalidTiming), errors.Is(err, handoff.ErrInvalidOutcome):
-		return errInvalidArgument
-	case errors.Is(err, transfer.ErrNotFound), errors.Is(err, object.ErrNotFound), errors.Is(err, cache.ErrNotCached),
-		errors.Is(err, handoff.ErrUnknownAction):
-		return errNotFound
-	case errors.Is(err, transfer.ErrAlreadyExists), errors.Is(err, handoff.ErrConflictingOutcome):
-		return errAlreadyExists
-	case errors.Is(err, handoff.ErrFactOutOfOrder), errors.Is(err, handoff.ErrCleanupFailed), errors.Is(err, pool.ErrState):
-		return errFailedPrecondition
-	case errors.Is(err, transfer.ErrCorrupt), errors.Is(err, object.ErrCorrupt),
-		errors.Is(err, worker.ErrBadMetadata):
-		return errDataCorruption
-	case errors.Is(err, transfer.ErrCanceled):
-		return errCanceled
-	case errors.Is(err, remote.ErrPeerUnavailable):
-		// Before timeouts: a silent peer is a failed transfer, never to be
-		// mistaken for a wait that ran out of time.
-		return errIO
-	case errors.Is(err, transfer.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-		return errTimeout
-	case errors.Is(err, transfer.ErrClosed), errors.Is(err, context.Canceled):
-		return errCanceled
-	case errors.Is(err, transfer.ErrUnsupported), errors.Is(err, cuda.ErrCUDAUnavailable):
-		return errUnsupported
-	case errors.As(err, &cudaErr):
-		return errCUDA
-	case errors.Is(err, remote.ErrBadEndpoint):
-		return errInvalidArgument
-	case errors.As(err, &pathErr), errors.As(err, &errno), errors.Is(err, object.ErrIO):
-		return errIO
+	}
+	if st, ok := statusOfKind[kvbmerr.KindOf(err)]; ok {
+		return st
 	}
 	return errInternal
 }

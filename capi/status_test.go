@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/handoff"
 	"github.com/kvbm/kvbm/core/object"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
@@ -49,6 +50,16 @@ func TestStatusOf(t *testing.T) {
 		{wrap(fmt.Errorf("%w: credentials refused", object.ErrIO)), errIO},
 		{wrap(fmt.Errorf("%w (s3 …): %w", context.DeadlineExceeded, object.ErrIO)), errTimeout},
 		{errors.New("something else"), errInternal},
+		// The outermost kind decides: a silent peer is a failed transfer,
+		// not a wait that ran out of time.
+		{wrap(fmt.Errorf("%w: %w: no answer within the deadline", remote.ErrPeerUnavailable, transfer.ErrTimeout)), errIO},
+		{wrap(fmt.Errorf("%w: peer: %w", remote.ErrPeerUnavailable, context.DeadlineExceeded)), errIO},
+		// Out of range is also an invalid argument under errors.Is; its
+		// status is its own.
+		{wrap(transfer.ErrOutOfRange), errOutOfRange},
+		{wrap(fmt.Errorf("%w waiting for transfer: %w", transfer.ErrTimeout, context.Canceled)), errTimeout},
+		{wrap(context.Canceled), errCanceled},
+		{wrap(fmt.Errorf("%w: %w", transfer.ErrUnsupported, cuda.NewError("cuIpcGetMemHandle", cuda.ErrCodeNotSupported, "no"))), errUnsupported},
 	}
 	for _, c := range cases {
 		require.Equal(t, c.want, statusOf(c.err), "%v", c.err)

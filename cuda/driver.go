@@ -14,6 +14,8 @@ package cuda
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
 // Stream is a raw stream handle (CUstream). Zero is the legacy default stream.
@@ -157,6 +159,9 @@ type Error struct {
 func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %s (%d): %s", e.Op, e.Name, e.Code, e.Desc)
 }
+
+// Kind is CUDA: whatever the code, the driver failed.
+func (e *Error) Kind() kvbmerr.Kind { return kvbmerr.CUDA }
 
 // CUresult codes used by both drivers.
 const (

@@ -1,12 +1,13 @@
 package cuda
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
 	"sync"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
 // EnvDevice is the environment variable that chooses the driver when Open
@@ -16,7 +17,7 @@ const EnvDevice = "KVBM_DEVICE"
 // ErrCUDAUnavailable is wrapped by Open's error when the real CUDA driver
 // is asked for but cannot be used: libcuda.so.1 does not load (no NVIDIA
 // driver), or this build has no cgo.
-var ErrCUDAUnavailable = errors.New("the CUDA driver is not available")
+var ErrCUDAUnavailable = kvbmerr.New(kvbmerr.Unsupported, "the CUDA driver is not available")
 
 // Open opens a driver: "cuda" the real CUDA driver (libcuda.so.1, opened
 // with dlopen), "emulated" the emulated device with one device, "auto" the

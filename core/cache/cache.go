@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 
@@ -99,7 +98,7 @@ func New(cfg Config) (*Cache, error) {
 		}
 		p, err := pool.New(pc)
 		if err != nil {
-			return nil, fmt.Errorf("cache: %v: %w", t, wrapPool(err))
+			return nil, fmt.Errorf("cache: %v: %w", t, err)
 		}
 		return p, nil
 	}
@@ -174,7 +173,7 @@ func (c *Cache) DrainEvents(dst []pool.Event, max int) []pool.Event {
 func keysOf(raw [][]byte) ([]pool.Key, error) {
 	keys, err := pool.Keys(raw)
 	if err != nil {
-		return nil, wrapPool(err)
+		return nil, err
 	}
 	seen := make(map[pool.Key]int, len(keys))
 	for i, k := range keys {
@@ -200,19 +199,4 @@ func (c *Cache) checkG1(ids []int, distinct bool) error {
 		seen[id] = i
 	}
 	return nil
-}
-
-// wrapPool gives a pool error the transfer sentinel the C ABI maps.
-func wrapPool(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, pool.ErrOutOfRange):
-		return fmt.Errorf("%w: %w", transfer.ErrOutOfRange, err)
-	case errors.Is(err, pool.ErrAlreadyExists):
-		return fmt.Errorf("%w: %w", transfer.ErrAlreadyExists, err)
-	case errors.Is(err, pool.ErrInvalidArgument):
-		return fmt.Errorf("%w: %w", transfer.ErrInvalidArgument, err)
-	}
-	return err
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
@@ -274,7 +275,6 @@ func TestBadInput(t *testing.T) {
 			return err
 		},
 		"more keys than blocks": func() error { _, _, err := f.c.Offload(keyRange(5, 3), []int{0, 1}, 0); return err },
-		"G1 id out of range":    func() error { _, _, err := f.c.Offload(keyRange(5, 1), []int{8}, 0); return err },
 		"onboard repeated G1": func() error {
 			_, err := f.c.Onboard(keyRange(0, 2), []int{3, 3}, nil, nil)
 			return err
@@ -290,8 +290,10 @@ func TestBadInput(t *testing.T) {
 		"match duplicate": func() error { _, _, err := f.c.Match([][]byte{key(0), key(0)}); return err },
 	} {
 		err := call()
-		require.ErrorIs(t, err, transfer.ErrInvalidArgument, name)
+		require.Equal(t, kvbmerr.InvalidArgument, kvbmerr.KindOf(err), "%s: %v", name, err)
 	}
+	_, _, err := f.c.Offload(keyRange(5, 1), []int{8}, 0)
+	require.Equal(t, kvbmerr.OutOfRange, kvbmerr.KindOf(err), "G1 id out of range: %v", err)
 	require.Equal(t, before, f.c.Stats(), "nothing changed")
 }
 

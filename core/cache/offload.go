@@ -42,7 +42,7 @@ func (c *Cache) Offload(raw [][]byte, g1 []int, precondition cuda.Event) (*trans
 	if err != nil {
 		c.mu.Unlock()
 		c.inflight.Done()
-		return nil, nil, fmt.Errorf("offload: %w", wrapPool(err))
+		return nil, nil, fmt.Errorf("offload: %w", err)
 	}
 	wd := c.planWriteDown()
 	c.collectEvents()

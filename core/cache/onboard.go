@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -14,7 +15,7 @@ import (
 
 // ErrNotCached: a key to onboard is in no tier (evicted since it was
 // matched); its block fails.
-var ErrNotCached = errors.New("not cached")
+var ErrNotCached = kvbmerr.New(kvbmerr.NotFound, "not cached")
 
 // onboard is one Onboard in progress.
 type onboard struct {

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
 // An object is a fixed header followed by the payload (one block's bytes):
@@ -51,6 +53,7 @@ type corruptError struct{ msg string }
 
 func (e *corruptError) Error() string        { return e.msg }
 func (e *corruptError) Is(target error) bool { return target == ErrCorrupt }
+func (e *corruptError) Kind() kvbmerr.Kind   { return kvbmerr.DataCorruption }
 
 func corruptf(format string, args ...any) error {
 	return &corruptError{msg: fmt.Sprintf(format, args...)}

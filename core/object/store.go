@@ -2,7 +2,8 @@ package object
 
 import (
 	"context"
-	"errors"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
 // Store is the object-store side of the G4 tier (the seeds' ObjectBlockOps).
@@ -54,22 +55,23 @@ type Result struct {
 	Err error
 }
 
-// Errors that results wrap; test them with errors.Is.
+// Errors that results wrap; test them with errors.Is. Their kinds are the
+// C ABI's status codes.
 var (
 	// ErrNotFound: no object exists under the key.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = kvbmerr.New(kvbmerr.NotFound, "not found")
 	// ErrCorrupt: the object exists but fails verification (magic,
 	// version, recorded key, length or checksum), or its length differs
 	// from the block size it is loaded into.
-	ErrCorrupt = errors.New("corrupt object")
+	ErrCorrupt = kvbmerr.New(kvbmerr.DataCorruption, "corrupt object")
 	// ErrInvalidArgument: the batch itself is malformed (lengths differ,
 	// block ids out of range or repeated, invalid key); every block of the
 	// batch fails with it and nothing is read or written.
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = kvbmerr.New(kvbmerr.InvalidArgument, "invalid argument")
 	// ErrIO: the store could not be read or written: an S3 server that
 	// does not answer, refuses the credentials or fails the request. The
 	// filesystem store's errors are the operating system's own.
-	ErrIO = errors.New("object store I/O")
+	ErrIO = kvbmerr.New(kvbmerr.IO, "object store I/O")
 )
 
 // FailedKeys returns the keys of the results that failed, in order.

@@ -2,8 +2,8 @@ package remote
 
 import (
 	"context"
-	"errors"
 
+	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/core/transfer"
 )
 
@@ -39,8 +39,8 @@ type Peer interface {
 // went silent or cannot be reached: the blocks of the operation failed and
 // the peer must be connected again (by importing its metadata) before it
 // is used.
-var ErrPeerUnavailable = errors.New("peer unavailable")
+var ErrPeerUnavailable = kvbmerr.New(kvbmerr.IO, "peer unavailable")
 
 // ErrBadEndpoint is wrapped by errors about an endpoint that does not
 // parse or names another process.
-var ErrBadEndpoint = errors.New("bad transport endpoint")
+var ErrBadEndpoint = kvbmerr.New(kvbmerr.InvalidArgument, "bad transport endpoint")

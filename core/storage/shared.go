@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/hugepage"
 	"github.com/kvbm/kvbm/internal/memavail"
@@ -22,7 +23,7 @@ import (
 // ErrNotShareable is returned where this kernel cannot make shared memory
 // files (no memfd_create, or a sandbox that forbids it); callers fall
 // back to private memory.
-var ErrNotShareable = errors.New("shared host memory is not available here")
+var ErrNotShareable = kvbmerr.New(kvbmerr.Unsupported, "shared host memory is not available here")
 
 // AllocShared allocates size bytes of zeroed host memory other processes
 // of this host can map (File). With pinned it is also pinned for device's

@@ -1,35 +1,38 @@
 package transfer
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
-// Sentinel errors, for errors.Is; the C ABI maps them to status codes.
+// Sentinel errors, for errors.Is; their kinds are the C ABI's status codes.
 var (
 	// ErrInvalidArgument: the request is malformed (lengths, ids, ranges).
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = kvbmerr.New(kvbmerr.InvalidArgument, "invalid argument")
 	// ErrOutOfRange: an id or index beyond its bound. It is also an
-	// ErrInvalidArgument, and reads as one.
+	// ErrInvalidArgument under errors.Is, and reads as one; its kind is
+	// OutOfRange.
 	ErrOutOfRange error = outOfRange{}
 	// ErrAlreadyExists: something that is set once was set again.
-	ErrAlreadyExists = errors.New("already exists")
+	ErrAlreadyExists = kvbmerr.New(kvbmerr.AlreadyExists, "already exists")
 	// ErrNotFound: no layout is registered under the handle.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = kvbmerr.New(kvbmerr.NotFound, "not found")
 	// ErrUnsupported: no strategy moves data between the two kinds.
-	ErrUnsupported = errors.New("unsupported")
+	ErrUnsupported = kvbmerr.New(kvbmerr.Unsupported, "unsupported")
 	// ErrCorrupt: data read back does not match its checksum.
-	ErrCorrupt = errors.New("data corruption")
+	ErrCorrupt = kvbmerr.New(kvbmerr.DataCorruption, "data corruption")
 	// ErrTimeout: a wait ended before the transfer completed.
-	ErrTimeout = errors.New("timeout")
+	ErrTimeout = kvbmerr.New(kvbmerr.Timeout, "timeout")
 	// ErrClosed: the manager was closed.
-	ErrClosed = errors.New("transfer manager closed")
+	ErrClosed = kvbmerr.New(kvbmerr.Canceled, "transfer manager closed")
 )
 
 type outOfRange struct{}
 
 func (outOfRange) Error() string        { return ErrInvalidArgument.Error() }
 func (outOfRange) Is(target error) bool { return target == ErrInvalidArgument }
+func (outOfRange) Kind() kvbmerr.Kind   { return kvbmerr.OutOfRange }
 
 // Error is a failed transfer: what failed, between which layouts, and which
 // destination blocks did not receive their data.

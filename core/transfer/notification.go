@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
 // Notification is the completion of one transfer. It completes exactly once,
@@ -23,7 +25,7 @@ type Notification struct {
 
 // ErrCanceled is wrapped by the errors of blocks whose transfer was
 // canceled (Notification.Cancel) or ran past its Options.Deadline.
-var ErrCanceled = errors.New("transfer canceled")
+var ErrCanceled = kvbmerr.New(kvbmerr.Canceled, "transfer canceled")
 
 // Cancel stops the transfer's operations on a peer's memory that have not
 // completed: their blocks fail with an error wrapping ErrCanceled, the

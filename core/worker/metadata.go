@@ -2,10 +2,10 @@ package worker
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"hash/crc32"
 
+	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -47,7 +47,7 @@ const (
 )
 
 // ErrBadMetadata is wrapped by every decoding error.
-var ErrBadMetadata = errors.New("bad layout metadata")
+var ErrBadMetadata = kvbmerr.New(kvbmerr.DataCorruption, "bad layout metadata")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 

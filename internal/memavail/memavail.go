@@ -21,17 +21,20 @@ package memavail
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
-// ErrInsufficient is wrapped by Reserve's and Check's refusals.
-var ErrInsufficient = errors.New("not enough host memory")
+// ErrInsufficient is wrapped by Reserve's and Check's refusals. Its kind is
+// IO, that of the ENOMEM the kernel would give; allocators that stand in for
+// the driver's report a CUDA out of memory instead.
+var ErrInsufficient = kvbmerr.New(kvbmerr.IO, "not enough host memory")
 
 // Reading is what the kernel said about memory, at one moment.
 type Reading struct {

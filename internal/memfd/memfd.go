@@ -6,17 +6,18 @@
 package memfd
 
 import (
-	"errors"
 	"fmt"
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
 // ErrUnavailable is wrapped when the kernel makes no memory file at all
 // (memfd_create refused: an old kernel, a sandbox), so that callers fall
 // back to private memory.
-var ErrUnavailable = errors.New("shared memory files are not available here")
+var ErrUnavailable = kvbmerr.New(kvbmerr.Unsupported, "shared memory files are not available here")
 
 // Seals are the seals every file of New carries.
 const Seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL

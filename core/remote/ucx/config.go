@@ -32,7 +32,7 @@
 // table, since shared memory stays readable after its owner died).
 package ucx
 
-import "errors"
+import "github.com/kvbm/kvbm/core/kvbmerr"
 
 // ErrLateWrites is why KVBM_TRANSPORT=ucx (remote.Open) is refused: the
 // transport cannot promise that no byte of an operation lands once its
@@ -47,10 +47,10 @@ import "errors"
 // imported stays reachable through their rkeys, which on those emulated
 // reads and writes makes the exporter touch memory that may be gone.
 // EnvAcceptLateWrites opens it anyway; New is not refused.
-var ErrLateWrites = errors.New("the UCX transport is refused: once an operation failed at its deadline, " +
-	"a frozen peer that runs again can still apply a failed push's bytes in blocks that were reused, and a pull's " +
-	"uncancelled requests are left in flight; a layout unregistered while peers have it imported stays reachable " +
-	"through their rkeys. Use the tcp transport, or set " + EnvAcceptLateWrites + "=1 to accept this")
+var ErrLateWrites = kvbmerr.New(kvbmerr.Unsupported, "the UCX transport is refused: once an operation failed at its deadline, "+
+	"a frozen peer that runs again can still apply a failed push's bytes in blocks that were reused, and a pull's "+
+	"uncancelled requests are left in flight; a layout unregistered while peers have it imported stays reachable "+
+	"through their rkeys. Use the tcp transport, or set "+EnvAcceptLateWrites+"=1 to accept this")
 
 // EnvAcceptLateWrites, set to 1, lets KVBM_TRANSPORT=ucx (remote.Open)
 // open the transport despite ErrLateWrites.
