@@ -11,17 +11,15 @@ from __future__ import annotations
 import enum
 from ctypes import byref, c_int32, c_size_t, c_uint64, c_void_p, sizeof
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._cint import block_ids, keys as _keys, uint32
 from ._device import Event, Stream, pointer_of
+from ._handle import Handle
 from ._layout import Tier
 from ._lib import lib
 from ._notification import Notification
-
-if TYPE_CHECKING:
-    from ._worker import Worker
 
 __all__ = ["PrefixCache", "WriteMode", "Decision", "CacheEvent", "CacheEventKind", "CacheStats",
            "CacheTierStats"]
@@ -114,7 +112,7 @@ class PrefixCache:
 
     __slots__ = ("_worker",)
 
-    def __init__(self, worker: "Worker") -> None:
+    def __init__(self, worker: Handle) -> None:  # its Worker
         self._worker = worker
 
     def match(self, keys: Sequence[Key]) -> Tuple[int, List[Tier]]:
@@ -218,7 +216,7 @@ class PrefixCache:
         return out
 
 
-def enable(worker: "Worker", admit_after: int, g3: Any, g4: Any, max_events: int) -> PrefixCache:
+def enable(worker: Handle, admit_after: int, g3: Any, g4: Any, max_events: int) -> PrefixCache:
     c = _lib.CacheConfigC()
     c.struct_size = sizeof(c)
     c.admit_after = uint32(admit_after, "admit_after")

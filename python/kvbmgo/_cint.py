@@ -1,4 +1,5 @@
-"""Integers crossing into C, checked against their C type.
+"""Arguments crossing into C: integers checked against their C type, and
+block ids, keys and metadata as C arrays.
 
 ctypes converts a Python int to a C integer by truncation, silently: tier
 ``2**32 + 2`` would arrive as 2 and a worker id of -1 as ``2**64 - 1``. Every
@@ -13,14 +14,15 @@ from __future__ import annotations
 
 from array import array
 import ctypes
-from typing import Any, Iterable, Tuple
+from typing import Any, Iterable, Sequence, Tuple, Union
 
 import numpy as np
 
 from .errors import InvalidArgumentError
 
-__all__ = ["int32", "uint32", "uint64", "pointer", "layer_range", "block_ids", "refuse",
-           "SMALL_ARRAY", "keys"]
+__all__ = ["int32", "uint32", "uint64", "millis", "pointer", "layer_range", "block_ids",
+           "refuse", "SMALL_ARRAY", "Ids", "transfer_ids", "lengths_differ", "metadata_bytes",
+           "keys"]
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 UINT32_MAX = 2**32 - 1
@@ -138,6 +140,57 @@ def _refuse_ids(ids: Any, what: str) -> None:
         ids = ids.tolist()
     for i, v in enumerate(ids):
         refuse(v, 0, UINT32_MAX, "uint32", f"{what}[{i}]")
+
+
+#: Block ids as the calls take them: a sequence of ints or an integer numpy array.
+Ids = Union[Sequence[int], Any]
+
+
+def lengths_differ(n: int, m: int, a: str = "src_ids", b: str = "dst_ids") -> ValueError:
+    """The error of two id lists that must be as long and are not."""
+    return ValueError(f"{a} has {n} ids, {b} {m}: they must be as long")
+
+
+_SEQUENCES = (list, tuple)
+
+
+def transfer_ids(src_ids: Ids, dst_ids: Ids) -> Tuple[Any, int, Any, int, int]:
+    """(src owner, src address, dst owner, dst address, count) of two id lists
+    of one length; keep the owners alive across the call."""
+    # The common case in one step: lists, tuples or small numpy arrays of
+    # valid ids (block_ids does the same per list, and names a bad id).
+    s, d = src_ids, dst_ids
+    if s.__class__ is list and d.__class__ is list and len(s) == 1 and len(d) == 1:
+        # One block each way (a small transfer's usual call): one array for both.
+        a, b = s[0], d[0]
+        if a.__class__ is int and b.__class__ is int and 0 <= a <= UINT32_MAX and 0 <= b <= UINT32_MAX:
+            both = array("I", (a, b))
+            p = both.buffer_info()[0]
+            return both, p, both, p + both.itemsize, 1
+    if s.__class__ is np.ndarray and s.size <= SMALL_ARRAY:
+        s = s.tolist()  # nested for ndim > 1, floats, bools: refused below
+    if d.__class__ is np.ndarray and d.size <= SMALL_ARRAY:
+        d = d.tolist()
+    if s.__class__ in _SEQUENCES and d.__class__ in _SEQUENCES:
+        try:
+            sa, da = array("I", s), array("I", d)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            n = len(sa)
+            if n == len(da) and bool not in map(type, s) and bool not in map(type, d):
+                return sa, sa.buffer_info()[0], da, da.buffer_info()[0], n
+    s, sa, n = block_ids(src_ids, "src_ids")
+    d, da, m = block_ids(dst_ids, "dst_ids")
+    if n != m:
+        raise lengths_differ(n, m)
+    return s, sa, d, da, n
+
+
+def metadata_bytes(md: Union[bytes, bytearray, memoryview]) -> Tuple[bytes, int]:
+    """Exported metadata as (bytes, length) for a C buffer argument."""
+    b = bytes(md)
+    return b, len(b)
 
 
 def keys(keys: Iterable[Any]) -> Tuple[Any, Any, int]:

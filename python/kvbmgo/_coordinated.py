@@ -6,13 +6,14 @@ from ctypes import byref, c_void_p
 from typing import Optional, Tuple, Union
 
 from . import _lib
-from ._cint import int32, uint64
+from ._cint import Ids, int32, metadata_bytes, transfer_ids, uint64
 from ._device import Event, Stream
 from ._handle import Handle
 from ._layout import LayoutHandle, handle_of
 from ._lib import lib
 from ._notification import Notification
-from ._worker import Ids, Worker, metadata_bytes, options, transfer_ids
+from ._options import options
+from ._worker import Worker
 
 __all__ = ["CoordinatedWorker"]
 

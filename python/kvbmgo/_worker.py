@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from array import array
 from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint8, c_void_p, sizeof
 from os import PathLike, fspath
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
-
-import numpy as np
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _lib
-from ._cint import SMALL_ARRAY, UINT32_MAX, block_ids, int32, layer_range, millis, uint64
+from ._cint import Ids, block_ids, int32, metadata_bytes, millis, transfer_ids, uint64
 from ._cint import keys as _keys
 from ._cache import PrefixCache, WriteMode, enable as _enable_cache
 from ._counters import PathCounters, TransferPath
@@ -24,78 +20,13 @@ from ._layout import LayoutConfig, LayoutHandle, LayoutKind, handle_of
 from ._lib import lib
 from ._memory import buffer_of
 from ._notification import Notification
+from ._options import options
 from .errors import (BufferTooSmallError, FailedPreconditionError, InvalidArgumentError,
                      InvalidHandleError, KvbmClosedError, KvbmError)
 
-if TYPE_CHECKING:
-    from ._coordinated import CoordinatedWorker
-
 __all__ = ["Worker"]
 
-Ids = Union[Sequence[int], Any]  # a sequence of ints or an integer numpy array
 Key = Union[bytes, bytearray, str]
-
-
-def options(layers: Optional[Tuple[int, int]], stream: Any, precondition: Any,
-            deadline: Optional[float] = None) -> Any:
-    """The transfer options by reference, or None when every one is the default.
-    deadline (seconds) bounds the transfer's operations on a peer's memory."""
-    if layers is None and stream is None and precondition is None and deadline is None:
-        return None
-    o = _lib.TransferOptionsC()
-    o.struct_size = sizeof(o)
-    if deadline is not None:
-        o.deadline_ms = millis(deadline, "deadline")
-    if layers is not None:
-        o.layer_start, o.layer_end = layer_range(layers)
-    o.stream = pointer_of(stream, Stream, "stream")
-    o.precondition = pointer_of(precondition, Event, "precondition")
-    return byref(o)  # keeps o alive
-
-
-def lengths_differ(n: int, m: int, a: str = "src_ids", b: str = "dst_ids") -> ValueError:
-    return ValueError(f"{a} has {n} ids, {b} {m}: they must be as long")
-
-
-_SEQUENCES = (list, tuple)
-
-
-def transfer_ids(src_ids: Ids, dst_ids: Ids) -> Tuple[Any, int, Any, int, int]:
-    """(src owner, src address, dst owner, dst address, count) of two id lists
-    of one length; keep the owners alive across the call."""
-    # The common case in one step: lists, tuples or small numpy arrays of
-    # valid ids (block_ids does the same per list, and names a bad id).
-    s, d = src_ids, dst_ids
-    if s.__class__ is list and d.__class__ is list and len(s) == 1 and len(d) == 1:
-        # One block each way (a small transfer's usual call): one array for both.
-        a, b = s[0], d[0]
-        if a.__class__ is int and b.__class__ is int and 0 <= a <= UINT32_MAX and 0 <= b <= UINT32_MAX:
-            both = array("I", (a, b))
-            p = both.buffer_info()[0]
-            return both, p, both, p + both.itemsize, 1
-    if s.__class__ is np.ndarray and s.size <= SMALL_ARRAY:
-        s = s.tolist()  # nested for ndim > 1, floats, bools: refused below
-    if d.__class__ is np.ndarray and d.size <= SMALL_ARRAY:
-        d = d.tolist()
-    if s.__class__ in _SEQUENCES and d.__class__ in _SEQUENCES:
-        try:
-            sa, da = array("I", s), array("I", d)
-        except (TypeError, OverflowError):
-            pass
-        else:
-            n = len(sa)
-            if n == len(da) and bool not in map(type, s) and bool not in map(type, d):
-                return sa, sa.buffer_info()[0], da, da.buffer_info()[0], n
-    s, sa, n = block_ids(src_ids, "src_ids")
-    d, da, m = block_ids(dst_ids, "dst_ids")
-    if n != m:
-        raise lengths_differ(n, m)
-    return s, sa, d, da, n
-
-
-def metadata_bytes(md: Union[bytes, bytearray, memoryview]) -> Tuple[bytes, int]:
-    b = bytes(md)
-    return b, len(b)
 
 
 #: worker_id -> the live Worker of this process with that id, so that an
@@ -166,7 +97,8 @@ class Worker(Handle):
         self._g1: List[Any] = []
         # What we imported: exporters (Worker form) and their G1 lists.
         self._remotes: List[Any] = []
-        self._dependents: "weakref.WeakSet[CoordinatedWorker]" = weakref.WeakSet()
+        # The CoordinatedWorkers over this one, closed first by close().
+        self._dependents: "weakref.WeakSet[Handle]" = weakref.WeakSet()
         self._cache: Optional[PrefixCache] = None
         # The lists travel with the finalizer: the memory outlives the destroy.
         self._own(h.value, lib.kvbm_worker_destroy, self._g1, self._remotes)

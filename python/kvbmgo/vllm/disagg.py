@@ -18,13 +18,14 @@ over pyzmq (a vLLM dependency), one request and one reply each:
   blocks. A prefill that never hears it lets go after ``pd_hold_s`` (and
   after the last lease).
 
-The decode side sequences each pull with the library's hand-off coordinator
-(vLLM's order: source first) and bounds it by ``pd_timeout_s``: a prefill
-that does not answer, or a transfer that fails or outlasts the deadline,
-fails every block of the request (reported by
-``get_block_ids_with_load_errors``). A transfer still running at the
-deadline is waited for before the request is reported, so that vLLM never
-reuses blocks the library may still write; its bytes are never trusted.
+The decode side drives each pull with kvbmgo's P/D driver
+(``kvbmgo._pd.Handoff``, in vLLM's order: source first) and bounds it by
+``pd_timeout_s``: a prefill that does not answer, or a transfer that fails
+or outlasts the deadline (the library cancels it then), fails every block
+of the request (reported by ``get_block_ids_with_load_errors``). A transfer
+is waited for until it ended before the request is reported, so that vLLM
+never reuses blocks the library may still write; the bytes of one that
+outlasted the deadline are never trusted.
 
 Messages are a JSON header frame and, for the pull reply, the metadata
 bytes; nothing is unpickled.
@@ -38,13 +39,13 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from .. import (ActionKind, Completion, FactKind, HandoffCoordinator, HandoffOrder,
-                OutcomeKind, Tier)
-from ..errors import AlreadyExistsError, KvbmError
+from .._handoff import Completion, FactKind, HandoffOrder, OutcomeKind
+from .._pd import Handoff, HandoffRefused, HandoffSide
+from ..errors import AlreadyExistsError
 from .metadata import RemotePull
 
 __all__ = ["PrefillServer", "DecodePuller", "instance_id"]
@@ -230,17 +231,43 @@ class PrefillServer:
         return [json.dumps({"ok": False, "why": f"unknown op {op!r}"}).encode()]
 
 
-class _Unanswered(Exception):
+class _Unanswered(HandoffRefused):
     """The prefill worker did not answer before the deadline."""
 
 
-class _Refused(Exception):
+class _Refused(HandoffRefused):
     """The prefill worker answered no."""
+
+
+class _Pull(HandoffSide):
+    """One request's hand-off, on the side channel: the prefill ran before
+    the decode heard of it, the pull takes a lease, the release ends it."""
+
+    def __init__(self, puller: "DecodePuller", p: RemotePull, deadline: float) -> None:
+        self.puller, self.p, self.deadline = puller, p, deadline
+        self.lease: Dict[str, Any] = {}  # the prefill's answer to our pull (its token)
+
+    def submit_prefill(self, h: Handoff) -> None:
+        # The prefill ran: its kv_transfer_params say it holds the KV.
+        h.fact(FactKind.SOURCE_HELD)
+
+    def start_transfer(self, h: Handoff) -> None:
+        p = self.p
+        inst = self.puller._lease(p, self.deadline, self.lease)
+        h.pull(self.puller._worker, inst, p.remote_block_ids, p.block_ids)
+
+    def release_source(self, h: Handoff) -> OutcomeKind:
+        return self.puller._release(self.p, max(self.deadline, time.monotonic() +
+                                                _RELEASE_MIN_S), self.lease)
+
+    def cancel_source(self, h: Handoff) -> OutcomeKind:
+        self.puller._release(self.p, time.monotonic(), self.lease)  # best effort, no wait
+        return OutcomeKind.APPLIED
 
 
 class DecodePuller:
     """The decode worker's side: runs each request's pull in a small thread
-    pool, sequenced by a hand-off coordinator and bounded by timeout_s.
+    pool, as a hand-off (kvbmgo._pd.Handoff) bounded by timeout_s.
     ``finished()`` collects the pulls that ended."""
 
     def __init__(self, worker: Any, rank: int, tp_size: int, timeout_s: float,
@@ -291,55 +318,21 @@ class DecodePuller:
         if not p.block_ids:
             self._release(p, deadline, {})
             return []
-        h = HandoffCoordinator(uuid.uuid4(), HandoffOrder.SOURCE_FIRST)
-        n = None  # the transfer's notification
-        lease: Dict[str, Any] = {}  # the prefill's answer to our pull (its token)
-        completion = Completion.NONE
+        h = Handoff(HandoffOrder.SOURCE_FIRST, _Pull(self, p, deadline), deadline,
+                    name=f"kvbm: pull of request {p.req_id} from engine {p.engine_id}",
+                    bound=f"its {self.timeout_s:.1f} s deadline")
         try:
-            todo = deque(h.start())
-            while todo:
-                a = todo.popleft()
-                k = a.kind
-                if k == ActionKind.SUBMIT_PREFILL:
-                    # The prefill ran: its kv_transfer_params say it holds the KV.
-                    todo.extend(h.on_outcome(a.id, OutcomeKind.SUBMITTED))
-                    todo.extend(h.on_fact(FactKind.SOURCE_HELD))
-                elif k == ActionKind.RESERVE_DESTINATION:
-                    # vLLM allocated the blocks before it asked for the load.
-                    todo.extend(h.on_outcome(a.id, OutcomeKind.ACCEPTED))
-                    todo.extend(h.on_fact(FactKind.DESTINATION_RESERVED))
-                elif k == ActionKind.START_TRANSFER:
-                    try:
-                        n = self._start_transfer(p, deadline, lease)
-                    except (_Unanswered, _Refused, KvbmError, ValueError) as e:
-                        log.warning("kvbm: pull of request %s from engine %s: %s",
-                                    p.req_id, p.engine_id, e)
-                        todo.extend(h.on_outcome(a.id, OutcomeKind.FAILED, str(e)))
-                        continue
-                    todo.extend(h.on_outcome(a.id, OutcomeKind.SCHEDULED))
-                    todo.extend(h.on_fact(self._await(p, n, deadline)))
-                elif k == ActionKind.ACTIVATE_DESTINATION:
-                    # The blocks hold the prefill's KV; vLLM hears it once the
-                    # hand-off completes.
-                    todo.extend(h.on_outcome(a.id, OutcomeKind.APPLIED))
-                elif k == ActionKind.RELEASE_SOURCE:
-                    todo.extend(h.on_outcome(a.id, self._release(
-                        p, max(deadline, time.monotonic() + _RELEASE_MIN_S), lease)))
-                elif k == ActionKind.CANCEL_SOURCE:
-                    self._release(p, time.monotonic(), lease)  # best effort, no wait
-                    todo.extend(h.on_outcome(a.id, OutcomeKind.APPLIED))
-                elif k == ActionKind.CANCEL_DESTINATION:
-                    # Every block of the request is reported failed.
-                    todo.extend(h.on_outcome(a.id, OutcomeKind.APPLIED))
-                elif k == ActionKind.COMPLETE:
-                    completion = a.completion
+            h.start()
         finally:
             h.close()
-            if n is not None:
-                self._drain(p, n)
-        return [] if completion == Completion.SUCCESS else list(p.block_ids)
+        if h.transfer_error is not None:
+            with self._lock:  # connect again next time (a restarted prefill)
+                self._md.pop((p.engine_id, self.rank), None)
+        return [] if h.completion == Completion.SUCCESS else list(p.block_ids)
 
-    def _start_transfer(self, p: RemotePull, deadline: float, lease: Dict[str, Any]) -> Any:
+    def _lease(self, p: RemotePull, deadline: float, lease: Dict[str, Any]) -> int:
+        """Asks p's prefill worker for a lease on its blocks (its answer goes
+        into lease) and connects to it: the instance to pull from."""
         if p.tp_size != self.tp_size:
             raise _Refused(f"the prefill has tensor-parallel size {p.tp_size}, this decode "
                            f"{self.tp_size}: kvbm pulls rank to rank")
@@ -362,37 +355,7 @@ class DecodePuller:
                 except AlreadyExistsError:
                     pass
                 self._md[key] = md
-        return self._worker.transfer_from_instance(inst, Tier.G1, p.remote_block_ids,
-                                                   Tier.G1, p.block_ids)
-
-    def _await(self, p: RemotePull, n: Any, deadline: float) -> FactKind:
-        try:
-            if n.wait(max(0.0, deadline - time.monotonic())):
-                return FactKind.TRANSFER_COMPLETED
-            log.warning("kvbm: pull of request %s from engine %s outlasted its %.1f s "
-                        "deadline", p.req_id, p.engine_id, self.timeout_s)
-            return FactKind.TIMED_OUT
-        except KvbmError as e:
-            log.warning("kvbm: pull of request %s from engine %s failed: %s", p.req_id,
-                        p.engine_id, e)
-            with self._lock:  # connect again next time (a restarted prefill)
-                self._md.pop((p.engine_id, self.rank), None)
-            return FactKind.FAILED
-
-    def _drain(self, p: RemotePull, n: Any) -> None:
-        """Cancels a pull that outlasted the deadline and waits until the
-        library is done with the blocks (after that nothing writes them), then
-        closes n."""
-        with n:
-            if not n.done():
-                n.cancel()
-            while not n.done():
-                log.warning("kvbm: waiting for the timed-out pull of request %s to end "
-                            "before its blocks go back to vLLM", p.req_id)
-                try:
-                    n.wait(1.0)
-                except KvbmError:
-                    break
+        return inst
 
     def _release(self, p: RemotePull, deadline: float, lease: Dict[str, Any]) -> OutcomeKind:
         """Tells the prefill it may let go of p's blocks: APPLIED once it

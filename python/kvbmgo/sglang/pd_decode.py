@@ -1,0 +1,366 @@
+"""The decode side of kvbm's SGLang PD backend: each request's hand-off,
+driven by kvbmgo's P/D driver (``kvbmgo._pd.Handoff``) in SGLang's order
+(destination first): ReserveDestination (the decode reserved pages),
+SubmitPrefill (KVBM_ROOM sent), SourceHeld (the last KVBM_PULL came),
+StartTransfer (the pull of what is left: the pages of earlier chunks are
+pulled as they come, overlapping the prefill's next chunks),
+TransferCompleted (every pull of the request done), ActivateDestination
+(aux row written, Success), ReleaseSource (KVBM_DONE); a failure, timeout
+or abort runs CancelSource (KVBM_DONE with the reason) and
+CancelDestination (the pulls canceled and ended, then Failed).
+
+Every pull is bounded by SGLANG_DISAGGREGATION_WAITING_TIMEOUT from
+send_metadata (the library cancels one still running then), as is the
+request (``KvbmKVReceiver._poll``)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination
+from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
+
+from .._handoff import FactKind, HandoffOrder, OutcomeKind, TimingMode
+from .._pd import Handoff, HandoffRefused, HandoffSide
+from ..errors import KvbmError
+from . import pd_wire as wire
+
+__all__ = ["DecodeSide", "KvbmKVReceiver"]
+
+logger = logging.getLogger(__name__)
+
+
+class _DecodeRoom(HandoffSide):
+    """One request's hand-off on the decode side."""
+
+    def __init__(self, side: "DecodeSide", room: int, dst: np.ndarray,
+                 aux_index: Optional[int], targets: List[Tuple[str, int]], submit: Any) -> None:
+        self.side = side
+        self.room = room
+        self.dst = dst
+        self.aux_index = aux_index
+        self.targets = targets
+        self.submit = submit
+        self.submitted = False
+        self.chunks: List[Tuple[int, np.ndarray]] = []  # (dst offset, source pages)
+        self.pulled = 0  # chunks whose pull started
+        self.token: Optional[str] = None  # the prefill rank the pages come from
+        self.aux_rows: Optional[List[bytes]] = None
+        timeout = side.mgr.waiting_timeout
+        self.handoff = Handoff(
+            HandoffOrder.DESTINATION_FIRST, self, time.monotonic() + timeout,
+            name=f"kvbm transfer backend: the pull of room {room}",
+            bound=f"SGLANG_DISAGGREGATION_WAITING_TIMEOUT ({timeout}s)", executor=side.pool)
+
+    def submit_prefill(self, h: Handoff) -> None:
+        ok, why = self.submit()
+        self.submitted = ok
+        if not ok:
+            raise HandoffRefused(why)
+
+    def start_transfer(self, h: Handoff) -> None:
+        self.side.pull(self, self.chunks[self.pulled:])
+        self.pulled = len(self.chunks)
+
+    def activate_destination(self, h: Handoff) -> None:
+        self.side.write_aux(self)
+        self.side.mgr.update_status(self.room, KVPoll.Success)
+
+    def release_source(self, h: Handoff) -> OutcomeKind:
+        self.side.done(self, KVPoll.Success, "")
+        return OutcomeKind.APPLIED
+
+    def cancel_source(self, h: Handoff) -> OutcomeKind:
+        if not self.submitted:
+            return OutcomeKind.NOOP
+        self.side.done(self, KVPoll.Failed, h.reason or "decode gave up")
+        return OutcomeKind.APPLIED
+
+    def cancel_destination(self, h: Handoff) -> None:
+        mgr = self.side.mgr
+        if self.room in mgr.request_status:
+            mgr.record_failure(self.room, h.reason or "kvbm transfer failed")
+            mgr.update_status(self.room, KVPoll.Failed)
+
+
+class DecodeSide:
+    """The decode side of a KvbmKVManager (mgr)."""
+
+    def __init__(self, mgr: CommonKVManager) -> None:
+        self.mgr = mgr  # a KvbmKVManager
+        self.instances: Dict[str, Any] = {}  # prefill token -> instance id or why not
+        self._next_instance = itertools.count(1)
+        self.rooms: Dict[int, _DecodeRoom] = {}
+        self._rooms_lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvbm-pull")
+
+    def close(self) -> None:
+        """Ends every hand-off (their pulls canceled and ended), then the pool."""
+        with self._rooms_lock:
+            rooms, self.rooms = list(self.rooms.values()), {}
+        for r in rooms:
+            r.handoff.close()
+        self.pool.shutdown(wait=True)
+
+    # ---- messages
+
+    def on_message(self, msg: List[bytes]) -> None:
+        mgr = self.mgr
+        tag = msg[0]
+        if tag == wire.TAG_META:
+            self._on_layouts(msg)
+        elif tag == wire.TAG_PULL:
+            self._on_pull(msg)
+        elif mgr.handle_abort_ack_message(msg):
+            pass
+        else:
+            parsed = mgr.parse_kv_status_message(msg)
+            if parsed is None:
+                logger.warning("kvbm transfer backend (decode): unexpected message %r",
+                               tag[:20])
+                return
+            room, status, prefill_rank, reason = parsed
+            mgr.apply_prefill_status(bootstrap_room=room, status=status,
+                                     prefill_rank=prefill_rank, failure_reason=reason)
+            if status == KVPoll.Failed:
+                self.fact(room, FactKind.FAILED, reason or mgr.DEFAULT_PREFILL_FAILURE_REASON)
+
+    def _on_layouts(self, msg: List[bytes]) -> None:
+        mgr = self.mgr
+        token, sig, mds = wire.parse_layouts(msg)
+        if isinstance(self.instances.get(token), int):
+            return  # registered again (another receiver of the same prefill rank)
+        if sig != mgr.signature:
+            self.instances[token] = (f"the prefill's KV/aux buffers {sig} differ from this "
+                                     f"decode's {mgr.signature}")
+            return
+        if len(mds) != len(mgr.workers):
+            self.instances[token] = f"the prefill sent {len(mds)} layouts, expected " \
+                                    f"{len(mgr.workers)}"
+            return
+        instance = next(self._next_instance)
+        try:
+            for w, md in zip(mgr.workers, mds):
+                w.connect_remote(instance, md)
+        except KvbmError as e:
+            self.instances[token] = f"importing the prefill's kvbm metadata failed: {e}"
+            return
+        self.instances[token] = instance
+
+    def _on_pull(self, msg: List[bytes]) -> None:
+        room, token, start, src, last, aux_rows = wire.parse_pull(msg)
+        r = self.rooms.get(room)
+        if r is None:
+            return  # cleared, or not ours any more
+        h = r.handoff
+        with h.lock:
+            if h.complete:
+                return
+            if r.token is not None and r.token != token:
+                h.fact(FactKind.FAILED, "pages of one request came from two prefill ranks")
+                return
+            r.token = token
+            r.chunks.append((start, src))
+            self.mgr.update_status(room, KVPoll.Transferring)
+            if not last and r.pulled == len(r.chunks) - 1 and \
+                    isinstance(self.instances.get(token), int):
+                # Pipelined with the prefill's next chunks: these pages are
+                # final. The hand-off still completes only after the last.
+                try:
+                    self.pull(r, r.chunks[-1:])
+                except HandoffRefused as e:
+                    h.fail(str(e))
+                    return
+                r.pulled = len(r.chunks)
+            if last:
+                r.aux_rows = aux_rows
+                pages = sum(len(s) for _, s in r.chunks)
+                page_size = int(self.mgr.kv_args.page_size or 1)
+                h.fact(FactKind.SOURCE_HELD, timing_mode=TimingMode.FULL_PROMPT,
+                       full_prompt_tokens=pages * page_size,
+                       kv_bytes_per_token=max(1, self.mgr.kv_item_lens_sum // page_size))
+
+    # ---- hand-offs
+
+    def open_room(self, room: int, dst: np.ndarray, aux_index: Optional[int],
+                  targets: List[Tuple[str, int]], submit: Any) -> None:
+        r = _DecodeRoom(self, room, dst, aux_index, targets, submit)
+        with self._rooms_lock:
+            old = self.rooms.pop(room, None)
+            self.rooms[room] = r
+        if old is not None:
+            old.handoff.close()
+        r.handoff.start()
+
+    def close_room(self, room: int) -> None:
+        with self._rooms_lock:
+            r = self.rooms.pop(room, None)
+        if r is not None:
+            r.handoff.close()
+
+    def fact(self, room: int, kind: FactKind, reason: Optional[str]) -> None:
+        """Steps fact kind into room's hand-off. reason: why it failed
+        (recorded as the room's failure)."""
+        r = self.rooms.get(room)
+        if r is not None:  # else no hand-off (yet): SGLang's own status says what happened
+            r.handoff.fact(kind, reason)
+
+    def pull(self, r: _DecodeRoom, chunks: List[Tuple[int, np.ndarray]]) -> None:
+        """Starts pulling chunks' pages from r's prefill into r's pages, with
+        every worker. Raises HandoffRefused (why not)."""
+        instance = self.instances.get(r.token)
+        if not isinstance(instance, int):
+            raise HandoffRefused(f"no usable layout of prefill {(r.token or '?')[:8]}: "
+                                 f"{instance or 'its metadata never came'}")
+        src_parts, dst_parts = [], []
+        for start, src in chunks:
+            if start < 0 or start + len(src) > len(r.dst):
+                raise HandoffRefused(f"the prefill sent pages [{start}, {start + len(src)}) "
+                                     f"of a request with {len(r.dst)} reserved")
+            src_parts.append(src)
+            dst_parts.append(r.dst[start:start + len(src)])
+        if not src_parts or not sum(len(s) for s in src_parts):
+            return
+        src, dst = np.concatenate(src_parts), np.concatenate(dst_parts)
+        try:
+            for w in self.mgr.workers:
+                r.handoff.pull(w, instance, src, dst)
+        except (KvbmError, ValueError, TypeError) as e:
+            raise HandoffRefused(f"starting the pull of {len(src)} pages failed: {e}") from e
+
+    def done(self, r: _DecodeRoom, status: int, reason: str) -> None:
+        """Tells the prefill ranks the room is done (or abandoned), from a
+        pool thread: a send to a dead peer may block up to ZMQ's send
+        timeout, and this runs under SGLang's poll()."""
+        mgr = self.mgr
+        frames = wire.done(r.room, mgr.token, status, reason)
+        targets = list(r.targets)
+
+        def send() -> None:
+            for t in targets:
+                try:
+                    mgr._send(t, frames)
+                except Exception as e:  # noqa: BLE001 - best effort: the prefill's timeout bounds it
+                    logger.warning("kvbm transfer backend: telling prefill %s:%s that room "
+                                   "%s is %s failed: %s", t[0], t[1], r.room,
+                                   "done" if status == KVPoll.Success else "abandoned", e)
+        try:
+            self.pool.submit(send)
+        except RuntimeError:  # closing: the pool takes nothing more
+            pass
+
+    def write_aux(self, r: _DecodeRoom) -> None:
+        """Writes the prefill's aux rows into r's row of every aux buffer.
+        Raises HandoffRefused (rows that do not fit)."""
+        aux = self.mgr.aux
+        rows = r.aux_rows or []
+        if len(rows) != len(aux):
+            raise HandoffRefused(f"kvbm transfer backend: the prefill sent {len(rows)} aux "
+                                 f"rows, this decode has {len(aux)} aux buffers")
+        i = r.aux_index
+        for b, ((ptr, item, n), row) in enumerate(zip(aux, rows)):
+            if len(row) != item:
+                raise HandoffRefused(f"kvbm transfer backend: aux buffer {b}: the prefill's "
+                                     f"row has {len(row)} bytes, this decode's {item}")
+            if i is None or i < 0 or (i + 1) * item > n:
+                raise HandoffRefused(f"kvbm transfer backend: aux index {i} is outside aux "
+                                     f"buffer {b}")
+        for (ptr, item, _), row in zip(aux, rows):
+            ctypes.memmove(ptr + i * item, row, item)
+
+
+class KvbmKVReceiver(CommonKVReceiver):
+    """Decode side of one request."""
+
+    def init(self, prefill_dp_rank: int) -> None:
+        super().init(prefill_dp_rank)
+        if self.conclude_state == KVPoll.Failed or not hasattr(self, "prefill_info"):
+            return
+        mgr = self.kv_mgr
+        info = self.prefill_info
+        why = None
+        if info.pp_size != 1 or info.attn_cp_size != 1 or mgr.pp_size != 1:
+            why = f"pipeline or context parallelism (prefill pp {info.pp_size}, cp " \
+                  f"{info.attn_cp_size}; decode pp {mgr.pp_size})"
+        elif not mgr.is_mla_backend and info.attn_tp_size != mgr.attn_tp_size:
+            why = f"different attention TP sizes for a non-MLA model (prefill " \
+                  f"{info.attn_tp_size}, decode {mgr.attn_tp_size})"
+        elif self.required_prefill_response_num != 1:
+            why = f"pulling one request from {self.required_prefill_response_num} prefill ranks"
+        if why is not None:
+            mgr.record_failure(self.bootstrap_room, f"kvbm transfer backend: {why} is not "
+                                                    f"supported")
+            mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+            self.conclude_state = KVPoll.Failed
+
+    def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
+                      state_indices: Optional[List] = None,
+                      decode_prefix_len: Optional[int] = None,
+                      destination: KVTransferDestination = KVTransferDestination.DEVICE,
+                      device_kv_indices: Any = None) -> None:
+        mgr = self.kv_mgr
+        room = self.bootstrap_room
+        if self.conclude_state == KVPoll.Failed or mgr.request_status.get(room) == KVPoll.Failed:
+            return
+        if destination != KVTransferDestination.DEVICE:
+            raise NotImplementedError("kvbm transfer backend: host KV destinations are not "
+                                      "supported")
+        if state_indices and any(s is not None and len(s) > 0 for s in state_indices):
+            mgr.record_failure(room, "kvbm transfer backend: extra state (Mamba/SWA/DSA/...) "
+                                     "transfer is not supported")
+            mgr.update_status(room, KVPoll.Failed)
+            return
+        dst = np.ascontiguousarray(np.asarray(kv_indices, dtype=np.int32).reshape(-1))
+        infos = getattr(self, "bootstrap_infos", None) or []
+        targets = [(i["rank_ip"], int(i["rank_port"])) for i in infos if not i.get("is_dummy")]
+
+        def submit() -> Tuple[bool, Optional[str]]:
+            CommonKVReceiver.send_metadata(self, dst, aux_index, state_indices,
+                                           decode_prefix_len, destination, device_kv_indices)
+            if self.conclude_state == KVPoll.Failed or \
+                    mgr.request_status.get(room) == KVPoll.Failed:
+                with mgr.failure_lock:
+                    why = mgr.failure_records.get(room)
+                return False, why or "sending the request's metadata to the prefill failed"
+            return True, None
+
+        side: DecodeSide = mgr.side
+        side.open_room(room, dst, aux_index, targets, submit)
+
+    def _poll(self) -> KVPoll:
+        mgr = self.kv_mgr
+        side: DecodeSide = mgr.side
+        room = self.bootstrap_room
+        if self.conclude_state is None and self.init_time is not None:
+            status = mgr.request_status.get(room)
+            elapsed = time.time() - self.init_time
+            if status in (KVPoll.WaitingForInput, KVPoll.Transferring) and \
+                    elapsed >= mgr.waiting_timeout:
+                side.fact(room, FactKind.TIMED_OUT, (
+                    f"Request {room} timed out after {elapsed:.1f}s in "
+                    f"{'KVPoll.WaitingForInput' if status == KVPoll.WaitingForInput else 'KVPoll.Transferring'}"
+                    f" (SGLANG_DISAGGREGATION_WAITING_TIMEOUT={mgr.waiting_timeout})"))
+        status = super()._poll()
+        if status == KVPoll.Failed:
+            with mgr.failure_lock:
+                why = mgr.failure_records.get(room)
+            side.fact(room, FactKind.FAILED, why or "failed")
+        return status
+
+    def abort(self) -> None:
+        super().abort()
+        side: DecodeSide = self.kv_mgr.side
+        side.fact(self.bootstrap_room, FactKind.CANCELED, "Aborted by AbortReq.")
+
+    def clear(self) -> None:
+        super().clear()
+        side: DecodeSide = self.kv_mgr.side
+        side.close_room(self.bootstrap_room)

@@ -1,0 +1,176 @@
+"""What passes between the two sides of kvbm's SGLang PD backend: the
+layout both must agree on, the control messages, and the bootstrap server.
+
+Control messages (ZMQ multipart, on the managers' own sockets; ASCII
+integers, nothing unpickled)::
+
+    decode -> prefill  KVBM_REG   once per prefill rank: who the decode is
+    prefill -> decode  KVBM_META  reply: the prefill workers' kvbm metadata
+    decode -> prefill  KVBM_ROOM  per request: the decode reserved its pages
+    prefill -> decode  KVBM_PULL  per sent chunk: source pages (+ aux row, last)
+    decode -> prefill  KVBM_DONE  the decode owns the KV (or gave up): release
+    prefill -> decode  KVBM_STATUS  the prefill failed the request (reason)
+
+(KVBM_STATUS is SGLang's status message under kvbm's tag.)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
+
+from .._layout import LayoutConfig
+
+__all__ = ["KVGroup", "kv_groups", "signature", "TransferInfo", "KvbmKVBootstrapServer",
+           "TAG_REG", "TAG_META", "TAG_ROOM", "TAG_PULL", "TAG_DONE", "TAG_STATUS"]
+
+TAG_REG = b"KVBM_REG"
+TAG_META = b"KVBM_META"
+TAG_ROOM = b"KVBM_ROOM"
+TAG_PULL = b"KVBM_PULL"
+TAG_DONE = b"KVBM_DONE"
+TAG_STATUS = b"KVBM_STATUS"
+
+
+def _a(x: Any) -> bytes:
+    return str(x).encode("ascii")
+
+
+# ---- the layout
+
+@dataclass(frozen=True)
+class KVGroup:
+    """KV buffers of one shape, registered as one kvbm worker's G1: each
+    buffer is a "layer" of num_pages blocks of item_len bytes."""
+    buffers: Tuple[int, ...]  # indices into kv_data_ptrs
+    num_pages: int
+    item_len: int
+
+    def layout(self) -> LayoutConfig:
+        return LayoutConfig(num_blocks=self.num_pages, num_layers=len(self.buffers),
+                            outer_dim=1, page_size=1, inner_dim=self.item_len, dtype_width=1,
+                            layout="layer_separate", block_dim="first")
+
+
+def kv_groups(lens: Sequence[int], item_lens: Sequence[int]) -> List[KVGroup]:
+    """KVArgs' buffers grouped by (pages, page bytes), in buffer order.
+    Raises ValueError for a buffer smaller than a page or a bad length."""
+    if len(lens) != len(item_lens) or not lens:
+        raise ValueError(f"kvbm transfer backend: {len(lens)} KV buffer lengths, "
+                         f"{len(item_lens)} item lengths (need as many, at least one)")
+    by_shape: Dict[Tuple[int, int], List[int]] = {}
+    for i, (n, item) in enumerate(zip(lens, item_lens)):
+        n, item = int(n), int(item)
+        if item <= 0 or n < item:
+            raise ValueError(f"kvbm transfer backend: KV buffer {i} has {n} bytes, "
+                             f"its page {item}")
+        by_shape.setdefault((n // item, item), []).append(i)
+    return [KVGroup(tuple(ix), pages, item) for (pages, item), ix in by_shape.items()]
+
+
+def signature(groups: Sequence[KVGroup], aux_item_lens: Sequence[int]) -> str:
+    """What both sides must agree on (page counts may differ)."""
+    return json.dumps({"kv": [[list(g.buffers), g.item_len] for g in groups],
+                       "aux": [int(x) for x in aux_item_lens]})
+
+
+# ---- decode -> prefill
+
+def registration(ip: str, port: int, token: str, sig: str) -> List[bytes]:
+    """KVBM_REG: the decode's endpoint, name and layout signature."""
+    return [TAG_REG, ip.encode("ascii"), _a(port), token.encode("ascii"), sig.encode()]
+
+
+def parse_registration(msg: List[bytes]) -> Tuple[str, int, str, str]:
+    """(ip, port, token, signature) of a KVBM_REG."""
+    return msg[1].decode(), int(msg[2]), msg[3].decode(), msg[4].decode()
+
+
+@dataclass
+class TransferInfo:
+    """One decode rank's reservation for a room (KVBM_ROOM), as the prefill
+    keeps it (the fields SGLang's common code reads: is_dummy, endpoint,
+    dst_port, required_dst_info_num)."""
+    room: int
+    endpoint: str
+    dst_port: int
+    peer: str
+    num_pages: int
+    required_dst_info_num: int
+    decode_prefix_len: int
+    is_dummy: bool
+
+    def frames(self) -> List[bytes]:
+        return [TAG_ROOM, _a(self.room), self.endpoint.encode("ascii"), _a(self.dst_port),
+                self.peer.encode("ascii"), _a(self.num_pages), _a(self.required_dst_info_num),
+                _a(self.decode_prefix_len), _a(int(self.is_dummy))]
+
+    @classmethod
+    def parse(cls, msg: List[bytes]) -> "TransferInfo":
+        return cls(room=int(msg[1]), endpoint=msg[2].decode(), dst_port=int(msg[3]),
+                   peer=msg[4].decode(), num_pages=int(msg[5]),
+                   required_dst_info_num=int(msg[6]), decode_prefix_len=int(msg[7]),
+                   is_dummy=bool(int(msg[8])))
+
+
+def done(room: int, token: str, status: int, reason: str) -> List[bytes]:
+    """KVBM_DONE: the decode owns room's KV (status Success) or gave up."""
+    return [TAG_DONE, _a(room), token.encode("ascii"), _a(int(status)), reason.encode("utf-8")]
+
+
+def parse_done(msg: List[bytes]) -> Tuple[int, str, int, str]:
+    """(room, decode token, status, reason) of a KVBM_DONE."""
+    reason = msg[4].decode("utf-8", "replace") if len(msg) > 4 else ""
+    return int(msg[1]), msg[2].decode(), int(msg[3]), reason
+
+
+# ---- prefill -> decode
+
+def layouts(token: str, rank: int, sig: str, metadata: List[bytes]) -> List[bytes]:
+    """KVBM_META: the prefill's name, rank, signature and its workers' metadata."""
+    return [TAG_META, token.encode("ascii"), _a(rank), sig.encode()] + metadata
+
+
+def parse_layouts(msg: List[bytes]) -> Tuple[str, str, List[bytes]]:
+    """(prefill token, signature, metadata per worker) of a KVBM_META."""
+    return msg[1].decode(), msg[3].decode(), list(msg[4:])
+
+
+def pull(room: int, token: str, rank: int, start: int, pages: np.ndarray, last: bool,
+         aux_rows: Optional[List[bytes]]) -> List[bytes]:
+    """KVBM_PULL: pages (int32) hold the request's pages from index start;
+    the last one carries the aux rows."""
+    return [TAG_PULL, _a(room), token.encode("ascii"), _a(rank), _a(start), pages.tobytes(),
+            b"1" if last else b"0"] + (aux_rows or [])
+
+
+def parse_pull(msg: List[bytes]) -> Tuple[int, str, int, np.ndarray, bool, List[bytes]]:
+    """(room, prefill token, start, source pages, last, aux rows) of a KVBM_PULL."""
+    return (int(msg[1]), msg[2].decode(), int(msg[4]), np.frombuffer(msg[5], dtype=np.int32),
+            msg[6] == b"1", list(msg[7:]))
+
+
+# ---- the bootstrap server
+
+class KvbmKVBootstrapServer(CommonKVBootstrapServer):
+    """SGLang's own bootstrap server (registration, /route, /health)."""
+
+    def close(self) -> None:
+        """As SGLang's, which stops nothing when called before its event loop
+        runs (a close right after the start): waits for the loop first (5 s
+        at most)."""
+        deadline = time.monotonic() + 5
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            loop = getattr(self, "_loop", None)
+            if loop is not None and loop.is_running():
+                break
+            time.sleep(0.01)
+        if getattr(self, "_loop", None) is None:
+            return  # the server thread died before it made its loop
+        super().close()
