@@ -75,7 +75,7 @@ func runDemo(stdout io.Writer, dir string, n int) (err error) {
 		return err
 	}
 	runErr := d.paths()
-	prefix, prefixErr := runPrefix(drv, root, d.copy)
+	prefix, prefixErr := runPrefix(drv, root, d.tierLimit)
 	printTable(stdout, d.rows)
 	if d.handoff != nil {
 		fmt.Fprintf(stdout, "handoff (SourceFirst, vLLM): %s\n", strings.Join(d.handoff.trace, " · "))
@@ -150,8 +150,8 @@ type row struct {
 	blocks  int
 	bytes   int64
 	elapsed time.Duration
-	copyGBs float64 // the copy baseline, measured right after the path
-	err     error   // the transfer or its verification failed
+	limit   limit // the same bytes moved the plain way, measured right after the path
+	err     error // the transfer or its verification failed
 }
 
 type demo struct {
@@ -164,7 +164,8 @@ type demo struct {
 	decode    *tierWorker
 	rows      []row
 	handoff   *handoffRun
-	copy      *baseline.Copy // the limit every path is compared with
+	copy      *baseline.Copy // the limit of the memory paths
+	media     *mediaLimits   // the limits of the disk and object paths
 }
 
 func (d *demo) setup(root string) (err error) {
@@ -175,6 +176,9 @@ func (d *demo) setup(root string) (err error) {
 	g3, g4 := filepath.Join(root, "g3"), filepath.Join(root, "g4")
 	if err := os.MkdirAll(g3, 0o755); err != nil {
 		return fmt.Errorf("G3 directory: %w", err)
+	}
+	if d.media, err = newMediaLimits(g3, filepath.Join(root, "limits"), d.blockSize); err != nil {
+		return err
 	}
 	if g4, err = objectLocation(g4); err != nil {
 		return err
@@ -198,6 +202,9 @@ func (d *demo) close() error {
 	var errs []error
 	if d.copy != nil {
 		errs = append(errs, d.copy.Close())
+	}
+	if d.media != nil {
+		errs = append(errs, d.media.close())
 	}
 	// The decode worker imported prefill's layouts: it goes first.
 	for _, w := range []*tierWorker{d.decode, d.prefill} {
@@ -223,13 +230,57 @@ func seq(from, n int) []int {
 const copyChunk = 64 << 20
 
 // record adds a row for a path that moved d.n blocks in elapsed, verified
-// by verify, and measures the copy baseline of the same bytes right after
-// it, so that both see the machine in the same state.
-func (d *demo) record(path string, elapsed time.Duration, verify func() error) {
+// by verify, and measures its limit on the same bytes right after it (nil:
+// a plain copy), so that both see the machine in the same state.
+func (d *demo) record(path string, elapsed time.Duration, lim func(int64) (limit, error), verify func() error) error {
 	bytes := int64(d.n) * int64(d.blockSize)
-	copyGBs := d.copy.LimitGBs(bytes)
-	d.rows = append(d.rows, row{path: path, blocks: d.n, bytes: bytes, elapsed: elapsed, copyGBs: copyGBs, err: verify()})
+	if lim == nil {
+		lim = func(b int64) (limit, error) { return limit{name: "copy", gbs: d.copy.LimitGBs(b)}, nil }
+	}
+	l, err := lim(bytes)
+	if err != nil {
+		return err
+	}
+	d.rows = append(d.rows, row{path: path, blocks: d.n, bytes: bytes, elapsed: elapsed, limit: l, err: verify()})
+	return nil
 }
+
+// tierLimit is the limit of an onboard of blocks from several tiers: each
+// tier's bytes at that tier's plain rate (G2 a copy, G3 an O_DIRECT read,
+// G4 a file read), one after the other.
+func (d *demo) tierLimit(byTier map[worker.Tier]int) (limit, error) {
+	var total int64
+	var seconds float64
+	for _, t := range []worker.Tier{worker.G2, worker.G3, worker.G4} {
+		b := int64(byTier[t]) * int64(d.blockSize)
+		if b == 0 {
+			continue
+		}
+		l := limit{gbs: d.copy.LimitGBs(b)}
+		var err error
+		switch t {
+		case worker.G3:
+			l, err = d.diskRead(b)
+		case worker.G4:
+			l, err = d.fileRead(b)
+		}
+		if err != nil {
+			return limit{}, err
+		}
+		total += b
+		seconds += float64(b) / (l.gbs * 1e9)
+	}
+	if total == 0 {
+		return limit{name: "G2 copy, G3 O_DIRECT read, G4 file read"}, nil
+	}
+	return limit{name: "G2 copy, G3 O_DIRECT read, G4 file read", gbs: float64(total) / seconds / 1e9}, nil
+}
+
+// limits of the disk and object rows.
+func (d *demo) diskWrite(b int64) (limit, error) { return d.media.disk(true, b) }
+func (d *demo) diskRead(b int64) (limit, error)  { return d.media.disk(false, b) }
+func (d *demo) fileWrite(b int64) (limit, error) { return d.media.file(true, b) }
+func (d *demo) fileRead(b int64) (limit, error)  { return d.media.file(false, b) }
 
 // timed runs one transfer and waits for it.
 func timed(what string, start func() (*transfer.Notification, error)) (time.Duration, error) {
@@ -285,7 +336,9 @@ func (d *demo) paths() error {
 	if err != nil {
 		return err
 	}
-	d.record("G1→G2 offload", el, func() error { return p.verifyBlocks(worker.G2, ids, tags) })
+	if err := d.record("G1→G2 offload", el, nil, func() error { return p.verifyBlocks(worker.G2, ids, tags) }); err != nil {
+		return err
+	}
 
 	el, err = timed("G2→G3", func() (*transfer.Notification, error) {
 		return p.ExecuteLocalTransfer(worker.G2, worker.G3, ids, ids, transfer.Options{})
@@ -293,13 +346,17 @@ func (d *demo) paths() error {
 	if err != nil {
 		return err
 	}
-	d.record("G2→G3 disk", el, func() error { return p.verifyBlocks(worker.G3, ids, tags) })
+	if err := d.record("G2→G3 disk", el, d.diskWrite, func() error { return p.verifyBlocks(worker.G3, ids, tags) }); err != nil {
+		return err
+	}
 
 	t0 := time.Now()
 	if err := objectErrors("G2→G4 PutBlocks", p.PutBlocks(ctx, keys, worker.G2, ids)); err != nil {
 		return err
 	}
-	d.record("G2→G4 PutBlocks", time.Since(t0), func() error { return d.verifyObjects(ctx, keys, tags) })
+	if err := d.record("G2→G4 PutBlocks", time.Since(t0), d.fileWrite, func() error { return d.verifyObjects(ctx, keys, tags) }); err != nil {
+		return err
+	}
 
 	// Forget the KV on the fast tiers: it must come back from G3 and G4.
 	if err := p.clearBlocks(worker.G1, ids); err != nil {
@@ -313,7 +370,9 @@ func (d *demo) paths() error {
 	if err := objectErrors("G4→G2 GetBlocks", p.GetBlocks(ctx, keys, worker.G2, ids)); err != nil {
 		return err
 	}
-	d.record("G4→G2 GetBlocks", time.Since(t0), func() error { return p.verifyBlocks(worker.G2, ids, tags) })
+	if err := d.record("G4→G2 GetBlocks", time.Since(t0), d.fileRead, func() error { return p.verifyBlocks(worker.G2, ids, tags) }); err != nil {
+		return err
+	}
 
 	el, err = timed("G3→G2", func() (*transfer.Notification, error) {
 		return p.ExecuteLocalTransfer(worker.G3, worker.G2, ids, ids2, transfer.Options{})
@@ -321,13 +380,17 @@ func (d *demo) paths() error {
 	if err != nil {
 		return err
 	}
-	d.record("G3→G2 (2nd copy)", el, func() error { return d.compareCopies(ids, ids2, tags) })
+	if err := d.record("G3→G2 (2nd copy)", el, d.diskRead, func() error { return d.compareCopies(ids, ids2, tags) }); err != nil {
+		return err
+	}
 
 	el, err = d.layerwise(ids2, ids)
 	if err != nil {
 		return err
 	}
-	d.record("G2→G1 layer-wise", el, func() error { return p.verifyBlocks(worker.G1, ids, tags) })
+	if err := d.record("G2→G1 layer-wise", el, nil, func() error { return p.verifyBlocks(worker.G1, ids, tags) }); err != nil {
+		return err
+	}
 
 	// Prefill → decode: prefill's G2 copy from G4 lands in the decode
 	// worker's G1, in reverse block order.
@@ -346,10 +409,9 @@ func (d *demo) paths() error {
 	for i, dst := range rev {
 		revTags[dst] = i
 	}
-	d.record("prefill G2→decode G1 handoff", d.handoff.transfer, func() error {
+	return d.record("prefill G2→decode G1 handoff", d.handoff.transfer, nil, func() error {
 		return d.decode.verifyBlocks(worker.G1, ids, revTags)
 	})
-	return nil
 }
 
 // verifyObjects reads the objects back straight from the store, a batch at

@@ -15,7 +15,6 @@ import (
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
-	"github.com/kvbm/kvbm/internal/baseline"
 )
 
 // The prefix-cache scene: request A (a long prompt) is computed and
@@ -42,7 +41,7 @@ type prefixRun struct {
 	matched  int
 	byTier   map[worker.Tier]int
 	loaded   time.Duration // Onboard to the last layer's event and the notification
-	copyGBs  float64       // the copy baseline of the same bytes, right after
+	limit    limit         // the same bytes moved the plain way from each tier, right after
 	verified error         // of the onboarded prefix, byte by byte
 	stats    cache.Stats
 	stored   map[worker.Tier]int // stored events by tier
@@ -88,7 +87,9 @@ func promptTokens(seed uint64, n int) []uint32 {
 
 // runPrefix runs the prefix-cache scene on a worker of its own, whose G3
 // and G4 live under root.
-func runPrefix(drv cuda.Driver, root string, ref *baseline.Copy) (run *prefixRun, err error) {
+//
+// lim measures the limit of an onboard of blocks by tier.
+func runPrefix(drv cuda.Driver, root string, lim func(map[worker.Tier]int) (limit, error)) (run *prefixRun, err error) {
 	page := llama3_8B(1).PageSize
 	promptB := prefixPromptA + prefixNew
 	// G1: A's blocks (reused by the other request once offloaded), then B's.
@@ -138,7 +139,9 @@ func runPrefix(drv cuda.Driver, root string, ref *baseline.Copy) (run *prefixRun
 	if run.loaded, err = cacheOnboardLayerwise(drv, c, keysB[:n], g1B[:n]); err != nil {
 		return nil, err
 	}
-	run.copyGBs = ref.LimitGBs(int64(n) * int64(llama3_8B(1).BlockSize()))
+	if run.limit, err = lim(run.byTier); err != nil {
+		return nil, err
+	}
 	run.verified = w.verifyBlocks(worker.G1, g1B[:n], tagsB[:n])
 
 	// B computes only the rest, and offers its whole prompt to the cache,
@@ -200,9 +203,8 @@ func cacheOnboardLayerwise(drv cuda.Driver, c *cache.Cache, keys [][]byte, g1 []
 }
 
 // printPrefix prints the scene: where B's prefix was found, the hit rate,
-// the onboard's speed beside the copy baseline, and the cache's counters.
+// the onboard's speed beside its limit, and the cache's counters.
 func printPrefix(w io.Writer, r *prefixRun, blockSize int) {
-	copyGBs := r.copyGBs
 	pct := func(n, of int) float64 { return 100 * float64(n) / float64(of) }
 	bytes := int64(r.matched) * int64(blockSize)
 	gbs := float64(bytes) / r.loaded.Seconds() / 1e9
@@ -218,8 +220,8 @@ func printPrefix(w io.Writer, r *prefixRun, blockSize int) {
 	if r.verified != nil {
 		verified = "NOT verified: " + r.verified.Error()
 	}
-	fmt.Fprintf(w, "  onboard layer-wise: %d blocks, %d MiB in %.3f s = %.2f GB/s, copy %.2f GB/s, vs copy %.2f; %s\n",
-		r.matched, bytes>>20, r.loaded.Seconds(), gbs, copyGBs, gbs/copyGBs, verified)
+	fmt.Fprintf(w, "  onboard layer-wise: %d blocks, %d MiB in %.3f s = %.2f GB/s, limit (%s) %.2f GB/s, vs limit %.2f; %s\n",
+		r.matched, bytes>>20, r.loaded.Seconds(), gbs, r.limit.name, r.limit.gbs, gbs/r.limit.gbs, verified)
 	fmt.Fprintf(w, "  onboarded %d (from G2 %d, G3 %d, G4 %d), failed %d; B offloaded its %d blocks: %d already in G2, %d stored\n",
 		s.Onboarded, s.OnboardedFromG2, s.OnboardedFromG3, s.OnboardedFromG4, s.OnboardFailed, r.promptB, r.dedupedB, r.storedB)
 	fmt.Fprintf(w, "  cache: offloaded %d, deduped %d, not admitted %d, no space %d; evictions G2 %d, G3 %d; written down %d (G4 puts %d), failed %d\n",
