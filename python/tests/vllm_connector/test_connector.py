@@ -21,6 +21,7 @@ def test_b_loads_the_prefix_a_offloaded(engine):
     a_prompt = list(range(100, 100 + 2 * BLOCK + 8))          # 2 full blocks + 8
     a = e.add("A", a_prompt)
     e.run()
+    e.settle()  # A's stores done and the scheduler told (A was not held for them)
     a_keys = [bytes(h) for h in a.block_hashes[:2]]
     sched = e.connector._scheduler
     assert all(sched.cached_tiers(k) == {2} for k in a_keys)
