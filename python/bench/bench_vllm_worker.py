@@ -109,7 +109,8 @@ def main():
     assert not w.get_block_ids_with_load_errors()
     w.clear_connector_metadata()
 
-    def step(md):
+    def step(md):  # the connector's calls of one step, as vLLM's model runner makes them
+        w.handle_preemptions(md)
         w.bind_connector_metadata(md)
         w.start_load_kv(ctx)
         for layer in LAYERS:
@@ -118,6 +119,7 @@ def main():
         w.wait_for_save()
         w.get_finished(set())
         w.get_block_ids_with_load_errors()
+        w.get_kv_connector_stats()
         w.build_connector_worker_meta()
         w.clear_connector_metadata()
 

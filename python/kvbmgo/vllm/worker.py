@@ -104,6 +104,10 @@ def engine_worker_id(engine_id: str) -> int:
     return int.from_bytes(d, "little") | 1
 
 
+#: The cache's counters are read at most this often for the stats.
+_STATS_EVERY_S = 0.05
+
+
 @dataclass
 class _Store:
     """An offload in flight: its notification, the requests whose blocks it
@@ -149,6 +153,7 @@ class KvbmWorker:
         self._cache_seen: Any = None
         self._started_at: Dict[str, Tuple[float, List[int]]] = {}
         self._moved = False
+        self._looked = 0.0  # time.monotonic() of the last read of the cache's counters
         self._block_bytes = 0
         self._block_tokens = 0
 
@@ -497,10 +502,14 @@ class KvbmWorker:
 
     def get_stats(self) -> Any:
         """This interval's figures (KvbmConnectorStats), or None when
-        nothing moved: the cache's counters are read only after a step that
-        started or ended a transfer."""
-        if self._moved and self.worker is not None:
+        nothing moved: the cache's counters are read after a step that
+        started or ended a transfer, at most every _STATS_EVERY_S (a read
+        costs microseconds of Python, a step of a busy engine not many
+        more); what they count is exact, reported a little later."""
+        now_s = time.monotonic()
+        if self._moved and self.worker is not None and now_s - self._looked >= _STATS_EVERY_S:
             self._moved = False
+            self._looked = now_s
             now = self.worker.cache.stats()
             was, self._cache_seen = self._cache_seen, now
             if was is not None:

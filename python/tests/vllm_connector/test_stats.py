@@ -24,6 +24,15 @@ def _fresh_prom(e):
     return KVConnectorProm(e.vc, list(LABELS), {0: list(LABELS.values())})
 
 
+def flush(e):
+    """A step after the worker side's next read of the cache's counters is
+    due (it reads them at most every _STATS_EVERY_S)."""
+    import time
+    from kvbmgo.vllm.worker import _STATS_EVERY_S
+    time.sleep(_STATS_EVERY_S + 0.01)
+    e.settle()
+
+
 def value(name, **labels):
     return REGISTRY.get_sample_value(name, {**LABELS, **labels}) or 0
 
@@ -36,7 +45,7 @@ def test_offload_and_onboard_show_in_vllms_prometheus_registry_and_log():
         prompt = list(range(100, 100 + 2 * BLOCK + 8))
         e.add("A", prompt)
         e.run()
-        e.settle()
+        flush(e)
         for d in e.stats:
             prom.observe(d, 0)
         block_bytes = e.worker._worker._block_bytes
@@ -49,6 +58,7 @@ def test_offload_and_onboard_show_in_vllms_prometheus_registry_and_log():
         e.raw.zero_()
         e.add("B", prompt[:2 * BLOCK] + list(range(500, 510)))
         e.run()
+        flush(e)
         for d in e.stats[seen:]:
             prom.observe(d, 0)
         for d in e.stats:
@@ -75,6 +85,7 @@ def test_a_failed_load_is_counted_by_cause():
     try:
         prom = _fresh_prom(e)
         _lost_block_run(e)
+        flush(e)
         for d in e.stats:
             prom.observe(d, 0)
         assert value("vllm:kvbm_failed_blocks_total", cause="load") == 1
