@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/memavail"
 )
@@ -116,5 +117,40 @@ func oomChild(t *testing.T) {
 		requireOutOfMemory(t, err, size, "")
 		require.Less(t, time.Since(start), 5*time.Second, name)
 		t.Logf("%s: %v", name, err)
+	}
+}
+
+// Only memory that cannot fit is the driver's out of memory: a memavail
+// refusal (its ErrInsufficient still wrapped) or ENOMEM making the pages
+// resident; any other failure to populate keeps its own error and kind.
+func TestOnlyOutOfMemoryIsReportedAsOutOfMemory(t *testing.T) {
+	drv := cuda.NewEmulated(1)
+	defer drv.Close()
+	defer func(prev func([]byte, int) error) { populate = prev }(populate)
+	for _, errno := range []syscall.Errno{syscall.ENOMEM, syscall.EFAULT, syscall.EIO} {
+		populate = func(b []byte, _ int) error { return fmt.Errorf("make %d bytes resident: %w", len(b), errno) }
+		_, err := AllocShared(drv, 0, 4<<20, true)
+		require.ErrorIs(t, err, errno)
+		if errno == syscall.ENOMEM {
+			require.Truef(t, cuda.IsCode(err, cuda.ErrCodeOutOfMemory), "%v", err)
+			require.Equal(t, kvbmerr.CUDA, kvbmerr.KindOf(err), "%v", err)
+			continue
+		}
+		require.Falsef(t, cuda.IsCode(err, cuda.ErrCodeOutOfMemory), "%v is not out of memory", errno)
+		require.Equal(t, kvbmerr.IO, kvbmerr.KindOf(err), "%v", err)
+		require.ErrorContains(t, err, errno.Error())
+	}
+	populate = populateResident
+
+	reading := memavail.Reading{MemTotal: 24 * gib, MemAvailable: 1 * gib} // all kept free
+	defer memavail.Override(func() (memavail.Reading, error) { return reading, nil })()
+	for name, alloc := range map[string]func() (*Memory, error){
+		"AllocShared": func() (*Memory, error) { return AllocShared(drv, 0, 4<<20, true) },
+		"AllocSystem": func() (*Memory, error) { return AllocSystem(4 << 20) },
+	} {
+		_, err := alloc()
+		requireOutOfMemory(t, err, 4<<20, "0")
+		require.ErrorIs(t, err, memavail.ErrInsufficient, name)
+		require.Equal(t, kvbmerr.CUDA, kvbmerr.KindOf(err), "%s: %v", name, err)
 	}
 }
