@@ -12,9 +12,14 @@
 // ancestors that this process can see, the cgroup's limit less its usage
 // (cgroup v2 memory.max and memory.current, v1 memory.limit_in_bytes and
 // memory.usage_in_bytes; shared memory files are shmem and count there).
-// The usage leaves out the cgroup's inactive page cache (memory.stat's
-// inactive_file), which the kernel reclaims before it runs the OOM killer,
-// as the kubelet's working set does. Swap is not counted: host memory for
+// The usage leaves out the cgroup's page cache, active and inactive
+// (memory.stat's active_file and inactive_file, v1's total_active_file and
+// total_inactive_file): the kernel reclaims both before it runs the OOM
+// killer, and MemAvailable counts them available too. (The kubelet's
+// working set leaves out only inactive_file; a container that has just
+// read its model weights holds them as active page cache, and counting
+// that used would refuse a G2 that fits.) Dirty or locked file pages
+// cannot be dropped at once, but they are written back or few. Swap is not counted: host memory for
 // KV blocks in swap is worth nothing, and pinned memory cannot swap.
 package memavail
 
@@ -44,7 +49,7 @@ type Reading struct {
 	// "" where no cgroup limits this process (or none could be read).
 	Cgroup string
 	// CgroupLimit and CgroupUsage are that cgroup's limit and its usage
-	// less its inactive page cache, in bytes.
+	// less its page cache (active and inactive file pages), in bytes.
 	CgroupLimit, CgroupUsage uint64
 }
 
@@ -155,13 +160,13 @@ func meminfo(b []byte) map[string]uint64 {
 // the largest page-aligned int64, 9223372036854771712).
 const noLimit = 1 << 62
 
-// readCgroup reads one cgroup directory's limit and usage (less inactive
-// page cache), v2 files first, then v1's; ok is false where the directory
-// sets no limit.
+// readCgroup reads one cgroup directory's limit and usage (less page
+// cache, active and inactive), v2 files first, then v1's; ok is false
+// where the directory sets no limit.
 func readCgroup(dir string) (limit, usage uint64, ok bool) {
-	for _, v := range []struct{ limit, usage, inactive string }{
-		{"memory.max", "memory.current", "inactive_file"},
-		{"memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"},
+	for _, v := range []struct{ limit, usage, active, inactive string }{
+		{"memory.max", "memory.current", "active_file", "inactive_file"},
+		{"memory.limit_in_bytes", "memory.usage_in_bytes", "total_active_file", "total_inactive_file"},
 	} {
 		l, err := os.ReadFile(filepath.Join(dir, v.limit))
 		if err != nil {
@@ -184,7 +189,7 @@ func readCgroup(dir string) (limit, usage uint64, ok bool) {
 			return 0, 0, false
 		}
 		if st, err := os.ReadFile(filepath.Join(dir, "memory.stat")); err == nil {
-			usage -= min(usage, statField(st, v.inactive))
+			usage -= min(usage, statField(st, v.active)+statField(st, v.inactive))
 		}
 		return limit, usage, true
 	}
