@@ -33,6 +33,8 @@ import (
 	"strings"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvbm/kvbm/core/kvbmerr"
 )
 
@@ -333,13 +335,25 @@ func Override(fn func() (Reading, error)) (restore func()) {
 // available. The caller releases the grant once the memory is resident
 // (or freed): the kernel's figures count it from then on. Until then
 // other reservations of this process see it taken, so that two
-// allocations at once cannot each count the same free memory. Where the
-// kernel's figures cannot be read (no /proc), everything is granted.
+// allocations at once cannot each count the same free memory; and other
+// processes of this host wait (the host lock, lockHost) before they read
+// the kernel's figures, so that tensor-parallel ranks allocating G2 at
+// the same moment do not each count the same MemAvailable either. Where
+// the kernel's figures cannot be read (no /proc), everything is granted.
+//
+// The cost of the host lock: a process's reservation waits for another
+// process's allocations being made resident to end (seconds for tens of
+// GiB), and a process that always has one in progress holds the others
+// off meanwhile. Memory of a process that does not use this package (or
+// a kvbm whose lock file is elsewhere: another TMPDIR, no /dev/shm) is
+// not waited for.
 func Reserve(size uint64) (release func(), err error) {
+	unlockHost := lockHost()
 	mu.Lock()
 	defer mu.Unlock()
 	r, err := read()
 	if err != nil {
+		unlockHost()
 		return func() {}, nil
 	}
 	usable := r.Usable()
@@ -349,6 +363,7 @@ func Reserve(size uint64) (release func(), err error) {
 		if pending > 0 {
 			detail += fmt.Sprintf(", %d being allocated by this process", pending)
 		}
+		unlockHost()
 		return nil, fmt.Errorf("%w: %d bytes requested, %d available (%s)", ErrInsufficient, size, usable, detail)
 	}
 	pending += size
@@ -358,8 +373,65 @@ func Reserve(size uint64) (release func(), err error) {
 			mu.Lock()
 			pending -= size
 			mu.Unlock()
+			unlockHost()
 		})
 	}, nil
+}
+
+// LockName is the host lock's file, in /dev/shm (or os.TempDir() where
+// there is none): every process of the host that reserves memory shares
+// it, whatever its user (the file is left behind, world-writable).
+const LockName = "kvbm-memavail.lock"
+
+var (
+	hostMu      sync.Mutex
+	hostHolders int      // this process's reservations holding the host lock
+	hostFile    *os.File // open, and flocked, while hostHolders > 0
+)
+
+// lockHost takes the host lock for one reservation, waiting while another
+// process holds it, and returns its release. The reservations of this
+// process share one lock (the in-process accounting keeps them apart):
+// the flock is taken by the first and let go by the last. Where the lock
+// file cannot be opened or locked, it locks nothing.
+func lockHost() (unlock func()) {
+	hostMu.Lock()
+	defer hostMu.Unlock()
+	if hostHolders == 0 {
+		hostFile = openHostLock()
+	}
+	hostHolders++
+	return func() {
+		hostMu.Lock()
+		defer hostMu.Unlock()
+		if hostHolders--; hostHolders == 0 && hostFile != nil {
+			hostFile.Close() // lets the flock go
+			hostFile = nil
+		}
+	}
+}
+
+func openHostLock() *os.File {
+	dir := "/dev/shm"
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		dir = os.TempDir()
+	}
+	f, err := os.OpenFile(filepath.Join(dir, LockName), os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		return nil
+	}
+	_ = f.Chmod(0o666) // for other users' processes too, whatever the umask (fails if not ours: fine)
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil
+	}
+	return f
 }
 
 // Check is Reserve for memory that is not made resident now (lazily
