@@ -84,10 +84,10 @@ func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 // AllocShared's are (internal/memavail), until release.
 func checkSpace(dir string, size uint64) (release func(), err error) {
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
+	if err := statfs(dir, &st); err != nil {
 		return nil, fmt.Errorf("create disk layout in %q: %w", dir, err)
 	}
-	if free := st.Bavail * uint64(st.Bsize); size > free {
+	if free := availBytes(&st); size > free {
 		return nil, fmt.Errorf("create disk layout in %q: %d bytes requested, %d free: %w", dir, size, free, syscall.ENOSPC)
 	}
 	if st.Type != tmpfsMagic {
@@ -106,10 +106,26 @@ const tmpfsMagic = 0x01021994 // TMPFS_MAGIC
 // user.
 func freeBytes(dir string) (uint64, bool) {
 	var st syscall.Statfs_t
-	if syscall.Statfs(dir, &st) != nil {
+	if statfs(dir, &st) != nil {
 		return 0, false
 	}
-	return st.Bavail * uint64(st.Bsize), true
+	return availBytes(&st), true
+}
+
+// statfs is syscall.Statfs; tests give other figures.
+var statfs = syscall.Statfs
+
+// availBytes is the space statfs says an unprivileged user may still
+// write: Bavail counts fragments of Frsize bytes, as statvfs's f_bavail
+// does, and Bsize is only the preferred I/O size (a filesystem may say
+// 1 MiB there while its blocks are 4 KiB). Frsize 0 (a kernel before
+// 2.6) means Bsize.
+func availBytes(st *syscall.Statfs_t) uint64 {
+	unit := uint64(st.Frsize)
+	if unit == 0 {
+		unit = uint64(st.Bsize)
+	}
+	return st.Bavail * unit
 }
 
 // reserve allocates the file's blocks so that a full disk fails now, not in

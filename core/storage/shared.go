@@ -64,7 +64,11 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 	if err := populate(b, node); err != nil {
 		_ = hugepage.Unmap(b)
 		f.Close()
-		return nil, outOfMemory(fmt.Sprintf("allocate %d bytes of shared host memory", size), err)
+		op := fmt.Sprintf("allocate %d bytes of shared host memory", size)
+		if errors.Is(err, unix.ENOMEM) {
+			return nil, outOfMemory(op, err)
+		}
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	m := &Memory{kind: System, device: -1, addr: addrOf(b), size: size, file: f}
 	unmap := func() error { return errors.Join(hugepage.Unmap(b), f.Close()) }
@@ -81,18 +85,34 @@ func AllocShared(drv cuda.Driver, device int, size uint64, pinned bool) (*Memory
 	return m, nil
 }
 
-// outOfMemory is err, host memory that could not be made resident, as the
-// driver's out of memory: what cuMemHostAlloc gives for pinned memory (a
-// KVBM_ERR_CUDA through the C ABI).
+// outOfMemory is err, host memory that could not be made resident (a
+// memavail refusal, ENOMEM), as the driver's out of memory: what
+// cuMemHostAlloc gives for pinned memory (a KVBM_ERR_CUDA through the C
+// ABI). It still wraps err: errors.Is(…, memavail.ErrInsufficient) and
+// errors.Is(…, syscall.ENOMEM) hold.
 func outOfMemory(op string, err error) error {
-	return cuda.NewError(op, cuda.ErrCodeOutOfMemory, err.Error())
+	return &hostOutOfMemory{drv: cuda.NewError(op, cuda.ErrCodeOutOfMemory, err.Error()), cause: err}
 }
 
-// populate makes every page resident now, as cuMemHostAlloc does, so that
+// hostOutOfMemory is a *cuda.Error (its message and kind, CUDA) that also
+// wraps the refusal it stands for.
+type hostOutOfMemory struct {
+	drv   *cuda.Error
+	cause error
+}
+
+func (e *hostOutOfMemory) Error() string      { return e.drv.Error() }
+func (e *hostOutOfMemory) Kind() kvbmerr.Kind { return e.drv.Kind() }
+func (e *hostOutOfMemory) Unwrap() []error    { return []error{e.drv, e.cause} }
+
+// populate is populateResident; tests make it fail.
+var populate = populateResident
+
+// populateResident makes every page resident now, as cuMemHostAlloc does, so that
 // no copy into the memory later takes page faults: on NUMA node node when
 // it is known (mbind MPOL_PREFERRED before the pages exist), as huge pages
 // where the kernel gives them (hugepage.Populate).
-func populate(b []byte, node int) error {
+func populateResident(b []byte, node int) error {
 	if node >= 0 && node < 64 {
 		mask := uint64(1) << node
 		_, _, _ = unix.Syscall6(unix.SYS_MBIND, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),

@@ -103,7 +103,7 @@ func TestDiskFileLargerThanTheFreeSpaceIsRefused(t *testing.T) {
 	dir := t.TempDir()
 	var st syscall.Statfs_t
 	require.NoError(t, syscall.Statfs(dir, &st))
-	free := st.Bavail * uint64(st.Bsize)
+	free := availBytes(&st)
 	_, err := CreateDiskFile(dir, free+1<<40)
 	require.ErrorIs(t, err, syscall.ENOSPC)
 	require.ErrorContains(t, err, fmt.Sprintf("%d bytes requested, ", free+1<<40))
@@ -111,6 +111,30 @@ func TestDiskFileLargerThanTheFreeSpaceIsRefused(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Empty(t, entries, "no file is left behind")
+}
+
+// The free space is Bavail fragments of Frsize bytes, as statvfs counts
+// it, not of Bsize (the preferred I/O size, here 256 times larger): a
+// layout that fits the fragments' count fits, one byte more is refused.
+// Frsize 0 falls back to Bsize.
+func TestDiskFreeSpaceCountsFragments(t *testing.T) {
+	fake := syscall.Statfs_t{Bsize: 1 << 20, Frsize: 4096, Bavail: 1000}
+	defer func(prev func(string, *syscall.Statfs_t) error) { statfs = prev }(statfs)
+	statfs = func(_ string, st *syscall.Statfs_t) error { *st = fake; return nil }
+	dir := t.TempDir()
+	free, ok := freeBytes(dir)
+	require.True(t, ok)
+	require.Equal(t, uint64(1000*4096), free)
+	_, err := CreateDiskFile(dir, 1000*4096+1)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.ErrorContains(t, err, fmt.Sprintf("%d bytes requested, %d free", 1000*4096+1, 1000*4096))
+	f, err := CreateDiskFile(dir, 1000*4096)
+	require.NoError(t, err, "what the fragments hold fits")
+	require.NoError(t, f.Close())
+
+	fake.Frsize = 0
+	free, _ = freeBytes(dir)
+	require.Equal(t, uint64(1000<<20), free, "no Frsize: Bsize")
 }
 
 // A disk layout on tmpfs is memory (shmem): it is refused as host memory

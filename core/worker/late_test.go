@@ -34,8 +34,21 @@ type lateCase struct {
 const latePushEnv = "KVBM_TEST_LATE_PUSH"
 
 // lateWait is how long a test without the exporter's count waits for
-// its late answer.
+// its late answer. UCX's operations are one-sided: the exporter's process
+// takes no part in them that it could count (its UCX worker's progress
+// moves the bytes, and UCX reports nothing on the target side), so the
+// test can only wait until the exporter answers on stdin again — it runs
+// — and then some.
 const lateWait = time.Second
+
+// Only the operation the exporter is frozen for has a short deadline (the
+// transfer's, Options.Deadline): connecting, the hellos and whatever runs
+// after SIGCONT have the generous remote deadline, so that a loaded
+// machine (2 cores, -race) does not time them out.
+const (
+	frozenDeadline   = 300 * time.Millisecond
+	generousDeadline = 30 * time.Second
+)
 
 func lateCases(t *testing.T) []lateCase {
 	overTCP := func(*testing.T) remote.Transport { return tcp.New(tcp.Config{Listen: "127.0.0.1:0"}) }
@@ -60,6 +73,15 @@ func lateCases(t *testing.T) []lateCase {
 		}})
 }
 
+// ping waits until the exporter answers on stdin.
+func (e *exporter) ping(t *testing.T) {
+	t.Helper()
+	_, err := fmt.Fprintln(e.stdin, "ping")
+	require.NoError(t, err)
+	require.True(t, e.out.Scan())
+	require.Equal(t, "pong", e.out.Text())
+}
+
 func (e *exporter) served(t *testing.T) uint64 {
 	t.Helper()
 	_, err := fmt.Fprintln(e.stdin, "served")
@@ -76,6 +98,7 @@ func (e *exporter) served(t *testing.T) uint64 {
 func (e *exporter) awaitLate(t *testing.T, c lateCase, before uint64) {
 	t.Helper()
 	if !c.counted {
+		e.ping(t) // it runs again
 		time.Sleep(lateWait)
 		return
 	}
@@ -84,7 +107,7 @@ func (e *exporter) awaitLate(t *testing.T, c lateCase, before uint64) {
 	time.Sleep(50 * time.Millisecond) // and whatever that answer sets off lands
 }
 
-// Once a pull's notification completes — here failed, at the deadline,
+// Once a pull's notification completes — here failed, at its deadline,
 // the exporter frozen (SIGSTOP) before it answered — no byte of it lands
 // in the destination blocks: the test reuses them at once, then lets the
 // exporter run, waits until it has answered the pull it was frozen
@@ -98,8 +121,7 @@ func TestNoByteOfAFailedPullLandsAfterItCompletes(t *testing.T) {
 	for _, c := range lateCases(t) {
 		t.Run(c.name, func(t *testing.T) {
 			exp := startExporter(t, 0xA, c.env...)
-			const deadline = 300 * time.Millisecond
-			dec := decodeWorkerOn(t, deadline, c.network(t))
+			dec := decodeWorkerOn(t, generousDeadline, c.network(t))
 			for _, src := range []Tier{G1, G2} {
 				for _, dst := range []Tier{G2, G1} {
 					require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
@@ -112,10 +134,10 @@ func TestNoByteOfAFailedPullLandsAfterItCompletes(t *testing.T) {
 					}
 					exp.signal(t, syscall.SIGSTOP)
 					srcIDs, dstIDs := []int{3, 0, 15, 7}, []int{1, 9, 4, 12}
-					n, err := dec.ExecuteRemoteOnboardForInstance(7, src, srcIDs, dst, dstIDs, transfer.Options{})
+					n, err := dec.ExecuteRemoteOnboardForInstance(7, src, srcIDs, dst, dstIDs, transfer.Options{Deadline: frozenDeadline})
 					require.NoError(t, err)
 					err = n.WaitTimeout(-1)
-					require.ErrorIs(t, err, transfer.ErrTimeout, "%v -> %v", src, dst)
+					require.ErrorIs(t, err, transfer.ErrCanceled, "%v -> %v: its deadline passed", src, dst)
 					require.Equal(t, []int{1, 4, 9, 12}, n.FailedBlocks())
 					// The engine reuses the failed blocks at once.
 					for _, b := range dstIDs {
@@ -158,8 +180,7 @@ func TestAFailedPushIsNotAppliedLate(t *testing.T) {
 					c.name, ucx.ErrLateWrites, latePushEnv)
 			}
 			exp := startExporter(t, 0xA, c.env...)
-			const deadline = 300 * time.Millisecond
-			dec := decodeWorkerOn(t, deadline, c.network(t))
+			dec := decodeWorkerOn(t, generousDeadline, c.network(t))
 			for _, dst := range []Tier{G2, G1} {
 				for _, src := range []Tier{G2, G1} {
 					require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
@@ -173,10 +194,10 @@ func TestAFailedPushIsNotAppliedLate(t *testing.T) {
 						before = exp.served(t)
 					}
 					exp.signal(t, syscall.SIGSTOP)
-					n, err := dec.ExecuteRemoteOffload(src, srcIDs, RemoteLayout(h, dstIDs), transfer.Options{})
+					n, err := dec.ExecuteRemoteOffload(src, srcIDs, RemoteLayout(h, dstIDs), transfer.Options{Deadline: frozenDeadline})
 					require.NoError(t, err)
 					err = n.WaitTimeout(-1)
-					require.ErrorIs(t, err, transfer.ErrTimeout, "%v -> %v", src, dst)
+					require.ErrorIs(t, err, transfer.ErrCanceled, "%v -> %v: its deadline passed", src, dst)
 					require.Equal(t, []int{6, 11}, n.FailedBlocks())
 					for _, b := range srcIDs { // the engine reuses its source blocks at once
 						dec.write(t, src, b, pattern(size, 0xBEEF))
@@ -186,6 +207,67 @@ func TestAFailedPushIsNotAppliedLate(t *testing.T) {
 					for b := range exporterBlocks {
 						exp.check(t, dst, b, uint64(dst)<<8|uint64(b))
 					}
+				}
+			}
+		})
+	}
+}
+
+// A push larger than both sockets' buffers together is not applied late
+// either, at either give-up (the transfer's deadline, or the remote
+// deadline of the operation): a pusher that closed its connection
+// normally would send its FIN after the bytes it had not sent yet, and the
+// frozen exporter, run again, would read megabytes into its layout before
+// it saw the close; the pusher resets the connection instead, and the
+// exporter reads a block of 18 MiB in chunks, looking for the reset
+// between them. A push of one block of 18 MiB, into the exporter's host (G2: straight into the layout)
+// and device (G1: staged) tiers; every byte of the exporter's tier is
+// checked after its late answer.
+func TestAFailedLargePushIsNotAppliedLate(t *testing.T) {
+	cfg := bigConfig()
+	size := cfg.BlockSize()
+	require.Greater(t, size, 16<<20)
+	for _, giveUp := range []struct {
+		name     string
+		remote   time.Duration // the decode worker's remote deadline
+		opts     transfer.Options
+		wantErr  error
+		connects int // tries to connect: a short remote deadline may time out a connection on a loaded machine
+	}{
+		{"the transfer's deadline", generousDeadline, transfer.Options{Deadline: frozenDeadline}, transfer.ErrCanceled, 1},
+		{"the remote deadline", time.Second, transfer.Options{}, transfer.ErrTimeout, 10},
+	} {
+		t.Run(giveUp.name, func(t *testing.T) {
+			exp := startExporter(t, 0xA, "KVBM_SAME_HOST=0", exporterLayoutEnv+"=big")
+			dec := decodeWorkerOf(t, giveUp.remote, tcp.New(tcp.Config{Listen: "127.0.0.1:0"}), cfg)
+			srcIDs, dstIDs := []int{0}, []int{1}
+			for _, dst := range []Tier{G2, G1} {
+				var err error
+				for range giveUp.connects {
+					if err = dec.ConnectRemote(7, [][]byte{exp.metadata}); err == nil {
+						break
+					}
+					require.ErrorIs(t, err, transfer.ErrTimeout)
+				}
+				require.NoError(t, err)
+				h := requireRemote(t, dec, 7, dst)
+				for i, b := range srcIDs {
+					dec.write(t, G2, b, pattern(size, 0x5000+uint64(i)))
+				}
+				before := exp.served(t)
+				exp.signal(t, syscall.SIGSTOP)
+				n, err := dec.ExecuteRemoteOffload(G2, srcIDs, RemoteLayout(h, dstIDs), giveUp.opts)
+				require.NoError(t, err)
+				err = n.WaitTimeout(-1)
+				require.ErrorIs(t, err, giveUp.wantErr, "G2 -> %v", dst)
+				require.Equal(t, []int{1}, n.FailedBlocks())
+				for _, b := range srcIDs { // the engine reuses its source blocks at once
+					dec.write(t, G2, b, pattern(size, 0xBEEF))
+				}
+				exp.signal(t, syscall.SIGCONT)
+				exp.awaitLate(t, lateCase{counted: true}, before)
+				for b := range cfg.NumBlocks {
+					exp.check(t, dst, b, uint64(dst)<<8|uint64(b))
 				}
 			}
 		})

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/remote/ucx"
@@ -31,6 +32,27 @@ const exporterEnv = "KVBM_TEST_EXPORTER"
 
 // exporterBlocks is the number of blocks of the exporter's G1 and G2.
 const exporterBlocks = 16
+
+// exporterLayoutEnv, set to "big", gives the exporter (and a decode
+// worker made with bigConfig) bigConfig's layout instead of
+// testConfig(exporterBlocks)'s.
+const exporterLayoutEnv = "KVBM_TEST_EXPORTER_LAYOUT"
+
+// bigConfig is a layout of 2 blocks of 18 MiB: one block's request is
+// larger than both sockets' buffers together.
+func bigConfig() layout.Config {
+	c := testConfig(2)
+	c.InnerDim = 3 << 17
+	return c
+}
+
+// exporterConfig is the exporter process's layout.
+func exporterConfig() layout.Config {
+	if os.Getenv(exporterLayoutEnv) == "big" {
+		return bigConfig()
+	}
+	return testConfig(exporterBlocks)
+}
 
 // TestExporterProcess is the helper process: a worker with G1 (device,
 // layer-separate) and G2 (pinned) filled with pattern(…, tier<<8|block),
@@ -54,18 +76,19 @@ func TestExporterProcess(t *testing.T) {
 		serveBench(t, w, drv)
 		return
 	}
-	_, err = w.AllocateG2(testConfig(exporterBlocks), transfer.FullyContiguous)
+	cfg := exporterConfig()
+	_, err = w.AllocateG2(cfg, transfer.FullyContiguous)
 	require.NoError(t, err)
-	mems := registerEngineG1(t, w, drv, exporterBlocks)
+	mems := registerEngineG1Of(t, w, drv, cfg)
 	defer func() {
 		for _, m := range mems {
 			m.Close()
 		}
 	}()
 	tw := &testWorker{PhysicalWorker: w}
-	size := testConfig(1).BlockSize()
+	size := cfg.BlockSize()
 	for _, tier := range []Tier{G1, G2} {
-		for b := range exporterBlocks {
+		for b := range cfg.NumBlocks {
 			tw.write(t, tier, b, pattern(size, uint64(tier)<<8|uint64(b)))
 		}
 	}
@@ -77,6 +100,10 @@ func TestExporterProcess(t *testing.T) {
 		f := strings.Fields(in.Text())
 		if len(f) == 0 || f[0] == "exit" {
 			return
+		}
+		if f[0] == "ping" {
+			fmt.Println("pong")
+			continue
 		}
 		if f[0] == "served" { // how many requests the TCP server answered so far
 			tr, ok := network.(*tcp.Transport)
@@ -174,14 +201,20 @@ func decodeWorker(t *testing.T, deadline time.Duration) *testWorker {
 
 func decodeWorkerOn(t *testing.T, deadline time.Duration, network remote.Transport) *testWorker {
 	t.Helper()
+	return decodeWorkerOf(t, deadline, network, testConfig(exporterBlocks))
+}
+
+// decodeWorkerOf is decodeWorkerOn with G1 and G2 of layout cfg.
+func decodeWorkerOf(t *testing.T, deadline time.Duration, network remote.Transport, cfg layout.Config) *testWorker {
+	t.Helper()
 	drv := newDriver(t)
 	w, err := NewStandalone(StandaloneConfig{WorkerID: 0xDEC, Driver: drv, Loopback: remote.NewLoopback(),
 		Network: network, RemoteDeadline: deadline})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
-	_, err = w.AllocateG2(testConfig(exporterBlocks), transfer.FullyContiguous)
+	_, err = w.AllocateG2(cfg, transfer.FullyContiguous)
 	require.NoError(t, err)
-	mems := registerEngineG1(t, w, drv, exporterBlocks)
+	mems := registerEngineG1Of(t, w, drv, cfg)
 	t.Cleanup(func() {
 		for _, m := range mems {
 			m.Close()

@@ -78,7 +78,12 @@ func (w *testWorker) read(t *testing.T, tier Tier, id int) []byte {
 // frees the memory after the worker closes.
 func registerEngineG1(t *testing.T, w *PhysicalWorker, drv cuda.Driver, blocks int) []*storage.Memory {
 	t.Helper()
-	cfg := testConfig(blocks)
+	return registerEngineG1Of(t, w, drv, testConfig(blocks))
+}
+
+// registerEngineG1Of is registerEngineG1 of layout cfg.
+func registerEngineG1Of(t *testing.T, w *PhysicalWorker, drv cuda.Driver, cfg layout.Config) []*storage.Memory {
+	t.Helper()
 	sizes, err := layout.RegionSizes(cfg, lsSecond.Kind, lsSecond.BlockDim)
 	require.NoError(t, err)
 	var mems []*storage.Memory

@@ -12,9 +12,14 @@
 // ancestors that this process can see, the cgroup's limit less its usage
 // (cgroup v2 memory.max and memory.current, v1 memory.limit_in_bytes and
 // memory.usage_in_bytes; shared memory files are shmem and count there).
-// The usage leaves out the cgroup's inactive page cache (memory.stat's
-// inactive_file), which the kernel reclaims before it runs the OOM killer,
-// as the kubelet's working set does. Swap is not counted: host memory for
+// The usage leaves out the cgroup's page cache, active and inactive
+// (memory.stat's active_file and inactive_file, v1's total_active_file and
+// total_inactive_file): the kernel reclaims both before it runs the OOM
+// killer, and MemAvailable counts them available too. (The kubelet's
+// working set leaves out only inactive_file; a container that has just
+// read its model weights holds them as active page cache, and counting
+// that used would refuse a G2 that fits.) Dirty or locked file pages
+// cannot be dropped at once, but they are written back or few. Swap is not counted: host memory for
 // KV blocks in swap is worth nothing, and pinned memory cannot swap.
 package memavail
 
@@ -27,6 +32,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvbm/kvbm/core/kvbmerr"
 )
@@ -44,7 +51,7 @@ type Reading struct {
 	// "" where no cgroup limits this process (or none could be read).
 	Cgroup string
 	// CgroupLimit and CgroupUsage are that cgroup's limit and its usage
-	// less its inactive page cache, in bytes.
+	// less its page cache (active and inactive file pages), in bytes.
 	CgroupLimit, CgroupUsage uint64
 }
 
@@ -155,13 +162,13 @@ func meminfo(b []byte) map[string]uint64 {
 // the largest page-aligned int64, 9223372036854771712).
 const noLimit = 1 << 62
 
-// readCgroup reads one cgroup directory's limit and usage (less inactive
-// page cache), v2 files first, then v1's; ok is false where the directory
-// sets no limit.
+// readCgroup reads one cgroup directory's limit and usage (less page
+// cache, active and inactive), v2 files first, then v1's; ok is false
+// where the directory sets no limit.
 func readCgroup(dir string) (limit, usage uint64, ok bool) {
-	for _, v := range []struct{ limit, usage, inactive string }{
-		{"memory.max", "memory.current", "inactive_file"},
-		{"memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"},
+	for _, v := range []struct{ limit, usage, active, inactive string }{
+		{"memory.max", "memory.current", "active_file", "inactive_file"},
+		{"memory.limit_in_bytes", "memory.usage_in_bytes", "total_active_file", "total_inactive_file"},
 	} {
 		l, err := os.ReadFile(filepath.Join(dir, v.limit))
 		if err != nil {
@@ -184,7 +191,7 @@ func readCgroup(dir string) (limit, usage uint64, ok bool) {
 			return 0, 0, false
 		}
 		if st, err := os.ReadFile(filepath.Join(dir, "memory.stat")); err == nil {
-			usage -= min(usage, statField(st, v.inactive))
+			usage -= min(usage, statField(st, v.active)+statField(st, v.inactive))
 		}
 		return limit, usage, true
 	}
@@ -328,13 +335,25 @@ func Override(fn func() (Reading, error)) (restore func()) {
 // available. The caller releases the grant once the memory is resident
 // (or freed): the kernel's figures count it from then on. Until then
 // other reservations of this process see it taken, so that two
-// allocations at once cannot each count the same free memory. Where the
-// kernel's figures cannot be read (no /proc), everything is granted.
+// allocations at once cannot each count the same free memory; and other
+// processes of this host wait (the host lock, lockHost) before they read
+// the kernel's figures, so that tensor-parallel ranks allocating G2 at
+// the same moment do not each count the same MemAvailable either. Where
+// the kernel's figures cannot be read (no /proc), everything is granted.
+//
+// The cost of the host lock: a process's reservation waits for another
+// process's allocations being made resident to end (seconds for tens of
+// GiB), and a process that always has one in progress holds the others
+// off meanwhile. Memory of a process that does not use this package (or
+// a kvbm whose lock file is elsewhere: another TMPDIR, no /dev/shm) is
+// not waited for.
 func Reserve(size uint64) (release func(), err error) {
+	unlockHost := lockHost()
 	mu.Lock()
 	defer mu.Unlock()
 	r, err := read()
 	if err != nil {
+		unlockHost()
 		return func() {}, nil
 	}
 	usable := r.Usable()
@@ -344,6 +363,7 @@ func Reserve(size uint64) (release func(), err error) {
 		if pending > 0 {
 			detail += fmt.Sprintf(", %d being allocated by this process", pending)
 		}
+		unlockHost()
 		return nil, fmt.Errorf("%w: %d bytes requested, %d available (%s)", ErrInsufficient, size, usable, detail)
 	}
 	pending += size
@@ -353,8 +373,65 @@ func Reserve(size uint64) (release func(), err error) {
 			mu.Lock()
 			pending -= size
 			mu.Unlock()
+			unlockHost()
 		})
 	}, nil
+}
+
+// LockName is the host lock's file, in /dev/shm (or os.TempDir() where
+// there is none): every process of the host that reserves memory shares
+// it, whatever its user (the file is left behind, world-writable).
+const LockName = "kvbm-memavail.lock"
+
+var (
+	hostMu      sync.Mutex
+	hostHolders int      // this process's reservations holding the host lock
+	hostFile    *os.File // open, and flocked, while hostHolders > 0
+)
+
+// lockHost takes the host lock for one reservation, waiting while another
+// process holds it, and returns its release. The reservations of this
+// process share one lock (the in-process accounting keeps them apart):
+// the flock is taken by the first and let go by the last. Where the lock
+// file cannot be opened or locked, it locks nothing.
+func lockHost() (unlock func()) {
+	hostMu.Lock()
+	defer hostMu.Unlock()
+	if hostHolders == 0 {
+		hostFile = openHostLock()
+	}
+	hostHolders++
+	return func() {
+		hostMu.Lock()
+		defer hostMu.Unlock()
+		if hostHolders--; hostHolders == 0 && hostFile != nil {
+			hostFile.Close() // lets the flock go
+			hostFile = nil
+		}
+	}
+}
+
+func openHostLock() *os.File {
+	dir := "/dev/shm"
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		dir = os.TempDir()
+	}
+	f, err := os.OpenFile(filepath.Join(dir, LockName), os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		return nil
+	}
+	_ = f.Chmod(0o666) // for other users' processes too, whatever the umask (fails if not ours: fine)
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil
+	}
+	return f
 }
 
 // Check is Reserve for memory that is not made resident now (lazily

@@ -62,15 +62,27 @@ func TestReadsTheTightestOfMemAvailableAndTheCgroups(t *testing.T) {
 		},
 		avail: 20 * gib,
 	}, {
-		name: "v2 limit below the host's, less inactive page cache",
+		name: "v2 limit below the host's, less page cache (active and inactive)",
 		files: map[string]string{
 			"proc/self/cgroup":                 "0::/a/b\n",
 			"proc/self/mountinfo":              v2Mount,
 			"sys/fs/cgroup/a/b/memory.max":     fmt.Sprint(8 * gib),
 			"sys/fs/cgroup/a/b/memory.current": fmt.Sprint(3 * gib),
-			"sys/fs/cgroup/a/b/memory.stat":    fmt.Sprintf("anon 5\nactive_file 7\ninactive_file %d\n", 1*gib),
+			"sys/fs/cgroup/a/b/memory.stat":    fmt.Sprintf("anon 5\nactive_file %d\ninactive_file %d\nactive_anon 7\n", gib/2, gib),
 		},
-		avail: 6 * gib, cgroup: "/sys/fs/cgroup/a/b", limit: 8 * gib, use: 2 * gib,
+		avail: 6*gib + gib/2, cgroup: "/sys/fs/cgroup/a/b", limit: 8 * gib, use: 3 * gib / 2,
+	}, {
+		// A container that read its model weights: its page cache is
+		// mostly active, reclaimed before the OOM killer runs.
+		name: "v2 active page cache is available",
+		files: map[string]string{
+			"proc/self/cgroup":               "0::/a\n",
+			"proc/self/mountinfo":            v2Mount,
+			"sys/fs/cgroup/a/memory.max":     fmt.Sprint(16 * gib),
+			"sys/fs/cgroup/a/memory.current": fmt.Sprint(15 * gib),
+			"sys/fs/cgroup/a/memory.stat":    fmt.Sprintf("anon %d\nfile %d\nactive_file %d\ninactive_file %d\n", 3*gib, 12*gib, 11*gib, gib),
+		},
+		avail: 13 * gib, cgroup: "/sys/fs/cgroup/a", limit: 16 * gib, use: 3 * gib,
 	}, {
 		name: "v2 the tightest ancestor counts",
 		files: map[string]string{
@@ -101,11 +113,11 @@ func TestReadsTheTightestOfMemAvailableAndTheCgroups(t *testing.T) {
 			"sys/fs/cgroup/memory/x/y/memory.usage_in_bytes": "100\n",
 			"sys/fs/cgroup/memory/x/memory.limit_in_bytes":   fmt.Sprint(10 * gib),
 			"sys/fs/cgroup/memory/x/memory.usage_in_bytes":   fmt.Sprint(3 * gib),
-			"sys/fs/cgroup/memory/x/memory.stat":             fmt.Sprintf("inactive_file 5\ntotal_inactive_file %d\n", gib),
+			"sys/fs/cgroup/memory/x/memory.stat":             fmt.Sprintf("active_file 3\ninactive_file 5\ntotal_active_file %d\ntotal_inactive_file %d\n", gib/2, gib),
 			"sys/fs/cgroup/memory/memory.limit_in_bytes":     "9223372036854771712\n",
 			"sys/fs/cgroup/memory/memory.usage_in_bytes":     "100\n",
 		},
-		avail: 8 * gib, cgroup: "/sys/fs/cgroup/memory/x", limit: 10 * gib, use: 2 * gib,
+		avail: 8*gib + gib/2, cgroup: "/sys/fs/cgroup/memory/x", limit: 10 * gib, use: 3 * gib / 2,
 	}, {
 		name: "v1 mount showing the container's own cgroup",
 		files: map[string]string{

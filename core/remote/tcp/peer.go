@@ -119,7 +119,7 @@ func (p *tcpPeer) do(ctx context.Context, h transfer.LayoutHandle, ops []transfe
 		if ctx.Err() == context.Canceled {
 			// The caller gave up (Cancel, a transfer deadline): this
 			// connection is out of step, the peer is not at fault.
-			p.drop(c)
+			p.abort(c)
 			return fmt.Errorf("peer %x: %w", p.worker, context.Cause(ctx))
 		}
 		return p.fail(c, ctx, err)
@@ -206,7 +206,7 @@ func (p *tcpPeer) fail(c *tcpConn, ctx context.Context, cause error) error {
 		p.broken = err
 	}
 	p.mu.Unlock()
-	p.drop(c)
+	p.abort(c)
 	p.closeIdle()
 	return err
 }
@@ -300,6 +300,24 @@ func (p *tcpPeer) put(c *tcpConn) {
 	p.idle <- c // never blocks: at most Conns connections exist
 }
 
+// abort resets a connection whose operation failed or was given up on and
+// frees its slot: a write's bytes still unsent here are discarded, and the
+// server sees the reset at once (a plain close would send its FIN after
+// those bytes, so that a server frozen meanwhile would read megabytes of
+// a write given up on into its layout before it saw the close).
+func (p *tcpPeer) abort(c *tcpConn) {
+	resetOnClose(c.c)
+	p.drop(c)
+}
+
+// resetOnClose makes closing c reset a TCP connection (SO_LINGER 0); a
+// Unix socket's peer sees a close at once anyway.
+func resetOnClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+}
+
 // drop closes a connection and frees its slot.
 func (p *tcpPeer) drop(c *tcpConn) {
 	p.mu.Lock()
@@ -341,7 +359,8 @@ func (p *tcpPeer) Close() error {
 	}
 	p.mu.Unlock()
 	for _, c := range open {
-		c.c.Close() // in-flight operations fail; their owners drop them
+		resetOnClose(c.c) // what is in flight is given up on
+		c.c.Close()       // in-flight operations fail; their owners drop them
 	}
 	p.closeIdle()
 	p.t.forget(p)

@@ -113,24 +113,30 @@ func (t *Transport) answer(c net.Conn, r io.Reader, q request) error {
 		// A write whose pusher gave up (its deadline passed, it was
 		// canceled) is not applied: its bytes may still be queued here,
 		// read late by a server that was frozen, and the blocks they are
-		// for may have been reused since. The pusher closes the connection
-		// before it reports the failure; the server looks for that before
-		// it moves the bytes into the layout, then every checkEvery bytes,
-		// and before staged bytes are copied to the device.
-		unchecked := uint64(0)
+		// for may have been reused since. The pusher resets the connection
+		// (abort: a close would queue its FIN behind the bytes still
+		// unsent) before it reports the failure; the server looks for that
+		// before it moves the bytes into the layout, then between reads of
+		// at most checkEvery bytes (a piece larger than that is read in
+		// chunks), and before staged bytes are copied to the device.
+		checked, unchecked := false, uint64(0)
 		err = t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
 			started = true
 			for _, p := range pieces {
-				if unchecked == 0 || unchecked >= checkEvery {
-					if peerClosed(c) {
-						return errPusherGaveUp
+				for len(p) > 0 {
+					if !checked || unchecked >= checkEvery {
+						if peerClosed(c) {
+							return errPusherGaveUp
+						}
+						checked, unchecked = true, 0
 					}
-					unchecked = 1
+					n := min(uint64(len(p)), checkEvery-unchecked)
+					if _, err := io.ReadFull(r, p[:n]); err != nil {
+						return err
+					}
+					unchecked += n
+					p = p[n:]
 				}
-				if _, err := io.ReadFull(r, p); err != nil {
-					return err
-				}
-				unchecked += uint64(len(p))
 			}
 			if peerClosed(c) {
 				return errPusherGaveUp
@@ -156,8 +162,11 @@ func (t *Transport) answer(c net.Conn, r io.Reader, q request) error {
 	return nil
 }
 
-// checkEvery is how many bytes of a write the server moves into the
-// layout between two looks at whether its pusher closed the connection.
+// checkEvery is the most bytes of a write the server moves into the
+// layout between two looks at whether its pusher closed the connection:
+// where the pusher gives up while the server reads, at most this much
+// more of the write lands after the pusher's failure (the bytes already
+// queued here stay readable after a reset).
 const checkEvery = 1 << 20
 
 var errPusherGaveUp = errors.New("the pusher closed the connection before the write's bytes were applied")
