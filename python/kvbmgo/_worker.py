@@ -66,7 +66,7 @@ class Worker(Handle):
         worker_id must be unique among the live workers of the process;
         disk_dir enables G3, object_dir the G4 object store: a directory,
         "file:///path" or "s3://bucket/prefix" (credentials from the AWS_*
-        variables; see the README). remote_deadline (seconds; default 30)
+        variables; see docs/data-plane.md). remote_deadline (seconds; default 30)
         bounds each operation on another process's memory: a dead, frozen or
         unreachable peer fails the transfer's blocks within it. The worker
         serves its layouts to other processes on the transport KVBM_TRANSPORT

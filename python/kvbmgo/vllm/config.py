@@ -15,7 +15,7 @@ _GiB = 1 << 30
 
 @dataclass(frozen=True)
 class KvbmConfig:
-    """The ``kv_connector_extra_config`` keys of KvbmConnector (README lists
+    """The ``kv_connector_extra_config`` keys of KvbmConnector (docs/vllm.md lists
     them). Sizes in blocks win over sizes in bytes."""
 
     #: G2 (pinned host memory) size: blocks, else bytes (default 4 GiB).
