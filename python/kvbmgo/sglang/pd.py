@@ -51,6 +51,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import secrets
 import threading
 import uuid
 from typing import Any, List, Optional, Tuple, Union
@@ -68,6 +69,7 @@ from .._memory import Buffer
 from .._worker import Worker
 from ..errors import KvbmError
 from . import pd_wire as wire
+from .pd_auth import Auth, load_key, warn_if_exposed
 from .pd_decode import DecodeSide, KvbmKVReceiver
 from .pd_prefill import KvbmKVSender, PrefillSide
 from .pd_wire import KvbmKVBootstrapServer, kv_groups
@@ -98,7 +100,13 @@ class KvbmKVManager(CommonKVManager):
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self.workers: List[Worker] = []
+        # The deployment key (KVBM_AUTH_KEY / KVBM_AUTH_KEY_FILE), read before
+        # any socket is made: a bad one refuses the manager.
+        self.auth = Auth(load_key(), self.token,
+                         "prefill" if disaggregation_mode == DisaggregationMode.PREFILL
+                         else "decode")
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+        warn_if_exposed(str(self.local_ip), self.auth.key)
         if self.defer_decode_allocation:
             self.server_socket.close(linger=0)
             raise ValueError("kvbm transfer backend: --disaggregation-decode-allocation-policy "
@@ -158,13 +166,17 @@ class KvbmKVManager(CommonKVManager):
                     len(self.aux))
 
     def _message_loop(self, handle: Any) -> None:
-        """Hands every message received to handle until the socket closes."""
+        """Hands every message received, authenticated (pd_auth), to
+        handle(frames, sender token or None) until the socket closes."""
         while True:
             msg = self._recv()
             if msg is None:
                 return
             try:
-                handle(msg)
+                opened = self.auth.open(msg)
+                if opened is None:
+                    continue  # refused (counted and logged)
+                handle(*opened)
             except Exception:  # noqa: BLE001 - one bad message must not stop the loop
                 logger.exception("kvbm transfer backend: dropping a malformed message %r",
                                  msg[:1])
@@ -231,6 +243,7 @@ class KvbmKVManager(CommonKVManager):
         # when shorter); a socket that timed out is dropped, as SGLang drops
         # one its monitor saw disconnect, so that the next message (the
         # failure SGLang reports) does not wait again.
+        frames = self.auth.sign(frames)
         sock = self._connect(tcp, is_ipv6=na.is_ipv6)
         with self._socket_send_locks[tcp]:
             if self._socket_cache.get(tcp) is not sock:
@@ -243,6 +256,11 @@ class KvbmKVManager(CommonKVManager):
             except zmq.Again:
                 self._drop_socket(tcp, sock)
                 raise
+
+    def _send_multipart_locked(self, endpoint: str, parts: List[bytes],
+                               is_ipv6: bool = False) -> None:
+        # SGLang's own messages (status, abort acknowledgements), signed.
+        super()._send_multipart_locked(endpoint, self.auth.sign(parts), is_ipv6=is_ipv6)
 
     def _drop_socket(self, endpoint: str, sock: Any) -> None:
         with self._socket_lock:
@@ -265,7 +283,12 @@ class KvbmKVManager(CommonKVManager):
     # ---- messages the common receiver sends (decode -> prefill)
 
     def build_receiver_registration_message(self) -> List[bytes]:
-        return wire.registration(self.local_ip, self.rank_port, self.token, self.signature)
+        # A fresh nonce per registration: the decode takes a KVBM_META only
+        # as the answer to one it sent.
+        nonce = secrets.token_hex(16)
+        self.side.expect_layouts(nonce)
+        return wire.registration(self.local_ip, self.rank_port, self.token, self.signature,
+                                 nonce)
 
     def build_receiver_metadata_message(self, *, bootstrap_room: int, required_dst_info_num: int,
                                         kv_indices: Any, aux_index: Optional[int],

@@ -97,6 +97,9 @@ class DecodeSide:
     def __init__(self, mgr: CommonKVManager) -> None:
         self.mgr = mgr  # a KvbmKVManager
         self.instances: Dict[str, Any] = {}  # prefill token -> instance id or why not
+        self.prefills: Dict[str, Tuple[str, int]] = {}  # prefill token -> its endpoint
+        self._nonces: Dict[str, None] = {}  # of the registrations sent (the newest 1024)
+        self._nonces_lock = threading.Lock()
         self._next_instance = itertools.count(1)
         self.rooms: Dict[int, _DecodeRoom] = {}
         self._rooms_lock = threading.Lock()
@@ -112,13 +115,36 @@ class DecodeSide:
 
     # ---- messages
 
-    def on_message(self, msg: List[bytes]) -> None:
+    def expect_layouts(self, nonce: str) -> None:
+        """A KVBM_REG with nonce goes out: a KVBM_META repeating it is taken."""
+        with self._nonces_lock:
+            self._nonces[nonce] = None
+            while len(self._nonces) > 1024:
+                del self._nonces[next(iter(self._nonces))]
+
+    def _from_room_prefill(self, msg: List[bytes], room: int, token: Optional[str],
+                           r: Optional[_DecodeRoom]) -> bool:
+        """Whether a message about room comes from a prefill rank the
+        bootstrap server assigned to it (token: the prefill's name)."""
+        if r is None:
+            return True  # not ours (any more): nothing to change
+        ep = self.prefills.get(token) if token is not None else None
+        if ep is not None and ep in r.targets:
+            return True
+        self.mgr.auth.refuse(msg, "not the room's prefill", f"prefill {(token or '?')[:8]} "
+                             f"({ep or 'never registered'}) is not one the bootstrap server "
+                             f"assigned to room {room}", f"token {(token or '?')[:8]}")
+        return False
+
+    def on_message(self, msg: List[bytes], sender: Optional[str] = None) -> None:
+        """One control message; sender: the token its authentication names
+        (None without a key), which must be the one the message names."""
         mgr = self.mgr
         tag = msg[0]
         if tag == wire.TAG_META:
-            self._on_layouts(msg)
+            self._on_layouts(msg, sender)
         elif tag == wire.TAG_PULL:
-            self._on_pull(msg)
+            self._on_pull(msg, sender)
         elif mgr.handle_abort_ack_message(msg):
             pass
         else:
@@ -128,16 +154,37 @@ class DecodeSide:
                                tag[:20])
                 return
             room, status, prefill_rank, reason = parsed
+            # SGLang's status message names no sender: with a key, the
+            # authenticated one must be the room's prefill.
+            if sender is not None and not self._from_room_prefill(msg, room, sender,
+                                                                  self.rooms.get(room)):
+                return
             mgr.apply_prefill_status(bootstrap_room=room, status=status,
                                      prefill_rank=prefill_rank, failure_reason=reason)
             if status == KVPoll.Failed:
                 self.fact(room, FactKind.FAILED, reason or mgr.DEFAULT_PREFILL_FAILURE_REASON)
 
-    def _on_layouts(self, msg: List[bytes]) -> None:
+    def _on_layouts(self, msg: List[bytes], sender: Optional[str]) -> None:
         mgr = self.mgr
-        token, sig, mds = wire.parse_layouts(msg)
+        token, sig, endpoint, nonce, mds = wire.parse_layouts(msg)
+        if sender is not None and sender != token:
+            mgr.auth.refuse(msg, "not its sender", f"it names prefill {token[:8]}, its "
+                            f"authentication {sender[:8]}", f"token {sender[:8]}")
+            return
+        with self._nonces_lock:
+            expected = nonce in self._nonces
+        if not expected:
+            mgr.auth.refuse(msg, "unexpected layouts", "it answers no registration this "
+                            "decode sent", f"{endpoint[0]}:{endpoint[1]} (claimed)")
+            return
         if isinstance(self.instances.get(token), int):
             return  # registered again (another receiver of the same prefill rank)
+        known = self.prefills.get(token)
+        if known is not None and known != endpoint:
+            mgr.auth.refuse(msg, "moved prefill", f"prefill {token[:8]} said it is at "
+                            f"{known[0]}:{known[1]}", f"{endpoint[0]}:{endpoint[1]} (claimed)")
+            return
+        self.prefills[token] = endpoint
         if sig != mgr.signature:
             self.instances[token] = (f"the prefill's KV/aux buffers {sig} differ from this "
                                      f"decode's {mgr.signature}")
@@ -155,11 +202,17 @@ class DecodeSide:
             return
         self.instances[token] = instance
 
-    def _on_pull(self, msg: List[bytes]) -> None:
+    def _on_pull(self, msg: List[bytes], sender: Optional[str]) -> None:
         room, token, start, src, last, aux_rows = wire.parse_pull(msg)
+        if sender is not None and sender != token:
+            self.mgr.auth.refuse(msg, "not its sender", f"it names prefill {token[:8]}, its "
+                                 f"authentication {sender[:8]}", f"token {sender[:8]}")
+            return
         r = self.rooms.get(room)
         if r is None:
             return  # cleared, or not ours any more
+        if not self._from_room_prefill(msg, room, token, r):
+            return  # changes nothing: the room's own prefill still hands it over
         h = r.handoff
         with h.lock:
             if h.complete:
@@ -277,8 +330,27 @@ class DecodeSide:
             ctypes.memmove(ptr + i * item, row, item)
 
 
+class _SigningSocket:
+    """SGLang's cached socket to a prefill rank, signing what it sends
+    (KVBM_REG, KVBM_ROOM, ABORT) under the manager's key."""
+
+    def __init__(self, sock: Any, auth: Any) -> None:
+        self._sock = sock
+        self._auth = auth
+
+    def send_multipart(self, frames: List[bytes], *args: Any, **kw: Any) -> Any:
+        return self._sock.send_multipart(self._auth.sign(frames), *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 class KvbmKVReceiver(CommonKVReceiver):
     """Decode side of one request."""
+
+    def _connect_to_bootstrap_server(self, bootstrap_info: dict) -> Tuple[Any, Any]:
+        sock, lock = super()._connect_to_bootstrap_server(bootstrap_info)
+        return _SigningSocket(sock, self.kv_mgr.auth), lock
 
     def init(self, prefill_dp_rank: int) -> None:
         super().init(prefill_dp_rank)

@@ -38,23 +38,54 @@ class PrefillSide:
         self.mgr = mgr  # a KvbmKVManager
         self.rooms: Dict[int, _PrefillRoom] = {}
 
-    def on_message(self, msg: List[bytes]) -> None:
+    def _refuse(self, msg: List[bytes], reason: str, why: str, peer: str) -> None:
+        self.mgr.auth.refuse(msg, reason, why, peer)
+
+    def on_message(self, msg: List[bytes], sender: Optional[str] = None) -> None:
+        """One control message; sender: the token its authentication names
+        (None without a key), which must be the one the message names."""
         mgr = self.mgr
         tag = msg[0]
         if tag == wire.TAG_REG:
-            ip, port, peer, sig = wire.parse_registration(msg)
+            ip, port, peer, sig, nonce = wire.parse_registration(msg)
+            if sender is not None and sender != peer:
+                self._refuse(msg, "not its sender", f"it names decode {peer[:8]}, its "
+                             f"authentication {sender[:8]}", f"{ip}:{port}")
+                return
+            known = mgr.decode_kv_args_table.get(peer)
+            if known is not None and (known["endpoint"], known["port"]) != (ip, port):
+                # Metadata goes only where the decode first said it listens.
+                self._refuse(msg, "moved registration", f"decode {peer[:8]} registered from "
+                             f"{known['endpoint']}:{known['port']} already", f"{ip}:{port}")
+                return
             mgr.decode_kv_args_table[peer] = {"endpoint": ip, "port": port, "signature": sig}
+            mds = [w.export_metadata() for w in mgr.workers]
             if sig != mgr.signature:
                 logger.error("kvbm transfer backend: decode %s:%s has KV/aux buffers %s, "
-                             "this prefill %s: its requests will fail", ip, port, sig,
-                             mgr.signature)
+                             "this prefill %s: its requests will fail (it gets no metadata)",
+                             ip, port, sig, mgr.signature)
+                mds = []  # the signature alone: the decode says why its requests fail
             mgr._send((ip, port), wire.layouts(mgr.token, mgr._prefill_unique_rank(),
-                                               mgr.signature,
-                                               [w.export_metadata() for w in mgr.workers]))
+                                               mgr.signature, str(mgr.local_ip),
+                                               int(mgr.rank_port), nonce, mds))
         elif tag == wire.TAG_ROOM:
             info = wire.TransferInfo.parse(msg)
             room = info.room
+            where = f"{info.endpoint}:{info.dst_port}"
+            if sender is not None and sender != info.peer:
+                self._refuse(msg, "not its sender", f"it names decode {info.peer[:8]}, its "
+                             f"authentication {sender[:8]}", where)
+                return
+            reg = mgr.decode_kv_args_table.get(info.peer)
+            if reg is None or (reg["endpoint"], reg["port"]) != (info.endpoint, info.dst_port):
+                self._refuse(msg, "unregistered decode", f"decode {info.peer[:8]} at {where} "
+                             f"did not register (KVBM_REG) from there", where)
+                return
             infos = mgr.transfer_infos.setdefault(room, {})
+            if info.peer not in infos and len(infos) >= max(1, info.required_dst_info_num):
+                self._refuse(msg, "room taken", f"room {room} has its "
+                             f"{len(infos)} decode rank(s) already", where)
+                return
             infos[info.peer] = info
             self.rooms.setdefault(room, _PrefillRoom())
             if len(infos) == info.required_dst_info_num:
@@ -64,7 +95,15 @@ class PrefillSide:
                 mgr.update_status(room, KVPoll.WaitingForInput)
         elif tag == wire.TAG_DONE:
             room, peer, status, reason = wire.parse_done(msg)
+            if sender is not None and sender != peer:
+                self._refuse(msg, "not its sender", f"it names decode {peer[:8]}, its "
+                             f"authentication {sender[:8]}", f"token {sender[:8]}")
+                return
             if room not in mgr.request_status:
+                return
+            if peer not in mgr.transfer_infos.get(room, {}):
+                self._refuse(msg, "not the room's decode", f"decode {peer[:8]} is not "
+                             f"registered for room {room}", f"token {peer[:8]}")
                 return
             if status != KVPoll.Success:
                 mgr.record_failure(room, f"decode {peer[:8]} gave up the pull: "
@@ -78,12 +117,35 @@ class PrefillSide:
             self._maybe_success(room)
         elif tag == ABORT_TAG:
             n = AbortNotification.from_zmq(msg)
+            if n is not None and not self._abort_from_its_decode(msg, n, sender):
+                return
             if n is not None and n.room in mgr.request_status and \
                     mgr.request_status[n.room] != KVPoll.Success:
                 mgr.record_failure(n.room, "Aborted by decode-side abort notification.")
                 mgr.update_status(n.room, KVPoll.Failed)
         else:
             logger.warning("kvbm transfer backend (prefill): unexpected message %r", tag[:20])
+
+    def _abort_from_its_decode(self, msg: List[bytes], n: AbortNotification,
+                               sender: Optional[str]) -> bool:
+        """Whether SGLang's ABORT n comes from a decode of its room: with a
+        key, the authenticated sender must be a registered decode (one of
+        the room's, once it has some); without one, the return address it
+        names must be one of the room's decodes (when it has some)."""
+        mgr = self.mgr
+        infos = mgr.transfer_infos.get(n.room) or {}
+        if sender is not None:
+            ok = sender in infos if infos else sender in mgr.decode_kv_args_table
+            peer = f"token {sender[:8]}"
+        else:
+            ok = not infos or n.decode_ip is None or any(
+                (i.endpoint, i.dst_port) == (n.decode_ip, n.decode_port)
+                for i in infos.values())
+            peer = f"{n.decode_ip}:{n.decode_port} (claimed)"
+        if not ok:
+            self._refuse(msg, "not the room's decode", f"it is not from a decode registered "
+                         f"for room {n.room}", peer)
+        return ok
 
     def _maybe_success(self, room: int) -> None:
         pr = self.rooms.get(room)

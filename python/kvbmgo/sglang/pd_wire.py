@@ -2,7 +2,8 @@
 layout both must agree on, the control messages, and the bootstrap server.
 
 Control messages (ZMQ multipart, on the managers' own sockets; ASCII
-integers, nothing unpickled)::
+integers, nothing unpickled; with KVBM_AUTH_KEY set, each followed by the
+authentication frames of ``pd_auth``)::
 
     decode -> prefill  KVBM_REG   once per prefill rank: who the decode is
     prefill -> decode  KVBM_META  reply: the prefill workers' kvbm metadata
@@ -82,14 +83,17 @@ def signature(groups: Sequence[KVGroup], aux_item_lens: Sequence[int]) -> str:
 
 # ---- decode -> prefill
 
-def registration(ip: str, port: int, token: str, sig: str) -> List[bytes]:
-    """KVBM_REG: the decode's endpoint, name and layout signature."""
-    return [TAG_REG, ip.encode("ascii"), _a(port), token.encode("ascii"), sig.encode()]
+def registration(ip: str, port: int, token: str, sig: str, nonce: str) -> List[bytes]:
+    """KVBM_REG: the decode's endpoint, name and layout signature, and a
+    nonce the prefill's KVBM_META reply repeats."""
+    return [TAG_REG, ip.encode("ascii"), _a(port), token.encode("ascii"), sig.encode(),
+            nonce.encode("ascii")]
 
 
-def parse_registration(msg: List[bytes]) -> Tuple[str, int, str, str]:
-    """(ip, port, token, signature) of a KVBM_REG."""
-    return msg[1].decode(), int(msg[2]), msg[3].decode(), msg[4].decode()
+def parse_registration(msg: List[bytes]) -> Tuple[str, int, str, str, str]:
+    """(ip, port, token, signature, nonce) of a KVBM_REG."""
+    return (msg[1].decode("ascii"), int(msg[2]), msg[3].decode("ascii"), msg[4].decode(),
+            msg[5].decode("ascii"))
 
 
 @dataclass
@@ -132,14 +136,19 @@ def parse_done(msg: List[bytes]) -> Tuple[int, str, int, str]:
 
 # ---- prefill -> decode
 
-def layouts(token: str, rank: int, sig: str, metadata: List[bytes]) -> List[bytes]:
-    """KVBM_META: the prefill's name, rank, signature and its workers' metadata."""
-    return [TAG_META, token.encode("ascii"), _a(rank), sig.encode()] + metadata
+def layouts(token: str, rank: int, sig: str, ip: str, port: int, nonce: str,
+            metadata: List[bytes]) -> List[bytes]:
+    """KVBM_META: the prefill's name, rank, signature, endpoint (the one it
+    registered with the bootstrap server), the nonce of the KVBM_REG it
+    answers, and its workers' metadata (none when the signatures differ)."""
+    return [TAG_META, token.encode("ascii"), _a(rank), sig.encode(), ip.encode("ascii"),
+            _a(port), nonce.encode("ascii")] + metadata
 
 
-def parse_layouts(msg: List[bytes]) -> Tuple[str, str, List[bytes]]:
-    """(prefill token, signature, metadata per worker) of a KVBM_META."""
-    return msg[1].decode(), msg[3].decode(), list(msg[4:])
+def parse_layouts(msg: List[bytes]) -> Tuple[str, str, Tuple[str, int], str, List[bytes]]:
+    """(prefill token, signature, endpoint, nonce, metadata per worker) of a KVBM_META."""
+    return (msg[1].decode("ascii"), msg[3].decode(), (msg[4].decode("ascii"), int(msg[5])),
+            msg[6].decode("ascii"), list(msg[7:]))
 
 
 def pull(room: int, token: str, rank: int, start: int, pages: np.ndarray, last: bool,
