@@ -565,3 +565,300 @@ def test_two_processes(prefill_process, server_args, monkeypatch):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ---- authentication of the control messages (KVBM_AUTH_KEY), forged frames
+
+KEY = "kvbm-test-deployment-key-0123456789abcdef"
+
+
+class Attacker:
+    """A pyzmq peer with network reach to both managers: it listens where
+    it asks the prefill to send metadata, and pushes forged frames."""
+
+    def __init__(self, key=None):
+        import uuid
+        import zmq
+        from kvbmgo.sglang.pd_auth import Auth
+        self.ctx = zmq.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.port = self.inbox.bind_to_random_port("tcp://127.0.0.1")
+        self.token = uuid.uuid4().hex
+        self.auth = Auth(key.encode() if key else None, self.token, "attacker")
+        self.socks = {}
+
+    def push(self, port, frames, sign=True):
+        import zmq
+        s = self.socks.get(port)
+        if s is None:
+            s = self.socks[port] = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(f"tcp://127.0.0.1:{port}")
+        s.send_multipart(self.auth.sign(frames) if sign else list(frames))
+
+    def received(self, wait=0.3):
+        import zmq
+        got = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < wait:
+            try:
+                got.append(self.inbox.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                time.sleep(0.02)
+        return got
+
+    def close(self):
+        for s in self.socks.values():
+            s.close(linger=0)
+        self.inbox.close(linger=0)
+        self.ctx.term()
+
+
+def started(p, room, dst, aux_row):
+    """A genuine request up to the point where the prefill may send."""
+    sender = p.sender(room)
+    recv = p.receiver(room)
+    recv.send_metadata(np.array(dst, np.int32), aux_row, [], decode_prefix_len=0)
+    wait_for(sender.poll, KVPoll.WaitingForInput, 10, "prefill")
+    return sender, recv
+
+
+def forged(p, a, room):
+    """Every forged control message of issue 21, aimed at room: a
+    registration (metadata to the attacker), a reservation for the room
+    (its page indices and aux row to the attacker), a release that fails it
+    (naming the genuine decode), and a hand-over that would make the decode
+    pull other pages and write a chosen aux row (naming the genuine prefill)."""
+    from kvbmgo.sglang import pd_wire as wire
+    pm, dm = p.pm, p.dm
+    return [
+        (pm.rank_port, wire.registration("127.0.0.1", a.port, a.token, pm.signature, "n")),
+        (pm.rank_port, wire.TransferInfo(room=room, endpoint="127.0.0.1", dst_port=a.port,
+                                         peer=a.token, num_pages=3, required_dst_info_num=1,
+                                         decode_prefix_len=0, is_dummy=False).frames()),
+        (pm.rank_port, wire.done(room, dm.token, KVPoll.Failed, "forged")),
+        (dm.rank_port, wire.pull(room, pm.token, 0, 0, np.array([0, 2, 4], np.int32), True,
+                                 [b"\xee" * n for n in AUX_ITEM_LENS])),
+    ]
+
+
+def finish_genuine(p, sender, recv, src, dst, aux_src, aux_dst):
+    prefill_send(sender, src, aux_src)
+    wait_for(recv.poll, KVPoll.Success, 10, "decode")
+    wait_for(sender.poll, KVPoll.Success, 10, "prefill")
+    check_bytes(p, src, dst, aux_src, aux_dst)
+
+
+def test_auth_key_genuine_handoff_every_byte(pair, monkeypatch):
+    """KVBM_AUTH_KEY on both sides: the hand-off passes byte for byte, every
+    frame authenticated, none refused."""
+    monkeypatch.setenv("KVBM_AUTH_KEY", KEY)
+    p = pair()
+    assert p.pm.auth.enabled and p.dm.auth.enabled
+    src, dst = [3, 7, 1, 9], [10, 2, 5, 0]
+    sender, recv = started(p, 2100, dst, 6)
+    finish_genuine(p, sender, recv, src, dst, 3, 6)
+    assert p.pm.auth.refused == {} and p.dm.auth.refused == {}
+
+
+def test_auth_key_file(pair, monkeypatch, tmp_path):
+    """The key from KVBM_AUTH_KEY_FILE works as KVBM_AUTH_KEY; a short key
+    or both variables refuse the manager."""
+    from kvbmgo.sglang.pd_auth import load_key
+    f = tmp_path / "key"
+    f.write_text(KEY + "\n")
+    f.chmod(0o600)
+    monkeypatch.setenv("KVBM_AUTH_KEY_FILE", str(f))
+    assert load_key() == KEY.encode()
+    p = pair()
+    sender, recv = started(p, 2101, [1, 2], 1)
+    finish_genuine(p, sender, recv, [4, 5], [1, 2], 0, 1)
+    monkeypatch.setenv("KVBM_AUTH_KEY", KEY)
+    with pytest.raises(ValueError, match="not both"):
+        load_key()
+    monkeypatch.delenv("KVBM_AUTH_KEY_FILE")
+    monkeypatch.setenv("KVBM_AUTH_KEY", "short")
+    with pytest.raises(ValueError, match="at least 16"):
+        load_key()
+
+
+@pytest.mark.parametrize("attacker_key", [None, "a-wrong-key-of-the-same-length-000000000"],
+                         ids=["no-key", "wrong-key"])
+def test_forged_frames_without_the_key_change_nothing(pair, monkeypatch, caplog, attacker_key):
+    """With the key on both sides, forged KVBM_REG/ROOM/DONE/PULL without it
+    (or under a wrong one) are refused: no metadata or reservation reaches
+    the attacker, the room is not failed, no page or aux row is written;
+    each refusal is logged once per peer; the genuine request completes."""
+    import logging
+    monkeypatch.setenv("KVBM_AUTH_KEY", KEY)
+    p = pair()
+    a = Attacker(attacker_key)
+    try:
+        src, dst = [3, 7, 1], [10, 2, 5]
+        sender, recv = started(p, 2200, dst, 6)
+        with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.pd_auth"):
+            for _ in range(2):  # twice: logged once
+                for port, frames in forged(p, a, 2200):
+                    a.push(port, frames)
+            assert a.received() == [], "the attacker got a reply"
+            t0 = time.monotonic()
+            while sum(p.pm.auth.refused.values()) < 6 or sum(p.dm.auth.refused.values()) < 2:
+                assert time.monotonic() - t0 < 5, (p.pm.auth.refused, p.dm.auth.refused)
+                time.sleep(0.02)
+        reason = "unauthenticated" if attacker_key is None else "bad mac"
+        assert set(p.pm.auth.refused) == {reason} and set(p.dm.auth.refused) == {reason}
+        lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert len(lines) == len(set(lines)), lines
+        assert any("KVBM_REG" in m and f"127.0.0.1:{a.port}" in m for m in lines), lines
+        assert a.token not in p.pm.decode_kv_args_table
+        assert list(p.pm.transfer_infos[2200]) == [p.dm.token]
+        assert sender.poll() == KVPoll.WaitingForInput and recv.poll() == KVPoll.WaitingForInput
+        assert not p.D.kv_any() and not any(x.any() for x in p.D.aux)
+        finish_genuine(p, sender, recv, src, dst, 3, 6)
+    finally:
+        a.close()
+
+
+def test_frames_from_another_decode_or_prefill_refused_even_with_the_key(pair, monkeypatch):
+    """A holder of the key that is not the room's decode: its KVBM_ROOM for
+    a room already reserved and its KVBM_DONE for it are refused, as are
+    frames naming the genuine decode or prefill but authenticated as
+    itself, and a KVBM_PULL from a prefill the bootstrap server did not
+    assign to the room. The genuine request completes."""
+    from kvbmgo.sglang import pd_wire as wire
+    monkeypatch.setenv("KVBM_AUTH_KEY", KEY)
+    p = pair()
+    a = Attacker(KEY)
+    try:
+        src, dst = [6, 2, 8], [1, 3, 4]
+        room = 2300
+        sender, recv = started(p, room, dst, 2)
+        pm, dm = p.pm, p.dm
+        # A member may register (it holds the key): it gets the prefill's
+        # metadata, answering its own nonce.
+        a.push(pm.rank_port, wire.registration("127.0.0.1", a.port, a.token, pm.signature, "n1"))
+        got = a.received(1.0)
+        assert len(got) == 1 and got[0][0] == wire.TAG_META and got[0][6] == b"n1"
+        for port, frames in [
+            (pm.rank_port, wire.TransferInfo(room=room, endpoint="127.0.0.1", dst_port=a.port,
+                                             peer=a.token, num_pages=3, required_dst_info_num=1,
+                                             decode_prefix_len=0, is_dummy=False).frames()),
+            (pm.rank_port, wire.done(room, a.token, KVPoll.Failed, "not yours")),
+            (pm.rank_port, wire.done(room, dm.token, KVPoll.Failed, "names the decode")),
+            (dm.rank_port, wire.pull(room, pm.token, 0, 0, np.array([0], np.int32), True, [])),
+            (dm.rank_port, wire.pull(room, a.token, 0, 0, np.array([0], np.int32), True,
+                                     [b"\xee" * n for n in AUX_ITEM_LENS])),
+            (dm.rank_port, wire.layouts(a.token, 0, dm.signature, "127.0.0.1", a.port, "x", [])),
+        ]:
+            a.push(port, frames)
+        assert a.received() == []
+        want_p = {"room taken": 1, "not the room's decode": 1, "not its sender": 1}
+        want_d = {"not its sender": 1, "not the room's prefill": 1, "unexpected layouts": 1}
+        t0 = time.monotonic()
+        while pm.auth.refused != want_p or dm.auth.refused != want_d:
+            assert time.monotonic() - t0 < 5, (pm.auth.refused, dm.auth.refused)
+            time.sleep(0.02)
+        assert list(pm.transfer_infos[room]) == [dm.token]
+        assert sender.poll() == KVPoll.WaitingForInput and recv.poll() == KVPoll.WaitingForInput
+        assert not p.D.kv_any() and not any(x.any() for x in p.D.aux)
+        finish_genuine(p, sender, recv, src, dst, 0, 2)
+    finally:
+        a.close()
+
+
+def test_forged_frames_without_any_key_bound_to_the_room(pair):
+    """No key anywhere (the default): a KVBM_DONE naming a token that is
+    not the room's decode, a KVBM_ROOM from a decode that never registered
+    and a KVBM_PULL naming an unknown prefill are refused; the genuine
+    request completes."""
+    from kvbmgo.sglang import pd_wire as wire
+    p = pair()
+    a = Attacker(None)
+    try:
+        src, dst = [5, 9], [7, 8]
+        room = 2400
+        sender, recv = started(p, room, dst, 1)
+        pm, dm = p.pm, p.dm
+        a.push(pm.rank_port, wire.TransferInfo(room=room, endpoint="127.0.0.1", dst_port=a.port,
+                                               peer=a.token, num_pages=2,
+                                               required_dst_info_num=1, decode_prefix_len=0,
+                                               is_dummy=False).frames())
+        a.push(pm.rank_port, wire.done(room, a.token, KVPoll.Failed, "any room by number"))
+        a.push(dm.rank_port, wire.pull(room, a.token, 0, 0, np.array([0], np.int32), True, []))
+        assert a.received() == []
+        t0 = time.monotonic()
+        while sum(pm.auth.refused.values()) < 2 or sum(dm.auth.refused.values()) < 1:
+            assert time.monotonic() - t0 < 5, (pm.auth.refused, dm.auth.refused)
+            time.sleep(0.02)
+        assert set(pm.auth.refused) == {"unregistered decode", "not the room's decode"}
+        assert set(dm.auth.refused) == {"not the room's prefill"}
+        finish_genuine(p, sender, recv, src, dst, 4, 1)
+    finally:
+        a.close()
+
+
+def test_key_on_one_side_only_is_refused_with_a_clear_line(pair, monkeypatch, caplog):
+    """The prefill has the key, the decode has none: the decode's
+    registration and reservation are refused (logged once, naming the
+    variable), no metadata goes out, and the request fails by its timeout
+    on the decode; nothing is written."""
+    import logging
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2")
+    p = pair()  # no key in the decode: made first, under the prefill's key below
+    pm_auth = p.pm.auth
+    from kvbmgo.sglang.pd_auth import Auth
+    p.pm.auth = Auth(KEY.encode(), p.pm.token, "prefill")
+    del pm_auth
+    with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.pd_auth"):
+        sender = p.sender(2500)
+        recv = p.receiver(2500)
+        recv.send_metadata(np.array([1, 2], np.int32), 0, [], decode_prefix_len=0)
+        wait_for(recv.poll, {KVPoll.Failed}, 8, "decode")
+    assert p.pm.auth.refused.get("unauthenticated", 0) >= 2
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert lines and all("KVBM_AUTH_KEY" in m for m in lines), lines
+    assert len(lines) == len(set(lines)), lines
+    assert not p.dm.side.instances and not p.D.kv_any()
+    assert sender.poll() == KVPoll.Bootstrapping
+
+
+def test_auth_replay_stale_and_tamper():
+    """A frame seen before, one stamped outside the window, one altered:
+    refused; a fresh one taken, its sender named."""
+    from kvbmgo.sglang import pd_auth
+    a = pd_auth.Auth(KEY.encode(), "sender", "prefill")
+    b = pd_auth.Auth(KEY.encode(), "me", "decode")
+    msg = a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""])
+    assert b.open(list(msg)) == (msg[:-3], "sender")
+    assert b.open(list(msg)) is None and b.refused == {"replay": 1}
+    bad = list(a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""]))
+    bad[1] = b"2"
+    assert b.open(bad) is None and b.refused["bad mac"] == 1
+    old = time.time_ns() - int(2 * pd_auth.WINDOW_S * 1e9)
+    stamp = f"sender:{old}:00".encode()
+    frames = [b"KVBM_DONE", b"1"]
+    stale = frames + [pd_auth.AUTH_TAG, stamp, pd_auth._mac(KEY.encode(), frames, stamp)]
+    assert b.open(stale) is None and b.refused["stale"] == 1
+    assert pd_auth.Auth(None, "x", "decode").open(a.sign(frames)) is None
+
+
+def test_no_key_on_a_non_loopback_address_warns_once(server_args, monkeypatch, caplog):
+    """Without a key, a manager whose control socket listens on a
+    non-loopback address logs one warning naming KVBM_AUTH_KEY (once per
+    process); with a key, or on loopback, none."""
+    import logging
+    from kvbmgo.sglang import pd_auth
+    monkeypatch.setattr(pd_auth, "_warned_exposed", False)
+    with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.pd_auth"):
+        assert not pd_auth.warn_if_exposed("127.0.0.1", None)
+        assert not pd_auth.warn_if_exposed("10.1.2.3", b"k" * 16)
+        monkeypatch.setenv("SGLANG_HOST_IP", "0.0.0.0")
+        sides = [Side(4), Side(4)]  # alive while their managers are
+        made = [h.manager(x, "decode", server_args) for x in sides]
+        try:
+            assert made[0].local_ip == "0.0.0.0"
+        finally:
+            for m in made:
+                m.close()
+    lines = [r.getMessage() for r in caplog.records if "without authentication" in r.getMessage()]
+    assert len(lines) == 1 and "KVBM_AUTH_KEY" in lines[0] and "0.0.0.0" in lines[0], lines
