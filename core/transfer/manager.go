@@ -51,6 +51,12 @@ type Config struct {
 	// shared memory files (the default), so that no peer on this host can
 	// map them: peers then reach them through the transport's socket.
 	PrivateHost bool
+	// StagingBuffers bounds the pinned staging buffers (4 MiB each) that
+	// serve peers' requests on device memory (default
+	// DefaultStagingBuffers: 64 MiB): a request that finds all in use
+	// waits for one, at most RemoteDeadline. A few are kept idle; the
+	// others are freed once unused for a while.
+	StagingBuffers int
 }
 
 // entry is one registered layout and the storage behind it.
@@ -89,7 +95,7 @@ type Manager struct {
 	closed  bool
 
 	bounce   bouncePool
-	stages   freeList[*storage.Memory] // pinned staging of Serve
+	stages   stagePool // pinned staging of Serve
 	inflight sync.WaitGroup
 	done     func() // inflight.Done, bound once
 	counters counters
@@ -118,6 +124,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.NetWorkers <= 0 {
 		cfg.NetWorkers = 4
 	}
+	if cfg.StagingBuffers <= 0 {
+		cfg.StagingBuffers = DefaultStagingBuffers
+	}
 	m := &Manager{
 		cfg:     cfg,
 		drv:     cfg.Driver,
@@ -136,16 +145,13 @@ func NewManager(cfg Config) (*Manager, error) {
 		make:    func() (cuda.Event, error) { return cfg.Driver.EventCreate(cfg.Device) },
 		destroy: cfg.Driver.EventDestroy,
 	}
-	m.stages = freeList[*storage.Memory]{
-		make: func() (*storage.Memory, error) {
-			s, err := storage.AllocPinned(cfg.Driver, cfg.Device, stageBytes)
-			if err != nil {
-				return nil, fmt.Errorf("allocate pinned staging: %w", err)
-			}
-			return s, nil
-		},
-		destroy: (*storage.Memory).Close,
-	}
+	m.stages = newStagePool(cfg.StagingBuffers, func() (*storage.Memory, error) {
+		s, err := storage.AllocPinned(cfg.Driver, cfg.Device, stageBytes)
+		if err != nil {
+			return nil, fmt.Errorf("allocate pinned staging: %w", err)
+		}
+		return s, nil
+	}, (*storage.Memory).Close)
 	return m, nil
 }
 

@@ -68,7 +68,7 @@ func (m *Manager) servable(h LayoutHandle, ops []RemoteOp) (*entry, error) {
 // batch and handed to fn together, so that many small fragments cost one
 // device round trip and one vectored socket call per stageful.
 func (m *Manager) serveDevice(ops []RemoteOp, write bool, fn func([][]byte) error) error {
-	stage, err := m.stages.get()
+	stage, err := m.stages.get(m.cfg.RemoteDeadline)
 	if err != nil {
 		return err
 	}

@@ -12,13 +12,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// accept serves the connections of a listener until the transport closes.
+// A failed accept (EMFILE, ...) is retried after a pause (limits.go); a
+// connection beyond MaxConns or MaxConnsPerAddr is closed at once, before
+// anything is read from it or allocated for it.
 func (t *Transport) accept(ln net.Listener) {
 	defer t.wg.Done()
+	var pause time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			return // closed
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ok bool
+			if pause, ok = t.acceptFailed(ln, err, pause); !ok {
+				return // closed
+			}
+			continue
 		}
+		pause = 0
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
@@ -30,6 +43,13 @@ func (t *Transport) accept(ln net.Listener) {
 			c.Close() // another user of this host: it may not map our memory
 			continue
 		}
+		if refused := t.admitConn(c); refused != "" {
+			t.mu.Unlock()
+			c.Close()
+			t.logRefusal(c.RemoteAddr().String(), "conns", "tcp transport: closed a connection at accept: "+refused,
+				"max_conns", t.cfg.MaxConns, "max_conns_per_addr", t.cfg.MaxConnsPerAddr)
+			continue
+		}
 		t.conns[c] = struct{}{}
 		t.wg.Add(1)
 		t.mu.Unlock()
@@ -37,9 +57,10 @@ func (t *Transport) accept(ln net.Listener) {
 	}
 }
 
-// serveConn answers one peer connection's requests until it closes. While
-// a request is in progress the connection has the manager's remote
-// deadline, so that a frozen peer cannot hold the manager open for ever;
+// serveConn answers one peer connection's requests until it closes. From
+// a request's first byte to its answer the connection has the manager's
+// remote deadline, so that a frozen or slow peer (one byte of a header,
+// then nothing) cannot hold the connection or the manager for ever;
 // between requests it waits without one.
 func (t *Transport) serveConn(c net.Conn) {
 	defer t.wg.Done()
@@ -47,6 +68,7 @@ func (t *Transport) serveConn(c net.Conn) {
 		c.Close()
 		t.mu.Lock()
 		delete(t.conns, c)
+		t.releaseConn(c)
 		t.mu.Unlock()
 	}()
 	setBuffers(c)
@@ -75,12 +97,16 @@ func (t *Transport) serveConn(c net.Conn) {
 	var buf []byte
 	for {
 		c.SetDeadline(time.Time{})
+		if _, err := r.Peek(1); err != nil {
+			return // closed
+		}
+		c.SetDeadline(time.Now().Add(deadline))
 		var q request
 		q, buf, err = readRequest(r, buf)
 		if err != nil {
-			return // closed, or a malformed request: the connection cannot be trusted further
+			t.requestFailed(c, err)
+			return // closed, slow, or a malformed request: the connection cannot be trusted further
 		}
-		c.SetDeadline(time.Now().Add(deadline))
 		err = t.answer(c, r, q)
 		t.served.Add(1)
 		if err != nil {

@@ -30,6 +30,13 @@ type Config struct {
 	// KVBM_SAME_HOST=0): a peer on this host otherwise connects over a Unix
 	// socket and maps the shared memory of host layouts (samehost.go).
 	NoSameHost bool
+	// MaxConns bounds the connections the server holds (default
+	// DefaultMaxConns); one more is closed at accept.
+	MaxConns int
+	// MaxConnsPerAddr bounds the server's TCP connections from one remote
+	// IP address (default DefaultMaxConnsPerAddr); one more is closed at
+	// accept.
+	MaxConnsPerAddr int
 }
 
 // Transport is the transport that always works: plain TCP streams, several per
@@ -47,6 +54,8 @@ type Transport struct {
 	conns  map[net.Conn]struct{} // server side
 	peers  map[*tcpPeer]struct{}
 	wg     sync.WaitGroup
+	stop   chan struct{} // closed by Close
+	lim    limits        // limits.go
 
 	served atomic.Uint64 // requests of peers answered, however they ended
 }
@@ -68,7 +77,13 @@ func New(cfg Config) *Transport {
 	if os.Getenv("KVBM_SAME_HOST") == "0" {
 		cfg.NoSameHost = true
 	}
-	return &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxConnsPerAddr <= 0 {
+		cfg.MaxConnsPerAddr = DefaultMaxConnsPerAddr
+	}
+	return &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}, stop: make(chan struct{})}
 }
 
 // Name is "tcp".
@@ -90,6 +105,9 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 	ln, err := net.Listen("tcp", t.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("tcp transport: listen on %q: %w", t.cfg.Listen, err)
+	}
+	if listenWrap != nil {
+		ln = listenWrap(ln)
 	}
 	host, err := advertiseHost(t.cfg.Advertise, ln.Addr().(*net.TCPAddr))
 	if err != nil {
@@ -222,6 +240,7 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
+	close(t.stop)
 	var err error
 	if t.ln != nil {
 		err = t.ln.Close()

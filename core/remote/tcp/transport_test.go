@@ -69,7 +69,9 @@ func newTCPPair(t *testing.T, deadline time.Duration, cfgs ...Config) *tcpPair {
 	}
 	ep, err := p.expTCP.Endpoint()
 	require.NoError(t, err)
-	p.peer, err = p.impTCP.Connect(context.Background(), ep)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a server that never answers fails the test, not the run
+	defer cancel()
+	p.peer, err = p.impTCP.Connect(ctx, ep)
 	require.NoError(t, err)
 	for _, h := range p.remote {
 		d, err := p.exp.Describe(h)
