@@ -6,7 +6,7 @@ Pure Python: no vllm, no torch, no libkvbm.so.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 __all__ = ["KvbmConfig"]
 
@@ -56,6 +56,10 @@ class KvbmConfig:
     pd_hold_s: float = 480.0
     #: Pulls a decode worker runs at once.
     pd_max_pulls: int = 8
+    #: The prefill hosts a decode worker dials (kv_transfer_params
+    #: remote_host): host names, addresses or CIDRs (a list, or one string,
+    #: comma-separated). None: any host a request names.
+    pd_allow_hosts: Optional[Tuple[str, ...]] = None
 
     @classmethod
     def from_extra(cls, extra: Optional[Mapping[str, Any]]) -> "KvbmConfig":
@@ -72,6 +76,8 @@ class KvbmConfig:
                 if not isinstance(v, str) or not v:
                     raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected a "
                                      f"non-empty string, got {v!r}")
+            elif f.name == "pd_allow_hosts":
+                v = _allow_hosts(v)
             elif f.name in ("pd_timeout_s", "pd_hold_s"):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
                         or v == float("inf"):
@@ -106,3 +112,27 @@ class KvbmConfig:
         if self.g3_dir is not None:
             g3 = self.g3_blocks or max(1, self.g3_bytes // block_bytes)
         return g2, g3
+
+
+def _allow_hosts(v: Any) -> Tuple[str, ...]:
+    """pd_allow_hosts, checked: each entry an address, a CIDR or a host name."""
+    import ipaddress
+    import re
+    items = v.split(",") if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"kv_connector_extra_config['pd_allow_hosts']: expected a list of "
+                         f"hosts or CIDRs, got {v!r}")
+    out = []
+    for item in items:
+        h = item.strip() if isinstance(item, str) else None
+        if not h:
+            raise ValueError(f"kv_connector_extra_config['pd_allow_hosts']: {item!r} is not "
+                             f"a host, an address or a CIDR")
+        try:
+            ipaddress.ip_network(h, strict=False)
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", h):
+                raise ValueError(f"kv_connector_extra_config['pd_allow_hosts']: {h!r} is not "
+                                 f"a host, an address or a CIDR") from None
+        out.append(h)
+    return tuple(out)

@@ -7,16 +7,30 @@ over pyzmq (a vLLM dependency), one request and one reply each:
 
 - ``pull``: a decode worker asks the prefill worker of the same tensor-parallel
   rank for a request's blocks. The reply carries the prefill worker's
-  exported metadata (the decode side connects to it, keyed by engine id and
-  rank, again when it changes) and grants a lease, named by a token: the
-  prefill keeps the blocks while any lease runs (a lease outlasts the
-  decode side's deadline), so a pull never reads blocks the prefill has let
-  go of, even when two decode instances were sent the same request.
+  exported metadata (the decode side connects to it, keyed by the
+  metadata's own identity) and grants a lease, named by an id: the prefill
+  keeps the blocks while any lease runs (a lease outlasts the decode side's
+  deadline), so a pull never reads blocks the prefill has let go of, even
+  when two decode instances were sent the same request.
 - ``done``: the decode worker is done with the request (pulled, failed or
-  aborted), with its lease's token if it has one; once no lease runs, the
+  aborted), with its lease's id if it has one; once no lease runs, the
   prefill reports the request in ``finished_sending`` and vLLM frees its
   blocks. A prefill that never hears it lets go after ``pd_hold_s`` (and
   after the last lease).
+
+Trust (docs/vllm.md, "P/D"): the prefill's scheduler draws a 128-bit random
+token per request and returns it in the request's kv_transfer_params
+(``kvbm_token``). Both messages carry it; one without it, with a wrong one
+(compared in constant time), or naming another engine is answered exactly
+as a request the prefill does not hold, so an asker without the token
+learns nothing (neither the metadata, nor the engine id, nor whether the
+request exists) and releases nothing, not even a request held later. The
+sockets cap a frame (``zmq.MAXMSGSIZE``): a larger one is refused as it
+arrives, never read whole. The decode dials only the hosts
+``pd_allow_hosts`` allows (any by default), checks that the metadata it got
+is of the worker of the engine id and rank it asked for, and runs each
+transfer against the metadata that pull got: a forged request that makes
+it connect elsewhere waits for the pulls in flight, never re-points them.
 
 The decode side drives each pull with kvbmgo's P/D driver
 (``kvbmgo._pd.Handoff``, in vLLM's order: source first) and bounds it by
@@ -34,8 +48,12 @@ bytes; nothing is unpickled.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import inspect
+import ipaddress
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -45,10 +63,11 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .._handoff import Completion, FactKind, HandoffOrder, OutcomeKind
 from .._pd import Handoff, HandoffRefused, HandoffSide
-from ..errors import AlreadyExistsError
+from .._worker import _exporter_id
+from ..errors import AlreadyExistsError, KvbmError
 from .metadata import RemotePull
 
-__all__ = ["PrefillServer", "DecodePuller", "instance_id"]
+__all__ = ["PrefillServer", "DecodePuller", "instance_id", "pd_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +77,75 @@ _LEASE_MARGIN_S = 5.0
 _GONE_KEPT = 4096
 #: A release after a successful pull gets at least this long for its answer.
 _RELEASE_MIN_S = 1.0
+#: The largest frame the prefill reads (a request is a small JSON header).
+REQUEST_MAX = 64 << 10
+#: The largest frame the decode reads: the pull reply's metadata (a few KiB
+#: per registered layout; this leaves room for thousands).
+REPLY_MAX = 16 << 20
+#: Connected prefill workers a decode keeps while no pull uses them.
+_IDLE_KEPT = 64
+#: The answer to a request the prefill does not hold, and to every message
+#: it cannot tell is the request's: without the token, or a wrong one, or
+#: naming another engine. The decode asks again until its deadline.
+_NOTHING = [json.dumps({"ok": False, "retry": True}).encode()]
+#: Seconds between two warnings about refused messages.
+_REFUSED_LOG_S = 10.0
 
 
-def instance_id(engine_id: str, rank: int) -> int:
-    """The kvbm instance id a decode worker files a prefill worker under."""
-    d = hashlib.blake2b(f"{engine_id}/{rank}".encode(), digest_size=8).digest()
+def instance_id(wid: int, metadata: bytes) -> int:
+    """The kvbm instance id a decode worker files a prefill worker's
+    metadata under: its identity (worker id and bytes), so that other
+    metadata never re-points it."""
+    d = hashlib.blake2b(wid.to_bytes(8, "little") + metadata, digest_size=8).digest()
     return int.from_bytes(d, "little") | 1  # never 0
+
+
+def pd_metadata(worker: Any) -> bytes:
+    """The metadata a prefill worker hands to the decode workers that prove
+    a request's token: read-only where the library can scope a capability.
+
+    TODO(issue 21, items 2-3): scope it to what a request needs. Until the
+    library offers ``export_metadata(read_only=True)`` (feature-checked
+    here), this is the worker's whole export, a read-write capability for
+    every registered layout, handed only to a token holder."""
+    try:
+        scoped = "read_only" in inspect.signature(worker.export_metadata).parameters
+    except (TypeError, ValueError):
+        scoped = False
+    if scoped:
+        return worker.export_metadata(read_only=True)
+    return worker.export_metadata()
+
+
+def _same(given: Any, want: str) -> bool:
+    """given is the token want (constant time; never raises)."""
+    if not isinstance(given, str) or not want:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "replace"), want.encode())
+
+
+def _expected_worker(p: RemotePull, rank: int, wid: Optional[int]) -> bool:
+    """wid is a kvbm worker id rank of p's prefill engine may have: rank 0's
+    (the config's worker_id, else derived from the engine id) + rank, plus
+    one of the offsets KvbmWorker tries when an id is taken."""
+    if wid is None:
+        return False
+    base = p.worker_id
+    if isinstance(base, bool) or not isinstance(base, int):
+        from .worker import engine_worker_id
+        base = engine_worker_id(p.engine_id)
+    d = wid - base - rank
+    return d >= 0 and d % 0x10000 == 0 and d // 0x10000 < 64
 
 
 class _Hold:
     """A request held for decode instances."""
-    __slots__ = ("until", "leases", "done")
+    __slots__ = ("token", "until", "leases", "done")
 
-    def __init__(self, until: float) -> None:
+    def __init__(self, token: str, until: float) -> None:
+        self.token = token                 # the request's (kv_transfer_params kvbm_token)
         self.until = until                 # let go then if unclaimed
-        self.leases: Dict[str, float] = {}  # token -> end of that pull's lease
+        self.leases: Dict[str, float] = {}  # lease id -> end of that pull's lease
         self.done = False                  # a decode instance was done with it
 
     def leased(self, now: float) -> bool:
@@ -105,11 +178,15 @@ class PrefillServer:
         self._lock = threading.Lock()
         self._held: Dict[str, _Hold] = {}
         self._released: Set[str] = set()           # let go, not yet reported
-        self._gone: "OrderedDict[str, None]" = OrderedDict()
-        self._early: "OrderedDict[str, None]" = OrderedDict()  # done before held
+        self._gone: "OrderedDict[str, str]" = OrderedDict()  # let go: req -> token
+        # done before held, by (req, token): only the request's token lets go of it then
+        self._early: "OrderedDict[Tuple[str, str], None]" = OrderedDict()
+        self.refused = 0                           # messages with a wrong token
+        self._refused_logged = 0.0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX)  # larger: refused, not read
         try:
             self._sock.bind(self.address)
         except zmq.ZMQError as e:
@@ -131,13 +208,14 @@ class PrefillServer:
 
     # ---- the worker's thread
 
-    def hold(self, req_id: str) -> None:
-        """The request's blocks wait for a decode instance (until pd_hold_s)."""
+    def hold(self, req_id: str, token: str) -> None:
+        """The request's blocks wait for a decode instance that proves token
+        (until pd_hold_s)."""
         with self._lock:
-            if self._early.pop(req_id, "absent") is None:
-                self._let_go(req_id)
+            if token and self._early.pop((req_id, token), "absent") is None:
+                self._let_go(req_id, token)
                 return
-            self._held[req_id] = _Hold(time.monotonic() + self._hold_s)
+            self._held[req_id] = _Hold(token, time.monotonic() + self._hold_s)
 
     def held(self) -> Set[str]:
         with self._lock:
@@ -157,13 +235,13 @@ class PrefillServer:
                     log.warning("kvbm: no decode instance was done with request %s within "
                                 "its hold; its blocks are freed", req_id)
                 del self._held[req_id]
-                self._let_go(req_id)
+                self._let_go(req_id, h.token)
             out, self._released = self._released, set()
             return out
 
-    def _let_go(self, req_id: str) -> None:
+    def _let_go(self, req_id: str, token: str) -> None:
         self._released.add(req_id)
-        self._gone[req_id] = None
+        self._gone[req_id] = token
         while len(self._gone) > _GONE_KEPT:
             self._gone.popitem(last=False)
 
@@ -180,8 +258,8 @@ class PrefillServer:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 continue
-            # From a REQ socket: [identity, b"", header]
-            if len(frames) < 3:
+            # From a REQ socket: [identity, b"", header]; nothing else is answered.
+            if len(frames) != 3 or frames[1]:
                 continue
             reply = self._answer(_header(frames[-1]))
             try:
@@ -190,45 +268,67 @@ class PrefillServer:
                 log.debug("kvbm: P/D reply not sent: %s", e)
 
     def _answer(self, h: Dict[str, Any]) -> List[bytes]:
-        op, req_id = h.get("op"), h.get("req")
-        if not isinstance(req_id, str):
+        op, req_id, token = h.get("op"), h.get("req"), h.get("token")
+        if op not in ("pull", "done") or not isinstance(req_id, str):
             return [json.dumps({"ok": False, "why": "malformed request"}).encode()]
-        if h.get("engine") != self.engine_id:
-            return [json.dumps({"ok": False, "why": f"this is engine {self.engine_id}, "
-                                                    f"not {h.get('engine')}"}).encode()]
+        if not isinstance(token, str):
+            token = ""  # proves nothing: answered as for a request not held
+        # Another engine's request is one this engine does not hold.
+        ours = h.get("engine") == self.engine_id
         with self._lock:
+            hold = self._held.get(req_id) if ours else None
+            gone = self._gone.get(req_id) if ours else None
+            if hold is not None and not _same(token, hold.token):
+                self._refuse(req_id)
+                hold = None
+            if gone is not None and not _same(token, gone):
+                self._refuse(req_id)
+                gone = None
+            known = (req_id in self._held or req_id in self._gone) if ours else False
             if op == "pull":
                 lease = h.get("lease_s")
-                if not isinstance(lease, (int, float)) or not 0 <= lease < 1e6:
+                if isinstance(lease, bool) or not isinstance(lease, (int, float)) \
+                        or not 0 <= lease < 1e6:
                     return [json.dumps({"ok": False, "why": "malformed lease"}).encode()]
-                hold = self._held.get(req_id)
                 if hold is not None:
-                    token = uuid.uuid4().hex
-                    hold.leases[token] = time.monotonic() + lease + _LEASE_MARGIN_S
-                    return [json.dumps({"ok": True, "token": token}).encode(), self._md]
-                if req_id in self._gone:
+                    lease_id = uuid.uuid4().hex
+                    hold.leases[lease_id] = time.monotonic() + lease + _LEASE_MARGIN_S
+                    return [json.dumps({"ok": True, "lease": lease_id}).encode(), self._md]
+                if gone is not None:
                     return [json.dumps({"ok": False, "why": "released"}).encode()]
-                # Not held yet: vLLM answered the client before this worker's
-                # next step told it; the decode side asks again.
-                return [json.dumps({"ok": False, "retry": True}).encode()]
-            if op == "done":
-                hold = self._held.get(req_id)
-                if hold is not None:
-                    token = h.get("token")
-                    if isinstance(token, str):
-                        hold.leases.pop(token, None)
-                    hold.done = True
-                    if not hold.leased(time.monotonic()):
-                        del self._held[req_id]
-                        self._let_go(req_id)
-                    return [json.dumps({"ok": True}).encode()]
-                if req_id in self._gone:
-                    return [json.dumps({"ok": False, "why": "released"}).encode()]
-                self._early[req_id] = None
+                # Not held yet (vLLM answered the client before this worker's
+                # next step told it; the decode side asks again), or not
+                # this asker's to know.
+                return _NOTHING
+            # done
+            if hold is not None:
+                lease_id = h.get("lease")
+                if isinstance(lease_id, str):
+                    hold.leases.pop(lease_id, None)
+                hold.done = True
+                if not hold.leased(time.monotonic()):
+                    del self._held[req_id]
+                    self._let_go(req_id, hold.token)
+                return [json.dumps({"ok": True}).encode()]
+            if gone is not None:
+                return [json.dumps({"ok": False, "why": "released"}).encode()]
+            if ours and not known and token:
+                # Before the prefill holds it: let go as it is held, if token is its.
+                self._early[(req_id, token)] = None
                 while len(self._early) > _GONE_KEPT:
                     self._early.popitem(last=False)
-                return [json.dumps({"ok": True}).encode()]
-        return [json.dumps({"ok": False, "why": f"unknown op {op!r}"}).encode()]
+            return [json.dumps({"ok": True}).encode()]
+
+    def _refuse(self, req_id: str) -> None:
+        """A message named a request held (or let go) here with a wrong
+        token: counted; logged at most every _REFUSED_LOG_S."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= _REFUSED_LOG_S:
+            self._refused_logged = now
+            log.warning("kvbm: P/D side channel of engine %s: %d messages refused so far "
+                        "(a wrong token; the last for request %r)", self.engine_id,
+                        self.refused, req_id[:64])
 
 
 class _Unanswered(HandoffRefused):
@@ -239,13 +339,84 @@ class _Refused(HandoffRefused):
     """The prefill worker answered no."""
 
 
+class _Conn:
+    """A prefill worker's metadata the decode is connected to, under its own
+    instance id; users: the pulls whose transfers run against it."""
+    __slots__ = ("md", "inst", "users", "stale")
+
+    def __init__(self, md: bytes, inst: int) -> None:
+        self.md, self.inst, self.users, self.stale = md, inst, 0, False
+
+
+class _Connections:
+    """The decode's connections, one per prefill worker id (the library
+    keeps one peer per worker id): a pull uses the one its metadata names;
+    other metadata for that worker id (a restarted prefill, or a forged
+    reply) waits until no pull uses the current one, and then replaces it,
+    so that a transfer always runs against the metadata its pull got."""
+
+    def __init__(self, worker: Any) -> None:
+        self._worker = worker
+        self._cv = threading.Condition()
+        self._by_wid: "OrderedDict[int, _Conn]" = OrderedDict()
+
+    def acquire(self, wid: int, md: bytes, deadline: float, stop: threading.Event) -> _Conn:
+        with self._cv:
+            while True:
+                c = self._by_wid.get(wid)
+                if c is not None and c.md == md and not c.stale:
+                    c.users += 1
+                    self._by_wid.move_to_end(wid)
+                    return c
+                if c is None or c.users == 0:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    raise _Unanswered(f"pulls in flight use other metadata of worker {wid:x} "
+                                      f"until the deadline")
+                self._cv.wait(min(left, 0.1))
+            if c is not None:
+                self._drop(wid, c)
+            inst = instance_id(wid, md)
+            try:
+                self._worker.connect_remote(inst, md)
+            except AlreadyExistsError:
+                pass
+            c = _Conn(md, inst)
+            c.users = 1
+            self._by_wid[wid] = c
+            for other, oc in list(self._by_wid.items()):  # forget idle ones beyond a few
+                if len(self._by_wid) <= _IDLE_KEPT:
+                    break
+                if oc.users == 0:
+                    self._drop(other, oc)
+            return c
+
+    def release(self, c: _Conn, failed: bool) -> None:
+        """A pull's transfer against c ended; failed: connect again next time
+        (a restarted prefill)."""
+        with self._cv:
+            c.users -= 1
+            c.stale = c.stale or failed
+            self._cv.notify_all()
+
+    def _drop(self, wid: int, c: _Conn) -> None:
+        del self._by_wid[wid]
+        try:
+            self._worker.disconnect_remote(c.inst)
+        except KvbmError:
+            pass
+
+
 class _Pull(HandoffSide):
     """One request's hand-off, on the side channel: the prefill ran before
     the decode heard of it, the pull takes a lease, the release ends it."""
 
-    def __init__(self, puller: "DecodePuller", p: RemotePull, deadline: float) -> None:
-        self.puller, self.p, self.deadline = puller, p, deadline
-        self.lease: Dict[str, Any] = {}  # the prefill's answer to our pull (its token)
+    def __init__(self, puller: "DecodePuller", p: RemotePull, addr: str,
+                 deadline: float) -> None:
+        self.puller, self.p, self.addr, self.deadline = puller, p, addr, deadline
+        self.lease: Dict[str, Any] = {}  # the prefill's answer to our pull (its lease id)
+        self.conn: Optional[_Conn] = None  # what the transfer runs against
 
     def submit_prefill(self, h: Handoff) -> None:
         # The prefill ran: its kv_transfer_params say it holds the KV.
@@ -253,15 +424,16 @@ class _Pull(HandoffSide):
 
     def start_transfer(self, h: Handoff) -> None:
         p = self.p
-        inst = self.puller._lease(p, self.deadline, self.lease)
-        h.pull(self.puller._worker, inst, p.remote_block_ids, p.block_ids)
+        self.conn = self.puller._lease(p, self.addr, self.deadline, self.lease)
+        h.pull(self.puller._worker, self.conn.inst, p.remote_block_ids, p.block_ids)
 
     def release_source(self, h: Handoff) -> OutcomeKind:
-        return self.puller._release(self.p, max(self.deadline, time.monotonic() +
-                                                _RELEASE_MIN_S), self.lease)
+        return self.puller._release(self.p, self.addr, max(self.deadline, time.monotonic() +
+                                                           _RELEASE_MIN_S), self.lease)
 
     def cancel_source(self, h: Handoff) -> OutcomeKind:
-        self.puller._release(self.p, time.monotonic(), self.lease)  # best effort, no wait
+        # best effort, no wait
+        self.puller._release(self.p, self.addr, time.monotonic(), self.lease)
         return OutcomeKind.APPLIED
 
 
@@ -271,14 +443,26 @@ class DecodePuller:
     ``finished()`` collects the pulls that ended."""
 
     def __init__(self, worker: Any, rank: int, tp_size: int, timeout_s: float,
-                 max_pulls: int) -> None:
+                 max_pulls: int, allow_hosts: Optional[Tuple[str, ...]] = None) -> None:
         import zmq
         self._worker = worker
         self.rank, self.tp_size, self.timeout_s = rank, tp_size, timeout_s
         self._ctx = zmq.Context()
         self._pool = ThreadPoolExecutor(max_pulls, thread_name_prefix="kvbm-pd-pull")
         self._lock = threading.Lock()
-        self._md: Dict[Tuple[str, int], bytes] = {}   # connected prefill workers
+        self._conns = _Connections(worker)
+        # pd_allow_hosts: names (lower case) and networks; None: any host.
+        self._allow: Optional[Tuple[Set[str], List[Any]]] = None
+        if allow_hosts is not None:
+            names: Set[str] = set()
+            nets: List[Any] = []
+            for a in allow_hosts:
+                try:
+                    nets.append(ipaddress.ip_network(a, strict=False))
+                except ValueError:
+                    names.add(a.lower())
+            self._allow = (names, nets)
+        self._refused_hosts: Set[Tuple[str, str]] = set()  # (host, why): logged once each
         self._pending: Dict[str, Tuple[Future, List[int]]] = {}
         self._stop = threading.Event()
 
@@ -315,55 +499,94 @@ class DecodePuller:
 
     def _run(self, p: RemotePull, deadline: float) -> List[int]:
         """Returns the G1 blocks of p that did not load (all or none)."""
+        addr = self._address(p)
+        if addr is None:
+            return list(p.block_ids)
+        if not p.token:
+            log.error("kvbm: request %s: its kv_transfer_params carry no kvbm_token (a prefill "
+                      "that is not kvbm's, or older): nothing is pulled", p.req_id)
+            return list(p.block_ids)
         if not p.block_ids:
-            self._release(p, deadline, {})
+            self._release(p, addr, deadline, {})
             return []
-        h = Handoff(HandoffOrder.SOURCE_FIRST, _Pull(self, p, deadline), deadline,
+        pull = _Pull(self, p, addr, deadline)
+        h = Handoff(HandoffOrder.SOURCE_FIRST, pull, deadline,
                     name=f"kvbm: pull of request {p.req_id} from engine {p.engine_id}",
                     bound=f"its {self.timeout_s:.1f} s deadline")
         try:
             h.start()
         finally:
             h.close()
-        if h.transfer_error is not None:
-            with self._lock:  # connect again next time (a restarted prefill)
-                self._md.pop((p.engine_id, self.rank), None)
+            if pull.conn is not None:  # connect again next time after a failure
+                self._conns.release(pull.conn, h.transfer_error is not None)
         return [] if h.completion == Completion.SUCCESS else list(p.block_ids)
 
-    def _lease(self, p: RemotePull, deadline: float, lease: Dict[str, Any]) -> int:
+    def _address(self, p: RemotePull) -> Optional[str]:
+        """The side channel of p's prefill worker (this rank's), when
+        pd_allow_hosts allows its host; None (logged once per host) if not."""
+        port = p.port + self.rank
+        host = p.host
+        why = ""
+        if not 0 < port < 65536:
+            why = f"port {port} is not a TCP port"
+        elif self._allow is not None:
+            names, nets = self._allow
+            if host.lower() not in names:
+                try:
+                    addrs = [ipaddress.ip_address(host)]
+                except ValueError:
+                    try:
+                        addrs = [ipaddress.ip_address(ai[4][0].split("%")[0]) for ai in
+                                 socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+                    except (OSError, ValueError, UnicodeError):
+                        addrs = []
+                ok = [a for a in addrs if any(a in n for n in nets if a.version == n.version)]
+                if ok:
+                    host = str(ok[0])  # dial the address checked, not the name again
+                else:
+                    why = "pd_allow_hosts does not allow it"
+        if why:
+            if (host, why) not in self._refused_hosts and len(self._refused_hosts) < 1024:
+                self._refused_hosts.add((host, why))
+                log.warning("kvbm: request %s names prefill host %r: %s; nothing is pulled",
+                            p.req_id, host[:255], why)
+            return None
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+    def _lease(self, p: RemotePull, addr: str, deadline: float, lease: Dict[str, Any]
+               ) -> _Conn:
         """Asks p's prefill worker for a lease on its blocks (its answer goes
-        into lease) and connects to it: the instance to pull from."""
+        into lease) and connects to the metadata it answered: the connection
+        to pull from, used until the pull ends."""
         if p.tp_size != self.tp_size:
             raise _Refused(f"the prefill has tensor-parallel size {p.tp_size}, this decode "
                            f"{self.tp_size}: kvbm pulls rank to rank")
         if len(p.remote_block_ids) != len(p.block_ids):
             raise _Refused(f"{len(p.remote_block_ids)} remote blocks for "
                            f"{len(p.block_ids)} local ones")
-        head, md = self._ask(p, {"op": "pull", "req": p.remote_request_id,
-                                 "engine": p.engine_id,
-                                 "lease_s": max(0.0, deadline - time.monotonic())},
+        head, md = self._ask(addr, p, {"op": "pull", "req": p.remote_request_id,
+                                       "engine": p.engine_id, "token": p.token,
+                                       "lease_s": max(0.0, deadline - time.monotonic())},
                              deadline, retry=True)
         if not head.get("ok") or md is None:
             raise _Refused(f"the prefill refused: {head.get('why', 'no reason')}")
         lease.update(head)
-        key = (p.engine_id, self.rank)
-        inst = instance_id(*key)
-        with self._lock:
-            if self._md.get(key) != md:
-                try:
-                    self._worker.connect_remote(inst, md)
-                except AlreadyExistsError:
-                    pass
-                self._md[key] = md
-        return inst
+        wid = _exporter_id(md)
+        if not _expected_worker(p, self.rank, wid):
+            raise _Refused(f"{addr} answered the metadata of worker "
+                           f"{'(none)' if wid is None else format(wid, 'x')}, not one of "
+                           f"engine {p.engine_id!r} rank {self.rank}")
+        return self._conns.acquire(wid, md, deadline, self._stop)
 
-    def _release(self, p: RemotePull, deadline: float, lease: Dict[str, Any]) -> OutcomeKind:
+    def _release(self, p: RemotePull, addr: str, deadline: float, lease: Dict[str, Any]
+                 ) -> OutcomeKind:
         """Tells the prefill it may let go of p's blocks: APPLIED once it
         says so, NOOP when it cannot be reached by the deadline (it lets
         go by itself after pd_hold_s), FAILED when it had let go already."""
         try:
-            head, _ = self._ask(p, {"op": "done", "req": p.remote_request_id,
-                                    "engine": p.engine_id, "token": lease.get("token")},
+            head, _ = self._ask(addr, p, {"op": "done", "req": p.remote_request_id,
+                                          "engine": p.engine_id, "token": p.token,
+                                          "lease": lease.get("lease")},
                                 deadline, retry=False)
         except _Unanswered as e:
             log.info("kvbm: release of request %s: %s", p.req_id, e)
@@ -374,17 +597,18 @@ class DecodePuller:
                     head.get("why"))
         return OutcomeKind.FAILED
 
-    def _ask(self, p: RemotePull, header: Dict[str, Any], deadline: float, *, retry: bool
-             ) -> Tuple[Dict[str, Any], Optional[bytes]]:
-        """One request to p's prefill worker, answered by the deadline (a
-        deadline already past: sent, not waited for). retry: ask again
-        while the prefill answers {"retry": true}."""
+    def _ask(self, addr: str, p: RemotePull, header: Dict[str, Any], deadline: float, *,
+             retry: bool) -> Tuple[Dict[str, Any], Optional[bytes]]:
+        """One request to p's prefill worker at addr, answered by the
+        deadline (a deadline already past: sent, not waited for). retry: ask
+        again while the prefill answers {"retry": true}."""
         import zmq
-        addr = f"tcp://{p.host}:{p.port + self.rank}"
         delay = 0.005
         while True:
             s = self._ctx.socket(zmq.REQ)
             s.setsockopt(zmq.LINGER, 0 if deadline > time.monotonic() else 200)
+            s.setsockopt(zmq.MAXMSGSIZE, REPLY_MAX)  # a larger reply: never read
+            s.setsockopt(zmq.IPV6, 1)
             try:
                 s.connect(addr)
                 s.send(json.dumps(header).encode())

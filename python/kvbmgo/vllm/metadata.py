@@ -4,7 +4,7 @@ worker side tells back (cache events, to feed the scheduler's key index)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetadata,
                                                                KVConnectorWorkerMetadata)
@@ -47,16 +47,22 @@ class BlockStore:
 @dataclass
 class RemoteSend:
     """Prefill side: a finished request whose G1 blocks block_ids are held
-    for a decode instance to pull (its kv_transfer_params name them)."""
+    for a decode instance to pull (its kv_transfer_params name them).
+    token: the request's secret (kv_transfer_params kvbm_token): only a
+    decode that holds it can pull the blocks or release them."""
     req_id: str
     block_ids: List[int]
+    token: str = ""
 
 
 @dataclass
 class RemotePull:
     """Decode side: pull remote_block_ids[i] of the prefill instance
     engine_id (its side channel at host:port, rank 0) into G1 block
-    block_ids[i]. No block ids: only tell the prefill to let go."""
+    block_ids[i]. No block ids: only tell the prefill to let go. token:
+    the request's secret (kv_transfer_params kvbm_token); worker_id: the
+    prefill's rank-0 kvbm worker id when its config names one
+    (kvbm_worker_id; None: derived from engine_id)."""
     req_id: str
     engine_id: str
     remote_request_id: str
@@ -65,6 +71,8 @@ class RemotePull:
     tp_size: int
     remote_block_ids: List[int]
     block_ids: List[int]
+    token: str = ""
+    worker_id: Optional[int] = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ meanwhile fails its load and is reported (and recomputed or failed, by
 from __future__ import annotations
 
 import logging
+import secrets
 from itertools import islice
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -193,7 +194,8 @@ class KvbmScheduler:
         self._pulls.append(RemotePull(
             request.request_id, str(params["remote_engine_id"]),
             str(params["remote_request_id"]), str(params["remote_host"]),
-            int(params["remote_port"]), int(params.get("tp_size") or 1), remote, local))
+            int(params["remote_port"]), int(params.get("tp_size") or 1), remote, local,
+            str(params.get("kvbm_token") or ""), params.get("kvbm_worker_id")))
 
     def build_connector_meta(self, scheduler_output: Any) -> KvbmConnectorMetadata:
         """This step's loads, the stores of every block this step completes,
@@ -306,12 +308,15 @@ class KvbmScheduler:
         if self.producer and params.get("do_remote_decode") and block_ids \
                 and request.status in (RequestStatus.FINISHED_LENGTH_CAPPED,
                                        RequestStatus.FINISHED_STOPPED):
-            self._sends.append(RemoteSend(req_id, list(block_ids)))
+            token = secrets.token_hex(16)  # the decode's proof (disagg.py)
+            self._sends.append(RemoteSend(req_id, list(block_ids), token))
             out = dict(do_remote_prefill=True, do_remote_decode=False,
                        remote_block_ids=list(block_ids), remote_engine_id=self.engine_id,
                        remote_request_id=req_id, remote_host=self.config.pd_host,
                        remote_port=self.port, tp_size=self.tp_size,
-                       remote_num_tokens=request.num_computed_tokens)
+                       remote_num_tokens=request.num_computed_tokens, kvbm_token=token)
+            if self.config.worker_id is not None:
+                out["kvbm_worker_id"] = self.config.worker_id
         return out is not None, out
 
     def update_connector_output(self, connector_output: Any) -> None:

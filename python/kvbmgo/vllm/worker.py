@@ -211,8 +211,8 @@ class KvbmWorker:
         """The side channel decode workers pull through (kv_both: started by
         the first request held for a decode instance)."""
         if self._server is None:
-            from .disagg import PrefillServer
-            self._server = PrefillServer(self.worker.export_metadata(), self.engine_id,
+            from .disagg import PrefillServer, pd_metadata
+            self._server = PrefillServer(pd_metadata(self.worker), self.engine_id,
                                          self.config.pd_host, self.pd_port,
                                          self.config.pd_hold_s)
         return self._server
@@ -222,7 +222,7 @@ class KvbmWorker:
             from .disagg import DecodePuller
             c = self.config
             self._puller = DecodePuller(self.worker, self.rank, self.tp_size, c.pd_timeout_s,
-                                        c.pd_max_pulls)
+                                        c.pd_max_pulls, c.pd_allow_hosts)
         return self._puller
 
     def shutdown(self) -> None:
@@ -291,7 +291,7 @@ class KvbmWorker:
                 log.warning("kvbm: reset_cache: %s", e)
         for send in md.sends:
             try:
-                self._prefill_server().hold(send.req_id)
+                self._prefill_server().hold(send.req_id, send.token)
             except OSError as e:
                 # No side channel (kv_both: its port is taken): nobody can
                 # pull, so the blocks go back to vLLM with the stores' hold.

@@ -351,13 +351,14 @@ def test_the_prefill_keeps_blocks_while_any_pull_is_leased():
     """Two decode instances were sent the same request: the first one's done
     does not free the blocks while the second one's pull is leased; an
     unknown request is answered retry, a released one released, another
-    engine's refused."""
+    engine's as an unknown one."""
     import json
     import zmq
     from kvbmgo.vllm.disagg import PrefillServer
     port = free_port()
     srv = PrefillServer(b"metadata", "E", "127.0.0.1", port, hold_s=60)
     ctx = zmq.Context()
+    T, U = "a" * 32, "b" * 32
 
     def ask(**h):
         s = ctx.socket(zmq.REQ)
@@ -369,24 +370,26 @@ def test_the_prefill_keeps_blocks_while_any_pull_is_leased():
         s.close()
         return json.loads(frames[0]), frames[1:]
     try:
-        assert ask(op="pull", req="R", lease_s=10)[0] == {"ok": False, "retry": True}
-        srv.hold("R")
-        (a, md_a), (b, md_b) = ask(op="pull", req="R", lease_s=10), ask(op="pull", req="R",
-                                                                         lease_s=10)
+        assert ask(op="pull", req="R", token=T, lease_s=10)[0] == {"ok": False, "retry": True}
+        srv.hold("R", T)
+        (a, md_a), (b, md_b) = (ask(op="pull", req="R", token=T, lease_s=10),
+                                ask(op="pull", req="R", token=T, lease_s=10))
         assert a["ok"] and b["ok"] and md_a == md_b == [b"metadata"]
-        assert a["token"] != b["token"]
-        assert ask(op="done", req="R", token=a["token"])[0] == {"ok": True}
+        assert a["lease"] != b["lease"]
+        assert ask(op="done", req="R", token=T, lease=a["lease"])[0] == {"ok": True}
         assert srv.take_released() == set() and srv.held() == {"R"}
-        assert ask(op="done", req="R", token=b["token"])[0] == {"ok": True}
+        assert ask(op="done", req="R", token=T, lease=b["lease"])[0] == {"ok": True}
         assert srv.take_released() == {"R"} and srv.held() == set()
-        assert ask(op="pull", req="R", lease_s=10)[0] == {"ok": False, "why": "released"}
-        assert not ask(op="pull", req="R", lease_s=10, engine="other")[0]["ok"]
+        assert ask(op="pull", req="R", token=T, lease_s=10)[0] == {"ok": False,
+                                                                   "why": "released"}
+        assert ask(op="pull", req="R", token=T, lease_s=10, engine="other")[0] == {
+            "ok": False, "retry": True}
         # A lease that ran out no longer keeps a done request.
-        srv.hold("S")
-        c, _ = ask(op="pull", req="S", lease_s=0)
-        assert ask(op="done", req="S")[0]["ok"]  # no token: an abort
+        srv.hold("S", U)
+        c, _ = ask(op="pull", req="S", token=U, lease_s=0)
+        assert ask(op="done", req="S", token=U)[0]["ok"]  # no lease: an abort
         assert srv.held() == {"S"}  # c's lease (0 s + the margin) still runs
-        srv._held["S"].leases[c["token"]] = time.monotonic() - 1
+        srv._held["S"].leases[c["lease"]] = time.monotonic() - 1
         assert srv.take_released() == {"S"}
     finally:
         ctx.term()
