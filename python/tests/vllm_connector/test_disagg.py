@@ -291,7 +291,9 @@ class PrefillProcess:
             self.lines.put(None)
         threading.Thread(target=read, daemon=True).start()
 
-    def next(self, timeout=90):
+    def next(self, timeout=300):
+        # The first line comes once the child imported vLLM and built its
+        # engine: 10 s on a quiet machine, minutes on a loaded 2-core one.
         msg = self.lines.get(timeout=timeout)
         assert msg is not None, f"the prefill process ended with {self.child.wait()}"
         return msg
