@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Tuple
 
-__all__ = ["KvbmConfig"]
+__all__ = ["KvbmConfig", "engine_worker_id"]
 
 _GiB = 1 << 30
 
@@ -136,3 +136,13 @@ def _allow_hosts(v: Any) -> Tuple[str, ...]:
                                  f"a host, an address or a CIDR") from None
         out.append(h)
     return tuple(out)
+
+
+def engine_worker_id(engine_id: str) -> int:
+    """Rank 0's kvbm worker id when the config names none: from the engine
+    id (vLLM makes one per instance), so that a prefill and a decode
+    instance, which import each other's metadata, never share one. 48 bits:
+    room above for ranks and retries."""
+    import hashlib
+    d = hashlib.blake2b(f"kvbm-vllm/{engine_id}".encode(), digest_size=6).digest()
+    return int.from_bytes(d, "little") | 1

@@ -132,7 +132,7 @@ def _expected_worker(p: RemotePull, rank: int, wid: Optional[int]) -> bool:
         return False
     base = p.worker_id
     if isinstance(base, bool) or not isinstance(base, int):
-        from .worker import engine_worker_id
+        from .config import engine_worker_id
         base = engine_worker_id(p.engine_id)
     d = wid - base - rank
     return d >= 0 and d % 0x10000 == 0 and d // 0x10000 < 64

@@ -17,7 +17,7 @@ from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import Event, LayoutConfig, Worker, dense_span
 from ..errors import AlreadyExistsError, KvbmError
-from .config import KvbmConfig
+from .config import KvbmConfig, engine_worker_id
 from .metadata import SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
 
 __all__ = ["KvbmWorker", "g1_layout"]
@@ -92,16 +92,6 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     for name in names:  # the layers sharing another's cache
         index.setdefault(name, index[first_of[int(kv_caches[name].data_ptr())]])
     return cfg, buffers, index
-
-
-def engine_worker_id(engine_id: str) -> int:
-    """Rank 0's kvbm worker id when the config names none: from the engine
-    id (vLLM makes one per instance), so that a prefill and a decode
-    instance, which import each other's metadata, never share one. 48 bits:
-    room above for ranks and retries."""
-    import hashlib
-    d = hashlib.blake2b(f"kvbm-vllm/{engine_id}".encode(), digest_size=6).digest()
-    return int.from_bytes(d, "little") | 1
 
 
 #: The cache's counters are read at most this often for the stats.

@@ -365,6 +365,22 @@ class _SlowStores:
         return getattr(self._w, name)
 
 
+def _c_loads_as_bytes(e, a, a_prompt):
+    """Runs what is left, lets the stores still in flight land, then C =
+    A's prompt on a forgotten GPU: every block C loads must hold A's KV
+    (checked before every forward)."""
+    e.run()
+    for st in e.worker._worker._stores:  # the copies still in flight land now
+        st.n.wait()
+    e.settle()
+    assert e.sched.reset_prefix_cache()
+    e.raw.zero_()
+    e.verify = True
+    c = e.add("C", a_prompt)
+    e.run()
+    assert [bytes(h) for h in c.block_hashes[:3]] == [bytes(h) for h in a.block_hashes[:3]]
+
+
 def test_a_finished_requests_blocks_are_free_at_once_and_read_before_reuse():
     # 4 usable GPU blocks; A takes all of them. When A finishes, its blocks
     # are back in vLLM's free pool in that step (stores still in flight);
@@ -387,16 +403,7 @@ def test_a_finished_requests_blocks_are_free_at_once_and_read_before_reuse():
         so, _ = e.step()
         assert a_ids <= set(so.scheduled_new_reqs[0].block_ids[0]), "B reuses A's blocks"
         assert not any("A" in st.reqs for st in w._stores), "A's stores were waited for"
-        e.run()
-        for st in w._stores:  # the copies still in flight land now
-            st.n.wait()
-        e.settle()
-        assert e.sched.reset_prefix_cache()
-        e.raw.zero_()
-        e.verify = True  # every loaded block checked before the forward
-        c = e.add("C", a_prompt)
-        e.run()
-        assert [bytes(h) for h in c.block_hashes[:3]] == [bytes(h) for h in a.block_hashes[:3]]
+        _c_loads_as_bytes(e, a, a_prompt)
         assert e.worker._worker.worker.cache.stats().onboarded == 3
     finally:
         e.close()
@@ -532,15 +539,6 @@ def test_an_async_load_into_a_finished_requests_blocks_waits_for_its_stores():
         loads = so.kv_connector_metadata.loads
         assert len(loads) == 1 and loads[0].is_async and set(loads[0].block_ids) & a_ids
         assert not any("A" in st.reqs for st in w._stores), "A's stores were waited for"
-        e.run()
-        for st in w._stores:  # the copies still in flight land now
-            st.n.wait()
-        e.settle()
-        assert e.sched.reset_prefix_cache()
-        e.raw.zero_()
-        e.verify = True
-        c = e.add("C", a_prompt)
-        e.run()
-        assert [bytes(h) for h in c.block_hashes[:3]] == [bytes(h) for h in a.block_hashes[:3]]
+        _c_loads_as_bytes(e, a, a_prompt)
     finally:
         e.close()

@@ -294,7 +294,7 @@ def test_metadata_of_another_worker_is_refused(pd, zctx):
     metadata of a worker that is not the engine id and rank it names: the
     pull fails its blocks; nothing is written to them."""
     import kvbmgo
-    from kvbmgo.vllm.worker import engine_worker_id
+    from kvbmgo.vllm.config import engine_worker_id
     p, d = pd
     params, want = held_R(p)
     other = kvbmgo.Worker(engine_worker_id("someone-else"))
