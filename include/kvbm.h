@@ -29,9 +29,10 @@
  * device backend at first use; KVBM_LOG sets the log level (stderr only);
  * KVBM_TRANSPORT=auto|ucx|tcp|loopback picks how workers of other processes
  * are reached (auto: TCP; ucx: UCX through libucp; loopback: this process
- * only), with KVBM_TCP_LISTEN (default ":0", every interface) and
- * KVBM_TCP_ADVERTISE (the host peers dial; default this host's first
- * non-loopback IPv4 address) for TCP. Between processes of one host, TCP
+ * only), with KVBM_TCP_ADVERTISE (the interface a worker listens on
+ * from its first metadata export, and the host peers dial; default
+ * 127.0.0.1: peers on other hosts need it set) and KVBM_TCP_LISTEN (an
+ * explicit listen address, host:port, listened on from create) for TCP. Between processes of one host, TCP
  * goes over a Unix socket and peers map each other's host layouts (shared
  * memory) and device memory (CUDA IPC; on the real driver only with
  * KVBM_CUDA_IPC=1); KVBM_SAME_HOST=0 turns that off.
@@ -254,10 +255,11 @@ typedef struct kvbm_worker_config {
  * backend, joins it to the process-wide in-process transport so that
  * other workers of this process can import its metadata, and serves its
  * layouts to other processes on the network transport KVBM_TRANSPORT
- * selects (TCP: a listening port, KVBM_TCP_LISTEN; its exported metadata
- * carries the address peers dial, which only peers that import it learn:
- * a peer may read and write the worker's registered memory, nothing
- * else). The strings are
+ * selects (TCP: a port on KVBM_TCP_ADVERTISE, 127.0.0.1 by default,
+ * listened on from the first kvbm_worker_export_metadata, or from create
+ * at KVBM_TCP_LISTEN; a worker that never exports listens on nothing; its
+ * exported metadata carries the address peers dial: a peer may read and
+ * write the worker's registered memory, nothing else). The strings are
  * copied. The caller destroys the worker with kvbm_worker_destroy.
  * Thread safety: a worker may be used from many threads at once.
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size, a

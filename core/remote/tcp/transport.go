@@ -17,11 +17,18 @@ import (
 // Config configures the TCP transport.
 type Config struct {
 	// Listen is the address the server listens on (default
-	// KVBM_TCP_LISTEN, else ":0": every interface, a free port).
+	// KVBM_TCP_LISTEN). When it is set the server listens at Serve (an
+	// explicit setting: the worker serves from create); when it is not,
+	// it listens at the first Endpoint (the worker's first metadata
+	// export), on a free port of the Advertise host, so that a worker
+	// nobody asked to serve listens on nothing, and one that serves
+	// listens on the interface it advertises, never on every interface.
 	Listen string
 	// Advertise is the host peers dial (default KVBM_TCP_ADVERTISE, else
-	// the listen host when it names one, else this host's first
-	// non-loopback IPv4 address, else 127.0.0.1).
+	// the listen host when it names one, else, when Listen names every
+	// interface, this host's first non-loopback IPv4 address, else
+	// 127.0.0.1). Peers on other hosts reach a worker only when this (or
+	// Listen) names an interface they can reach.
 	Advertise string
 	// Conns bounds the connections to each peer (default 4): operations on
 	// one peer run in parallel, one per connection.
@@ -56,9 +63,6 @@ func New(cfg Config) *Transport {
 	if cfg.Listen == "" {
 		cfg.Listen = os.Getenv("KVBM_TCP_LISTEN")
 	}
-	if cfg.Listen == "" {
-		cfg.Listen = ":0"
-	}
 	if cfg.Advertise == "" {
 		cfg.Advertise = os.Getenv("KVBM_TCP_ADVERTISE")
 	}
@@ -74,22 +78,52 @@ func New(cfg Config) *Transport {
 // Name is "tcp".
 func (t *Transport) Name() string { return "tcp" }
 
-// Addr is the address the server listens on (nil before Serve).
+// Addr is the address the server listens on (nil while it listens on
+// nothing: before Serve, and before the first Endpoint unless Listen is
+// set).
 func (t *Transport) Addr() net.Addr {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.ln == nil {
 		return nil
 	}
 	return t.ln.Addr()
 }
 
-// Serve listens and serves m's layouts to peers.
+// Serve serves m's layouts to peers: at once when Config.Listen is set,
+// else from the first Endpoint.
 func (t *Transport) Serve(m *transfer.Manager) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.m != nil {
 		return fmt.Errorf("%w: tcp transport already serves worker %x", transfer.ErrAlreadyExists, t.m.WorkerID())
 	}
-	ln, err := net.Listen("tcp", t.cfg.Listen)
+	if t.closed {
+		return fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
+	}
+	t.m = m
+	if t.cfg.Listen != "" {
+		if err := t.listen(); err != nil {
+			t.m = nil
+			return err
+		}
+	}
+	return nil
+}
+
+// listen opens the listeners (t.mu held).
+func (t *Transport) listen() error {
+	addr := t.cfg.Listen
+	if addr == "" {
+		host := t.cfg.Advertise
+		if host == "" {
+			host = "127.0.0.1"
+		}
+		addr = net.JoinHostPort(host, "0")
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("tcp transport: listen on %q: %w", t.cfg.Listen, err)
+		return fmt.Errorf("tcp transport: listen on %q: %w", addr, err)
 	}
 	host, err := advertiseHost(t.cfg.Advertise, ln.Addr().(*net.TCPAddr))
 	if err != nil {
@@ -97,13 +131,13 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 		return err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	ep := tcpEndpoint{worker: m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
+	ep := tcpEndpoint{worker: t.m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
 	if !t.cfg.NoSameHost {
-		if ep.host, ep.unix, t.unix = listenSameHost(m.WorkerID()); t.unix == nil {
+		if ep.host, ep.unix, t.unix = listenSameHost(t.m.WorkerID()); t.unix == nil {
 			ep.host = [16]byte{}
 		}
 	}
-	t.m, t.ln, t.ep = m, ln, ep.append(nil)
+	t.ln, t.ep = ln, ep.append(nil)
 	t.wg.Add(1)
 	go t.accept(ln)
 	if t.unix != nil {
@@ -115,10 +149,20 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 
 // Endpoint is version u8 (2) | worker u64 | host id [16] | Unix socket
 // name length u8 | name | "host:port". The host id and socket name are
-// zero and empty when the same-host path is off.
+// zero and empty when the same-host path is off. The first call listens,
+// unless Serve did.
 func (t *Transport) Endpoint() ([]byte, error) {
-	if t.ep == nil {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return nil, fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
+	case t.m == nil:
 		return nil, fmt.Errorf("%w: tcp transport is not serving", transfer.ErrInvalidArgument)
+	case t.ep == nil:
+		if err := t.listen(); err != nil {
+			return nil, err
+		}
 	}
 	return t.ep, nil
 }
