@@ -47,7 +47,11 @@ type Transport struct {
 	m    *transfer.Manager
 	ln   net.Listener
 	unix net.Listener // the same-host socket; nil when off
-	ep   []byte
+	ep   tcpEndpoint  // set when listening (key zero: the scope is chosen at Endpoint)
+	// keyRW and keyRO are the scopes' keys, derived from the secret drawn
+	// when the transport starts listening (auth.go).
+	keyRW, keyRO [keyLen]byte
+	refused      refusals
 
 	mu     sync.Mutex
 	closed bool
@@ -131,13 +135,19 @@ func (t *Transport) listen() error {
 		return err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
+	secret, err := newSecret()
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	t.keyRW, t.keyRO = scopeKeys(secret)
 	ep := tcpEndpoint{worker: t.m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
 	if !t.cfg.NoSameHost {
 		if ep.host, ep.unix, t.unix = listenSameHost(t.m.WorkerID()); t.unix == nil {
 			ep.host = [16]byte{}
 		}
 	}
-	t.ln, t.ep = ln, ep.append(nil)
+	t.ln, t.ep = ln, ep
 	t.wg.Add(1)
 	go t.accept(ln)
 	if t.unix != nil {
@@ -147,10 +157,12 @@ func (t *Transport) listen() error {
 	return nil
 }
 
-// Endpoint is version u8 (2) | worker u64 | host id [16] | Unix socket
-// name length u8 | name | "host:port". The host id and socket name are
-// zero and empty when the same-host path is off. The first call listens,
-// unless Serve did.
+// Endpoint is version u8 (3) | worker u64 | scope u8 | key [32] | host id
+// [16] | Unix socket name length u8 | name | "host:port". The key is the
+// read-write scope's: whoever holds the endpoint may read and write the
+// worker's layouts (auth.go). The host id and socket name are zero and
+// empty when the same-host path is off. The first call listens, unless
+// Serve did.
 func (t *Transport) Endpoint() ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -159,44 +171,50 @@ func (t *Transport) Endpoint() ([]byte, error) {
 		return nil, fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
 	case t.m == nil:
 		return nil, fmt.Errorf("%w: tcp transport is not serving", transfer.ErrInvalidArgument)
-	case t.ep == nil:
+	case t.ln == nil:
 		if err := t.listen(); err != nil {
 			return nil, err
 		}
 	}
-	return t.ep, nil
+	ep := t.ep
+	ep.scope, ep.key = scopeReadWrite, t.keyRW
+	return ep.append(nil), nil
 }
 
-const endpointVersion = 2
+const endpointVersion = 3 // 3: the scope and its key
 
 type tcpEndpoint struct {
 	worker uint64
-	host   [16]byte // the boot id of the server's host
-	unix   string   // its same-host socket (abstract, "@...")
-	addr   string   // host:port
+	scope  byte         // scopeReadWrite or scopeReadOnly
+	key    [keyLen]byte // the scope's key: the capability
+	host   [16]byte     // the boot id of the server's host
+	unix   string       // its same-host socket (abstract, "@...")
+	addr   string       // host:port
 }
 
 func (e tcpEndpoint) append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(append(b, endpointVersion), e.worker)
+	b = append(append(b, e.scope), e.key[:]...)
 	b = append(append(b, e.host[:]...), byte(len(e.unix)))
 	return append(append(b, e.unix...), e.addr...)
 }
 
 func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
-	if len(ep) >= 1+8+3 && ep[0] == 1 { // version 1 (TCP only), from an older kvbm
-		e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), addr: string(ep[9:])}
-		if _, _, err := net.SplitHostPort(e.addr); err != nil {
-			return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", remote.ErrBadEndpoint, e.addr, err)
-		}
-		return e, nil
+	if len(ep) > 0 && ep[0] != endpointVersion {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint version %d, this library reads version %d (metadata of an older kvbm: both instances must run the same kvbm)",
+			remote.ErrBadEndpoint, ep[0], endpointVersion)
 	}
-	const head = 1 + 8 + 16 + 1
-	if len(ep) < head+3 || ep[0] != endpointVersion {
-		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is not version %d", remote.ErrBadEndpoint, len(ep), endpointVersion)
+	const head = 1 + 8 + 1 + keyLen + 16 + 1
+	if len(ep) < head+3 {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes, at least %d", remote.ErrBadEndpoint, len(ep), head+3)
 	}
-	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:])}
-	copy(e.host[:], ep[9:25])
-	n := int(ep[25])
+	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), scope: ep[9]}
+	if e.scope != scopeReadWrite && e.scope != scopeReadOnly {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint scope %d", remote.ErrBadEndpoint, e.scope)
+	}
+	copy(e.key[:], ep[10:10+keyLen])
+	copy(e.host[:], ep[10+keyLen:head-1])
+	n := int(ep[head-1])
 	if len(ep) < head+n+3 {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is too short for its %d-byte socket name", remote.ErrBadEndpoint, len(ep), n)
 	}
@@ -224,13 +242,13 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	if !t.cfg.NoSameHost && ep.unix != "" && ep.host == hostID() && ep.host != [16]byte{} {
 		// Any failure here but the deadline's falls back to TCP: the socket
 		// may be in another network namespace, or refuse this user.
-		p = newTCPPeer(t, ep.worker, "unix", ep.unix)
+		p = newTCPPeer(t, ep, "unix", ep.unix)
 		if c, err = p.dial(ctx); err != nil && ctx.Err() != nil {
 			return nil, err
 		}
 	}
 	if c == nil {
-		p = newTCPPeer(t, ep.worker, "tcp", ep.addr)
+		p = newTCPPeer(t, ep, "tcp", ep.addr)
 		if c, err = p.dial(ctx); err != nil {
 			return nil, err
 		}
