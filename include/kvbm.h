@@ -421,6 +421,22 @@ kvbm_status_t kvbm_worker_onboard_layerwise(kvbm_worker_t worker, const uint32_t
 kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, size_t capacity,
                                           size_t *size);
 
+/* Flags of kvbm_worker_export_metadata_scoped. */
+#define KVBM_EXPORT_READ_ONLY 1u /* the metadata reads the layouts, never writes them */
+
+/* kvbm_worker_export_metadata with a scope. Exported metadata is a
+ * capability, a secret to pass only to the peers meant to hold it: it
+ * carries a key drawn by this worker, which every connection proves.
+ * kvbm_worker_export_metadata's lets its holder read and write the
+ * worker's registered layouts; with KVBM_EXPORT_READ_ONLY in flags, its
+ * holder may read them (a decode pulling from a prefill) and its writes
+ * are refused (KVBM_ERR_UNSUPPORTED at the writer). Other flag bits must
+ * be 0. Returns as kvbm_worker_export_metadata, and
+ * KVBM_ERR_INVALID_ARGUMENT (unknown flags), KVBM_ERR_UNSUPPORTED (read
+ * only on a transport that cannot scope: UCX). */
+kvbm_status_t kvbm_worker_export_metadata_scoped(kvbm_worker_t worker, uint32_t flags, uint8_t *buf,
+                                                 size_t capacity, size_t *size);
+
 /* Imports another worker's metadata so its layouts can be transfer
  * sources and destinations. A worker of this process is reached directly
  * (once it is destroyed, transfers on its layouts fail with

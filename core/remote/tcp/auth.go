@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/transfer"
 )
 
 // Authentication. A serving transport draws a 256-bit secret from the OS
@@ -131,6 +133,24 @@ func (t *Transport) verify(h hello, sn []byte) (scope byte, key []byte, ok bool)
 		return scopeReadOnly, t.keyRO[:], true
 	}
 	return 0, nil, false
+}
+
+// answerIn answers a request the scope allows, and refuses, keeping the
+// connection, one it does not: a read-only peer may read, not write nor
+// map (a mapping could be written).
+func (t *Transport) answerIn(scope byte, c net.Conn, r io.Reader, q request) error {
+	if scope == scopeReadWrite || q.op == opRead {
+		return t.answer(c, r, q)
+	}
+	if q.op == opWrite { // its bytes are on the wire
+		if _, err := io.CopyN(io.Discard, r, int64(q.bytes)); err != nil {
+			return err
+		}
+	}
+	err := fmt.Errorf("%w: the peer holds a read-only capability of worker %x: %s is refused (export read-write metadata to let it write)",
+		transfer.ErrUnsupported, t.m.WorkerID(), q.op)
+	_, werr := c.Write(appendStatus(nil, statusOf(err), err.Error()))
+	return werr
 }
 
 // refusals counts the connections refused at the hello and logs them, at

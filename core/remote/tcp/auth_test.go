@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 )
 
@@ -195,5 +196,50 @@ func BenchmarkConnectAndHandshake(b *testing.B) {
 			b.Fatal(err)
 		}
 		peer.drop(c)
+	}
+}
+
+// A read-only capability reads and cannot write, over TCP and on the same
+// host (where it is not mapped either: a mapping could be written); the
+// connection stays usable after the refusal.
+func TestAReadOnlyCapabilityCannotWrite(t *testing.T) {
+	for _, sameHost := range []bool{false, true} {
+		p := newTCPPair(t, 5*time.Second, Config{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
+		ro, err := p.expTCP.ReadOnlyEndpoint()
+		require.NoError(t, err)
+		rw, err := p.expTCP.Endpoint()
+		require.NoError(t, err)
+		require.NotEqual(t, rw, ro)
+		peer, err := p.impTCP.Connect(context.Background(), ro)
+		require.NoError(t, err)
+		require.Equal(t, sameHost, SameHost(peer))
+		defer peer.Close()
+		for _, name := range []string{"g2", "g1"} {
+			d, err := p.exp.Describe(p.remote[name])
+			require.NoError(t, err)
+			a, err := peer.Attach(d)
+			require.NoError(t, err)
+			require.False(t, Mapped(peer, p.remote[name]), "read-only: not mapped")
+			fill(t, p.exp, p.remote[name], 0x24)
+			want, want0 := block(t, p.exp, p.remote[name], 2), block(t, p.exp, p.remote[name], 0)
+			bs := uint64(p.cfg.BlockSize())
+			buf, err := storage.AllocSystem(bs)
+			require.NoError(t, err)
+			defer buf.Close()
+			var op transfer.RemoteOp
+			if d.Kind.IsHost() { // block 2 is one range; the device layout's is split by layer
+				op = transfer.RemoteOp{Remote: d.Bases[0] + 2*bs, Local: buf.Addr(), Size: bs}
+				require.NoError(t, a.Memory.Read(context.Background(), p.remote[name], []transfer.RemoteOp{op}), "%s: reads", name)
+				require.Equal(t, want, storage.HostBytes(buf.Addr(), bs))
+			} else {
+				op = transfer.RemoteOp{Remote: d.Bases[0], Local: buf.Addr(), Size: 64}
+				require.NoError(t, a.Memory.Read(context.Background(), p.remote[name], []transfer.RemoteOp{op}), "%s: reads", name)
+			}
+			err = a.Memory.Write(context.Background(), p.remote[name], []transfer.RemoteOp{op})
+			require.ErrorIs(t, err, transfer.ErrUnsupported, name)
+			require.ErrorContains(t, err, "read-only capability")
+			require.Equal(t, want, block(t, p.exp, p.remote[name], 2), "%s: nothing written", name)
+			require.Equal(t, want0, block(t, p.exp, p.remote[name], 0), "%s: nothing written", name)
+		}
 	}
 }

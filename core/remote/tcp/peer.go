@@ -26,6 +26,7 @@ type tcpPeer struct {
 	t       *Transport
 	worker  uint64
 	key     [keyLen]byte // the capability (auth.go)
+	scope   byte         // the key's scope: a read-only peer is not mapped
 	network string       // "tcp", or "unix" for a peer on this host
 	addr    string
 	slots   chan struct{} // one token per connection that may be open
@@ -47,7 +48,7 @@ type tcpConn struct {
 }
 
 func newTCPPeer(t *Transport, ep tcpEndpoint, network, addr string) *tcpPeer {
-	return &tcpPeer{t: t, worker: ep.worker, key: ep.key, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
+	return &tcpPeer{t: t, worker: ep.worker, key: ep.key, scope: ep.scope, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
 		idle: make(chan *tcpConn, t.cfg.Conns), open: map[*tcpConn]struct{}{}}
 }
 
@@ -59,7 +60,7 @@ func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
 			transfer.ErrInvalidArgument, d.Handle, p.worker)
 	}
-	if p.network == "unix" && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
+	if p.network == "unix" && p.scope == scopeReadWrite && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
 		if err := p.mapLayout(d.Handle); err != nil {
 			return transfer.Attachment{}, err
 		}

@@ -59,7 +59,6 @@ func (t *Transport) serveConn(c net.Conn) {
 	if !ok {
 		return
 	}
-	_ = scope
 	var err error
 	var buf []byte
 	for {
@@ -70,7 +69,7 @@ func (t *Transport) serveConn(c net.Conn) {
 			return // closed, or a malformed request: the connection cannot be trusted further
 		}
 		c.SetDeadline(time.Now().Add(deadline))
-		err = t.answer(c, r, q)
+		err = t.answerIn(scope, c, r, q)
 		t.served.Add(1)
 		if err != nil {
 			return

@@ -181,6 +181,19 @@ func (t *Transport) Endpoint() ([]byte, error) {
 	return ep.append(nil), nil
 }
 
+// ReadOnlyEndpoint is Endpoint with the read-only scope's key: its holder
+// reads the layouts and cannot write them, nor map them (same host).
+func (t *Transport) ReadOnlyEndpoint() ([]byte, error) {
+	if _, err := t.Endpoint(); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ep := t.ep
+	ep.scope, ep.key = scopeReadOnly, t.keyRO
+	return ep.append(nil), nil
+}
+
 const endpointVersion = 3 // 3: the scope and its key
 
 type tcpEndpoint struct {

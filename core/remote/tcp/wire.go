@@ -53,6 +53,22 @@ const (
 	opLendWrite wireOp = 5
 )
 
+func (o wireOp) String() string {
+	switch o {
+	case opRead:
+		return "read"
+	case opWrite:
+		return "write"
+	case opMap:
+		return "map"
+	case opLendRead:
+		return "lend to read"
+	case opLendWrite:
+		return "lend to write"
+	}
+	return fmt.Sprintf("op %d", uint8(o))
+}
+
 // lendDone is what a peer sends when its copy of lent memory is done.
 const lendDone byte = 1
 

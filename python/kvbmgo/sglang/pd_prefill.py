@@ -50,7 +50,7 @@ class PrefillSide:
                              mgr.signature)
             mgr._send((ip, port), wire.layouts(mgr.token, mgr._prefill_unique_rank(),
                                                mgr.signature,
-                                               [w.export_metadata() for w in mgr.workers]))
+                                               [w.export_metadata(read_only=True) for w in mgr.workers]))
         elif tag == wire.TAG_ROOM:
             info = wire.TransferInfo.parse(msg)
             room = info.room

@@ -212,7 +212,7 @@ class KvbmWorker:
         the first request held for a decode instance)."""
         if self._server is None:
             from .disagg import PrefillServer
-            self._server = PrefillServer(self.worker.export_metadata(), self.engine_id,
+            self._server = PrefillServer(self.worker.export_metadata(read_only=True), self.engine_id,
                                          self.config.pd_host, self.pd_port,
                                          self.config.pd_hold_s)
         return self._server
