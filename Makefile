@@ -67,6 +67,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote/tcp
+	$(GO) test -run '^$$' -fuzz FuzzParseHello -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzParseRegions -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 

@@ -14,6 +14,19 @@ import (
 //export kvbmgo_worker_export_metadata
 func kvbmgo_worker_export_metadata(h C.uintptr_t, buf *C.uint8_t, capacity C.size_t, size *C.size_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
+	return exportMetadata(h, 0, buf, capacity, size)
+}
+
+//export kvbmgo_worker_export_metadata_scoped
+func kvbmgo_worker_export_metadata_scoped(h C.uintptr_t, flags C.uint32_t, buf *C.uint8_t, capacity C.size_t, size *C.size_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	if flags&^C.KVBM_EXPORT_READ_ONLY != 0 {
+		return fail(errInvalidArgument, "worker_export_metadata_scoped: unknown flags %#x", uint32(flags))
+	}
+	return exportMetadata(h, flags, buf, capacity, size)
+}
+
+func exportMetadata(h C.uintptr_t, flags C.uint32_t, buf *C.uint8_t, capacity C.size_t, size *C.size_t) C.kvbm_status_t {
 	e, st := getWorker(h)
 	if st != statusOK {
 		return st
@@ -21,7 +34,11 @@ func kvbmgo_worker_export_metadata(h C.uintptr_t, buf *C.uint8_t, capacity C.siz
 	if size == nil || (buf == nil && capacity > 0) {
 		return fail(errInvalidArgument, "worker_export_metadata: size is NULL, or buf is NULL with capacity %d", capacity)
 	}
-	md, err := e.Worker().ExportMetadata()
+	export := e.Worker().ExportMetadata
+	if flags&C.KVBM_EXPORT_READ_ONLY != 0 {
+		export = e.Worker().ExportReadOnlyMetadata
+	}
+	md, err := export()
 	if err != nil {
 		return failErr(err)
 	}

@@ -29,9 +29,10 @@
  * device backend at first use; KVBM_LOG sets the log level (stderr only);
  * KVBM_TRANSPORT=auto|ucx|tcp|loopback picks how workers of other processes
  * are reached (auto: TCP; ucx: UCX through libucp; loopback: this process
- * only), with KVBM_TCP_LISTEN (default ":0", every interface) and
- * KVBM_TCP_ADVERTISE (the host peers dial; default this host's first
- * non-loopback IPv4 address) for TCP. Between processes of one host, TCP
+ * only), with KVBM_TCP_ADVERTISE (the interface a worker listens on
+ * from its first metadata export, and the host peers dial; default
+ * 127.0.0.1: peers on other hosts need it set) and KVBM_TCP_LISTEN (an
+ * explicit listen address, host:port, listened on from create) for TCP. Between processes of one host, TCP
  * goes over a Unix socket and peers map each other's host layouts (shared
  * memory) and device memory (CUDA IPC; on the real driver only with
  * KVBM_CUDA_IPC=1); KVBM_SAME_HOST=0 turns that off.
@@ -254,10 +255,11 @@ typedef struct kvbm_worker_config {
  * backend, joins it to the process-wide in-process transport so that
  * other workers of this process can import its metadata, and serves its
  * layouts to other processes on the network transport KVBM_TRANSPORT
- * selects (TCP: a listening port, KVBM_TCP_LISTEN; its exported metadata
- * carries the address peers dial, which only peers that import it learn:
- * a peer may read and write the worker's registered memory, nothing
- * else). The strings are
+ * selects (TCP: a port on KVBM_TCP_ADVERTISE, 127.0.0.1 by default,
+ * listened on from the first kvbm_worker_export_metadata, or from create
+ * at KVBM_TCP_LISTEN; a worker that never exports listens on nothing; its
+ * exported metadata carries the address peers dial: a peer may read and
+ * write the worker's registered memory, nothing else). The strings are
  * copied. The caller destroys the worker with kvbm_worker_destroy.
  * Thread safety: a worker may be used from many threads at once.
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size, a
@@ -418,6 +420,22 @@ kvbm_status_t kvbm_worker_onboard_layerwise(kvbm_worker_t worker, const uint32_t
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, size_t capacity,
                                           size_t *size);
+
+/* Flags of kvbm_worker_export_metadata_scoped. */
+#define KVBM_EXPORT_READ_ONLY 1u /* the metadata reads the layouts, never writes them */
+
+/* kvbm_worker_export_metadata with a scope. Exported metadata is a
+ * capability, a secret to pass only to the peers meant to hold it: it
+ * carries a key drawn by this worker, which every connection proves.
+ * kvbm_worker_export_metadata's lets its holder read and write the
+ * worker's registered layouts; with KVBM_EXPORT_READ_ONLY in flags, its
+ * holder may read them (a decode pulling from a prefill) and its writes
+ * are refused (KVBM_ERR_UNSUPPORTED at the writer). Other flag bits must
+ * be 0. Returns as kvbm_worker_export_metadata, and
+ * KVBM_ERR_INVALID_ARGUMENT (unknown flags), KVBM_ERR_UNSUPPORTED (read
+ * only on a transport that cannot scope: UCX). */
+kvbm_status_t kvbm_worker_export_metadata_scoped(kvbm_worker_t worker, uint32_t flags, uint8_t *buf,
+                                                 size_t capacity, size_t *size);
 
 /* Imports another worker's metadata so its layouts can be transfer
  * sources and destinations. A worker of this process is reached directly

@@ -46,7 +46,8 @@ type Node struct {
 }
 
 // New opens the transport, makes the worker and serves it on the
-// transport; a failure closes what was made.
+// transport (which listens from the first metadata export, see above); a
+// failure closes what was made.
 func New(cfg Config) (*Node, error) {
 	if cfg.Worker.Network != nil {
 		return nil, fmt.Errorf("%w: node: the worker's Network is the node's to open; name it in Transport", transfer.ErrInvalidArgument)
@@ -66,9 +67,11 @@ func New(cfg Config) (*Node, error) {
 		}
 		return nil, err
 	}
-	// The worker listens here, at create: every worker of the C ABI has so
-	// far. The trust work moves this to the first export of its metadata,
-	// so that a worker nobody asked to serve listens on nothing.
+	// The worker serves on the transport from create, but TCP listens
+	// only at the first export of its metadata (or here, when
+	// KVBM_TCP_LISTEN says so): a worker nobody asked to serve remote
+	// peers (one that only offloads locally) listens on nothing, and
+	// still reaches the peers whose metadata it imports.
 	if network != nil {
 		if err := w.ServeNetwork(network); err != nil {
 			return nil, errors.Join(err, w.Close())

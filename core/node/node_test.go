@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -132,4 +134,72 @@ func TestOneCacheClosedWithTheNode(t *testing.T) {
 	_, _, err = c.Offload([][]byte{[]byte("k")}, []int{0}, 0)
 	require.ErrorIs(t, err, transfer.ErrClosed)
 	require.ErrorContains(t, err, "the cache is closed", "the cache went first")
+}
+
+// listening is the listening sockets this process holds: TCP ("tcp
+// ip:port", hex as /proc/net/tcp writes it) and Unix ("unix @name").
+func listening(t *testing.T) []string {
+	t.Helper()
+	inodes := map[string]bool{}
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	var out []string
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			if f := strings.Fields(line); len(f) > 9 && f[3] == "0A" && inodes[f[9]] {
+				out = append(out, "tcp "+f[1])
+			}
+		}
+	}
+	b, err := os.ReadFile("/proc/net/unix")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		// Flags 00010000 is __SO_ACCEPTCON: listening.
+		if f := strings.Fields(line); len(f) > 7 && f[3] == "00010000" && inodes[f[6]] {
+			out = append(out, "unix "+f[7])
+		}
+	}
+	return out
+}
+
+// A worker made with nothing configured listens on nothing until its
+// metadata is first exported, and then on the loopback interface only
+// (and its same-host socket); KVBM_TCP_LISTEN makes it listen at create.
+func TestANodeListensOnlyOnceItExportsItsMetadata(t *testing.T) {
+	drv := newDriver(t)
+	for _, k := range []string{"KVBM_TRANSPORT", "KVBM_TCP_LISTEN", "KVBM_TCP_ADVERTISE", "KVBM_SAME_HOST"} {
+		t.Setenv(k, "")
+	}
+	before := listening(t)
+	n, err := New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv, Loopback: remote.NewLoopback()}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"loopback", "tcp"}, n.Worker().Transports())
+	require.Equal(t, before, listening(t), "made, not exported: no listener")
+	_, err = n.Worker().ExportMetadata()
+	require.NoError(t, err)
+	opened := listening(t)[len(before):]
+	require.NotEmpty(t, opened)
+	for _, l := range opened {
+		if strings.HasPrefix(l, "tcp ") {
+			require.True(t, strings.HasPrefix(l, "tcp 0100007F:"), "loopback only: %s", l)
+		}
+	}
+	_, err = n.Worker().ExportMetadata()
+	require.NoError(t, err)
+	require.Len(t, listening(t), len(before)+len(opened), "one listener, however often it exports")
+	require.NoError(t, n.Close())
+	require.Equal(t, before, listening(t), "closed: no listener")
+
+	t.Setenv("KVBM_TCP_LISTEN", "127.0.0.1:0")
+	n, err = New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv}})
+	require.NoError(t, err)
+	require.Greater(t, len(listening(t)), len(before), "KVBM_TCP_LISTEN: it listens from create")
+	require.NoError(t, n.Close())
 }

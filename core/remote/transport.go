@@ -28,6 +28,13 @@ type Transport interface {
 	Close() error
 }
 
+// ReadOnlyEndpointer is a Transport whose endpoints can carry a
+// narrower capability: the holder of ReadOnlyEndpoint may read the
+// worker's layouts and never write them (the server refuses).
+type ReadOnlyEndpointer interface {
+	ReadOnlyEndpoint() ([]byte, error)
+}
+
 // Peer is a connected worker whose layouts can be attached.
 type Peer interface {
 	transfer.Attacher

@@ -63,11 +63,19 @@ func (w *PhysicalWorker) transports() []remote.Transport {
 	return out
 }
 
-// exportEndpoints asks each transport for its current endpoint.
-func (w *PhysicalWorker) exportEndpoints() ([]Endpoint, error) {
+// exportEndpoints asks each transport for its current endpoint, a
+// read-only one when readOnly (the loopback's reaches this process only,
+// which is trusted; a transport that cannot scope is refused).
+func (w *PhysicalWorker) exportEndpoints(readOnly bool) ([]Endpoint, error) {
 	var out []Endpoint
 	for _, t := range w.transports() {
-		ep, err := t.Endpoint()
+		get := t.Endpoint
+		if ro, ok := t.(remote.ReadOnlyEndpointer); ok && readOnly {
+			get = ro.ReadOnlyEndpoint
+		} else if readOnly && t.Name() != "loopback" {
+			return nil, fmt.Errorf("%w: %s cannot export a read-only capability", transfer.ErrUnsupported, t.Name())
+		}
+		ep, err := get()
 		if err != nil {
 			return nil, fmt.Errorf("%s endpoint: %w", t.Name(), err)
 		}

@@ -36,10 +36,12 @@ type LogicalDescriptor struct {
 //	endpoint count × { name length u8 | name | address length u16 | address }
 //	crc32c u32 of everything before it
 //
-// Version 2 added the endpoints; both sides must speak the same version.
+// Version 2 added the endpoints; version 3 made them capabilities (a TCP
+// endpoint carries a key, see core/remote/tcp): the metadata is a secret.
+// Both sides must speak the same version.
 const (
 	metadataMagic   = "KVBM"
-	metadataVersion = 2
+	metadataVersion = 3
 	maxEndpoints    = 16
 	headerLen       = 4 + 2 + 2 + 8
 	fixedLayoutLen  = 4 + 4 + 8 + 2 + 7*8 + 2

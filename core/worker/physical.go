@@ -188,8 +188,17 @@ func (w *PhysicalWorker) handle(t Tier, role string) (transfer.LayoutHandle, err
 }
 
 // ExportMetadata encodes every registered tier's layout with its tier.
-func (w *PhysicalWorker) ExportMetadata() ([]byte, error) {
-	eps, err := w.exportEndpoints()
+// The metadata is a read-write capability: whoever holds it may read and
+// write the layouts (ExportReadOnlyMetadata for one that reads only).
+func (w *PhysicalWorker) ExportMetadata() ([]byte, error) { return w.exportMetadata(false) }
+
+// ExportReadOnlyMetadata is ExportMetadata with a read-only capability:
+// its holder may read the layouts (a decode pulling from a prefill),
+// its writes are refused by this worker's server.
+func (w *PhysicalWorker) ExportReadOnlyMetadata() ([]byte, error) { return w.exportMetadata(true) }
+
+func (w *PhysicalWorker) exportMetadata(readOnly bool) ([]byte, error) {
+	eps, err := w.exportEndpoints(readOnly)
 	if err != nil {
 		return nil, fmt.Errorf("export metadata: %w", err)
 	}

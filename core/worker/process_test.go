@@ -391,13 +391,15 @@ func TestDamagedOrForeignMetadataIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadMetadata)
 	require.ErrorContains(t, err, "checksum")
 
-	old := append([]byte(nil), exp.metadata...)
-	binary.LittleEndian.PutUint16(old[4:], 1)
-	binary.LittleEndian.PutUint32(old[len(old)-4:], crc32.Checksum(old[:len(old)-4], castagnoli))
-	err = dec.ConnectRemote(7, [][]byte{old})
-	require.ErrorIs(t, err, ErrBadMetadata)
-	require.ErrorContains(t, err, "version 1, this library reads version 2")
-	require.False(t, dec.HasRemoteMetadata(7))
+	for _, v := range []uint16{1, 2} { // 2: endpoints without keys, from an older kvbm
+		old := append([]byte(nil), exp.metadata...)
+		binary.LittleEndian.PutUint16(old[4:], v)
+		binary.LittleEndian.PutUint32(old[len(old)-4:], crc32.Checksum(old[:len(old)-4], castagnoli))
+		err = dec.ConnectRemote(7, [][]byte{old})
+		require.ErrorIs(t, err, ErrBadMetadata)
+		require.ErrorContains(t, err, fmt.Sprintf("version %d, this library reads version 3", v))
+		require.False(t, dec.HasRemoteMetadata(7))
+	}
 }
 
 // DisconnectRemote forgets an instance: its handles go, its connection

@@ -308,20 +308,25 @@ class Worker(Handle):
 
     # ---- metadata and remotes
 
-    def export_metadata(self) -> bytes:
+    def export_metadata(self, read_only: bool = False) -> bytes:
         """The worker's layout metadata (every registered tier), for another
-        worker's import_metadata / connect_remote. Raises nothing beyond what
-        any call may (see kvbmgo.errors)."""
+        worker's import_metadata / connect_remote. It is a capability, a
+        secret to give only to the peers meant to hold it: its holder may
+        read and write the worker's layouts, or only read them with
+        read_only (its writes are then refused: UnsupportedError). Raises
+        UnsupportedError for read_only on a transport that cannot scope
+        (UCX), nothing else beyond what any call may (see kvbmgo.errors)."""
         h = self.handle
+        flags = 1 if read_only else 0  # KVBM_EXPORT_READ_ONLY
         size = c_size_t()
         try:
-            lib.kvbm_worker_export_metadata(h, None, 0, byref(size))
+            lib.kvbm_worker_export_metadata_scoped(h, flags, None, 0, byref(size))
         except BufferTooSmallError:
             pass
         while True:
             buf = (c_uint8 * size.value)()
             try:
-                lib.kvbm_worker_export_metadata(h, buf, size.value, byref(size))
+                lib.kvbm_worker_export_metadata_scoped(h, flags, buf, size.value, byref(size))
                 return bytes(buf[:size.value])
             except BufferTooSmallError:
                 continue

@@ -40,7 +40,7 @@ PREFILL_SCRIPT = textwrap.dedent("""
         w.register_g1(cfg, g1)
         w.allocate_g2(cfg)
         n = w.transfer(Tier.G1, ids, Tier.G2, ids); n.wait(); n.close()
-        print("metadata", w.export_metadata().hex(), flush=True)
+        print("metadata", w.export_metadata().hex(), w.export_metadata(read_only=True).hex(), flush=True)
         for line in sys.stdin:
             _, seed, first, last = line.split()
             n = w.transfer(Tier.G2, ids, Tier.G1, ids); n.wait(); n.close()
@@ -66,6 +66,7 @@ class Prefill:
         line = self.proc.stdout.readline()
         assert line.startswith("metadata "), line
         self.metadata = bytes.fromhex(line.split()[1])
+        self.read_only = bytes.fromhex(line.split()[2])
 
     def check(self, seed, first, last):
         self.proc.stdin.write(f"check {seed} {first} {last}\n")
@@ -117,6 +118,19 @@ def test_pull_and_push_across_processes(prefill):
         assert prefill.check(9, 2, 4) == "ok"
         assert prefill.check(5, 4, NB) == "ok"  # the rest is as it was
         assert w.counters()[kvbmgo.TransferPath.TWO_HOP].blocks == NB + 2
+
+
+def test_read_only_metadata_pulls_and_cannot_push(prefill):
+    w, g1 = decode_worker(10.0)
+    with w:
+        w.connect_remote(PREFILL, prefill.read_only)
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, IDS, Tier.G1, IDS))
+        np.testing.assert_array_equal(g1, pattern(5))
+        g1[:] = pattern(9)
+        h = kvbmgo.LayoutHandle(0xB1, 2)
+        with pytest.raises(kvbmgo.errors.UnsupportedError, match="read-only capability"):
+            wait_ok(w.transfer_to_remote(Tier.G1, [2, 3], h, [2, 3]))
+        assert prefill.check(5, 0, NB) == "ok"  # nothing was written
 
 
 def test_killed_prefill_fails_every_block_then_a_new_one_is_reached(prefill):

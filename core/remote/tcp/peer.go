@@ -3,6 +3,8 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +25,9 @@ import (
 type tcpPeer struct {
 	t       *Transport
 	worker  uint64
-	network string // "tcp", or "unix" for a peer on this host
+	key     [keyLen]byte // the capability (auth.go)
+	scope   byte         // the key's scope: a read-only peer is not mapped
+	network string       // "tcp", or "unix" for a peer on this host
 	addr    string
 	slots   chan struct{} // one token per connection that may be open
 	idle    chan *tcpConn
@@ -43,8 +47,8 @@ type tcpConn struct {
 	deadline time.Time
 }
 
-func newTCPPeer(t *Transport, worker uint64, network, addr string) *tcpPeer {
-	return &tcpPeer{t: t, worker: worker, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
+func newTCPPeer(t *Transport, ep tcpEndpoint, network, addr string) *tcpPeer {
+	return &tcpPeer{t: t, worker: ep.worker, key: ep.key, scope: ep.scope, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
 		idle: make(chan *tcpConn, t.cfg.Conns), open: map[*tcpConn]struct{}{}}
 }
 
@@ -56,7 +60,7 @@ func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
 			transfer.ErrInvalidArgument, d.Handle, p.worker)
 	}
-	if p.network == "unix" && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
+	if p.network == "unix" && p.scope == scopeReadWrite && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
 		if err := p.mapLayout(d.Handle); err != nil {
 			return transfer.Attachment{}, err
 		}
@@ -253,7 +257,7 @@ func (p *tcpPeer) dial(ctx context.Context) (*tcpConn, error) {
 	return c, err
 }
 
-// dialConn connects and exchanges hellos.
+// dialConn connects and proves the key both ways (auth.go).
 func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, p.network, p.addr)
@@ -266,17 +270,7 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	}
 	// Small: reads of the bytes themselves, larger than it, bypass it.
 	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
-	hello := make([]byte, helloLen)
-	_, err = nc.Write(appendHello(nil, p.worker))
-	if err == nil {
-		_, err = io.ReadFull(c.r, hello)
-	}
-	if err == nil {
-		_, err = parseHello(hello)
-	}
-	if err == nil {
-		err = readStatus(c.r)
-	}
+	err = p.handshake(c)
 	if err != nil {
 		nc.Close()
 		var ne net.Error
@@ -284,12 +278,43 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 			return nil, fmt.Errorf("%w: %w: peer %x at %s accepted but did not answer the hello within the deadline",
 				remote.ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
 		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("%w: peer %x at %s closed the connection at the hello: it is not the worker this metadata names "+
+				"(stale metadata: import its current metadata), or another kvbm version", remote.ErrPeerUnavailable, p.worker, p.addr)
+		}
 		return nil, fmt.Errorf("%w: hello to peer %x at %s: %w", remote.ErrPeerUnavailable, p.worker, p.addr, err)
 	}
 	p.mu.Lock()
 	p.open[c] = struct{}{}
 	p.mu.Unlock()
 	return c, nil
+}
+
+// handshake answers the server's challenge and checks its proof.
+func (p *tcpPeer) handshake(c *tcpConn) error {
+	var self uint64
+	if p.t.m != nil {
+		self = p.t.m.WorkerID()
+	}
+	sn := make([]byte, nonceLen)
+	if _, err := io.ReadFull(c.r, sn); err != nil {
+		return err
+	}
+	cn := make([]byte, nonceLen)
+	if _, err := rand.Read(cn); err != nil {
+		return err
+	}
+	if _, err := c.c.Write(appendHello(nil, p.key[:], sn, cn, p.worker, self)); err != nil {
+		return err
+	}
+	got := make([]byte, proofLen)
+	if _, err := io.ReadFull(c.r, got); err != nil {
+		return err
+	}
+	if !hmac.Equal(got, proof(p.key[:], serverLabel, sn, cn, p.worker, self)) {
+		return fmt.Errorf("the peer's proof does not verify: the process at %s is not worker %x", p.addr, p.worker)
+	}
+	return nil
 }
 
 func (p *tcpPeer) put(c *tcpConn) {

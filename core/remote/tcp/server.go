@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bufio"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -75,25 +76,12 @@ func (t *Transport) serveConn(c net.Conn) {
 	deadline := t.m.RemoteDeadline()
 	// Small: reads of the bytes themselves, larger than it, bypass it.
 	r := bufio.NewReaderSize(c, 4<<10)
-	hello := make([]byte, helloLen)
 	c.SetDeadline(time.Now().Add(deadline))
-	if _, err := io.ReadFull(r, hello); err != nil {
+	scope, ok := t.handshake(c, r)
+	if !ok {
 		return
 	}
-	want, err := parseHello(hello)
-	reply := appendHello(nil, t.m.WorkerID())
-	switch {
-	case err != nil:
-		reply = appendStatus(reply, statusInvalid, err.Error())
-	case want != t.m.WorkerID():
-		reply = appendStatus(reply, statusNotFound, fmt.Sprintf(
-			"this server is worker %#x, not %#x: the peer's metadata is stale; import the current metadata", t.m.WorkerID(), want))
-	default:
-		reply = appendStatus(reply, statusOK, "")
-	}
-	if _, err := c.Write(reply); err != nil || reply[helloLen] != statusOK {
-		return
-	}
+	var err error
 	var buf []byte
 	for {
 		c.SetDeadline(time.Time{})
@@ -107,12 +95,43 @@ func (t *Transport) serveConn(c net.Conn) {
 			t.requestFailed(c, err)
 			return // closed, slow, or a malformed request: the connection cannot be trusted further
 		}
-		err = t.answer(c, r, q)
+		err = t.answerIn(scope, c, r, q)
 		t.served.Add(1)
 		if err != nil {
 			return
 		}
 	}
+}
+
+// handshake challenges the client and checks its hello (auth.go); a
+// client that fails it is closed on with nothing said but the challenge.
+func (t *Transport) handshake(c net.Conn, r io.Reader) (scope byte, ok bool) {
+	sn := make([]byte, nonceLen)
+	if _, err := rand.Read(sn); err != nil {
+		return 0, false
+	}
+	if _, err := c.Write(sn); err != nil {
+		return 0, false
+	}
+	b := make([]byte, helloLen)
+	if _, err := io.ReadFull(r, b); err != nil {
+		t.refused.refuse(t.m.WorkerID(), c, fmt.Sprintf("no hello: %v", err))
+		return 0, false
+	}
+	h, err := parseHello(b)
+	if err != nil {
+		t.refused.refuse(t.m.WorkerID(), c, err.Error())
+		return 0, false
+	}
+	scope, key, ok := t.verify(h, sn)
+	if !ok {
+		t.refused.refuse(t.m.WorkerID(), c, "the hello's proof does not verify: not this worker's current metadata (stale, another worker's, tampered, or replayed)")
+		return 0, false
+	}
+	if _, err := c.Write(proof(key, serverLabel, sn, h.cn, t.m.WorkerID(), h.client)); err != nil {
+		return 0, false
+	}
+	return scope, true
 }
 
 // answer serves one request; an error means the connection must close.

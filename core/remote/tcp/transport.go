@@ -17,11 +17,18 @@ import (
 // Config configures the TCP transport.
 type Config struct {
 	// Listen is the address the server listens on (default
-	// KVBM_TCP_LISTEN, else ":0": every interface, a free port).
+	// KVBM_TCP_LISTEN). When it is set the server listens at Serve (an
+	// explicit setting: the worker serves from create); when it is not,
+	// it listens at the first Endpoint (the worker's first metadata
+	// export), on a free port of the Advertise host, so that a worker
+	// nobody asked to serve listens on nothing, and one that serves
+	// listens on the interface it advertises, never on every interface.
 	Listen string
 	// Advertise is the host peers dial (default KVBM_TCP_ADVERTISE, else
-	// the listen host when it names one, else this host's first
-	// non-loopback IPv4 address, else 127.0.0.1).
+	// the listen host when it names one, else, when Listen names every
+	// interface, this host's first non-loopback IPv4 address, else
+	// 127.0.0.1). Peers on other hosts reach a worker only when this (or
+	// Listen) names an interface they can reach.
 	Advertise string
 	// Conns bounds the connections to each peer (default 4): operations on
 	// one peer run in parallel, one per connection.
@@ -47,7 +54,11 @@ type Transport struct {
 	m    *transfer.Manager
 	ln   net.Listener
 	unix net.Listener // the same-host socket; nil when off
-	ep   []byte
+	ep   tcpEndpoint  // set when listening (key zero: the scope is chosen at Endpoint)
+	// keyRW and keyRO are the scopes' keys, derived from the secret drawn
+	// when the transport starts listening (auth.go).
+	keyRW, keyRO [keyLen]byte
+	refused      refusals
 
 	mu     sync.Mutex
 	closed bool
@@ -64,9 +75,6 @@ type Transport struct {
 func New(cfg Config) *Transport {
 	if cfg.Listen == "" {
 		cfg.Listen = os.Getenv("KVBM_TCP_LISTEN")
-	}
-	if cfg.Listen == "" {
-		cfg.Listen = ":0"
 	}
 	if cfg.Advertise == "" {
 		cfg.Advertise = os.Getenv("KVBM_TCP_ADVERTISE")
@@ -89,22 +97,52 @@ func New(cfg Config) *Transport {
 // Name is "tcp".
 func (t *Transport) Name() string { return "tcp" }
 
-// Addr is the address the server listens on (nil before Serve).
+// Addr is the address the server listens on (nil while it listens on
+// nothing: before Serve, and before the first Endpoint unless Listen is
+// set).
 func (t *Transport) Addr() net.Addr {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.ln == nil {
 		return nil
 	}
 	return t.ln.Addr()
 }
 
-// Serve listens and serves m's layouts to peers.
+// Serve serves m's layouts to peers: at once when Config.Listen is set,
+// else from the first Endpoint.
 func (t *Transport) Serve(m *transfer.Manager) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.m != nil {
 		return fmt.Errorf("%w: tcp transport already serves worker %x", transfer.ErrAlreadyExists, t.m.WorkerID())
 	}
-	ln, err := net.Listen("tcp", t.cfg.Listen)
+	if t.closed {
+		return fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
+	}
+	t.m = m
+	if t.cfg.Listen != "" {
+		if err := t.listen(); err != nil {
+			t.m = nil
+			return err
+		}
+	}
+	return nil
+}
+
+// listen opens the listeners (t.mu held).
+func (t *Transport) listen() error {
+	addr := t.cfg.Listen
+	if addr == "" {
+		host := t.cfg.Advertise
+		if host == "" {
+			host = "127.0.0.1"
+		}
+		addr = net.JoinHostPort(host, "0")
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("tcp transport: listen on %q: %w", t.cfg.Listen, err)
+		return fmt.Errorf("tcp transport: listen on %q: %w", addr, err)
 	}
 	if listenWrap != nil {
 		ln = listenWrap(ln)
@@ -115,13 +153,19 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 		return err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	ep := tcpEndpoint{worker: m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
+	secret, err := newSecret()
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	t.keyRW, t.keyRO = scopeKeys(secret)
+	ep := tcpEndpoint{worker: t.m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
 	if !t.cfg.NoSameHost {
-		if ep.host, ep.unix, t.unix = listenSameHost(m.WorkerID()); t.unix == nil {
+		if ep.host, ep.unix, t.unix = listenSameHost(t.m.WorkerID()); t.unix == nil {
 			ep.host = [16]byte{}
 		}
 	}
-	t.m, t.ln, t.ep = m, ln, ep.append(nil)
+	t.ln, t.ep = ln, ep
 	t.wg.Add(1)
 	go t.accept(ln)
 	if t.unix != nil {
@@ -131,46 +175,77 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 	return nil
 }
 
-// Endpoint is version u8 (2) | worker u64 | host id [16] | Unix socket
-// name length u8 | name | "host:port". The host id and socket name are
-// zero and empty when the same-host path is off.
+// Endpoint is version u8 (3) | worker u64 | scope u8 | key [32] | host id
+// [16] | Unix socket name length u8 | name | "host:port". The key is the
+// read-write scope's: whoever holds the endpoint may read and write the
+// worker's layouts (auth.go). The host id and socket name are zero and
+// empty when the same-host path is off. The first call listens, unless
+// Serve did.
 func (t *Transport) Endpoint() ([]byte, error) {
-	if t.ep == nil {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return nil, fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
+	case t.m == nil:
 		return nil, fmt.Errorf("%w: tcp transport is not serving", transfer.ErrInvalidArgument)
+	case t.ln == nil:
+		if err := t.listen(); err != nil {
+			return nil, err
+		}
 	}
-	return t.ep, nil
+	ep := t.ep
+	ep.scope, ep.key = scopeReadWrite, t.keyRW
+	return ep.append(nil), nil
 }
 
-const endpointVersion = 2
+// ReadOnlyEndpoint is Endpoint with the read-only scope's key: its holder
+// reads the layouts and cannot write them, nor map them (same host).
+func (t *Transport) ReadOnlyEndpoint() ([]byte, error) {
+	if _, err := t.Endpoint(); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ep := t.ep
+	ep.scope, ep.key = scopeReadOnly, t.keyRO
+	return ep.append(nil), nil
+}
+
+const endpointVersion = 3 // 3: the scope and its key
 
 type tcpEndpoint struct {
 	worker uint64
-	host   [16]byte // the boot id of the server's host
-	unix   string   // its same-host socket (abstract, "@...")
-	addr   string   // host:port
+	scope  byte         // scopeReadWrite or scopeReadOnly
+	key    [keyLen]byte // the scope's key: the capability
+	host   [16]byte     // the boot id of the server's host
+	unix   string       // its same-host socket (abstract, "@...")
+	addr   string       // host:port
 }
 
 func (e tcpEndpoint) append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(append(b, endpointVersion), e.worker)
+	b = append(append(b, e.scope), e.key[:]...)
 	b = append(append(b, e.host[:]...), byte(len(e.unix)))
 	return append(append(b, e.unix...), e.addr...)
 }
 
 func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
-	if len(ep) >= 1+8+3 && ep[0] == 1 { // version 1 (TCP only), from an older kvbm
-		e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), addr: string(ep[9:])}
-		if _, _, err := net.SplitHostPort(e.addr); err != nil {
-			return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint address %q: %v", remote.ErrBadEndpoint, e.addr, err)
-		}
-		return e, nil
+	if len(ep) > 0 && ep[0] != endpointVersion {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint version %d, this library reads version %d (metadata of an older kvbm: both instances must run the same kvbm)",
+			remote.ErrBadEndpoint, ep[0], endpointVersion)
 	}
-	const head = 1 + 8 + 16 + 1
-	if len(ep) < head+3 || ep[0] != endpointVersion {
-		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is not version %d", remote.ErrBadEndpoint, len(ep), endpointVersion)
+	const head = 1 + 8 + 1 + keyLen + 16 + 1
+	if len(ep) < head+3 {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes, at least %d", remote.ErrBadEndpoint, len(ep), head+3)
 	}
-	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:])}
-	copy(e.host[:], ep[9:25])
-	n := int(ep[25])
+	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), scope: ep[9]}
+	if e.scope != scopeReadWrite && e.scope != scopeReadOnly {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint scope %d", remote.ErrBadEndpoint, e.scope)
+	}
+	copy(e.key[:], ep[10:10+keyLen])
+	copy(e.host[:], ep[10+keyLen:head-1])
+	n := int(ep[head-1])
 	if len(ep) < head+n+3 {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is too short for its %d-byte socket name", remote.ErrBadEndpoint, len(ep), n)
 	}
@@ -198,13 +273,13 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	if !t.cfg.NoSameHost && ep.unix != "" && ep.host == hostID() && ep.host != [16]byte{} {
 		// Any failure here but the deadline's falls back to TCP: the socket
 		// may be in another network namespace, or refuse this user.
-		p = newTCPPeer(t, ep.worker, "unix", ep.unix)
+		p = newTCPPeer(t, ep, "unix", ep.unix)
 		if c, err = p.dial(ctx); err != nil && ctx.Err() != nil {
 			return nil, err
 		}
 	}
 	if c == nil {
-		p = newTCPPeer(t, ep.worker, "tcp", ep.addr)
+		p = newTCPPeer(t, ep, "tcp", ep.addr)
 		if c, err = p.dial(ctx); err != nil {
 			return nil, err
 		}

@@ -34,7 +34,7 @@ type tcpPair struct {
 	local          map[string]transfer.LayoutHandle
 }
 
-func newTCPPair(t *testing.T, deadline time.Duration, cfgs ...Config) *tcpPair {
+func newTCPPair(t testing.TB, deadline time.Duration, cfgs ...Config) *tcpPair {
 	t.Helper()
 	tcpCfg := Config{Listen: "127.0.0.1:0"}
 	if len(cfgs) > 0 {
@@ -269,38 +269,24 @@ func TestTCPSilentPeerFailsWithinTheDeadline(t *testing.T) {
 func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	tr := New(Config{})
 	defer tr.Close()
-	v1 := append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "nohostport"...)
-	v3 := tcpEndpoint{worker: 1, addr: "127.0.0.1:1"}.append(nil)
-	v3[0] = 3
+	v1 := append([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, "10.0.0.1:4000"...)
+	v2 := append(append([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 17)...), "10.0.0.1:4000"...)
+	v4 := tcpEndpoint{worker: 1, addr: "127.0.0.1:1"}.append(nil)
+	v4[0] = 4
+	badScope := tcpEndpoint{worker: 1, scope: 7, addr: "127.0.0.1:1"}.append(nil)
 	relative := tcpEndpoint{worker: 1, unix: "/tmp/sock", addr: "127.0.0.1:1"}.append(nil)
-	for _, ep := range [][]byte{nil, {9}, v1, v3, relative, tcpEndpoint{worker: 1, addr: "nohostport"}.append(nil)} {
+	for _, ep := range [][]byte{nil, {9}, v1, v2, v4, badScope, relative, tcpEndpoint{worker: 1, addr: "nohostport"}.append(nil)} {
 		_, err := tr.Connect(context.Background(), ep)
 		require.ErrorIs(t, err, remote.ErrBadEndpoint, "%q", ep)
 	}
-	old, err := parseTCPEndpoint(append([]byte{1, 7, 0, 0, 0, 0, 0, 0, 0}, "10.0.0.1:4000"...))
-	require.NoError(t, err, "an older kvbm's endpoint (version 1, TCP only) is read")
-	require.Equal(t, tcpEndpoint{worker: 7, addr: "10.0.0.1:4000"}, old)
-	_, err = parseHello([]byte("KVBX\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"))
+	_, err := parseTCPEndpoint(v2)
+	require.ErrorContains(t, err, "tcp endpoint version 2, this library reads version 3", "an older kvbm's endpoint names both versions")
+	_, err = parseTCPEndpoint(v1)
+	require.ErrorContains(t, err, "version 1, this library reads version 3")
+	_, err = parseHello(append([]byte("KVBX"), make([]byte, helloLen-4)...))
 	require.ErrorContains(t, err, "not a kvbm TCP transport")
-	_, err = parseHello(appendHello(nil, 1)[:5])
+	_, err = parseHello(appendHello(nil, nil, nil, make([]byte, nonceLen), 1, 2)[:5])
 	require.ErrorIs(t, err, remote.ErrBadEndpoint)
-
-	// A stale endpoint: the server is another worker now.
-	emu := cuda.NewEmulated(1)
-	defer emu.Close()
-	m, err := transfer.NewManager(transfer.Config{WorkerID: 0xAB, Driver: emu})
-	require.NoError(t, err)
-	defer m.Close()
-	srv := New(Config{Listen: "127.0.0.1:0"})
-	defer srv.Close()
-	require.NoError(t, srv.Serve(m))
-	ep, err := srv.Endpoint()
-	require.NoError(t, err)
-	stale := append([]byte(nil), ep...)
-	stale[1] = 0xAC
-	_, err = tr.Connect(context.Background(), stale)
-	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
-	require.ErrorContains(t, err, "stale")
 }
 
 // Cancel and a transfer deadline stop a pull the exporter is slow to
@@ -431,10 +417,6 @@ func TestSameHostDialerProcess(t *testing.T) {
 	c, err := net.Dial("unix", name)
 	require.NoError(t, err)
 	defer c.Close()
-	if _, err := c.Write(appendHello(nil, 0xE1)); err != nil {
-		fmt.Printf("answered 0 bytes, %v\n", err) // closed on before the hello went
-		return
-	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	n, err := c.Read(make([]byte, 64))
 	fmt.Printf("answered %d bytes, %v\n", n, err)
@@ -472,7 +454,7 @@ func TestSameHostSocketRefusesOtherUsers(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		if uid == 0 {
-			require.Contains(t, string(out), fmt.Sprintf("answered %d bytes, <nil>", helloLen+3), "this user is welcomed")
+			require.Contains(t, string(out), fmt.Sprintf("answered %d bytes, <nil>", nonceLen), "this user is challenged")
 		} else {
 			require.Contains(t, string(out), "answered 0 bytes, ", "another user is closed on")
 			require.NotContains(t, string(out), "<nil>", "closed on (EOF, or reset: its hello was never read)")
@@ -528,6 +510,8 @@ func TestConnectRacingCloseReturns(t *testing.T) {
 			}
 			go func(i int, c net.Conn) {
 				defer c.Close()
+				sn := make([]byte, nonceLen)
+				c.Write(sn)
 				b := make([]byte, helloLen)
 				if _, err := io.ReadFull(c, b); err != nil {
 					return
@@ -536,7 +520,8 @@ func TestConnectRacingCloseReturns(t *testing.T) {
 					close(second)
 					<-release
 				}
-				c.Write(appendStatus(appendHello(nil, worker), statusOK, ""))
+				h, _ := parseHello(b)
+				c.Write(proof(make([]byte, keyLen), serverLabel, sn, h.cn, worker, h.client))
 				io.Copy(io.Discard, c)
 			}(i, c)
 		}

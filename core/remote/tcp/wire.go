@@ -12,16 +12,15 @@ import (
 )
 
 // The TCP transport's wire format, little endian. A connection starts with
-// a hello each way, then carries one request at a time:
+// the server's challenge, the client's hello and the server's proof
+// (auth.go), then carries one request at a time:
 //
-//	hello:    magic "KVBT" | version u16 | worker u64
-//	welcome:  magic "KVBT" | version u16 | worker u64 | status u8 | message length u16 | message
 //	request:  op u8 | handle worker u64 | handle layout u16 | count u32 |
 //	          count × { address u64 | size u64 } | (write) the bytes
 //	reply:    status u8 | message length u16 | message | (read, status ok) the bytes
 //
-// The hello names the worker the client expects, so that a peer restarted
-// under another id (stale metadata) is refused at once.
+// The hello proves the key of the worker the client expects, so that a
+// peer restarted under another id (stale metadata) is refused at once.
 //
 // A peer on the same host connects over a Unix socket instead and may also
 // send (samehost.go):
@@ -34,8 +33,8 @@ import (
 //	  reply:  status | message; (ok) the peer copies, then sends done u8 (1)
 const (
 	wireMagic   = "KVBT"
-	wireVersion = 1
-	helloLen    = 4 + 2 + 8
+	wireVersion = 2 // 2: authenticated hello
+	helloLen    = 4 + 2 + 8 + nonceLen + proofLen
 	reqHeadLen  = 1 + 8 + 2 + 4
 	opLen       = 16
 	// maxOps and maxRequestBytes bound what a server reads for one request.
@@ -53,6 +52,22 @@ const (
 	opLendRead  wireOp = 4
 	opLendWrite wireOp = 5
 )
+
+func (o wireOp) String() string {
+	switch o {
+	case opRead:
+		return "read"
+	case opWrite:
+		return "write"
+	case opMap:
+		return "map"
+	case opLendRead:
+		return "lend to read"
+	case opLendWrite:
+		return "lend to write"
+	}
+	return fmt.Sprintf("op %d", uint8(o))
+}
 
 // lendDone is what a peer sends when its copy of lent memory is done.
 const lendDone byte = 1
@@ -111,26 +126,6 @@ func (e *serverError) Unwrap() error {
 		}
 	}
 	return nil
-}
-
-func appendHello(b []byte, worker uint64) []byte {
-	b = append(b, wireMagic...)
-	b = binary.LittleEndian.AppendUint16(b, wireVersion)
-	return binary.LittleEndian.AppendUint64(b, worker)
-}
-
-// parseHello checks a hello's magic and version and returns its worker.
-func parseHello(b []byte) (uint64, error) {
-	if len(b) != helloLen {
-		return 0, fmt.Errorf("%w: hello of %d bytes, want %d", remote.ErrBadEndpoint, len(b), helloLen)
-	}
-	if string(b[:4]) != wireMagic {
-		return 0, fmt.Errorf("%w: magic %q, want %q: not a kvbm TCP transport", remote.ErrBadEndpoint, b[:4], wireMagic)
-	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != wireVersion {
-		return 0, fmt.Errorf("%w: wire version %d, this library speaks %d", remote.ErrBadEndpoint, v, wireVersion)
-	}
-	return binary.LittleEndian.Uint64(b[6:]), nil
 }
 
 func appendStatus(b []byte, status byte, msg string) []byte {

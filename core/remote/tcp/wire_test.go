@@ -62,19 +62,16 @@ func FuzzReadRequest(f *testing.F) {
 // FuzzTCPEndpoint: endpoints come from metadata, that is from the network.
 func FuzzTCPEndpoint(f *testing.F) {
 	f.Add(tcpEndpoint{worker: 1, addr: "127.0.0.1:4000"}.append(nil))
-	f.Add(tcpEndpoint{worker: 1, host: [16]byte{1}, unix: "@kvbm-1", addr: "[::1]:4000"}.append(nil))
+	f.Add(tcpEndpoint{worker: 1, scope: scopeReadOnly, key: [keyLen]byte{9}, host: [16]byte{1}, unix: "@kvbm-1", addr: "[::1]:4000"}.append(nil))
 	f.Add([]byte{1})
+	f.Add(append([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0}, "10.0.0.1:4000"...))
 	f.Fuzz(func(t *testing.T, ep []byte) {
 		e, err := parseTCPEndpoint(ep)
 		if err != nil {
 			require.ErrorIs(t, err, remote.ErrBadEndpoint)
 			return
 		}
-		if ep[0] == 1 { // an older kvbm's: read as version 2 without the same-host route
-			require.Equal(t, append([]byte{1}, ep[1:]...), append(append([]byte{1}, ep[1:9]...), e.addr...))
-			require.Empty(t, e.unix)
-			return
-		}
+		require.Equal(t, byte(endpointVersion), ep[0], "older versions are refused")
 		require.Equal(t, ep, e.append(nil), "what parses encodes back to the same bytes")
 	})
 }
@@ -99,5 +96,20 @@ func FuzzParseRegions(f *testing.F) {
 			regions[i] = transfer.SharedRegion{Addr: r.addr, Size: r.size, IPC: r.ipc}
 		}
 		require.Equal(t, b, appendRegions(nil, regions), "what parses encodes back to the same bytes")
+	})
+}
+
+// FuzzParseHello: a hello comes from whoever reaches the port.
+func FuzzParseHello(f *testing.F) {
+	f.Add(appendHello(nil, make([]byte, keyLen), make([]byte, nonceLen), make([]byte, nonceLen), 1, 2))
+	f.Add([]byte("KVBT"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := parseHello(b)
+		if err != nil {
+			require.ErrorIs(t, err, remote.ErrBadEndpoint)
+			return
+		}
+		require.Len(t, h.cn, nonceLen)
+		require.Len(t, h.proof, proofLen)
 	})
 }

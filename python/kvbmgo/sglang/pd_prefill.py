@@ -59,7 +59,7 @@ class PrefillSide:
                              f"{known['endpoint']}:{known['port']} already", f"{ip}:{port}")
                 return
             mgr.decode_kv_args_table[peer] = {"endpoint": ip, "port": port, "signature": sig}
-            mds = [w.export_metadata() for w in mgr.workers]
+            mds = [w.export_metadata(read_only=True) for w in mgr.workers]
             if sig != mgr.signature:
                 logger.error("kvbm transfer backend: decode %s:%s has KV/aux buffers %s, "
                              "this prefill %s: its requests will fail (it gets no metadata)",

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import inspect
 import ipaddress
 import json
 import logging
@@ -102,19 +101,11 @@ def instance_id(wid: int, metadata: bytes) -> int:
 
 def pd_metadata(worker: Any) -> bytes:
     """The metadata a prefill worker hands to the decode workers that prove
-    a request's token: read-only where the library can scope a capability.
+    a request's token: a read-only capability (it reads, never writes).
 
-    TODO(issue 21, items 2-3): scope it to what a request needs. Until the
-    library offers ``export_metadata(read_only=True)`` (feature-checked
-    here), this is the worker's whole export, a read-write capability for
-    every registered layout, handed only to a token holder."""
-    try:
-        scoped = "read_only" in inspect.signature(worker.export_metadata).parameters
-    except (TypeError, ValueError):
-        scoped = False
-    if scoped:
-        return worker.export_metadata(read_only=True)
-    return worker.export_metadata()
+    TODO(issue 21): scope it to what the request needs; it names every
+    layout of the worker."""
+    return worker.export_metadata(read_only=True)
 
 
 def _same(given: Any, want: str) -> bool:
