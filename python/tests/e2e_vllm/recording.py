@@ -7,7 +7,9 @@ side keeps the digest of every G1 block's bytes it offered under each key
 (at wait_for_save, after the forward wrote them and before vLLM may reuse
 them) and, when a load of keys into G1 blocks ends, compares each loaded
 block's bytes with the digests stored under its key. It also records the
-scheduler side's external hits and the preemptions it saw.
+scheduler side's external hits and the preemptions it saw, and (P/D) the
+digests of the blocks a decode pulled, for the test to compare with the
+prefill's.
 
 Everything is recorded in the module-level list RECORDS (the engine runs in
 the driver's process: VLLM_ENABLE_V1_MULTIPROCESSING=0). BREAK["reverse"]
@@ -37,6 +39,7 @@ class RecordingKvbmConnector(KvbmConnector):
         self._prepped = False
         self._sync_checks: List[Tuple[str, List[bytes], List[int]]] = []
         self._async_checks: Dict[str, Tuple[List[bytes], List[int]]] = {}
+        self._pull_checks: Dict[str, List[int]] = {}
         if self._worker is not None:
             WORKERS.append(self)
 
@@ -86,6 +89,9 @@ class RecordingKvbmConnector(KvbmConnector):
                 self._async_checks[ld.req_id] = (list(ld.keys), list(ld.block_ids))
             else:
                 self._sync_checks.append((ld.req_id, list(ld.keys), list(ld.block_ids)))
+        for p in md.pulls:
+            if p.block_ids:
+                self._pull_checks[p.req_id] = list(p.block_ids)
         if BREAK["reverse"] and md.loads:
             self._connector_metadata = replace(
                 md, loads=[replace(ld, block_ids=list(reversed(ld.block_ids)))
@@ -127,6 +133,13 @@ class RecordingKvbmConnector(KvbmConnector):
             if r in self._async_checks:
                 keys, ids = self._async_checks.pop(r)
                 self._check(r, keys, ids, True)
+            if r in self._pull_checks:
+                # P/D: the test compares these with the prefill's blocks.
+                ids = self._pull_checks.pop(r)
+                errors = set(self._worker._load_errors)
+                RECORDS.append({"ev": "pulled", "req": r, "block_ids": ids,
+                                "failed": len(errors.intersection(ids)),
+                                "digests": [self._digest(b).hex() for b in ids]})
         return sending, recving
 
     def cache_stats(self) -> Any:

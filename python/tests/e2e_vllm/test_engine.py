@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from conftest import (BLOCK, Engine, free_port, prompt, records, require_bytes_checked)
+from e2e_helpers import BLOCK, Engine, free_port, prompt, records, require_bytes_checked
 
 PROMPT_TOKENS = 300
 HIT = (PROMPT_TOKENS - 1) // BLOCK * BLOCK   # 288: whole blocks, the last token computed
