@@ -11,6 +11,10 @@ stdout; vLLM's own output goes to stderr):
       -> {"tokens": [[ids]], "kv_transfer_params": [...], "records": [...]}
   {"op": "reset", "scribble": bool}   vLLM's prefix cache reset; scribble:
       G1 (every KV cache tensor) overwritten with noise first
+  {"op": "step", "n": n}               n engine steps with no new request: a
+      prefill holds a finished request for a decode instance at the step
+      after it finished (a server's engine loop keeps stepping while vLLM
+      holds blocks; LLM.generate returns before)
   {"op": "break", "reverse": bool}    the broken connector on or off
   {"op": "digests", "block_ids": [[ids]]}  digests of G1 blocks (hex)
   {"op": "stats"}                     the worker's kvbm cache counters
@@ -82,6 +86,9 @@ def main() -> None:
                     for t in w._kv.values():
                         t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
             ans["reset"] = bool(llm.reset_prefix_cache())
+        elif op == "step":
+            for _ in range(int(cmd["n"])):
+                llm.llm_engine.step()
         elif op == "break":
             recording.BREAK["reverse"] = bool(cmd["reverse"])
         elif op == "digests":

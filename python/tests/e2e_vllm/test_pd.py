@@ -34,6 +34,7 @@ def test_prefill_decode_hand_over(pd, baseline):
     params = out["kv_transfer_params"]
     for p in params:
         assert p and p.get("do_remote_prefill"), params
+    prefill.call("step", n=2)  # the prefill now holds them (a server keeps stepping)
     remote = [_flat(p["remote_block_ids"]) for p in params]
     want_digests = prefill.call("digests", block_ids=remote)["digests"]
     got = decode.generate(ps, 8, kv_transfer_params=params)
