@@ -38,6 +38,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
+    # The engines' logs beside it, in pytest's temporary directory.
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
     path = str(tmp_path_factory.mktemp("tiny-llama"))
     make_model(path)
     return path

@@ -6,6 +6,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
@@ -68,7 +69,7 @@ class Engine:
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         self.name = name
-        self.log = open(os.path.join(os.environ.get("KVBM_E2E_LOGDIR", "/tmp"),
+        self.log = open(os.path.join(os.environ.get("KVBM_E2E_LOGDIR", tempfile.gettempdir()),
                                      f"kvbm-e2e-{name}-{os.getpid()}.log"), "w")
         self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"),
                                    json.dumps(cfg)], stdin=subprocess.PIPE,

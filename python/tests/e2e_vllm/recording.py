@@ -14,11 +14,14 @@ prefill's.
 Everything is recorded in the module-level list RECORDS (the engine runs in
 the driver's process: VLLM_ENABLE_V1_MULTIPROCESSING=0). BREAK["reverse"]
 makes the worker load a request's keys into its block ids reversed (the
-deliberately broken connector the byte check must catch)."""
+deliberately broken connector the byte check must catch);
+KVBM_E2E_BREAK=reverse starts with it on, which must fail every scenario
+that loads (tokens may well stay equal)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import replace
 from typing import Any, Dict, List, Set, Tuple
 
@@ -26,7 +29,7 @@ from kvbmgo.vllm import KvbmConnector
 from kvbmgo.vllm.metadata import KvbmConnectorMetadata
 
 RECORDS: List[Dict[str, Any]] = []
-BREAK = {"reverse": False}
+BREAK = {"reverse": os.environ.get("KVBM_E2E_BREAK") == "reverse"}
 #: The worker-side instances (the driver scribbles over their KV caches).
 WORKERS: List["RecordingKvbmConnector"] = []
 
