@@ -89,12 +89,13 @@ def test_eviction_to_g3_and_back(sync_engine, baseline):
 
 
 def test_preemption_under_concurrent_requests(sync_engine, baseline):
-    """Four requests of 300 + 96 tokens (13 blocks each) on a G1 of 24 blocks:
-    vLLM preempts, and a preempted request's prefix comes back from kvbm."""
+    """Four requests of 300 + 160 tokens (15 blocks each) on a G1 of 24
+    blocks: vLLM preempts, and a preempted request's blocks that vLLM's own
+    cache lost come back from kvbm."""
     sync_engine.call("reset", scribble=True)
     ps = [prompt(seed) for seed in (10, 11, 12, 13)]
-    want = [baseline([p], 96)[0] for p in ps]
-    got = sync_engine.generate(ps, 96)
+    want = [baseline([p], 160)[0] for p in ps]
+    got = sync_engine.generate(ps, 160)
     assert got["tokens"] == want
     assert records(got, "preempted"), "no request was preempted"
     loaded = records(got, "loaded")
