@@ -16,6 +16,7 @@ stdout; vLLM's own output goes to stderr):
       after it finished (a server's engine loop keeps stepping while vLLM
       holds blocks; LLM.generate returns before)
   {"op": "break", "reverse": bool}    the broken connector on or off
+      -> {"was": bool}
   {"op": "digests", "block_ids": [[ids]]}  digests of G1 blocks (hex)
   {"op": "stats"}                     the worker's kvbm cache counters
   {"op": "quit"}
@@ -90,6 +91,7 @@ def main() -> None:
             for _ in range(int(cmd["n"])):
                 llm.llm_engine.step()
         elif op == "break":
+            ans["was"] = recording.BREAK["reverse"]
             recording.BREAK["reverse"] = bool(cmd["reverse"])
         elif op == "digests":
             w = recording.WORKERS[0]

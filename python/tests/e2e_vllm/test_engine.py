@@ -54,11 +54,11 @@ def test_reload_from_g2_after_reset(sync_engine, baseline):
 def test_broken_connector_is_caught(sync_engine, baseline):
     """The byte check sees what tokens cannot: a load into reversed block ids
     (the prefix's blocks swapped among themselves)."""
-    sync_engine.call("break", reverse=True)
+    was = sync_engine.call("break", reverse=True)["was"]
     try:
         want, again = reload(sync_engine, baseline, 2)
     finally:
-        sync_engine.call("break", reverse=False)
+        sync_engine.call("break", reverse=was)
         sync_engine.call("reset", scribble=True)  # drop the wrong KV from vLLM's cache
     loaded = records(again, "loaded")
     assert loaded and sum(r["bad"] for r in loaded) > 0, again["records"]
@@ -131,11 +131,11 @@ def test_async_reload_from_g2(async_engine, baseline):
 
 
 def test_async_broken_connector_is_caught(async_engine, baseline):
-    async_engine.call("break", reverse=True)
+    was = async_engine.call("break", reverse=True)["was"]
     try:
         _, again = reload(async_engine, baseline, 21, is_async=True)
     finally:
-        async_engine.call("break", reverse=False)
+        async_engine.call("break", reverse=was)
         async_engine.call("reset", scribble=True)
     loaded = records(again, "loaded")
     assert loaded and sum(r["bad"] for r in loaded) > 0, again["records"]
