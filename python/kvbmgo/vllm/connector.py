@@ -4,6 +4,7 @@ forwards each call; the metadata between them is in metadata.py."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
@@ -11,6 +12,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                KVConnectorRole)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from . import SUPPORTED_VLLM
 from .config import KvbmConfig
 from .metadata import KvbmConnectorMetadata
 
@@ -19,6 +21,19 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 __all__ = ["KvbmConnector"]
+
+log = logging.getLogger(__name__)
+
+
+def _check_vllm_version() -> None:
+    import vllm
+    v = str(getattr(vllm, "__version__", ""))
+    if ".".join(v.split(".")[:2]) not in SUPPORTED_VLLM:
+        log.warning("KvbmConnector: vLLM %s is not one it is tested with (%s)", v,
+                    ", ".join(SUPPORTED_VLLM))
+
+
+_check_vllm_version()
 
 
 def _rank() -> int:

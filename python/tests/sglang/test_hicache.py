@@ -194,18 +194,34 @@ def test_eviction_from_g2_to_g3(tmp_path, close_after):
     assert st.onboarded_from_g3 >= n - 4 and st.onboarded == n
 
 
+def _files_under(directory):
+    """The files under directory: those with a name, and those this process
+    holds open there without one (G3 files are unnamed: /proc/self/fd/N)."""
+    out = [str(p) for p in Path(directory).rglob("*") if p.is_file()]
+    seen = set()
+    prefix = str(directory) + "/"
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix) and target.endswith(" (deleted)") and target not in seen:
+            seen.add(target)
+            out.append(f"/proc/self/fd/{fd}")
+    return out
+
+
 def _corrupt_one(directory, page_bytes):
     """Flips a byte of page_bytes wherever it was written under directory."""
     needle = page_bytes[: 64]
-    for path in Path(directory).rglob("*"):
-        if not path.is_file():
-            continue
-        data = bytearray(path.read_bytes())
-        at = data.find(needle)
-        if at >= 0:
-            data[at + 5] ^= 0xFF
-            path.write_bytes(bytes(data))
-            return path
+    for path in _files_under(directory):
+        with open(path, "r+b") as f:
+            data = f.read()
+            at = data.find(needle)
+            if at >= 0:
+                f.seek(at + 5)
+                f.write(bytes([data[at + 5] ^ 0xFF]))
+                return path
     return None
 
 

