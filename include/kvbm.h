@@ -591,7 +591,11 @@ kvbm_status_t kvbm_worker_object_put(kvbm_worker_t worker, const uint8_t *const 
                                      const uint32_t *block_ids, kvbm_status_t *statuses);
 
 /* Loads objects into blocks block_ids of tier. As put; a missing object is
- * KVBM_ERR_NOT_FOUND, a corrupt one KVBM_ERR_DATA_CORRUPTION. */
+ * KVBM_ERR_NOT_FOUND, a corrupt one KVBM_ERR_DATA_CORRUPTION. An object's
+ * header (format, recorded key, length) is checked before its payload is
+ * read; the payload is read straight into a host block and checked as it
+ * lands, so a block that fails may hold any bytes: it is reported failed,
+ * never loaded. */
 kvbm_status_t kvbm_worker_object_get(kvbm_worker_t worker, const uint8_t *const *keys,
                                      const size_t *key_lens, size_t num_keys, int32_t tier,
                                      const uint32_t *block_ids, kvbm_status_t *statuses);

@@ -80,11 +80,12 @@ func eachKey(ctx context.Context, keys []Key, limit int, one func(i int) error) 
 }
 
 // eachBlock checks a batch of blocks of bio (as the source or destination
-// role), then runs one(i, buf) for every key as eachKey does, where buf is
-// a buffer of extra bytes and one block that each goroutine owns for its
-// lifetime.
+// role), then runs one(i, buf) for every key as eachKey does, where buf
+// returns a buffer of extra bytes and one block that each goroutine owns
+// for its lifetime, allocated on its first call (a get that reads straight
+// into its destination blocks never needs one).
 func eachBlock(ctx context.Context, keys []Key, bio BlockIO, blockIDs []int, role string, limit, extra int,
-	one func(i int, buf []byte) error) []Result {
+	one func(i int, buf func() []byte) error) []Result {
 	if err := checkBatch(keys, bio, blockIDs, role); err != nil {
 		return failAll(keys, err)
 	}
@@ -92,7 +93,13 @@ func eachBlock(ctx context.Context, keys []Key, bio BlockIO, blockIDs []int, rol
 	out := make([]Result, len(keys))
 	forEach(ctx, len(keys), limit,
 		func() func(int) {
-			buf := make([]byte, bufSize)
+			var b []byte
+			buf := func() []byte {
+				if b == nil {
+					b = make([]byte, bufSize)
+				}
+				return b
+			}
 			return func(i int) { out[i] = Result{Key: keys[i], Err: one(i, buf)} }
 		},
 		func(i int, err error) { out[i] = Result{Key: keys[i], Err: err} })

@@ -23,6 +23,21 @@ type BlockIO interface {
 	WriteBlock(id int, src []byte) error
 }
 
+// HostBlockIO is a BlockIO that can lend a block's memory to a store, so
+// that a get reads an object's payload straight into the block instead of
+// into a buffer that WriteBlock then copies.
+type HostBlockIO interface {
+	BlockIO
+	// HostBlock returns block id's bytes as host memory the caller may
+	// read and write in place: spans, in the order ReadBlock and
+	// WriteBlock lay the block out, whose lengths sum to BlockSize().
+	// The spans are valid until release is called, which the caller must
+	// do exactly once. ok is false (and release nil) when the block is not
+	// host-addressable, device or disk memory: the caller then goes
+	// through ReadBlock or WriteBlock.
+	HostBlock(id int) (spans [][]byte, release func(), ok bool, err error)
+}
+
 // MemoryBlocks is a BlockIO over one byte slice holding n blocks end to end.
 // Calls on distinct blocks are safe to make concurrently.
 type MemoryBlocks struct {
@@ -31,7 +46,7 @@ type MemoryBlocks struct {
 	buf       []byte
 }
 
-var _ BlockIO = (*MemoryBlocks)(nil)
+var _ HostBlockIO = (*MemoryBlocks)(nil)
 
 // NewMemoryBlocks allocates numBlocks zeroed blocks of blockSize bytes.
 func NewMemoryBlocks(numBlocks, blockSize int) (*MemoryBlocks, error) {
@@ -87,6 +102,15 @@ func (m *MemoryBlocks) WriteBlock(id int, src []byte) error {
 	}
 	copy(b, src)
 	return nil
+}
+
+// HostBlock lends block id's bytes: one span, a view of the backing slice.
+func (m *MemoryBlocks) HostBlock(id int) ([][]byte, func(), bool, error) {
+	b, err := m.checked(id, m.blockSize)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	return [][]byte{b}, func() {}, true, nil
 }
 
 func (m *MemoryBlocks) checked(id, n int) ([]byte, error) {

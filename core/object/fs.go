@@ -139,7 +139,7 @@ func (s *FSStore) hasOne(key Key) Presence {
 func (s *FSStore) PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result {
 	// One object's bytes, header then payload, written in one call.
 	out := eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, headerSize,
-		func(i int, buf []byte) error { return s.putOne(keys[i], src, blockIDs[i], buf) })
+		func(i int, buf func() []byte) error { return s.putOne(keys[i], src, blockIDs[i], buf()) })
 
 	// One fsync of the directory makes every rename of the batch durable;
 	// per-object syncs would cost one per block for the same guarantee,
@@ -217,14 +217,15 @@ func (s *FSStore) createTemp(key Key) (*os.File, error) {
 	return os.CreateTemp(s.dir, pattern)
 }
 
-// GetBlocksWithLayout loads each key's object into its block of dst.
+// GetBlocksWithLayout loads each key's object into its block of dst. The
+// payload is read straight into a host destination block and checked as it
+// lands; a block that fails may hold any bytes but is reported failed.
 func (s *FSStore) GetBlocksWithLayout(ctx context.Context, keys []Key, dst BlockIO, blockIDs []int) []Result {
-	// The payload is verified in buf before it reaches dst.
 	return eachBlock(ctx, keys, dst, blockIDs, roleDestination, s.concurrency, 0,
-		func(i int, buf []byte) error { return s.getOne(keys[i], dst, blockIDs[i], buf) })
+		func(i int, buf func() []byte) error { return s.getOne(keys[i], dst, blockIDs[i], buf) })
 }
 
-func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf []byte) error {
+func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf func() []byte) error {
 	path := s.Path(key)
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -234,28 +235,25 @@ func (s *FSStore) getOne(key Key, dst BlockIO, id int, buf []byte) error {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
 	defer f.Close()
+	// The header, key included, is checked before any payload byte is read.
 	h, err := readHeader(f, key)
 	if err != nil {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
-	if h.length != uint64(len(buf)) {
+	if bs := dst.BlockSize(); h.length != uint64(bs) {
 		return fmt.Errorf("object %s: %w", key,
-			corruptf("length mismatch: object holds %d bytes, destination block is %d bytes", h.length, len(buf)))
+			corruptf("length mismatch: object holds %d bytes, destination block is %d bytes", h.length, bs))
 	}
-	if _, err := io.ReadFull(f, buf); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			// Shrunk since readHeader checked its size.
-			err = corruptf("truncated payload: %v", err)
+	return loadPayload(key, h, dst, id, buf, func(p []byte) error {
+		if _, err := io.ReadFull(f, p); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				// Shrunk since readHeader checked its size.
+				err = corruptf("truncated payload: %v", err)
+			}
+			return fmt.Errorf("object %s: read payload: %w", key, err)
 		}
-		return fmt.Errorf("object %s: read payload: %w", key, err)
-	}
-	if err := h.checkPayload(buf); err != nil {
-		return fmt.Errorf("object %s: %w", key, err)
-	}
-	if err := dst.WriteBlock(id, buf); err != nil {
-		return fmt.Errorf("object %s: write destination block %d: %w", key, id, err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // readHeader reads and checks the header of key's open object, including

@@ -276,13 +276,17 @@ func TestCorruptionDetected(t *testing.T) {
 		// hasSees: HasBlocks reads only the header, so it sees every
 		// damage except one inside the payload.
 		hasSees bool
+		// lands: the damage is found only once the payload has been read
+		// into a host destination, which then holds the damaged payload.
+		lands bool
 	}{
 		{
 			name: "payload byte",
 			damage: func(t *testing.T, path string) {
 				flipByte(t, path, headerSize+testBlockSize/2)
 			},
-			want: ": crc32c mismatch: stored 0x",
+			want:  ": crc32c mismatch: stored 0x",
+			lands: true,
 		},
 		{
 			name: "truncated payload",
@@ -326,35 +330,59 @@ func TestCorruptionDetected(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s := newTestStore(t, FSConfig{HasRank: true, Rank: 2})
-			keys := testKeys(t, 3, tt.name)
-			src := randomBlocks(t, 3, testBlockSize, 6)
-			requireAllOK(t, keys, s.PutBlocksWithLayout(context.Background(), keys, src, seq(0, 3)))
-			tt.damage(t, s.Path(keys[1]))
-
-			dst := guardedBlocks(t, 3, testBlockSize)
-			res := s.GetBlocksWithLayout(context.Background(), keys, dst, seq(0, 3))
-			require.NoError(t, res[0].Err)
-			require.NoError(t, res[2].Err)
-			require.ErrorIs(t, res[1].Err, ErrCorrupt)
-			require.NotErrorIs(t, res[1].Err, ErrNotFound)
-			require.ErrorContains(t, res[1].Err, "object "+keys[1].String()+tt.want)
-			requireSameBlock(t, src.Block(0), dst.Block(0), "block 0")
-			requireSameBlock(t, src.Block(2), dst.Block(2), "block 2")
-			requireGuarded(t, dst.Block(1), "corrupt block's destination")
-
-			has := s.HasBlocks(context.Background(), keys)
-			require.True(t, has[0].Found)
-			require.True(t, has[2].Found)
-			if tt.hasSees {
-				require.False(t, has[1].Found)
-				require.ErrorIs(t, has[1].Err, ErrCorrupt)
-			} else {
-				require.True(t, has[1].Found)
-				require.NoError(t, has[1].Err)
+		// host: the destination lends its memory and the payload is read
+		// into it in place; bounce: it does not (device memory), and the
+		// payload is checked in a buffer before WriteBlock.
+		for _, host := range []bool{true, false} {
+			name := tt.name + "/bounce"
+			if host {
+				name = tt.name + "/host"
 			}
-		})
+			t.Run(name, func(t *testing.T) {
+				s := newTestStore(t, FSConfig{HasRank: true, Rank: 2})
+				keys := testKeys(t, 3, tt.name)
+				src := randomBlocks(t, 3, testBlockSize, 6)
+				requireAllOK(t, keys, s.PutBlocksWithLayout(context.Background(), keys, src, seq(0, 3)))
+				path := s.Path(keys[1])
+				tt.damage(t, path)
+				damaged, err := os.ReadFile(path)
+				require.NoError(t, err)
+
+				mem := guardedBlocks(t, 3, testBlockSize)
+				var dst BlockIO = mem
+				if !host {
+					dst = &probeBlocks{MemoryBlocks: mem}
+				}
+				res := s.GetBlocksWithLayout(context.Background(), keys, dst, seq(0, 3))
+				require.NoError(t, res[0].Err)
+				require.NoError(t, res[2].Err)
+				require.ErrorIs(t, res[1].Err, ErrCorrupt)
+				require.NotErrorIs(t, res[1].Err, ErrNotFound)
+				require.ErrorContains(t, res[1].Err, "object "+keys[1].String()+tt.want)
+				requireSameBlock(t, src.Block(0), mem.Block(0), "block 0")
+				requireSameBlock(t, src.Block(2), mem.Block(2), "block 2")
+				if host && tt.lands {
+					// The damaged payload landed in the destination, yet the
+					// block is reported failed: its bytes are never loaded.
+					requireSameBlock(t, damaged[headerSize:], mem.Block(1), "corrupt block's destination holds what landed")
+				} else {
+					// Damage to the header or the length is found before any
+					// payload byte is read; a bounce never writes a bad block.
+					requireGuarded(t, mem.Block(1), "corrupt block's destination")
+				}
+
+				has := s.HasBlocks(context.Background(), keys)
+				require.True(t, has[0].Found)
+				require.True(t, has[2].Found)
+				if tt.hasSees {
+					require.False(t, has[1].Found)
+					require.ErrorIs(t, has[1].Err, ErrCorrupt)
+				} else {
+					require.True(t, has[1].Found)
+					require.NoError(t, has[1].Err)
+				}
+			})
+		}
 	}
 }
 
@@ -574,6 +602,11 @@ type probeBlocks struct {
 	inFlight    atomic.Int32
 	maxInFlight atomic.Int32
 }
+
+// HostBlock lends nothing: a probeBlocks stands for memory a store cannot
+// read into in place (device memory), so gets go through WriteBlock, where
+// the probes are.
+func (p *probeBlocks) HostBlock(int) ([][]byte, func(), bool, error) { return nil, nil, false, nil }
 
 func (p *probeBlocks) enter(id int) {
 	n := p.inFlight.Add(1)

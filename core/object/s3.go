@@ -192,7 +192,7 @@ func (s *S3Store) stat(ctx context.Context, key Key) (header, error) {
 func (s *S3Store) PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result {
 	// One object's bytes, header then payload, sent in one PUT.
 	return eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, headerSize,
-		func(i int, buf []byte) error { return s.putOne(ctx, keys[i], src, blockIDs[i], buf) })
+		func(i int, buf func() []byte) error { return s.putOne(ctx, keys[i], src, blockIDs[i], buf()) })
 }
 
 // putOne stores one block. The PUT is conditional (If-None-Match: *): when
@@ -264,12 +264,13 @@ func isPreconditionFailedResponse(err error) bool {
 
 // GetBlocksWithLayout loads each key's object into its block of dst.
 func (s *S3Store) GetBlocksWithLayout(ctx context.Context, keys []Key, dst BlockIO, blockIDs []int) []Result {
-	// The payload is verified in buf before it reaches dst.
+	// The body streams straight into a host destination block, checked as
+	// it lands; a block that fails may hold any bytes but is reported failed.
 	return eachBlock(ctx, keys, dst, blockIDs, roleDestination, s.concurrency, 0,
-		func(i int, buf []byte) error { return s.getOne(ctx, keys[i], dst, blockIDs[i], buf) })
+		func(i int, buf func() []byte) error { return s.getOne(ctx, keys[i], dst, blockIDs[i], buf) })
 }
 
-func (s *S3Store) getOne(ctx context.Context, key Key, dst BlockIO, id int, buf []byte) error {
+func (s *S3Store) getOne(ctx context.Context, key Key, dst BlockIO, id int, buf func() []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
 	name := s.ObjectName(key)
@@ -293,23 +294,19 @@ func (s *S3Store) getOne(ctx context.Context, key Key, dst BlockIO, id int, buf 
 	if err := h.checkHeldLength(info.Size - headerSize); err != nil {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
-	if h.length != uint64(len(buf)) {
+	if bs := dst.BlockSize(); h.length != uint64(bs) {
 		return fmt.Errorf("object %s: %w", key,
-			corruptf("length mismatch: object holds %d bytes, destination block is %d bytes", h.length, len(buf)))
+			corruptf("length mismatch: object holds %d bytes, destination block is %d bytes", h.length, bs))
 	}
-	if _, err := io.ReadFull(body, buf); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return fmt.Errorf("object %s: s3 read %s: %w: truncated payload: %v", key, name, ErrIO, err)
+	return loadPayload(key, h, dst, id, buf, func(p []byte) error {
+		if _, err := io.ReadFull(body, p); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return fmt.Errorf("object %s: s3 read %s: %w: truncated payload: %v", key, name, ErrIO, err)
+			}
+			return fmt.Errorf("object %s: s3 read %s: %w", key, name, s.classify(ctx, err))
 		}
-		return fmt.Errorf("object %s: s3 read %s: %w", key, name, s.classify(ctx, err))
-	}
-	if err := h.checkPayload(buf); err != nil {
-		return fmt.Errorf("object %s: %w", key, err)
-	}
-	if err := dst.WriteBlock(id, buf); err != nil {
-		return fmt.Errorf("object %s: write destination block %d: %w", key, id, err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // Delete removes the objects of keys; a missing object counts as deleted.

@@ -235,8 +235,10 @@ func TestS3HasBlocks(t *testing.T) {
 }
 
 // A corrupt object, or another key's valid object under this key, fails
-// its block with ErrCorrupt, leaving the destination untouched, while the
-// other blocks of the batch load.
+// its block with ErrCorrupt while the other blocks of the batch load. A
+// damaged header or another key's object is refused before any payload
+// byte lands; a damaged payload is streamed into the destination and then
+// refused: the block holds what landed, yet is reported failed.
 func TestS3CorruptAndForeignObjectsFailTheirBlock(t *testing.T) {
 	srv := s3test.Shared(t)
 	s := newS3TestStore(t, srv, S3Config{})
@@ -265,7 +267,23 @@ func TestS3CorruptAndForeignObjectsFailTheirBlock(t *testing.T) {
 	}
 	for _, i := range []int{1, 2, 3} {
 		require.ErrorIs(t, res[i].Err, ErrCorrupt, "block %d", i)
+	}
+	requireSameBlock(t, flipped[headerSize:], dst.Block(1), "the damaged payload landed in block 1")
+	for _, i := range []int{2, 3} {
 		requireGuarded(t, dst.Block(i), "block %d", i)
+	}
+
+	// Into a destination that lends no memory (device memory), a damaged
+	// payload is checked in a buffer and never written.
+	bounce := &probeBlocks{MemoryBlocks: guardedBlocks(t, 5, testBlockSize)}
+	res = s.GetBlocksWithLayout(ctx, keys, bounce, seq(0, 5))
+	for _, i := range []int{0, 4} {
+		require.NoError(t, res[i].Err)
+		requireSameBlock(t, src.Block(i), bounce.Block(i), "bounced block %d", i)
+	}
+	for _, i := range []int{1, 2, 3} {
+		require.ErrorIs(t, res[i].Err, ErrCorrupt, "bounced block %d", i)
+		requireGuarded(t, bounce.Block(i), "bounced block %d", i)
 	}
 	require.ErrorContains(t, res[1].Err, "crc32c mismatch")
 	require.ErrorContains(t, res[2].Err, "holds the object of key "+keys[0].String())

@@ -25,9 +25,12 @@ type Store interface {
 	PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result
 
 	// GetBlocksWithLayout loads the object of keys[i] into block
-	// blockIDs[i] of dst. An object is verified (format, key, length, checksum)
-	// before any of its bytes reach dst, so a failed block leaves its
-	// destination untouched.
+	// blockIDs[i] of dst. An object's header (format, recorded key,
+	// length) is verified before any payload byte is read; the payload may
+	// then be read straight into the destination block and its checksum
+	// checked as it lands. A block that fails therefore may hold any bytes
+	// in its destination, but is reported failed and never loaded; it is
+	// the caller's to reuse.
 	GetBlocksWithLayout(ctx context.Context, keys []Key, dst BlockIO, blockIDs []int) []Result
 
 	// Delete removes the objects of keys. Deleting an object that does not

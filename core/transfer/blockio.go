@@ -42,6 +42,44 @@ func (b *BlockIO) WriteBlock(id int, src []byte) error {
 	return b.move(id, src, true)
 }
 
+// HostBlock lends block id's memory in place when the layout is host memory
+// (system or pinned): the block's fragments in ReadBlock's order, adjacent
+// ones merged (a fully contiguous layout's block is one span). The layout
+// is held until release, as a ReadBlock or WriteBlock would hold it. For
+// device and disk layouts ok is false: those go through the bounce buffer.
+func (b *BlockIO) HostBlock(id int) (spans [][]byte, release func(), ok bool, err error) {
+	if !b.e.kind.IsHost() {
+		return nil, nil, false, nil
+	}
+	release, err = b.m.hold(b.e)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	cfg := b.e.layout.Config()
+	if id < 0 || id >= cfg.NumBlocks {
+		release()
+		return nil, nil, false, fmt.Errorf("%w: block id %d out of range [0, %d)", ErrOutOfRange, id, cfg.NumBlocks)
+	}
+	var start, end uint64 // the span being merged, [start, end)
+	for layer := range cfg.NumLayers {
+		for outer := range cfg.OuterDim {
+			r := b.e.layout.Fragment(id, layer, outer)
+			if end != 0 && r.Addr == end {
+				end = r.End()
+				continue
+			}
+			if end != 0 {
+				spans = append(spans, storage.HostBytes(start, end-start))
+			}
+			start, end = r.Addr, r.End()
+		}
+	}
+	if end != 0 {
+		spans = append(spans, storage.HostBytes(start, end-start))
+	}
+	return spans, release, true, nil
+}
+
 func (b *BlockIO) move(id int, buf []byte, write bool) error {
 	release, err := b.m.hold(b.e)
 	if err != nil {

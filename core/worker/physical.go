@@ -61,6 +61,10 @@ type remoteTier struct {
 
 var _ Worker = (*PhysicalWorker)(nil)
 
+// A host tier's block is lent to the object store, which reads a G4 get
+// straight into it.
+var _ object.HostBlockIO = (*transfer.BlockIO)(nil)
+
 // NewPhysical makes a worker over a transfer manager.
 func NewPhysical(cfg PhysicalConfig) (*PhysicalWorker, error) {
 	if cfg.Manager == nil {

@@ -505,7 +505,9 @@ class Worker(Handle):
     def object_get(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
         """Loads the objects under keys into blocks block_ids of tier. Raises
         as object_put; NotFoundError for a missing object,
-        DataCorruptionError for a corrupt one."""
+        DataCorruptionError for a corrupt one, whose block may then hold any
+        bytes (it is read in place, checked as it lands) but is never
+        reported loaded."""
         self._object_io(lib.kvbm_worker_object_get, keys, tier, block_ids)
 
 
