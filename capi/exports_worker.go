@@ -128,10 +128,14 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if cfg.object_dir != nil {
 		sc.ObjectDir = C.GoString(cfg.object_dir)
 	}
-	if cfg.struct_size >= C.sizeof_kvbm_worker_config_t {
+	var advertise string
+	if cfg.struct_size >= workerConfigV2Size {
 		sc.RemoteDeadline = time.Duration(cfg.remote_deadline_ms) * time.Millisecond
 	}
-	n, err := node.New(node.Config{Worker: sc})
+	if cfg.struct_size >= C.sizeof_kvbm_worker_config_t && cfg.advertise_host != nil {
+		advertise = C.GoString(cfg.advertise_host)
+	}
+	n, err := node.New(node.Config{Worker: sc, Advertise: advertise})
 	if err != nil {
 		return failErr(fmt.Errorf("worker_create: %w", err))
 	}
@@ -142,6 +146,9 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 // workerConfigV1Size is kvbm_worker_config_t before remote_deadline_ms:
 // callers built against it keep working.
 var workerConfigV1Size = C.size_t(unsafe.Offsetof(C.kvbm_worker_config_t{}.remote_deadline_ms))
+
+// workerConfigV2Size is kvbm_worker_config_t before advertise_host.
+var workerConfigV2Size = C.size_t(unsafe.Offsetof(C.kvbm_worker_config_t{}.advertise_host))
 
 //export kvbmgo_worker_destroy
 func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {

@@ -248,8 +248,14 @@ typedef struct kvbm_worker_config {
                                   * peer fails the transfer's blocks within
                                   * it; 0: 30000. Read when struct_size
                                   * covers it. */
+    const char *advertise_host; /* the host the TCP transport listens on (from
+                                 * the first export) and peers dial, e.g. the
+                                 * address a P/D role is given; NULL or "":
+                                 * KVBM_TCP_ADVERTISE, else 127.0.0.1.
+                                 * KVBM_TCP_LISTEN overrides where it
+                                 * listens. Read when struct_size covers it. */
 } kvbm_worker_config_t;
-#define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL, 0}
+#define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL, 0, NULL}
 
 /* Creates a worker with its own transfer manager on the active device
  * backend, joins it to the process-wide in-process transport so that

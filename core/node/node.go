@@ -35,6 +35,10 @@ type Config struct {
 	// KVBM_TRANSPORT (unset: "auto", TCP); "loopback" is none, the worker
 	// then reaches only its own process.
 	Transport string
+	// Advertise is the host the TCP transport listens on from the first
+	// export and peers dial: the address a P/D role is given. "" takes
+	// KVBM_TCP_ADVERTISE, else 127.0.0.1; KVBM_TCP_LISTEN overrides.
+	Advertise string
 }
 
 // Node is a worker with its transport and its cache. Safe for concurrent
@@ -56,7 +60,7 @@ func New(cfg Config) (*Node, error) {
 	if name == "" {
 		name, what = os.Getenv("KVBM_TRANSPORT"), "KVBM_TRANSPORT"
 	}
-	network, err := remote.Open(name)
+	network, err := remote.Open(name, remote.OpenOptions{Advertise: cfg.Advertise})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

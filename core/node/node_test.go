@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -87,7 +88,7 @@ func TestAFailedCreateClosesTheTransport(t *testing.T) {
 	drv := newDriver(t)
 	var last *probe
 	failServe := false
-	remote.Register("node-probe", func() (remote.Transport, error) {
+	remote.Register("node-probe", func(remote.OpenOptions) (remote.Transport, error) {
 		last = &probe{failServe: failServe}
 		return last, nil
 	})
@@ -202,4 +203,28 @@ func TestANodeListensOnlyOnceItExportsItsMetadata(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, len(listening(t)), len(before), "KVBM_TCP_LISTEN: it listens from create")
 	require.NoError(t, n.Close())
+}
+
+// The host a node is told to advertise (the address a P/D role is given)
+// is where it listens from its first export, and what its metadata names.
+func TestANodeListensOnTheHostItIsToldToAdvertise(t *testing.T) {
+	drv := newDriver(t)
+	for _, k := range []string{"KVBM_TRANSPORT", "KVBM_TCP_LISTEN", "KVBM_TCP_ADVERTISE", "KVBM_SAME_HOST"} {
+		t.Setenv(k, "")
+	}
+	before := listening(t)
+	n, err := New(Config{Worker: worker.StandaloneConfig{WorkerID: 1, Driver: drv}, Advertise: "127.0.0.2"})
+	require.NoError(t, err)
+	defer n.Close()
+	md, err := n.Worker().ExportMetadata()
+	require.NoError(t, err)
+	var tcp []string
+	for _, l := range listening(t)[len(before):] {
+		if strings.HasPrefix(l, "tcp ") {
+			tcp = append(tcp, l)
+		}
+	}
+	require.Len(t, tcp, 1)
+	require.True(t, strings.HasPrefix(tcp[0], "tcp 0200007F:"), "on 127.0.0.2 only: %s", tcp[0])
+	require.True(t, bytes.Contains(md, []byte("127.0.0.2")), "the metadata names the host peers dial")
 }

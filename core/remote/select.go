@@ -11,7 +11,15 @@ import (
 
 // Opener makes a network transport, or says why it cannot (a library that
 // does not load, say).
-type Opener func() (Transport, error)
+type Opener func(OpenOptions) (Transport, error)
+
+// OpenOptions are what the one who assembles a worker tells its transport.
+type OpenOptions struct {
+	// Advertise is the host a TCP transport listens on (from the first
+	// export) and names in its metadata; "" takes KVBM_TCP_ADVERTISE,
+	// else 127.0.0.1. Other transports ignore it.
+	Advertise string
+}
 
 var (
 	openersMu sync.Mutex
@@ -64,7 +72,7 @@ func Choice(name string) (string, error) {
 }
 
 // Open makes the network transport name selects (nil for "loopback").
-func Open(name string) (Transport, error) {
+func Open(name string, opts OpenOptions) (Transport, error) {
 	choice, err := Choice(name)
 	if err != nil || choice == "loopback" {
 		return nil, err
@@ -76,7 +84,7 @@ func Open(name string) (Transport, error) {
 		return nil, fmt.Errorf("%w: transport %s is not linked into this program (import core/remote/%s)",
 			transfer.ErrUnsupported, choice, choice)
 	}
-	t, err := open()
+	t, err := open(opts)
 	if err != nil {
 		return nil, fmt.Errorf("transport %s: %w", choice, err)
 	}
@@ -84,7 +92,7 @@ func Open(name string) (Transport, error) {
 }
 
 // FromEnv is Open(KVBM_TRANSPORT).
-func FromEnv() (Transport, error) { return Open(os.Getenv("KVBM_TRANSPORT")) }
+func FromEnv() (Transport, error) { return Open(os.Getenv("KVBM_TRANSPORT"), OpenOptions{}) }
 
 // EnvChoice is Choice(KVBM_TRANSPORT).
 func EnvChoice() (string, error) { return Choice(os.Getenv("KVBM_TRANSPORT")) }
@@ -96,7 +104,7 @@ func Status() map[string]error {
 	defer openersMu.Unlock()
 	out := make(map[string]error, len(openers))
 	for name, open := range openers {
-		t, err := open()
+		t, err := open(OpenOptions{})
 		if err == nil {
 			t.Close()
 		}

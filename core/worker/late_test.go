@@ -67,7 +67,7 @@ func lateCases(t *testing.T) []lateCase {
 		latePushes: true,
 		network: func(t *testing.T) remote.Transport {
 			t.Setenv(ucx.EnvAcceptLateWrites, "1")
-			n, err := remote.Open("ucx")
+			n, err := remote.Open("ucx", remote.OpenOptions{})
 			require.NoError(t, err)
 			return n
 		}})

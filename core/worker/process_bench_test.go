@@ -72,7 +72,7 @@ func BenchmarkCrossProcess(b *testing.B) {
 	exp, raw := startBenchExporter(b, []string{benchEnv + "=1"})
 	drv := cuda.NewEmulated(1)
 	defer drv.Close()
-	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"))
+	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"), remote.OpenOptions{})
 	require.NoError(b, err)
 	dec, err := NewStandalone(StandaloneConfig{WorkerID: 0xDEC, Driver: drv, Network: network})
 	require.NoError(b, err)
@@ -174,7 +174,7 @@ func BenchmarkPeerFailureDetection(b *testing.B) {
 	const deadline = 300 * time.Millisecond
 	drv := cuda.NewEmulated(1)
 	defer drv.Close()
-	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"))
+	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"), remote.OpenOptions{})
 	require.NoError(b, err)
 	dec, err := NewStandalone(StandaloneConfig{WorkerID: 0xDEC, Driver: drv, Network: network, RemoteDeadline: deadline})
 	require.NoError(b, err)

@@ -65,7 +65,7 @@ func TestExporterProcess(t *testing.T) {
 	}
 	drv := cuda.NewEmulated(1)
 	defer drv.Close()
-	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"))
+	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"), remote.OpenOptions{})
 	require.NoError(t, err)
 	id, err := strconv.ParseUint(os.Getenv(exporterEnv), 16, 64)
 	require.NoError(t, err)
@@ -249,7 +249,7 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 			t.Skipf("UCX does not load: %v", err)
 		}
 		t.Setenv(ucx.EnvAcceptLateWrites, "1") // refused otherwise (ucx.ErrLateWrites)
-		network, err := remote.Open("ucx")
+		network, err := remote.Open("ucx", remote.OpenOptions{})
 		require.NoError(t, err)
 		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites+"=1"),
 			decodeWorkerOn(t, 10*time.Second, network))

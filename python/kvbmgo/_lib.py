@@ -53,7 +53,7 @@ class LayoutHandleC(Structure):
 class WorkerConfigC(Structure):
     _fields_ = [("struct_size", c_size_t), ("device_id", c_int32), ("rank", c_int32),
                 ("worker_id", c_uint64), ("disk_dir", c_char_p), ("object_dir", c_char_p),
-                ("remote_deadline_ms", c_uint32)]
+                ("remote_deadline_ms", c_uint32), ("advertise_host", c_char_p)]
 
 
 class TransferOptionsC(Structure):

@@ -61,7 +61,8 @@ class Worker(Handle):
     def __init__(self, worker_id: int, *, device_id: int = 0, rank: int = 0,
                  disk_dir: Union[str, "PathLike[str]", None] = None,
                  object_dir: Union[str, "PathLike[str]", None] = None,
-                 remote_deadline: Optional[float] = None) -> None:
+                 remote_deadline: Optional[float] = None,
+                 advertise_host: Optional[str] = None) -> None:
         """Creates a worker on device device_id of the active backend.
         worker_id must be unique among the live workers of the process;
         disk_dir enables G3, object_dir the G4 object store: a directory,
@@ -70,7 +71,10 @@ class Worker(Handle):
         bounds each operation on another process's memory: a dead, frozen or
         unreachable peer fails the transfer's blocks within it. The worker
         serves its layouts to other processes on the transport KVBM_TRANSPORT
-        selects (kvbmgo.info().transport). Raises InvalidArgumentError (a
+        selects (kvbmgo.info().transport); over TCP it listens from its first
+        metadata export on advertise_host (the host peers dial: the address a
+        P/D role is given; None: KVBM_TCP_ADVERTISE, else 127.0.0.1). Raises
+        InvalidArgumentError (a
         malformed location, no S3 credentials, no such device; worker_id does
         not fit a uint64, device_id or rank an int32; remote_deadline not
         within (0, 2**32) ms), TypeError (one is not an integer),
@@ -87,6 +91,7 @@ class Worker(Handle):
         c.object_dir = fspath(object_dir).encode() if object_dir is not None else None
         if remote_deadline is not None:
             c.remote_deadline_ms = millis(remote_deadline, "remote_deadline")
+        c.advertise_host = advertise_host.encode() if advertise_host else None
         h = c_void_p()
         lib.kvbm_worker_create(byref(c), byref(h))
         self.worker_id = worker_id

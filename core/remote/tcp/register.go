@@ -6,5 +6,7 @@ import "github.com/kvbm/kvbm/core/remote"
 // KVBM_TRANSPORT=tcp and as "auto" (remote.Open), with the defaults of an
 // empty Config (KVBM_TCP_LISTEN, KVBM_TCP_ADVERTISE, KVBM_SAME_HOST).
 func init() {
-	remote.Register("tcp", func() (remote.Transport, error) { return New(Config{}), nil })
+	remote.Register("tcp", func(o remote.OpenOptions) (remote.Transport, error) {
+		return New(Config{Advertise: o.Advertise}), nil
+	})
 }

@@ -12,7 +12,7 @@ import (
 // unless EnvAcceptLateWrites is 1. Device memory is registered as host
 // memory under the emulated device, as CUDA memory otherwise.
 func init() {
-	remote.Register("ucx", func() (remote.Transport, error) {
+	remote.Register("ucx", func(remote.OpenOptions) (remote.Transport, error) {
 		if err := Available(); err != nil {
 			return nil, err
 		}

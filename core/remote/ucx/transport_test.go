@@ -415,14 +415,14 @@ func TestAllocHost(t *testing.T) {
 func TestSelectingUCXIsRefusedUntilLateWritesAreAccepted(t *testing.T) {
 	needUCX(t)
 	t.Setenv(EnvAcceptLateWrites, "")
-	_, err := remote.Open("ucx")
+	_, err := remote.Open("ucx", remote.OpenOptions{})
 	require.ErrorIs(t, err, ErrLateWrites)
 	require.ErrorContains(t, err, "transport ucx: the UCX transport is refused")
 	require.ErrorContains(t, err, EnvAcceptLateWrites+"=1")
 	require.ErrorIs(t, remote.Status()["ucx"], ErrLateWrites, "the info command says why")
 
 	t.Setenv(EnvAcceptLateWrites, "1")
-	tr, err := remote.Open("ucx")
+	tr, err := remote.Open("ucx", remote.OpenOptions{})
 	require.NoError(t, err)
 	require.Equal(t, "ucx", tr.Name())
 	require.NoError(t, tr.Close())

@@ -149,9 +149,12 @@ class KvbmKVManager(CommonKVManager):
                 # request's own bound (kvbm's default is 30 s): a pull that
                 # outlives the waiting timeout would write pages SGLang has
                 # taken back.
+                # The data plane listens (from the first export) on the
+                # address this side was given, which its peers dial.
                 w = Worker(_next_worker_id(), device_id=gpu if cuda else 0,
                            rank=int(getattr(args, "engine_rank", 0) or 0),
-                           remote_deadline=min(30.0, max(1.0, float(self.waiting_timeout))))
+                           remote_deadline=min(30.0, max(1.0, float(self.waiting_timeout))),
+                           advertise_host=str(self.local_ip))
                 self.workers.append(w)
                 cfg = g.layout()
                 w.register_g1(cfg, [Buffer(int(args.kv_data_ptrs[i]), cfg.layer_bytes, 1,

@@ -202,9 +202,12 @@ class KvbmWorker:
             + self.rank
         for attempt in range(64):
             try:
+                # A prefill's data plane listens (from its first export)
+                # where its side channel does: the host decodes dial.
                 w = Worker(wid + attempt * 0x10000,
                            device_id=buffers[0].device or 0, rank=self.rank,
-                           disk_dir=self._g3_dir, object_dir=g4_dir)
+                           disk_dir=self._g3_dir, object_dir=g4_dir,
+                           advertise_host=c.pd_host)
                 break
             except AlreadyExistsError:
                 continue
