@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/internal/memavail"
 )
 
 // numaNode is one of the host's NUMA nodes, from sysfs.
@@ -134,23 +135,7 @@ func mountOf(path string) (fstype, source, mountPoint string) {
 }
 
 // unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+var unescapeMount = memavail.UnescapeMountinfo
 
 // tryDirect writes and reads back 4 KiB through O_DIRECT in a temporary
 // file in dir, from memory aligned as the disk tier's (an mmap).

@@ -277,7 +277,7 @@ func cgroupMount(mountinfo []byte, v2 bool) (root, mount string, ok bool) {
 		default:
 			continue
 		}
-		return unescape(f[3]), unescape(f[4]), true
+		return UnescapeMountinfo(f[3]), UnescapeMountinfo(f[4]), true
 	}
 	return "", "", false
 }
@@ -291,8 +291,9 @@ func containsField(list, name string) bool {
 	return false
 }
 
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
+// UnescapeMountinfo undoes /proc/self/mountinfo's octal escapes (\040 for
+// a space); kvbm info reads mountinfo too.
+func UnescapeMountinfo(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}

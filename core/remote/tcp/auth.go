@@ -7,11 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -153,36 +149,14 @@ func (t *Transport) answerIn(scope byte, c net.Conn, r io.Reader, q request) err
 	return werr
 }
 
-// refusals counts the connections refused at the hello and logs them, at
-// most once a minute per peer host.
-type refusals struct {
-	count atomic.Uint64
-	mu    sync.Mutex
-	last  map[string]time.Time
-}
-
-func (r *refusals) refuse(worker uint64, c net.Conn, why string) {
-	n := r.count.Add(1)
-	host := c.RemoteAddr().String()
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	now := time.Now()
-	r.mu.Lock()
-	if r.last == nil || len(r.last) > 1024 {
-		r.last = map[string]time.Time{}
-	}
-	logIt := now.Sub(r.last[host]) >= time.Minute
-	if logIt {
-		r.last[host] = now
-	}
-	r.mu.Unlock()
-	if logIt {
-		slog.Warn("kvbm tcp: refused a connection at the hello (logged once a minute per peer)",
-			"worker", fmt.Sprintf("%#x", worker), "peer", host, "network", c.LocalAddr().Network(), "reason", why, "refused so far", n)
-	}
+// refuseHello counts a connection refused at the hello and logs it as the
+// server's other refusals are (logRefusal: once a minute per peer host).
+func (t *Transport) refuseHello(c net.Conn, why string) {
+	n := t.refusedHellos.Add(1)
+	t.logRefusal(c.RemoteAddr().String(), "hello", "kvbm tcp: refused a connection at the hello",
+		"worker", fmt.Sprintf("%#x", t.m.WorkerID()), "network", c.LocalAddr().Network(), "reason", why, "refused so far", n)
 }
 
 // Refused is the number of connections the server closed on at the hello,
 // for want of a valid proof.
-func (t *Transport) Refused() uint64 { return t.refused.count.Load() }
+func (t *Transport) Refused() uint64 { return t.refusedHellos.Load() }

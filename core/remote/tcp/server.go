@@ -115,17 +115,17 @@ func (t *Transport) handshake(c net.Conn, r io.Reader) (scope byte, ok bool) {
 	}
 	b := make([]byte, helloLen)
 	if _, err := io.ReadFull(r, b); err != nil {
-		t.refused.refuse(t.m.WorkerID(), c, fmt.Sprintf("no hello: %v", err))
+		t.refuseHello(c, fmt.Sprintf("no hello: %v", err))
 		return 0, false
 	}
 	h, err := parseHello(b)
 	if err != nil {
-		t.refused.refuse(t.m.WorkerID(), c, err.Error())
+		t.refuseHello(c, err.Error())
 		return 0, false
 	}
 	scope, key, ok := t.verify(h, sn)
 	if !ok {
-		t.refused.refuse(t.m.WorkerID(), c, "the hello's proof does not verify: not this worker's current metadata (stale, another worker's, tampered, or replayed)")
+		t.refuseHello(c, "the hello's proof does not verify: not this worker's current metadata (stale, another worker's, tampered, or replayed)")
 		return 0, false
 	}
 	if _, err := c.Write(proof(key, serverLabel, sn, h.cn, t.m.WorkerID(), h.client)); err != nil {

@@ -57,8 +57,8 @@ type Transport struct {
 	ep   tcpEndpoint  // set when listening (key zero: the scope is chosen at Endpoint)
 	// keyRW and keyRO are the scopes' keys, derived from the secret drawn
 	// when the transport starts listening (auth.go).
-	keyRW, keyRO [keyLen]byte
-	refused      refusals
+	keyRW, keyRO  [keyLen]byte
+	refusedHellos atomic.Uint64 // connections refused at the hello
 
 	mu     sync.Mutex
 	closed bool

@@ -447,10 +447,10 @@ class KvbmWorker:
         to a request this step (a finished request's blocks are reused at
         once), are written this step, so the stores still reading them are
         waited for first."""
+        if not self._stores or not (md.preempted or md.allocated):
+            return
         pre = set(md.preempted)
         allocated = set(md.allocated)
-        if not self._stores or not (pre or allocated):
-            return
         keep = []
         for st in self._stores:
             if not st.n.done() and (st.reqs & pre or not allocated.isdisjoint(st.ids)):
