@@ -402,6 +402,13 @@ func (e *Emulated) MemcpyBatchAsync(kind CopyKind, copies []Copy, h Stream) erro
 	if n == 0 {
 		return nil
 	}
+	if n == 1 { // one copy: an item of its own, nothing to allocate
+		for _, c := range copies {
+			if c.Size != 0 {
+				return s.push(op, item{op: opCopy, kind: kind, c: c})
+			}
+		}
+	}
 	batch := make([]Copy, 0, n)
 	for _, c := range copies {
 		if c.Size != 0 {

@@ -113,7 +113,17 @@ type deviceCopies struct {
 // returned), so that the caller can finish without a goroutine waiting for
 // them.
 func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) (*deviceCopies, error) {
-	d := &deviceCopies{m: m, kind: kind, callerStream: opts.Stream != nil}
+	d := new(deviceCopies)
+	if err := m.enqueueDeviceInto(d, p, kind, opts); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// enqueueDeviceInto is enqueueDeviceQuery into new, zero copies the caller
+// allocated.
+func (m *Manager) enqueueDeviceInto(d *deviceCopies, p *plan, kind cuda.CopyKind, opts Options) error {
+	d.m, d.kind, d.callerStream = m, kind, opts.Stream != nil
 	d.streams, d.events = d.streamBuf[:0], d.eventBuf[:0]
 	k, per := 1, len(p.ops)
 	if opts.Stream != nil {
@@ -125,7 +135,7 @@ func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) 
 		for range k {
 			s, err := m.streamsFor(kind).next()
 			if err != nil {
-				return nil, err
+				return err
 			}
 			d.streams = append(d.streams, s)
 		}
@@ -134,20 +144,20 @@ func (m *Manager) enqueueDeviceQuery(p *plan, kind cuda.CopyKind, opts Options) 
 		part := p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))]
 		if err := m.enqueueCopies(d.copyBuf[:0], part, kind, s, opts.Precondition); err != nil {
 			d.release()
-			return nil, err
+			return err
 		}
 		ev, err := m.events.get()
 		if err != nil {
 			d.release()
-			return nil, fmt.Errorf("create completion event: %w", err)
+			return fmt.Errorf("create completion event: %w", err)
 		}
 		d.events = append(d.events, ev)
 		if err := m.drv.EventRecord(ev, s); err != nil {
 			d.release()
-			return nil, fmt.Errorf("record completion event: %w", err)
+			return fmt.Errorf("record completion event: %w", err)
 		}
 	}
-	return d, nil
+	return nil
 }
 
 // done reports whether every copy is complete.

@@ -9,6 +9,15 @@ import (
 // inlineCopyBytes is the most a host copy moves on the caller's goroutine.
 const inlineCopyBytes = 256 << 10
 
+// call is what one transfer allocates: the notification returned, the plan
+// and the device copies, in one piece, so that a small transfer costs one
+// allocation (the plan lives as long as its notification).
+type call struct {
+	n Notification
+	p plan
+	d deviceCopies
+}
+
 // ExecuteTransfer copies blocks srcIDs of layout src into blocks dstIDs of
 // layout dst. The request is validated before any byte moves; a bad request
 // returns an error and no notification. Otherwise the returned notification
@@ -18,8 +27,9 @@ const inlineCopyBytes = 256 << 10
 // Device copies are enqueued before ExecuteTransfer returns (on
 // opts.Stream when set); other paths run in the background.
 func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHandle, dstIDs []int, opts Options) (*Notification, error) {
-	p, err := m.prepare(src, dst, srcIDs, dstIDs, opts)
-	if err != nil {
+	c := new(call)
+	p := &c.p
+	if err := m.prepareInto(p, src, dst, srcIDs, dstIDs, opts); err != nil {
 		return nil, err
 	}
 	strat, kind, err := strategyOf(p.src, p.dst)
@@ -42,7 +52,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	start, path := time.Now(), pathOf(strat, kind)
 	// Its done channel is made just before a goroutine may complete it; one
 	// completed here, before it is returned, shares an already-closed one.
-	n := &Notification{}
+	n := &c.n
 	if p.src.remote != nil || p.dst.remote != nil {
 		// A peer is involved: the transfer can be canceled, or run past
 		// its deadline, and its remote operations then stop.
@@ -57,8 +67,8 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		}
 	}
 	if strat == deviceCopy {
-		d, err := m.enqueueDeviceQuery(p, kind, opts)
-		if err != nil {
+		d := &c.d
+		if err := m.enqueueDeviceInto(d, p, kind, opts); err != nil {
 			release()
 			return nil, err
 		}

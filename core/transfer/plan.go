@@ -39,30 +39,40 @@ type plan struct {
 // prepare validates a request before any byte moves, naming the argument
 // and the value that is wrong.
 func (m *Manager) prepare(src, dst LayoutHandle, srcIDs, dstIDs []int, opts Options) (*plan, error) {
+	p := new(plan)
+	if err := m.prepareInto(p, src, dst, srcIDs, dstIDs, opts); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// prepareInto is prepare into a new, zero plan the caller allocated
+// (ExecuteTransfer allocates it with the notification, in one piece).
+func (m *Manager) prepareInto(p *plan, src, dst LayoutHandle, srcIDs, dstIDs []int, opts Options) error {
 	se, err := m.lookup(src)
 	if err != nil {
-		return nil, fmt.Errorf("source: %w", err)
+		return fmt.Errorf("source: %w", err)
 	}
 	de, err := m.lookup(dst)
 	if err != nil {
-		return nil, fmt.Errorf("destination: %w", err)
+		return fmt.Errorf("destination: %w", err)
 	}
 	if len(srcIDs) != len(dstIDs) {
-		return nil, fmt.Errorf("%w: %d source block ids but %d destination block ids", ErrInvalidArgument, len(srcIDs), len(dstIDs))
+		return fmt.Errorf("%w: %d source block ids but %d destination block ids", ErrInvalidArgument, len(srcIDs), len(dstIDs))
 	}
 	sc, dc := se.layout.Config(), de.layout.Config()
 	if err := sc.Compatible(dc); err != nil {
-		return nil, fmt.Errorf("%w: %v -> %v: %w", ErrInvalidArgument, src, dst, err)
+		return fmt.Errorf("%w: %v -> %v: %w", ErrInvalidArgument, src, dst, err)
 	}
 	layers, err := opts.Layers.resolve(sc.NumLayers)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := checkIDs("source", srcIDs, sc.NumBlocks, false); err != nil {
-		return nil, err
+		return err
 	}
 	if err := checkIDs("destination", dstIDs, dc.NumBlocks, true); err != nil {
-		return nil, err
+		return err
 	}
 	if src == dst {
 		in := make(map[int]struct{}, len(srcIDs))
@@ -71,13 +81,15 @@ func (m *Manager) prepare(src, dst LayoutHandle, srcIDs, dstIDs []int, opts Opti
 		}
 		for _, id := range dstIDs {
 			if _, ok := in[id]; ok {
-				return nil, fmt.Errorf("%w: block %d is both a source and a destination in layout %v", ErrInvalidArgument, id, src)
+				return fmt.Errorf("%w: block %d is both a source and a destination in layout %v", ErrInvalidArgument, id, src)
 			}
 		}
 	}
-	p := &plan{src: se, dst: de, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers, ctx: context.Background()}
+	// Field by field: p is new and zero, and a struct copy would pay the
+	// garbage collector's bulk write barrier.
+	p.src, p.dst, p.srcIDs, p.dstIDs, p.layers, p.ctx = se, de, srcIDs, dstIDs, layers, context.Background()
 	p.build()
-	return p, nil
+	return nil
 }
 
 func checkIDs(what string, ids []int, numBlocks int, unique bool) error {
