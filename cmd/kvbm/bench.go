@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,8 +34,16 @@ func benchCommand(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.smallOps, "small-ops", 2000, "one-block transfers timed for the small-transfer figures")
 	only := fs.String("paths", "", "run only the paths whose name contains one of these comma-separated words (e.g. G3,layer-wise)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	var err error
 	if cfg.tokens, err = intList("tokens", *tokens); err != nil {
@@ -79,6 +88,19 @@ func benchCommand(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return err
+}
+
+// startCPUProfile profiles the process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // intList parses "1,2,4" into positive ints.
