@@ -81,6 +81,11 @@ logger = logging.getLogger(__name__)
 
 _worker_ids = itertools.count(1)
 
+# The largest control message a manager reads (a frame over it is refused
+# by libzmq as it arrives, never read whole): page indices of a request of
+# 16M pages, with room for the metadata of many workers.
+CONTROL_MAX = 64 << 20
+
 
 def _next_worker_id() -> int:
     # Distinct from the HiCache backend's ids (pid << 24 | n) in one process.
@@ -93,6 +98,19 @@ class KvbmKVManager(CommonKVManager):
     kv_status_msg_tag = wire.TAG_STATUS
     kv_status_msg_carries_reason = True
     reports_transfer_latency = True
+
+    # SGLang's base makes the control socket's context and binds the socket
+    # from it at once, and a bound socket's options no longer reach its
+    # connections: the cap is set on the context, as a default of the
+    # sockets made from it, the moment the base assigns it.
+    @property
+    def _zmq_ctx(self) -> Any:
+        return self.__dict__["_zmq_ctx"]
+
+    @_zmq_ctx.setter
+    def _zmq_ctx(self, ctx: Any) -> None:
+        ctx.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX)
+        self.__dict__["_zmq_ctx"] = ctx
 
     def __init__(self, args: KVArgs, disaggregation_mode: DisaggregationMode,
                  server_args: Any, is_mla_backend: Optional[bool] = False) -> None:

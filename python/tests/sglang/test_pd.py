@@ -862,3 +862,34 @@ def test_no_key_on_a_non_loopback_address_warns_once(server_args, monkeypatch, c
                 m.close()
     lines = [r.getMessage() for r in caplog.records if "without authentication" in r.getMessage()]
     assert len(lines) == 1 and "KVBM_AUTH_KEY" in lines[0] and "0.0.0.0" in lines[0], lines
+
+
+def test_an_oversized_control_frame_is_refused_unread(pair, monkeypatch):
+    """A control message over the cap (pd.CONTROL_MAX) is dropped by libzmq
+    as it arrives: the prefill's handler never sees it, and a small forged
+    one sent after it is refused as usual."""
+    import zmq
+    from kvbmgo.sglang import pd as pd_mod
+    from kvbmgo.sglang import pd_wire as wire
+    monkeypatch.setattr(pd_mod, "CONTROL_MAX", 1 << 20)
+    p = pair()
+    pm = p.pm
+    assert pm.server_socket.getsockopt(zmq.MAXMSGSIZE) == 1 << 20
+    big, small = Attacker(None), Attacker(None)
+    try:
+        def room(a, endpoint):
+            return wire.TransferInfo(room=2500, endpoint=endpoint, dst_port=a.port, peer=a.token,
+                                     num_pages=1, required_dst_info_num=1, decode_prefix_len=0,
+                                     is_dummy=False).frames()
+        big.push(pm.rank_port, room(big, "127.0.0.1" + "x" * (2 << 20)))
+        time.sleep(0.3)  # the big one first
+        small.push(pm.rank_port, room(small, "127.0.0.1"))
+        t0 = time.monotonic()
+        while sum(pm.auth.refused.values()) < 1:
+            assert time.monotonic() - t0 < 5, pm.auth.refused
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert dict(pm.auth.refused) == {"unregistered decode": 1}
+    finally:
+        big.close()
+        small.close()
