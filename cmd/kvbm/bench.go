@@ -319,6 +319,9 @@ func printBench(w io.Writer, r *benchReport) {
 
 // sizeString is a byte count in KiB or MiB.
 func sizeString(b int) string {
+	if b == 0 {
+		return "-" // a figure of no bytes (a connect)
+	}
 	if b >= 1<<20 && b%(1<<20) == 0 {
 		return fmt.Sprintf("%d MiB", b>>20)
 	}

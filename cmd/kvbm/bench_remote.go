@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"slices"
 	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
@@ -13,6 +16,7 @@ import (
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/baseline"
+	"github.com/kvbm/kvbm/internal/testpki"
 )
 
 // benchRemote measures the network transport: 64 × 2 MiB blocks pulled
@@ -20,8 +24,11 @@ import (
 // each with its own transport (the same wire, server and peer as between
 // processes). Once by the same-host route (a Unix socket, the exporter's
 // G2 mapped and copied directly), beside a copy of the same bytes on
-// GOMAXPROCS goroutines; once over TCP on the
-// loopback interface, beside a plain TCP stream of the same bytes. (The
+// GOMAXPROCS goroutines; once over TCP on the loopback interface, and once
+// over TLS (throwaway certificates made here), each beside a plain TCP
+// stream of the same bytes, and TLS beside TCP as well. Then what a
+// connection costs before its first request: connect and hello over TCP
+// beside a bare TCP connect, and with TLS beside without. (The
 // two-process figures are core/worker's BenchmarkCrossProcess, in make
 // bench.)
 func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult, err error) {
@@ -34,53 +41,111 @@ func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult
 	const blocks = 64
 	lc := layout.Config{NumBlocks: blocks, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 2}
 	bytes := int64(blocks * lc.BlockSize())
-	var results []benchResult
-	for _, route := range []struct {
-		name     string
-		sameHost bool
-	}{{"same host", true}, {"tcp", false}} {
-		names := []string{"remote pull G2←G2 (" + route.name + ")", "remote push G2→G2 (" + route.name + ")"}
-		if !cfg.wants(names[0]) && !cfg.wants(names[1]) {
+	pullName := func(route string) string { return "remote pull G2←G2 (" + route + ")" }
+	pushName := func(route string) string { return "remote push G2→G2 (" + route + ")" }
+	connName := map[string]string{"tcp": "remote connect + hello (tcp)", "tls": "remote connect + TLS + hello (tls)"}
+	wantsAny := func(names ...string) bool { return slices.ContainsFunc(names, cfg.wants) }
+	tlsVsTCP := []string{pullName("tls, vs tcp"), pushName("tls, vs tcp")}
+	needs := map[string]bool{
+		"same host": wantsAny(pullName("same host"), pushName("same host")),
+		"tcp":       wantsAny(pullName("tcp"), pushName("tcp"), connName["tcp"], connName["tls"], tlsVsTCP[0], tlsVsTCP[1]),
+		"tls":       wantsAny(pullName("tls"), pushName("tls"), connName["tls"], tlsVsTCP[0], tlsVsTCP[1]),
+	}
+	pairs := map[string]*remoteBench{}
+	for _, route := range []string{"same host", "tcp", "tls"} {
+		if !needs[route] {
 			continue
 		}
-		pull, push, closeAll, err := remotePair(drv, lc, route.sameHost)
+		tc := tcp.Config{Listen: "127.0.0.1:0", NoSameHost: route != "same host", NoTLS: route != "tls"}
+		if route == "tls" {
+			dir, err := os.MkdirTemp("", "kvbm-bench-tls-")
+			if err != nil {
+				return nil, fmt.Errorf("remote bench (tls): %w", err)
+			}
+			closers = append(closers, func() error { return os.RemoveAll(dir) })
+			if tc.TLS, err = throwawayTLS(dir); err != nil {
+				return nil, fmt.Errorf("remote bench (tls): throwaway certificates: %w", err)
+			}
+		}
+		rb, closeAll, err := remotePair(drv, lc, tc)
 		closers = append(closers, closeAll)
 		if err != nil {
-			return results, fmt.Errorf("remote bench (%s): %w", route.name, err)
+			return nil, fmt.Errorf("remote bench (%s): %w", route, err)
 		}
-		baseName := fmt.Sprintf("copy ×%d", gomaxprocs())
-		var base func() (time.Duration, error)
-		if route.sameHost {
-			ref, err := baseline.NewCopy(int(bytes))
-			if err != nil {
-				return results, fmt.Errorf("remote bench: %w", err)
-			}
-			closers = append(closers, ref.Close)
-			base = func() (time.Duration, error) { return ref.Run(bytes, gomaxprocs()), nil }
-		} else {
-			var closeStream func() error
-			baseName = "plain TCP stream"
-			base, closeStream, err = plainStream(int(bytes))
-			if err != nil {
-				return results, fmt.Errorf("remote bench: plain stream: %w", err)
-			}
-			closers = append(closers, closeStream)
+		pairs[route] = rb
+	}
+	var copyBase, streamBase func() (time.Duration, error)
+	if needs["same host"] {
+		ref, err := baseline.NewCopy(int(bytes))
+		if err != nil {
+			return nil, fmt.Errorf("remote bench: %w", err)
 		}
-		for _, bp := range []benchPath{{names[0], baseName, pull, base}, {names[1], baseName, push, base}} {
+		closers = append(closers, ref.Close)
+		copyBase = func() (time.Duration, error) { return ref.Run(bytes, gomaxprocs()), nil }
+	}
+	if needs["tcp"] || needs["tls"] {
+		var closeStream func() error
+		streamBase, closeStream, err = plainStream(int(bytes))
+		if err != nil {
+			return nil, fmt.Errorf("remote bench: plain stream: %w", err)
+		}
+		closers = append(closers, closeStream)
+	}
+	copyName, streamName := fmt.Sprintf("copy ×%d", gomaxprocs()), "plain TCP stream"
+	var paths []benchPath
+	var results []benchResult
+	if sh := pairs["same host"]; sh != nil {
+		paths = append(paths, benchPath{pullName("same host"), copyName, sh.pull, copyBase}, benchPath{pushName("same host"), copyName, sh.push, copyBase})
+	}
+	if tp := pairs["tcp"]; tp != nil {
+		paths = append(paths, benchPath{pullName("tcp"), streamName, tp.pull, streamBase}, benchPath{pushName("tcp"), streamName, tp.push, streamBase})
+	}
+	if tl := pairs["tls"]; tl != nil {
+		paths = append(paths, benchPath{pullName("tls"), streamName, tl.pull, streamBase}, benchPath{pushName("tls"), streamName, tl.push, streamBase})
+		if tp := pairs["tcp"]; tp != nil {
+			paths = append(paths, benchPath{tlsVsTCP[0], pullName("tcp"), tl.pull, tp.pull}, benchPath{tlsVsTCP[1], pushName("tcp"), tl.push, tp.push})
+		}
+	}
+	for _, bp := range paths {
+		if !cfg.wants(bp.name) {
+			continue
+		}
+		r := benchResult{Path: bp.name, BlockBytes: lc.BlockSize(), Blocks: blocks, Concurrency: 1, Unit: "GB/s", Baseline: bp.baseline}
+		results = append(results, runPath(cfg.reps, r, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) }, bytes, 0))
+	}
+	if needs["tcp"] {
+		bare, closeBare, err := bareConnect()
+		if err != nil {
+			return results, fmt.Errorf("remote bench: bare connect: %w", err)
+		}
+		closers = append(closers, closeBare)
+		conn := []benchPath{{connName["tcp"], "bare TCP connect", pairs["tcp"].connect, bare}}
+		if tl := pairs["tls"]; tl != nil {
+			conn = append(conn, benchPath{connName["tls"], connName["tcp"], tl.connect, pairs["tcp"].connect})
+		}
+		for _, bp := range conn {
 			if !cfg.wants(bp.name) {
 				continue
 			}
-			r := benchResult{Path: bp.name, BlockBytes: lc.BlockSize(), Blocks: blocks, Concurrency: 1, Unit: "GB/s", Baseline: bp.baseline}
-			results = append(results, runPath(cfg.reps, r, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) }, bytes, 0))
+			r := benchResult{Path: bp.name, Blocks: 1, Concurrency: 1, Unit: "us", Baseline: bp.baseline}
+			results = append(results, runPath(cfg.reps, r, bp, func(rep int) { p.say(bp.name, rep, cfg.reps) }, 0, connects))
 		}
 	}
 	return results, nil
 }
 
+// connects is how many connections one run of a connect figure opens, one
+// after another.
+const connects = 200
+
+// remoteBench is a pull and a push of all the blocks of another worker's
+// G2, and connects one after another to it (connect, TLS where
+// configured, and the hello; then close).
+type remoteBench struct{ pull, push, connect func() (time.Duration, error) }
+
 // remotePair makes an exporter and an importer, each a manager with its
-// own TCP transport on 127.0.0.1, the exporter's G2 imported, and returns
-// a pull and a push of all its blocks.
-func remotePair(drv cuda.Driver, lc layout.Config, sameHost bool) (pull, push func() (time.Duration, error), closeAll func() error, err error) {
+// own TCP transport of configuration tc, the exporter's G2 imported.
+func remotePair(drv cuda.Driver, lc layout.Config, tc tcp.Config) (_ *remoteBench, closeAll func() error, err error) {
 	var closers []func() error
 	closeAll = func() error {
 		var err error
@@ -95,7 +160,7 @@ func remotePair(drv cuda.Driver, lc layout.Config, sameHost bool) (pull, push fu
 			return nil, nil, transfer.LayoutHandle{}, err
 		}
 		closers = append(closers, m.Close)
-		t := tcp.New(tcp.Config{Listen: "127.0.0.1:0", NoSameHost: !sameHost})
+		t := tcp.New(tc)
 		closers = append(closers, t.Close)
 		if err := t.Serve(m); err != nil {
 			return nil, nil, transfer.LayoutHandle{}, err
@@ -105,42 +170,104 @@ func remotePair(drv cuda.Driver, lc layout.Config, sameHost bool) (pull, push fu
 	}
 	exp, expTCP, remoteG2, err := side(0xE0)
 	if err != nil {
-		return nil, nil, closeAll, err
+		return nil, closeAll, err
 	}
 	imp, impTCP, localG2, err := side(0x10)
 	if err != nil {
-		return nil, nil, closeAll, err
+		return nil, closeAll, err
 	}
 	ep, err := expTCP.Endpoint()
 	if err != nil {
-		return nil, nil, closeAll, err
+		return nil, closeAll, err
 	}
 	peer, err := impTCP.Connect(context.Background(), ep)
 	if err != nil {
-		return nil, nil, closeAll, err
+		return nil, closeAll, err
 	}
-	if tcp.SameHost(peer) != sameHost {
-		return nil, nil, closeAll, fmt.Errorf("the peer is reached by the same-host route: %v, want %v", tcp.SameHost(peer), sameHost)
+	if sameHost := !tc.NoSameHost; tcp.SameHost(peer) != sameHost {
+		return nil, closeAll, fmt.Errorf("the peer is reached by the same-host route: %v, want %v", tcp.SameHost(peer), sameHost)
+	}
+	if want := tc.TLS != (tcp.TLSFiles{}); impTCP.TLS() != want {
+		return nil, closeAll, fmt.Errorf("the transport speaks TLS: %v, want %v", impTCP.TLS(), want)
 	}
 	d, err := exp.Describe(remoteG2)
 	if err != nil {
-		return nil, nil, closeAll, err
+		return nil, closeAll, err
 	}
 	if _, err := imp.Import(peer, []transfer.Descriptor{d}); err != nil {
-		return nil, nil, closeAll, err
+		return nil, closeAll, err
 	}
 	ids := seq(0, lc.NumBlocks)
-	pull = func() (time.Duration, error) {
+	rb := &remoteBench{}
+	rb.pull = func() (time.Duration, error) {
 		return timed("remote pull", func() (*transfer.Notification, error) {
 			return imp.ExecuteTransfer(remoteG2, ids, localG2, ids, transfer.Options{})
 		})
 	}
-	push = func() (time.Duration, error) {
+	rb.push = func() (time.Duration, error) {
 		return timed("remote push", func() (*transfer.Notification, error) {
 			return imp.ExecuteTransfer(localG2, ids, remoteG2, ids, transfer.Options{})
 		})
 	}
-	return pull, push, closeAll, nil
+	rb.connect = func() (time.Duration, error) {
+		t0 := time.Now()
+		for range connects {
+			if err := impTCP.DialOnce(context.Background(), ep); err != nil {
+				return 0, fmt.Errorf("remote connect: %w", err)
+			}
+		}
+		return time.Since(t0), nil
+	}
+	return rb, closeAll, nil
+}
+
+// throwawayTLS makes a CA and one certificate of it for 127.0.0.1 in dir,
+// which both workers of the TLS figures present.
+func throwawayTLS(dir string) (tcp.TLSFiles, error) {
+	ca, err := testpki.NewCA("kvbm bench throwaway CA")
+	if err != nil {
+		return tcp.TLSFiles{}, err
+	}
+	f, err := ca.Write(dir, "worker", testpki.Leaf{Name: "kvbm bench worker", Hosts: []string{"127.0.0.1"}})
+	return tcp.TLSFiles(f), err
+}
+
+// bareConnect returns a function that opens connects TCP connections on
+// the loopback interface one after another, each answered with one byte
+// by the other side (as the hello's challenge is), and closes them: the
+// limit of a connect, nothing proved.
+func bareConnect() (func() (time.Duration, error), func() error, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte{1})
+			c.Close()
+		}
+	}()
+	run := func() (time.Duration, error) {
+		t0 := time.Now()
+		var b [1]byte
+		for range connects {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				return 0, err
+			}
+			_, err = io.ReadFull(c, b[:])
+			c.Close()
+			if err != nil {
+				return 0, err
+			}
+		}
+		return time.Since(t0), nil
+	}
+	return run, ln.Close, nil
 }
 
 // plainStream returns a function that pulls n bytes over one plain TCP

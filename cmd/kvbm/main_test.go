@@ -80,7 +80,7 @@ func TestBench(t *testing.T) {
 	require.Equal(t, 0, rc, stderr)
 	var r benchReport
 	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
-	require.Len(t, r.Results, 2*15+2*len(smallBlockSizes)+4) // the grid twice, small transfers, remote by both routes
+	require.Len(t, r.Results, 2*15+2*len(smallBlockSizes)+10) // the grid twice, small transfers, remote (same host, tcp, tls, tls vs tcp; two connects)
 	for _, x := range r.Results {
 		require.Empty(t, x.Error, x.Path)
 		require.Positive(t, x.Value, x.Path)
@@ -109,4 +109,24 @@ func TestBench(t *testing.T) {
 		require.Empty(t, x.Error, x.Path)
 		require.Positive(t, x.Ratio, x.Path)
 	}
+
+	// The TLS figures alone, each beside the raw socket or plain TCP, with
+	// the plain TCP pair they are compared to made for them.
+	rc, stdout, stderr = kvbm("bench", "--json", "-dir", t.TempDir(), "-reps", "1", "-paths", "tls")
+	require.Equal(t, 0, rc, stderr)
+	r = benchReport{}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
+	baselines := map[string]string{}
+	for _, x := range r.Results {
+		require.Empty(t, x.Error, x.Path)
+		require.Positive(t, x.Ratio, x.Path)
+		baselines[x.Path] = x.Baseline
+	}
+	require.Equal(t, map[string]string{
+		"remote pull G2←G2 (tls)":            "plain TCP stream",
+		"remote push G2→G2 (tls)":            "plain TCP stream",
+		"remote pull G2←G2 (tls, vs tcp)":    "remote pull G2←G2 (tcp)",
+		"remote push G2→G2 (tls, vs tcp)":    "remote push G2→G2 (tcp)",
+		"remote connect + TLS + hello (tls)": "remote connect + hello (tcp)",
+	}, baselines)
 }

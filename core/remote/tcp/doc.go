@@ -1,6 +1,7 @@
 // Package tcp is the network transport that always works: plain TCP
 // streams between any two processes (transport.go, the peer in peer.go,
-// the server in server.go, the wire format in wire.go), and the same-host
+// the server in server.go, the wire format in wire.go, the hello that
+// proves the metadata's key in auth.go, optional TLS in tls.go), and the same-host
 // route (samehost.go), over which two processes of one host talk on a Unix
 // socket and map each other's shared host layouts.
 //

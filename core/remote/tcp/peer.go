@@ -185,7 +185,7 @@ func (p *tcpPeer) watch(c *tcpConn) {
 			remote.ErrPeerUnavailable, p.worker, p.addr, err)
 	}
 	p.mu.Unlock()
-	c.c.Close()
+	rawConn(c.c).Close()
 	// Also when an operation broke the peer first (it does not unmap), or
 	// Close did (then this is done already): both are idempotent.
 	p.closeIdle()
@@ -257,22 +257,32 @@ func (p *tcpPeer) dial(ctx context.Context) (*tcpConn, error) {
 	return c, err
 }
 
-// dialConn connects and proves the key both ways (auth.go).
+// dialConn connects, runs the TLS handshake where the transport has TLS
+// (tls.go), and proves the key both ways (auth.go).
 func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, p.network, p.addr)
+	raw, err := d.DialContext(ctx, p.network, p.addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial peer %x at %s: %w", remote.ErrPeerUnavailable, p.worker, p.addr, err)
 	}
-	setBuffers(nc)
+	setBuffers(raw)
 	if dl, ok := ctx.Deadline(); ok {
-		nc.SetDeadline(dl)
+		raw.SetDeadline(dl)
+	}
+	nc, err := p.clientTLS(ctx, raw)
+	if err != nil {
+		raw.Close()
+		return nil, err
 	}
 	// Small: reads of the bytes themselves, larger than it, bypass it.
 	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
 	err = p.handshake(c)
 	if err != nil {
-		nc.Close()
+		raw.Close()
+		if refusedByTLS(err) {
+			return nil, fmt.Errorf("%w: peer %x at %s refused this transport's TLS certificate (%v): it must chain to the peer's %s and be valid now",
+				remote.ErrPeerUnavailable, p.worker, p.addr, err, envTLSCA)
+		}
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			return nil, fmt.Errorf("%w: %w: peer %x at %s accepted but did not answer the hello within the deadline",
@@ -338,7 +348,7 @@ func (p *tcpPeer) abort(c *tcpConn) {
 // resetOnClose makes closing c reset a TCP connection (SO_LINGER 0); a
 // Unix socket's peer sees a close at once anyway.
 func resetOnClose(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
+	if tc, ok := rawConn(c).(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}
 }
@@ -349,7 +359,7 @@ func (p *tcpPeer) drop(c *tcpConn) {
 	_, ok := p.open[c]
 	delete(p.open, c)
 	p.mu.Unlock()
-	c.c.Close()
+	rawConn(c.c).Close()
 	if ok {
 		<-p.slots
 	}
@@ -384,8 +394,8 @@ func (p *tcpPeer) Close() error {
 	}
 	p.mu.Unlock()
 	for _, c := range open {
-		resetOnClose(c.c) // what is in flight is given up on
-		c.c.Close()       // in-flight operations fail; their owners drop them
+		resetOnClose(c.c)    // what is in flight is given up on
+		rawConn(c.c).Close() // in-flight operations fail; their owners drop them
 	}
 	p.closeIdle()
 	p.t.forget(p)

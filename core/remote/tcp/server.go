@@ -62,21 +62,26 @@ func (t *Transport) accept(ln net.Listener) {
 // a request's first byte to its answer the connection has the manager's
 // remote deadline, so that a frozen or slow peer (one byte of a header,
 // then nothing) cannot hold the connection or the manager for ever;
-// between requests it waits without one.
-func (t *Transport) serveConn(c net.Conn) {
+// between requests it waits without one. The TLS handshake, where there
+// is one, and the hello run within the deadline of one header.
+func (t *Transport) serveConn(raw net.Conn) {
 	defer t.wg.Done()
 	defer func() {
-		c.Close()
+		raw.Close()
 		t.mu.Lock()
-		delete(t.conns, c)
-		t.releaseConn(c)
+		delete(t.conns, raw)
+		t.releaseConn(raw)
 		t.mu.Unlock()
 	}()
-	setBuffers(c)
+	setBuffers(raw)
 	deadline := t.m.RemoteDeadline()
+	raw.SetDeadline(time.Now().Add(deadline))
+	c, ok := t.serverTLS(raw) // raw itself without TLS; closed with raw
+	if !ok {
+		return
+	}
 	// Small: reads of the bytes themselves, larger than it, bypass it.
 	r := bufio.NewReaderSize(c, 4<<10)
-	c.SetDeadline(time.Now().Add(deadline))
 	scope, ok := t.handshake(c, r)
 	if !ok {
 		return
@@ -220,7 +225,7 @@ var errPusherGaveUp = errors.New("the pusher closed the connection before the wr
 // down writing, or reset), seen by the kernel even while bytes it sent
 // before are still queued to be read here.
 func peerClosed(c net.Conn) bool {
-	sc, ok := c.(syscall.Conn)
+	sc, ok := rawConn(c).(syscall.Conn)
 	if !ok {
 		return false
 	}

@@ -44,6 +44,12 @@ type Config struct {
 	// IP address (default DefaultMaxConnsPerAddr); one more is closed at
 	// accept.
 	MaxConnsPerAddr int
+	// TLS names the PEM files that make every TCP connection TLS 1.3 with
+	// certificates both ways (tls.go); when all three are empty, they are
+	// KVBM_TLS_CERT, KVBM_TLS_KEY and KVBM_TLS_CA, unless NoTLS.
+	TLS TLSFiles
+	// NoTLS keeps plain TCP whatever the environment says.
+	NoTLS bool
 }
 
 // Transport is the transport that always works: plain TCP streams, several per
@@ -67,11 +73,14 @@ type Transport struct {
 	wg     sync.WaitGroup
 	stop   chan struct{} // closed by Close
 	lim    limits        // limits.go
+	tls    *tlsSide      // nil: plain TCP (tls.go)
+	tlsErr error         // the TLS configuration's, returned by Serve and Connect
 
 	served atomic.Uint64 // requests of peers answered, however they ended
 }
 
-// New makes a TCP transport; Serve starts its server.
+// New makes a TCP transport; Serve starts its server. A TLS configuration
+// that does not load (tls.go) is Serve's and Connect's error.
 func New(cfg Config) *Transport {
 	if cfg.Listen == "" {
 		cfg.Listen = os.Getenv("KVBM_TCP_LISTEN")
@@ -91,7 +100,14 @@ func New(cfg Config) *Transport {
 	if cfg.MaxConnsPerAddr <= 0 {
 		cfg.MaxConnsPerAddr = DefaultMaxConnsPerAddr
 	}
-	return &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}, stop: make(chan struct{})}
+	if cfg.TLS == (TLSFiles{}) && !cfg.NoTLS {
+		cfg.TLS = tlsFilesFromEnv()
+	}
+	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}, stop: make(chan struct{})}
+	if !cfg.NoTLS {
+		t.tls, t.tlsErr = loadTLS(cfg.TLS)
+	}
+	return t
 }
 
 // Name is "tcp".
@@ -119,6 +135,9 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 	}
 	if t.closed {
 		return fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
+	}
+	if t.tlsErr != nil {
+		return t.tlsErr
 	}
 	t.m = m
 	if t.cfg.Listen != "" {
@@ -160,6 +179,9 @@ func (t *Transport) listen() error {
 	}
 	t.keyRW, t.keyRO = scopeKeys(secret)
 	ep := tcpEndpoint{worker: t.m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
+	if t.tls != nil {
+		ep.flags |= flagTLS
+	}
 	if !t.cfg.NoSameHost {
 		if ep.host, ep.unix, t.unix = listenSameHost(t.m.WorkerID()); t.unix == nil {
 			ep.host = [16]byte{}
@@ -176,7 +198,8 @@ func (t *Transport) listen() error {
 }
 
 // Endpoint is version u8 (3) | worker u64 | scope u8 | key [32] | host id
-// [16] | Unix socket name length u8 | name | "host:port". The key is the
+// [16] | Unix socket name length u8 | name | flags u8 (flagTLS: the
+// server speaks TLS, tls.go) | "host:port". The key is the
 // read-write scope's: whoever holds the endpoint may read and write the
 // worker's layouts (auth.go). The host id and socket name are zero and
 // empty when the same-host path is off. The first call listens, unless
@@ -220,6 +243,7 @@ type tcpEndpoint struct {
 	key    [keyLen]byte // the scope's key: the capability
 	host   [16]byte     // the boot id of the server's host
 	unix   string       // its same-host socket (abstract, "@...")
+	flags  byte         // flagTLS
 	addr   string       // host:port
 }
 
@@ -227,7 +251,7 @@ func (e tcpEndpoint) append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(append(b, endpointVersion), e.worker)
 	b = append(append(b, e.scope), e.key[:]...)
 	b = append(append(b, e.host[:]...), byte(len(e.unix)))
-	return append(append(b, e.unix...), e.addr...)
+	return append(append(append(b, e.unix...), e.flags), e.addr...)
 }
 
 func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
@@ -246,10 +270,13 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 	copy(e.key[:], ep[10:10+keyLen])
 	copy(e.host[:], ep[10+keyLen:head-1])
 	n := int(ep[head-1])
-	if len(ep) < head+n+3 {
+	if len(ep) < head+n+4 {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes is too short for its %d-byte socket name", remote.ErrBadEndpoint, len(ep), n)
 	}
-	e.unix, e.addr = string(ep[head:head+n]), string(ep[head+n:])
+	e.unix, e.flags, e.addr = string(ep[head:head+n]), ep[head+n], string(ep[head+n+1:])
+	if e.flags&^flagTLS != 0 {
+		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint flags %#x, this library knows %#x (another kvbm version)", remote.ErrBadEndpoint, e.flags, flagTLS)
+	}
 	if n > 0 && e.unix[0] != '@' {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint's same-host socket %q is not an abstract name", remote.ErrBadEndpoint, e.unix)
 	}
@@ -266,6 +293,12 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, error) {
 	ep, err := parseTCPEndpoint(endpoint)
 	if err != nil {
+		return nil, err
+	}
+	if t.tlsErr != nil {
+		return nil, t.tlsErr
+	}
+	if err := t.checkTLSMatch(ep); err != nil {
 		return nil, err
 	}
 	var p *tcpPeer

@@ -40,6 +40,10 @@ func newTCPPair(t testing.TB, deadline time.Duration, cfgs ...Config) *tcpPair {
 	if len(cfgs) > 0 {
 		tcpCfg = cfgs[0]
 	}
+	impCfg := tcpCfg // cfgs[1], when given, is the importer's
+	if len(cfgs) > 1 {
+		impCfg = cfgs[1]
+	}
 	p := &tcpPair{emu: cuda.NewEmulated(1), cfg: smallConfig(8),
 		remote: map[string]transfer.LayoutHandle{}, local: map[string]transfer.LayoutHandle{}}
 	var err error
@@ -48,7 +52,7 @@ func newTCPPair(t testing.TB, deadline time.Duration, cfgs ...Config) *tcpPair {
 	p.imp, err = transfer.NewManager(transfer.Config{WorkerID: 0x11, Driver: p.emu, RemoteDeadline: deadline})
 	require.NoError(t, err)
 	p.expTCP = New(tcpCfg)
-	p.impTCP = New(tcpCfg)
+	p.impTCP = New(impCfg)
 	require.NoError(t, p.expTCP.Serve(p.exp))
 	require.NoError(t, p.impTCP.Serve(p.imp))
 	t.Cleanup(func() {

@@ -63,6 +63,7 @@ func FuzzReadRequest(f *testing.F) {
 func FuzzTCPEndpoint(f *testing.F) {
 	f.Add(tcpEndpoint{worker: 1, addr: "127.0.0.1:4000"}.append(nil))
 	f.Add(tcpEndpoint{worker: 1, scope: scopeReadOnly, key: [keyLen]byte{9}, host: [16]byte{1}, unix: "@kvbm-1", addr: "[::1]:4000"}.append(nil))
+	f.Add(tcpEndpoint{worker: 2, flags: flagTLS, unix: "@kvbm-2", addr: "10.0.0.2:4000"}.append(nil))
 	f.Add([]byte{1})
 	f.Add(append([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0}, "10.0.0.1:4000"...))
 	f.Fuzz(func(t *testing.T, ep []byte) {
