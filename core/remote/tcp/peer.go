@@ -45,6 +45,8 @@ type tcpConn struct {
 	// deadline is the current operation's (zero: none); a copy of lent
 	// memory stops once it passes, as the exporter stops lending then.
 	deadline time.Time
+	// pid is the server's process, for a Unix socket (0: unknown, or TCP).
+	pid int
 }
 
 func newTCPPeer(t *Transport, ep tcpEndpoint, network, addr string) *tcpPeer {
@@ -61,7 +63,7 @@ func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 			transfer.ErrInvalidArgument, d.Handle, p.worker)
 	}
 	if p.network == "unix" && p.scope == scopeReadWrite && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
-		if err := p.mapLayout(d.Handle); err != nil {
+		if err := p.mapLayout(d); err != nil {
 			return transfer.Attachment{}, err
 		}
 	}
@@ -270,6 +272,9 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	}
 	// Small: reads of the bytes themselves, larger than it, bypass it.
 	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
+	if cred := peerCred(nc); cred != nil {
+		c.pid = int(cred.Pid)
+	}
 	err = p.handshake(c)
 	if err != nil {
 		nc.Close()
