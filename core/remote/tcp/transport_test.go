@@ -354,9 +354,11 @@ func TestSameHostSharesOnlyAllocatedHostMemory(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.imp.Import(p.peer, []transfer.Descriptor{d})
 	require.NoError(t, err)
-	require.False(t, peer.shared.has(reg), "engine memory is not shared")
 	_, err = p.exp.Shared(reg)
-	require.ErrorIs(t, err, transfer.ErrUnsupported)
+	require.ErrorIs(t, err, transfer.ErrUnsupported, "engine memory is not shared")
+	require.True(t, peer.shared.has(reg), "but lent, and copied process to process")
+	require.NotZero(t, peer.shared.maps[reg][0].pid)
+	require.Nil(t, peer.shared.maps[reg][0].m)
 
 	fill(t, p.exp, reg, 0x21)
 	fill(t, p.exp, p.remote["g2"], 0x22)
