@@ -1,9 +1,12 @@
 package tcp
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -216,5 +219,63 @@ func sameBytes(t *testing.T, want, got []byte, what string) {
 		if want[i] != got[i] {
 			require.Failf(t, "bytes differ", "%s: byte %d is %#x, want %#x", what, i, got[i], want[i])
 		}
+	}
+}
+
+// readFullv fills more buffers than one readv takes, empty ones among
+// them, after bytes the buffered reader already holds; over a socket and
+// over a connection without a descriptor (read buffer by buffer); an early
+// close is an unexpected EOF.
+func TestReadFullvFillsEveryBuffer(t *testing.T) {
+	for _, kind := range []string{"tcp", "pipe"} {
+		t.Run(kind, func(t *testing.T) {
+			var a, b net.Conn
+			if kind == "pipe" {
+				a, b = net.Pipe()
+			} else {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				require.NoError(t, err)
+				defer ln.Close()
+				a, err = net.Dial("tcp", ln.Addr().String())
+				require.NoError(t, err)
+				b, err = ln.Accept()
+				require.NoError(t, err)
+			}
+			defer a.Close()
+			defer b.Close()
+			rng := rand.New(rand.NewPCG(3, 4))
+			var bufs [][]byte
+			total := 0
+			for range 3 * maxIOV {
+				n := rng.IntN(300)
+				bufs = append(bufs, make([]byte, n))
+				total += n
+			}
+			sent := make([]byte, total+10)
+			for i := range sent {
+				sent[i] = byte(rng.Uint32())
+			}
+			go func() {
+				a.Write(sent)
+				a.Close()
+			}()
+			r := bufio.NewReaderSize(b, 4<<10)
+			_, err := r.Peek(100) // some bytes buffered first
+			require.NoError(t, err)
+			require.NoError(t, readFullv(b, r, bufs))
+			sameBytes(t, sent[:total], bytes.Join(bufs, nil), "the buffers")
+			rest := make([]byte, 20)
+			require.ErrorIs(t, readFullv(b, r, [][]byte{rest}), io.ErrUnexpectedEOF)
+		})
+	}
+}
+
+func TestJoinAdjacent(t *testing.T) {
+	m := make([]byte, 100)
+	got := joinAdjacent([][]byte{m[0:10], m[10:20], m[30:40], {}, m[40:45], m[50:60], m[0:5]})
+	require.Len(t, got, 4)
+	for i, want := range [][]byte{m[0:20], m[30:45], m[50:60], m[0:5]} {
+		require.Equal(t, unsafe.SliceData(want), unsafe.SliceData(got[i]), "range %d", i)
+		require.Len(t, got[i], len(want), "range %d", i)
 	}
 }

@@ -147,27 +147,24 @@ func (p *tcpPeer) exchange(c *tcpConn, h transfer.LayoutHandle, ops []transfer.R
 		if err := readStatus(c.r); err != nil {
 			return err
 		}
-		// The bytes come in op order: ops adjacent here are read at once.
-		for i := 0; i < len(ops); {
-			start, size := ops[i].Local, ops[i].Size
-			for i++; i < len(ops) && ops[i].Local == start+size; i++ {
-				size += ops[i].Size
-			}
-			if _, err := io.ReadFull(c.r, storage.HostBytes(start, size)); err != nil {
-				return err
-			}
-		}
-		return nil
+		// The bytes come in op order, read with readv into the ranges
+		// here (those adjacent joined).
+		return readFullv(c.c, c.r, localBytes(ops))
 	}
-	bufs := make(net.Buffers, 0, 1+len(ops))
-	bufs = append(bufs, head)
-	for _, o := range ops {
-		bufs = append(bufs, storage.HostBytes(o.Local, o.Size))
-	}
-	if _, err := bufs.WriteTo(c.c); err != nil {
+	bufs := append(net.Buffers{head}, localBytes(ops)...)
+	if _, err := bufs.WriteTo(c.c); err != nil { // writev, up to 1,024 ranges a call
 		return err
 	}
 	return readStatus(c.r)
+}
+
+// localBytes is the memory here of ops, in order, adjacent ranges joined.
+func localBytes(ops []transfer.RemoteOp) [][]byte {
+	bufs := make([][]byte, len(ops))
+	for i, o := range ops {
+		bufs[i] = storage.HostBytes(o.Local, o.Size)
+	}
+	return joinAdjacent(bufs)
 }
 
 // watch holds one idle connection to the peer open, for no request: the
