@@ -22,10 +22,11 @@ import (
 var layerSeparate = transfer.Shape{Kind: layout.LayerSeparate, BlockDim: layout.BlockIsSecondDim}
 
 // engineLayout registers host memory the exporter did not allocate (as an
-// engine's KV cache is), layer-separate with the block second, each region
+// engine's KV cache is), as host memory or (kind Device) as the emulated
+// device's memory, layer-separate with the block second, each region
 // between guard bytes that nothing may write; check reports whether the
 // guards are intact.
-func engineLayout(t *testing.T, m *transfer.Manager, cfg layout.Config) (h transfer.LayoutHandle, check func()) {
+func engineLayout(t *testing.T, m *transfer.Manager, kind storage.Kind, cfg layout.Config) (h transfer.LayoutHandle, check func()) {
 	t.Helper()
 	const guard = 4096
 	sizes, err := layout.RegionSizes(cfg, layerSeparate.Kind, layerSeparate.BlockDim)
@@ -43,7 +44,7 @@ func engineLayout(t *testing.T, m *transfer.Manager, cfg layout.Config) (h trans
 		ptrs = append(ptrs, mem.Addr()+guard)
 		guards = append(guards, b[:guard], b[guard+s:])
 	}
-	h, err = m.RegisterExternal(storage.System, cfg, layerSeparate, ptrs)
+	h, err = m.RegisterExternal(kind, cfg, layerSeparate, ptrs)
 	require.NoError(t, err)
 	return h, func() {
 		for i, g := range guards {
@@ -71,11 +72,12 @@ func TestScatteredFragmentsMoveEveryByte(t *testing.T) {
 			}
 			p := newTCPPair(t, 5*time.Second, Config{Listen: "127.0.0.1:0", NoSameHost: route == "tcp"})
 			peer := p.peer.(*tcpPeer)
-			engine, guardsIntact := engineLayout(t, p.exp, p.cfg)
+			engine, guardsIntact := engineLayout(t, p.exp, storage.System, p.cfg)
+			engineDev, devGuardsIntact := engineLayout(t, p.exp, storage.Device, p.cfg)
 			shared, err := p.exp.AllocateLayout(storage.Pinned, p.cfg, layerSeparate)
 			require.NoError(t, err)
-			remotes := map[string]transfer.LayoutHandle{"engine": engine, "shared": shared, "g2": p.remote["g2"]}
-			for _, h := range []transfer.LayoutHandle{engine, shared} {
+			remotes := map[string]transfer.LayoutHandle{"engine": engine, "engine-device": engineDev, "shared": shared, "g2": p.remote["g2"]}
+			for _, h := range []transfer.LayoutHandle{engine, engineDev, shared} {
 				d, err := p.exp.Describe(h)
 				require.NoError(t, err)
 				_, err = p.imp.Import(p.peer, []transfer.Descriptor{d})
@@ -85,12 +87,15 @@ func TestScatteredFragmentsMoveEveryByte(t *testing.T) {
 			case "process":
 				require.True(t, peer.shared.has(engine))
 				require.NotZero(t, peer.shared.maps[engine][0].pid, "engine memory: copied process to process")
+				require.NotZero(t, peer.shared.maps[engineDev][0].pid, "the emulated device's engine memory too")
 				require.NotNil(t, peer.shared.maps[shared][0].m, "shared memory: mapped")
 			case "socket":
 				require.False(t, peer.shared.has(engine), "the kernel refused: through the socket")
+				require.False(t, peer.shared.has(engineDev))
 				require.True(t, peer.shared.has(shared))
 			case "tcp":
 				require.False(t, peer.shared.has(engine))
+				require.False(t, peer.shared.has(engineDev))
 				require.False(t, peer.shared.has(shared))
 			}
 			ls, err := p.imp.AllocateLayout(storage.Pinned, p.cfg, layerSeparate)
@@ -124,6 +129,7 @@ func TestScatteredFragmentsMoveEveryByte(t *testing.T) {
 								require.Equal(t, want, block(t, dm, dst, id), "push=%v: block %d of the destination", push, id)
 							}
 							guardsIntact()
+							devGuardsIntact()
 						}
 					})
 				}

@@ -13,14 +13,17 @@ import (
 )
 
 // Host memory a peer on this host did not allocate as shared memory (the
-// engine's own, vLLM's KV cache on the CPU) cannot be mapped here. It is
-// lent all the same, and copied with process_vm_readv/process_vm_writev:
+// engine's own) cannot be mapped here, nor device memory it cannot export
+// that is host memory there all the same (the emulated device's registered
+// memory: vLLM's KV cache on the CPU). It is lent all the same, and copied
+// with process_vm_readv/process_vm_writev:
 // one kernel copy straight between the two processes, all of a request's
 // ranges in a few calls, where the socket costs a copy into the kernel
 // and one out of it. The kernel allows this only where this process may
 // ptrace the peer (the same user, and Yama's ptrace_scope permitting);
-// where it does not, the layout goes through the socket. Nothing is
-// granted to the peer that the kernel did not already allow it.
+// where it does not, the layout goes through the socket, as real device
+// memory does (a CPU read of it faults). Nothing is granted to the peer
+// that the kernel did not already allow it.
 
 // maxIOV is IOV_MAX: the most ranges on either side of one call.
 const maxIOV = 1024
@@ -37,11 +40,12 @@ var reachProcess = func(pid int, addr uint64) error {
 	return err
 }
 
-// processMaps is how layout d, host memory process pid did not share, is
+// processMaps is how layout d, memory process pid did not share, is
 // reached here: its regions, copied with process_vm_readv/writev; nil (the
-// socket) when the kernel does not let this process reach that one.
+// socket) when the kernel does not let this process read that one's
+// memory there.
 func processMaps(pid int, d transfer.Descriptor) []sharedMap {
-	if pid <= 0 || !d.Kind.IsHost() || len(d.Bases) == 0 {
+	if pid <= 0 || (!d.Kind.IsHost() && d.Kind != storage.Device) || len(d.Bases) == 0 {
 		return nil
 	}
 	sizes, err := layout.RegionSizes(d.Config, d.Shape.Kind, d.Shape.BlockDim)

@@ -31,10 +31,10 @@ import (
 // out. Each copy is still a request the exporter answers: it checks the
 // ranges, holds its manager until the importer says it is done, and a
 // peer that died or froze fails the operation within the deadline as on
-// TCP. Host memory it does not share (memory the engine registered) is
-// copied with process_vm_readv/writev where the kernel allows it
-// (processvm.go); device memory it cannot export, and the rest, go
-// through the socket.
+// TCP. Memory it does not share (host memory the engine registered, the
+// emulated device's registered memory) is copied with
+// process_vm_readv/writev where the kernel allows it (processvm.go); the
+// rest (real device memory it cannot export) goes through the socket.
 
 // errCannotMap marks a layout the peer shares that this process cannot
 // map (its device memory here, say): it is reached through the socket.
@@ -517,7 +517,8 @@ func SameHost(p remote.Peer) bool {
 
 // Mapped reports whether p reaches layout h through memory mapped here
 // (the peer's shared host memory, or its device memory opened with CUDA
-// IPC) rather than through the socket.
+// IPC), or copies its host memory process to process, rather than through
+// the socket.
 func Mapped(p remote.Peer, h transfer.LayoutHandle) bool {
 	tp, ok := p.(*tcpPeer)
 	return ok && tp.shared.has(h)
