@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -284,4 +286,47 @@ func TestJoinAdjacent(t *testing.T) {
 		require.Equal(t, unsafe.SliceData(want), unsafe.SliceData(got[i]), "range %d", i)
 		require.Len(t, got[i], len(want), "range %d", i)
 	}
+}
+
+// An exporter that refuses to lend memory the importer copies process to
+// process (a kvbm from before it lent memory it does not share; here a
+// disk layout, which no lend reaches) is asked again through the socket,
+// and the layout is reached through the socket from then on; the peer is
+// kept.
+func TestARefusedLendIsRetriedThroughTheSocket(t *testing.T) {
+	emu := cuda.NewEmulated(1)
+	defer emu.Close()
+	exp, err := transfer.NewManager(transfer.Config{WorkerID: 0xE1, Driver: emu, DiskDir: t.TempDir()})
+	require.NoError(t, err)
+	defer exp.Close()
+	imp, err := transfer.NewManager(transfer.Config{WorkerID: 0x11, Driver: emu})
+	require.NoError(t, err)
+	defer imp.Close()
+	expT, impT := New(Config{Listen: "127.0.0.1:0"}), New(Config{Listen: "127.0.0.1:0"})
+	require.NoError(t, expT.Serve(exp))
+	require.NoError(t, impT.Serve(imp))
+	defer expT.Close()
+	defer impT.Close()
+	cfg := smallConfig(4)
+	disk, err := exp.AllocateLayout(storage.Disk, cfg, transfer.FullyContiguous)
+	require.NoError(t, err)
+	ep, err := expT.Endpoint()
+	require.NoError(t, err)
+	p, err := impT.Connect(context.Background(), ep)
+	require.NoError(t, err)
+	defer p.Close()
+	peer := p.(*tcpPeer)
+	d, err := exp.Describe(disk)
+	require.NoError(t, err)
+	peer.shared.set(disk, []sharedMap{{addr: d.Bases[0], size: uint64(4 * cfg.BlockSize()), pid: os.Getpid()}})
+	buf, err := storage.AllocSystem(64)
+	require.NoError(t, err)
+	defer buf.Close()
+	before := expT.Served()
+	err = peer.Read(context.Background(), disk, []transfer.RemoteOp{{Remote: d.Bases[0], Local: buf.Addr(), Size: 64}})
+	require.ErrorIs(t, err, transfer.ErrUnsupported, "the socket's read is refused too: disk is not served")
+	require.NotErrorIs(t, err, errNotLent, "the error is the socket's")
+	require.Equal(t, before+2, expT.Served(), "the lend, then the read through the socket")
+	require.False(t, peer.shared.has(disk), "through the socket from now on")
+	require.NoError(t, peer.brokenErr())
 }

@@ -73,7 +73,9 @@ func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 // Read copies the peer's bytes into local host memory.
 func (p *tcpPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	if p.shared.has(h) {
-		return p.each(ctx, h, ops, opLendRead)
+		if err := p.each(ctx, h, ops, opLendRead); !errors.Is(err, errNotLent) {
+			return err
+		}
 	}
 	return p.each(ctx, h, ops, opRead)
 }
@@ -81,7 +83,9 @@ func (p *tcpPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []trans
 // Write copies local host memory into the peer's layout.
 func (p *tcpPeer) Write(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	if p.shared.has(h) {
-		return p.each(ctx, h, ops, opLendWrite)
+		if err := p.each(ctx, h, ops, opLendWrite); !errors.Is(err, errNotLent) {
+			return err
+		}
 	}
 	return p.each(ctx, h, ops, opWrite)
 }

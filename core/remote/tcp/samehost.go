@@ -445,11 +445,22 @@ func (p *tcpPeer) borrow(c *tcpConn, head []byte, h transfer.LayoutHandle, ops [
 	}
 	p.shared.mu.RUnlock()
 	var se *serverError
-	if errors.As(err, &se) && errors.Is(err, transfer.ErrNotFound) {
+	switch {
+	case errors.As(err, &se) && errors.Is(err, transfer.ErrNotFound):
 		p.shared.set(h, nil) // gone there: unmap it here
+	case errors.As(err, &se) && errors.Is(err, transfer.ErrUnsupported) && len(views) > 0 && views[0].proc:
+		// An older kvbm lends only the memory it shares: the socket from
+		// now on (Read and Write retry there).
+		p.shared.set(h, nil)
+		return errNotLent
 	}
 	return err
 }
+
+// errNotLent is a lend the exporter refused for memory it does not share
+// (a kvbm from before it lent that): the operation is retried through the
+// socket; the connection is in step.
+var errNotLent = &serverError{statusUnsupported, "the peer does not lend memory it does not share"}
 
 func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views []target, write bool) error {
 	if _, err := c.c.Write(head); err != nil {
