@@ -23,7 +23,8 @@ func benchConfig(blocks int) layout.Config {
 // BenchmarkRemote moves bytes between two transports of this process
 // over real sockets, by both routes: whole 2 MiB blocks G2 to G2, and
 // 32 blocks of 64 scattered 32 KiB fragments (every other block of the
-// exporter's engine-registered layer-separate G1, block second) to or
+// exporter's engine-registered layer-separate G1, block second: host
+// memory, or the emulated device's as in make bench-remote-compare) to or
 // from a contiguous G2 here. Beside each figure: an in-process copy of
 // the same bytes and a plain stream over the same kind of socket, in the
 // same run. For profiling the route; the two-process figures are make
@@ -35,9 +36,11 @@ func BenchmarkRemote(b *testing.B) {
 			name  string
 			whole bool
 			push  bool
+			g1    storage.Kind // the fragments' layout: host memory, or the emulated device's
 		}{
-			{"pull-whole", true, false}, {"push-whole", true, true},
-			{"pull-fragments", false, false}, {"push-fragments", false, true},
+			{"pull-whole", true, false, 0}, {"push-whole", true, true, 0},
+			{"pull-fragments", false, false, storage.System}, {"push-fragments", false, true, storage.System},
+			{"pull-fragments-device", false, false, storage.Device}, {"push-fragments-device", false, true, storage.Device},
 		} {
 			b.Run(route+"/"+tc.name, func(b *testing.B) {
 				emu := cuda.NewEmulated(1)
@@ -85,7 +88,7 @@ func BenchmarkRemote(b *testing.B) {
 						}
 						ptrs = append(ptrs, mem.Addr())
 					}
-					remoteH, err = exp.RegisterExternal(storage.System, rcfg, shape, ptrs)
+					remoteH, err = exp.RegisterExternal(tc.g1, rcfg, shape, ptrs)
 					require.NoError(b, err)
 					for i := range rids {
 						rids[i] = 2 * i

@@ -103,7 +103,6 @@ func TestScatteredFragmentsMoveEveryByte(t *testing.T) {
 			ls, err := p.imp.AllocateLayout(storage.Pinned, p.cfg, layerSeparate)
 			require.NoError(t, err)
 			locals := map[string]transfer.LayoutHandle{"g2": p.local["g2"], "layer-separate": ls}
-			bs := p.cfg.BlockSize()
 			for rname, rh := range remotes {
 				for lname, lh := range locals {
 					t.Run(rname+"<->"+lname, func(t *testing.T) {
@@ -113,23 +112,7 @@ func TestScatteredFragmentsMoveEveryByte(t *testing.T) {
 								src, dst, sm, dm = lh, rh, p.imp, p.exp
 							}
 							// 1,2,3 side by side at the source; 0 / 4,5 at the destination.
-							sids, dids := []int{1, 2, 3, 6}, []int{0, 4, 5, 7}
-							fill(t, sm, src, 0x5A)
-							fill(t, dm, dst, 0x00)
-							n, err := p.imp.ExecuteTransfer(src, sids, dst, dids, transfer.Options{})
-							require.NoError(t, err)
-							require.NoError(t, n.WaitTimeout(-1))
-							moved := map[int]int{}
-							for i := range dids {
-								moved[dids[i]] = sids[i]
-							}
-							for id := range p.cfg.NumBlocks {
-								want := pattern(bs, 0x00, id) // untouched
-								if s, ok := moved[id]; ok {
-									want = pattern(bs, 0x5A, s)
-								}
-								require.Equal(t, want, block(t, dm, dst, id), "push=%v: block %d of the destination", push, id)
-							}
+							moveAndCheck(t, p.imp, sm, src, []int{1, 2, 3, 6}, dm, dst, []int{0, 4, 5, 7})
 							guardsIntact()
 							devGuardsIntact()
 						}
@@ -329,4 +312,50 @@ func TestARefusedLendIsRetriedThroughTheSocket(t *testing.T) {
 	require.Equal(t, before+2, expT.Served(), "the lend, then the read through the socket")
 	require.False(t, peer.shared.has(disk), "through the socket from now on")
 	require.NoError(t, peer.brokenErr())
+}
+
+// moveAndCheck moves blocks sids of src (in manager sm) to dids of dst (in
+// dm) with p's importer, and checks every block of dst: the moved ones
+// hold their source's pattern, the others are untouched.
+func moveAndCheck(t *testing.T, imp, sm *transfer.Manager, src transfer.LayoutHandle, sids []int, dm *transfer.Manager, dst transfer.LayoutHandle, dids []int) {
+	t.Helper()
+	fill(t, sm, src, 0x5A)
+	fill(t, dm, dst, 0x00)
+	n, err := imp.ExecuteTransfer(src, sids, dst, dids, transfer.Options{})
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(-1))
+	moved := map[int]int{}
+	for i := range dids {
+		moved[dids[i]] = sids[i]
+	}
+	bio, err := dm.BlockIO(dst)
+	require.NoError(t, err)
+	for id := range bio.NumBlocks() {
+		want := pattern(bio.BlockSize(), 0x00, id) // untouched
+		if s, ok := moved[id]; ok {
+			want = pattern(bio.BlockSize(), 0x5A, s)
+		}
+		sameBytes(t, want, block(t, dm, dst, id), fmt.Sprintf("block %d of the destination", id))
+	}
+}
+
+// Device fragments served through the socket move through the staging
+// buffer's two halves in turn: requests of several halves, fragments that
+// straddle two, every byte checked both ways.
+func TestDeviceFragmentsThroughTheStageEveryByte(t *testing.T) {
+	p := newTCPPair(t, 10*time.Second, Config{Listen: "127.0.0.1:0", NoSameHost: true})
+	// 64 fragments of 67,200 bytes a block: a request is one block of more
+	// than two halves (4,300,800 bytes), and a half (2 MiB) is no whole
+	// number of fragments.
+	cfg := layout.Config{NumBlocks: 6, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 2100, DtypeWidth: 2}
+	dev, err := p.exp.AllocateLayout(storage.Device, cfg, layerSeparate)
+	require.NoError(t, err)
+	d, err := p.exp.Describe(dev)
+	require.NoError(t, err)
+	_, err = p.imp.Import(p.peer, []transfer.Descriptor{d})
+	require.NoError(t, err)
+	local, err := p.imp.AllocateLayout(storage.Pinned, cfg, transfer.FullyContiguous)
+	require.NoError(t, err)
+	moveAndCheck(t, p.imp, p.exp, dev, []int{1, 2, 3, 5, 0}, p.imp, local, []int{0, 1, 2, 4, 5})
+	moveAndCheck(t, p.imp, p.imp, local, []int{4, 0, 1, 2, 3}, p.exp, dev, []int{0, 1, 2, 4, 5})
 }

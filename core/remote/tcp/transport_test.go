@@ -92,10 +92,13 @@ func fill(t *testing.T, m *transfer.Manager, h transfer.LayoutHandle, seed byte)
 	}
 }
 
+// pattern is a block's bytes: no run of them repeats within a block, so
+// that bytes moved to the wrong offset never pass for the right ones.
 func pattern(size int, seed byte, id int) []byte {
 	b := make([]byte, size)
 	for i := range b {
-		b[i] = byte(i*7) ^ seed ^ byte(id*31)
+		x := uint32(i)*2654435761 ^ uint32(id)*40503 ^ uint32(seed)*16777619
+		b[i] = byte(x>>24 ^ x>>13 ^ x)
 	}
 	return b
 }
