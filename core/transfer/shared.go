@@ -170,17 +170,15 @@ func sharedRegions(e *entry) []SharedRegion {
 	return out
 }
 
-// Lend checks ops as Serve does, for a peer that mapped h's shared memory
-// and copies the bytes itself, and holds the manager while fn runs (the
-// peer's copy): Close waits for it. An error returned without fn having
-// run refused the request.
+// Lend checks ops as Serve does, for a peer on this host that copies the
+// bytes itself (through h's shared memory it mapped, or, host memory not
+// shared, with process_vm_readv/writev, which the kernel allows or not),
+// and holds the manager while fn runs (the peer's copy): Close waits for
+// it. An error returned without fn having run refused the request.
 func (m *Manager) Lend(h LayoutHandle, ops []RemoteOp, fn func() error) error {
 	e, err := m.servable(h, ops)
 	if err != nil {
 		return err
-	}
-	if e.kind != storage.Device && !hostShared(e) {
-		return fmt.Errorf("%w: layout %v is not shared memory; read or write it through Serve", ErrUnsupported, h)
 	}
 	release, err := m.hold(e)
 	if err != nil {

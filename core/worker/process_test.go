@@ -19,6 +19,7 @@ import (
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/remote/ucx"
+	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
@@ -37,6 +38,11 @@ const exporterBlocks = 16
 // worker made with bigConfig) bigConfig's layout instead of
 // testConfig(exporterBlocks)'s.
 const exporterLayoutEnv = "KVBM_TEST_EXPORTER_LAYOUT"
+
+// exporterG1Env, set to "host", gives the exporter an engine G1 in host
+// memory it did not allocate (vLLM's KV cache on the CPU), instead of
+// device memory.
+const exporterG1Env = "KVBM_TEST_EXPORTER_G1"
 
 // bigConfig is a layout of 2 blocks of 18 MiB: one block's request is
 // larger than both sockets' buffers together.
@@ -79,7 +85,12 @@ func TestExporterProcess(t *testing.T) {
 	cfg := exporterConfig()
 	_, err = w.AllocateG2(cfg, transfer.FullyContiguous)
 	require.NoError(t, err)
-	mems := registerEngineG1Of(t, w, drv, cfg)
+	var mems []*storage.Memory
+	if os.Getenv(exporterG1Env) == "host" {
+		mems = registerEngineHostG1Of(t, w, cfg)
+	} else {
+		mems = registerEngineG1Of(t, w, drv, cfg)
+	}
 	defer func() {
 		for _, m := range mems {
 			m.Close()
@@ -120,6 +131,25 @@ func TestExporterProcess(t *testing.T) {
 			fmt.Println("bad")
 		}
 	}
+}
+
+// registerEngineHostG1Of registers host memory this test allocates (not
+// the worker) as w's G1, layer-separate with the block second.
+func registerEngineHostG1Of(t *testing.T, w *PhysicalWorker, cfg layout.Config) []*storage.Memory {
+	t.Helper()
+	sizes, err := layout.RegionSizes(cfg, lsSecond.Kind, lsSecond.BlockDim)
+	require.NoError(t, err)
+	var mems []*storage.Memory
+	var ptrs []uint64
+	for _, s := range sizes {
+		mem, err := storage.AllocSystem(s)
+		require.NoError(t, err)
+		mems = append(mems, mem)
+		ptrs = append(ptrs, mem.Addr())
+	}
+	_, err = w.RegisterG1Host(cfg, lsSecond, ptrs)
+	require.NoError(t, err)
+	return mems
 }
 
 // exporter is a running helper process.
@@ -234,6 +264,22 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 		for _, tier := range []Tier{G1, G2} {
 			require.True(t, tcp.Mapped(dec.peers[0xA], requireRemote(t, dec, 7, tier)), "%v mapped (G1 by CUDA IPC)", tier)
 		}
+	})
+	t.Run("same host, engine G1 in host memory", func(t *testing.T) {
+		dec := decodeWorker(t, 10*time.Second)
+		exp := startExporter(t, 0xA, exporterG1Env+"=host")
+		pullAndPush(t, exp, dec)
+		g1 := requireRemote(t, dec, 7, G1)
+		require.True(t, tcp.Mapped(dec.peers[0xA], g1), "G1 copied process to process")
+		// Push scattered fragments into the engine's G1, neighbours checked.
+		size := testConfig(1).BlockSize()
+		dec.write(t, G2, 3, pattern(size, 0x6001))
+		dec.write(t, G2, 4, pattern(size, 0x6002))
+		waiter(t)(dec.ExecuteRemoteOffload(G2, []int{3, 4}, RemoteLayout(g1, []int{8, 9}), transfer.Options{}))
+		exp.check(t, G1, 8, 0x6001)
+		exp.check(t, G1, 9, 0x6002)
+		exp.check(t, G1, 7, uint64(G1)<<8|7)
+		exp.check(t, G1, 10, uint64(G1)<<8|10)
 	})
 	t.Run("tcp", func(t *testing.T) {
 		dec := decodeWorker(t, 10*time.Second)

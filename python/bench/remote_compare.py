@@ -12,7 +12,8 @@ one that crashes or hangs takes nothing else down.
 - kvbm over its TCP transport (KVBM_TRANSPORT=tcp), through kvbmgo, by
   both routes: same host (the default between two processes of one host: a
   Unix socket, and the server's G2 mapped by the initiator, which copies
-  it itself) and TCP (the server started with KVBM_SAME_HOST=0). Whole
+  it itself, and its G1 copied by the initiator with process_vm_readv/
+  writev) and TCP (the server started with KVBM_SAME_HOST=0). Whole
   blocks are G2 (pinned, fully contiguous) to G2; fragments come from or go
   to the server's G1 registered layer-separate with the block as the second
   dimension ([K|V][block][page][inner] per layer, vLLM's FlashAttention

@@ -45,6 +45,8 @@ type tcpConn struct {
 	// deadline is the current operation's (zero: none); a copy of lent
 	// memory stops once it passes, as the exporter stops lending then.
 	deadline time.Time
+	// pid is the server's process, for a Unix socket (0: unknown, or TCP).
+	pid int
 }
 
 func newTCPPeer(t *Transport, ep tcpEndpoint, network, addr string) *tcpPeer {
@@ -61,7 +63,7 @@ func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 			transfer.ErrInvalidArgument, d.Handle, p.worker)
 	}
 	if p.network == "unix" && p.scope == scopeReadWrite && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
-		if err := p.mapLayout(d.Handle); err != nil {
+		if err := p.mapLayout(d); err != nil {
 			return transfer.Attachment{}, err
 		}
 	}
@@ -71,7 +73,9 @@ func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 // Read copies the peer's bytes into local host memory.
 func (p *tcpPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	if p.shared.has(h) {
-		return p.each(ctx, h, ops, opLendRead)
+		if err := p.each(ctx, h, ops, opLendRead); !errors.Is(err, errNotLent) {
+			return err
+		}
 	}
 	return p.each(ctx, h, ops, opRead)
 }
@@ -79,7 +83,9 @@ func (p *tcpPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []trans
 // Write copies local host memory into the peer's layout.
 func (p *tcpPeer) Write(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	if p.shared.has(h) {
-		return p.each(ctx, h, ops, opLendWrite)
+		if err := p.each(ctx, h, ops, opLendWrite); !errors.Is(err, errNotLent) {
+			return err
+		}
 	}
 	return p.each(ctx, h, ops, opWrite)
 }
@@ -145,27 +151,24 @@ func (p *tcpPeer) exchange(c *tcpConn, h transfer.LayoutHandle, ops []transfer.R
 		if err := readStatus(c.r); err != nil {
 			return err
 		}
-		// The bytes come in op order: ops adjacent here are read at once.
-		for i := 0; i < len(ops); {
-			start, size := ops[i].Local, ops[i].Size
-			for i++; i < len(ops) && ops[i].Local == start+size; i++ {
-				size += ops[i].Size
-			}
-			if _, err := io.ReadFull(c.r, storage.HostBytes(start, size)); err != nil {
-				return err
-			}
-		}
-		return nil
+		// The bytes come in op order, read with readv into the ranges
+		// here (those adjacent joined).
+		return readFullv(c.c, c.r, localBytes(ops))
 	}
-	bufs := make(net.Buffers, 0, 1+len(ops))
-	bufs = append(bufs, head)
-	for _, o := range ops {
-		bufs = append(bufs, storage.HostBytes(o.Local, o.Size))
-	}
-	if _, err := bufs.WriteTo(c.c); err != nil {
+	bufs := append(net.Buffers{head}, localBytes(ops)...)
+	if _, err := bufs.WriteTo(c.c); err != nil { // writev, up to 1,024 ranges a call
 		return err
 	}
 	return readStatus(c.r)
+}
+
+// localBytes is the memory here of ops, in order, adjacent ranges joined.
+func localBytes(ops []transfer.RemoteOp) [][]byte {
+	bufs := make([][]byte, len(ops))
+	for i, o := range ops {
+		bufs[i] = storage.HostBytes(o.Local, o.Size)
+	}
+	return joinAdjacent(bufs)
 }
 
 // watch holds one idle connection to the peer open, for no request: the
@@ -276,6 +279,9 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	}
 	// Small: reads of the bytes themselves, larger than it, bypass it.
 	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
+	if cred := peerCred(nc); cred != nil {
+		c.pid = int(cred.Pid)
+	}
 	err = p.handshake(c)
 	if err != nil {
 		raw.Close()

@@ -31,8 +31,10 @@ import (
 // out. Each copy is still a request the exporter answers: it checks the
 // ranges, holds its manager until the importer says it is done, and a
 // peer that died or froze fails the operation within the deadline as on
-// TCP. Layouts it does not share (device memory, memory the engine
-// registered) go through the socket.
+// TCP. Memory it does not share (host memory the engine registered, the
+// emulated device's registered memory) is copied with
+// process_vm_readv/writev where the kernel allows it (processvm.go); the
+// rest (real device memory it cannot export) goes through the socket.
 
 // errCannotMap marks a layout the peer shares that this process cannot
 // map (its device memory here, say): it is reached through the socket.
@@ -77,20 +79,30 @@ var admitPeer = samePeerUser
 // user (or root): an abstract socket has no file permissions, and a peer
 // maps our memory through it. TCP connections are not checked here.
 func samePeerUser(c net.Conn) bool {
+	if _, ok := c.(*net.UnixConn); !ok {
+		return true
+	}
+	cred := peerCred(c)
+	return cred != nil && (cred.Uid == uint32(os.Getuid()) || cred.Uid == 0)
+}
+
+// peerCred is the process at the other end of a Unix socket (nil when
+// unknown): the server's process as it listened, for a client.
+func peerCred(c net.Conn) *unix.Ucred {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return true
+		return nil
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return false
+		return nil
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
-		return false
+		return nil
 	}
-	return cred.Uid == uint32(os.Getuid()) || cred.Uid == 0
+	return cred
 }
 
 // answerMap hands a same-host peer the shared memory files of a layout.
@@ -162,12 +174,14 @@ type sharedMaps struct {
 
 // sharedMap is one region of the peer's memory, at addr there, mapped
 // here: host memory (m), or a device allocation opened at dev (closed by
-// closeDev).
+// closeDev); or host memory of process pid, not mapped but copied with
+// process_vm_readv/writev (processvm.go).
 type sharedMap struct {
 	addr, size uint64
 	m          *storage.Mapping
 	dev        uint64
 	closeDev   func() error
+	pid        int
 }
 
 func (s *sharedMaps) has(h transfer.LayoutHandle) bool {
@@ -217,11 +231,13 @@ func unmap(maps []sharedMap) {
 	}
 }
 
-// target is where an op's bytes are in a mapped layout: host memory, or
-// an address of device memory opened here.
+// target is where an op's bytes are in a mapped layout: host memory, an
+// address of device memory opened here, or (proc) the op's own address in
+// the peer's process.
 type target struct {
 	host []byte
 	dev  uint64
+	proc bool
 }
 
 // views resolves ops in the mapped layout h; the caller holds s.mu for
@@ -239,9 +255,12 @@ func (s *sharedMaps) views(h transfer.LayoutHandle, ops []transfer.RemoteOp) ([]
 		for _, m := range maps {
 			if o.Remote >= m.addr && o.Size <= m.size && o.Remote-m.addr <= m.size-o.Size {
 				off := o.Remote - m.addr
-				if m.m != nil {
+				switch {
+				case m.pid != 0:
+					views[i].proc = true
+				case m.m != nil:
 					views[i].host = m.m.Bytes()[off : off+o.Size]
-				} else {
+				default:
 					views[i].dev = m.dev + off
 				}
 				found = true
@@ -255,9 +274,11 @@ func (s *sharedMaps) views(h transfer.LayoutHandle, ops []transfer.RemoteOp) ([]
 	return views, nil
 }
 
-// mapLayout asks the peer for layout h's shared memory and maps it; a
-// layout the peer does not share is left to the socket.
-func (p *tcpPeer) mapLayout(h transfer.LayoutHandle) error {
+// mapLayout asks the peer for layout d's shared memory and maps it; host
+// memory the peer does not share is copied with process_vm_readv/writev
+// where this process may, and the rest is left to the socket.
+func (p *tcpPeer) mapLayout(d transfer.Descriptor) error {
+	h := d.Handle
 	deadline := transfer.DefaultRemoteDeadline
 	if p.t.m != nil {
 		deadline = p.t.m.RemoteDeadline()
@@ -279,10 +300,11 @@ func (p *tcpPeer) mapLayout(h transfer.LayoutHandle) error {
 	if err != nil {
 		var se *serverError
 		if errors.As(err, &se) {
+			pid := c.pid
 			p.put(c)
 			if errors.Is(err, transfer.ErrUnsupported) {
-				p.shared.set(h, nil)
-				return nil // not shared: through the socket
+				p.shared.set(h, processMaps(pid, d))
+				return nil // not shared: copied process to process, or through the socket
 			}
 			return fmt.Errorf("peer %x: %w", p.worker, err)
 		}
@@ -423,11 +445,22 @@ func (p *tcpPeer) borrow(c *tcpConn, head []byte, h transfer.LayoutHandle, ops [
 	}
 	p.shared.mu.RUnlock()
 	var se *serverError
-	if errors.As(err, &se) && errors.Is(err, transfer.ErrNotFound) {
+	switch {
+	case errors.As(err, &se) && errors.Is(err, transfer.ErrNotFound):
 		p.shared.set(h, nil) // gone there: unmap it here
+	case errors.As(err, &se) && errors.Is(err, transfer.ErrUnsupported) && len(views) > 0 && views[0].proc:
+		// An older kvbm lends only the memory it shares: the socket from
+		// now on (Read and Write retry there).
+		p.shared.set(h, nil)
+		return errNotLent
 	}
 	return err
 }
+
+// errNotLent is a lend the exporter refused for memory it does not share
+// (a kvbm from before it lent that): the operation is retried through the
+// socket; the connection is in step.
+var errNotLent = &serverError{statusUnsupported, "the peer does not lend memory it does not share"}
 
 func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views []target, write bool) error {
 	if _, err := c.c.Write(head); err != nil {
@@ -437,6 +470,7 @@ func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [
 		return err
 	}
 	var devCopies []transfer.DeviceCopy
+	var procOps []transfer.RemoteOp
 	for i, o := range ops {
 		if !c.deadline.IsZero() && time.Now().After(c.deadline) {
 			// The exporter stopped lending (this process was frozen, say):
@@ -444,6 +478,8 @@ func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [
 			return fmt.Errorf("%w: the lend's deadline passed mid-copy", os.ErrDeadlineExceeded)
 		}
 		switch {
+		case views[i].proc:
+			procOps = append(procOps, o)
 		case views[i].host == nil:
 			devCopies = append(devCopies, transfer.DeviceCopy{Device: views[i].dev, Host: o.Local, Size: o.Size})
 		case write:
@@ -453,14 +489,24 @@ func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views [
 		}
 	}
 	var copyErr error
-	if len(devCopies) > 0 {
-		copyErr = p.t.m.CopyPeerDevice(write, devCopies)
+	if len(procOps) > 0 {
+		if err := vmCopy(c.pid, write, procOps, c.deadline); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return err // the exporter stops lending: the connection is out of step
+			}
+			copyErr = fmt.Errorf("copy of peer %x's host memory: %w", p.worker, err)
+		}
+	}
+	if len(devCopies) > 0 && copyErr == nil {
+		if err := p.t.m.CopyPeerDevice(write, devCopies); err != nil {
+			copyErr = fmt.Errorf("copy of peer %x's device memory here: %w", p.worker, err)
+		}
 	}
 	if _, err := c.c.Write([]byte{lendDone}); err != nil {
 		return err // the connection failed: that comes first
 	}
 	if copyErr != nil {
-		return &localError{fmt.Errorf("copy of peer %x's device memory here: %w", p.worker, copyErr)}
+		return &localError{copyErr}
 	}
 	return nil
 }
@@ -482,7 +528,8 @@ func SameHost(p remote.Peer) bool {
 
 // Mapped reports whether p reaches layout h through memory mapped here
 // (the peer's shared host memory, or its device memory opened with CUDA
-// IPC) rather than through the socket.
+// IPC), or copies its host memory process to process, rather than through
+// the socket.
 func Mapped(p remote.Peer, h transfer.LayoutHandle) bool {
 	tp, ok := p.(*tcpPeer)
 	return ok && tp.shared.has(h)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"syscall"
 	"time"
 
@@ -154,9 +155,9 @@ func (t *Transport) answer(c net.Conn, r io.Reader, q request) error {
 		ok := net.Buffers{appendStatus(nil, statusOK, "")}
 		err = t.m.Serve(q.handle, q.ops, false, func(pieces [][]byte) error {
 			started = true
-			bufs := append(ok, pieces...)
-			ok = nil // the status goes once, before the first piece
-			_, err := bufs.WriteTo(c)
+			bufs := append(ok, joinAdjacent(slices.Clone(pieces))...)
+			ok = nil                  // the status goes once, before the first piece
+			_, err := bufs.WriteTo(c) // writev, up to 1,024 pieces a call
 			return err
 		})
 	default:
@@ -167,25 +168,29 @@ func (t *Transport) answer(c net.Conn, r io.Reader, q request) error {
 		// (abort: a close would queue its FIN behind the bytes still
 		// unsent) before it reports the failure; the server looks for that
 		// before it moves the bytes into the layout, then between reads of
-		// at most checkEvery bytes (a piece larger than that is read in
-		// chunks), and before staged bytes are copied to the device.
-		checked, unchecked := false, uint64(0)
+		// at most checkEvery bytes (each a readv into as many pieces as it
+		// covers), and before staged bytes are copied to the device.
+		br, _ := r.(*bufio.Reader)
 		err = t.m.Serve(q.handle, q.ops, true, func(pieces [][]byte) error {
 			started = true
-			for _, p := range pieces {
-				for len(p) > 0 {
-					if !checked || unchecked >= checkEvery {
-						if peerClosed(c) {
-							return errPusherGaveUp
-						}
-						checked, unchecked = true, 0
+			pieces = joinAdjacent(slices.Clone(pieces))
+			var batch [][]byte
+			for len(pieces) > 0 {
+				if peerClosed(c) {
+					return errPusherGaveUp
+				}
+				batch = batch[:0]
+				for n := 0; len(pieces) > 0 && n < checkEvery; {
+					k := min(len(pieces[0]), checkEvery-n)
+					batch = append(batch, pieces[0][:k])
+					if n += k; k == len(pieces[0]) {
+						pieces = pieces[1:]
+					} else {
+						pieces[0] = pieces[0][k:]
 					}
-					n := min(uint64(len(p)), checkEvery-unchecked)
-					if _, err := io.ReadFull(r, p[:n]); err != nil {
-						return err
-					}
-					unchecked += n
-					p = p[n:]
+				}
+				if err := readPieces(c, r, br, batch); err != nil {
+					return err
 				}
 			}
 			if peerClosed(c) {
@@ -208,6 +213,20 @@ func (t *Transport) answer(c net.Conn, r io.Reader, q request) error {
 	case q.op == opWrite:
 		_, werr := c.Write(appendStatus(nil, statusOK, ""))
 		return werr
+	}
+	return nil
+}
+
+// readPieces fills pieces from the request's stream: with readv where r is
+// the connection's own buffered reader, else piece by piece.
+func readPieces(c net.Conn, r io.Reader, br *bufio.Reader, pieces [][]byte) error {
+	if br != nil {
+		return readFullv(c, br, pieces)
+	}
+	for _, p := range pieces {
+		if _, err := io.ReadFull(r, p); err != nil {
+			return err
+		}
 	}
 	return nil
 }
