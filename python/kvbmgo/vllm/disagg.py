@@ -221,6 +221,7 @@ class PrefillServer:
         """Requests let go since the last call: a decode was done with them,
         or their hold expired (logged)."""
         now = time.monotonic()
+        expired = []
         with self._lock:
             for req_id, h in list(self._held.items()):
                 if h.leased(now):
@@ -228,12 +229,15 @@ class PrefillServer:
                 if not h.done and h.until > now:
                     continue
                 if not h.done:
-                    log.warning("kvbm: no decode instance was done with request %s within "
-                                "its hold; its blocks are freed", req_id)
+                    expired.append(req_id)
                 del self._held[req_id]
                 self._let_go(req_id, h.token)
             out, self._released = self._released, set()
-            return out
+        # Logged outside the lock: a slow log handler never holds up the channel.
+        for req_id in expired:
+            log.warning("kvbm: no decode instance was done with request %s within its hold; "
+                        "its blocks are freed", req_id)
+        return out
 
     def _let_go(self, req_id: str, token: str) -> None:
         self._released.add(req_id)
