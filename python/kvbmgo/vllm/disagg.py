@@ -272,6 +272,7 @@ class PrefillServer:
                     break
                 self._trouble("the side channel's thread: an error, the message dropped",
                               exc_info=True)
+                self._stop.wait(0.01)  # an error that repeats does not spin a core
                 last = time.monotonic()
 
     def _serve_one(self, zmq: Any) -> None:
