@@ -89,6 +89,9 @@ _IDLE_KEPT = 64
 _NOTHING = [json.dumps({"ok": False, "retry": True}).encode()]
 #: Seconds between two warnings about refused messages.
 _REFUSED_LOG_S = 10.0
+#: The side channel's thread not run for this long past its poll's timeout
+#: is logged (the process starved of CPU, or another thread held the GIL).
+_STALL_S = 1.0
 
 
 def instance_id(wid: int, metadata: bytes) -> int:
@@ -149,7 +152,7 @@ class _Hold:
 def _header(frame: bytes) -> Dict[str, Any]:
     try:
         h = json.loads(frame)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: "[[[[..."
         return {}
     return h if isinstance(h, dict) else {}
 
@@ -174,6 +177,7 @@ class PrefillServer:
         self._early: "OrderedDict[Tuple[str, str], None]" = OrderedDict()
         self.refused = 0                           # messages with a wrong token
         self._refused_logged = 0.0
+        self._trouble_logged = 0.0                 # the last stall or error logged
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -207,6 +211,7 @@ class PrefillServer:
                 self._let_go(req_id, token)
                 return
             self._held[req_id] = _Hold(token, time.monotonic() + self._hold_s)
+        log.debug("kvbm: P/D: request %s held for a decode instance", req_id)
 
     def held(self) -> Set[str]:
         with self._lock:
@@ -216,6 +221,7 @@ class PrefillServer:
         """Requests let go since the last call: a decode was done with them,
         or their hold expired (logged)."""
         now = time.monotonic()
+        expired = []
         with self._lock:
             for req_id, h in list(self._held.items()):
                 if h.leased(now):
@@ -223,12 +229,15 @@ class PrefillServer:
                 if not h.done and h.until > now:
                     continue
                 if not h.done:
-                    log.warning("kvbm: no decode instance was done with request %s within "
-                                "its hold; its blocks are freed", req_id)
+                    expired.append(req_id)
                 del self._held[req_id]
                 self._let_go(req_id, h.token)
             out, self._released = self._released, set()
-            return out
+        # Logged outside the lock: a slow log handler never holds up the channel.
+        for req_id in expired:
+            log.warning("kvbm: no decode instance was done with request %s within its hold; "
+                        "its blocks are freed", req_id)
+        return out
 
     def _let_go(self, req_id: str, token: str) -> None:
         self._released.add(req_id)
@@ -239,24 +248,60 @@ class PrefillServer:
     # ---- the channel's thread
 
     def _serve(self) -> None:
+        """Answers each message as it comes, never waiting on the engine
+        (the worker's thread only takes self._lock, briefly). Survives any
+        error in a message: a dead thread would leave every pull of every
+        decode unanswered."""
         import zmq
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        last = time.monotonic()
         while not self._stop.is_set():
-            if not poller.poll(50):
-                continue
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            # From a REQ socket: [identity, b"", header]; nothing else is answered.
-            if len(frames) != 3 or frames[1]:
-                continue
-            reply = self._answer(_header(frames[-1]))
-            try:
-                self._sock.send_multipart(frames[:2] + reply, zmq.NOBLOCK)
-            except zmq.ZMQError as e:  # the asker went away
-                log.debug("kvbm: P/D reply not sent: %s", e)
+                ready = poller.poll(50)
+                now = time.monotonic()
+                if now - last > 0.05 + _STALL_S:
+                    self._trouble("the side channel's thread did not run for %.1f s (the "
+                                  "process starved of CPU, or the GIL held elsewhere)",
+                                  now - last)
+                last = now
+                if ready:
+                    self._serve_one(zmq)
+            except Exception:  # noqa: BLE001 - logged; the channel keeps answering
+                if self._stop.is_set():
+                    break
+                self._trouble("the side channel's thread: an error, the message dropped",
+                              exc_info=True)
+                self._stop.wait(0.01)  # an error that repeats does not spin a core
+                last = time.monotonic()
+
+    def _serve_one(self, zmq: Any) -> None:
+        try:
+            frames = self._sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        # From a REQ socket: [identity, b"", header]; nothing else is answered.
+        if len(frames) != 3 or frames[1]:
+            return
+        h = _header(frames[-1])
+        reply = self._answer(h)
+        try:
+            self._sock.send_multipart(frames[:2] + reply, zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # the asker went away
+            log.debug("kvbm: P/D reply not sent: %s", e)
+            return
+        if log.isEnabledFor(logging.DEBUG):
+            req = h.get("req")
+            log.debug("kvbm: P/D: %s of request %r answered %s", h.get("op"),
+                      req[:64] if isinstance(req, str) else None, reply[0][:80])
+
+    def _trouble(self, msg: str, *args: Any, exc_info: bool = False) -> None:
+        """A warning about the channel's thread, at most every _REFUSED_LOG_S."""
+        now = time.monotonic()
+        if now - self._trouble_logged >= _REFUSED_LOG_S:
+            self._trouble_logged = now
+            log.warning("kvbm: P/D side channel of engine %s: " + msg, self.engine_id, *args,
+                        exc_info=exc_info)
 
     def _answer(self, h: Dict[str, Any]) -> List[bytes]:
         op, req_id, token = h.get("op"), h.get("req"), h.get("token")
@@ -595,6 +640,7 @@ class DecodePuller:
         again while the prefill answers {"retry": true}."""
         import zmq
         delay = 0.005
+        not_held = 0  # answers "not held yet" before this ask
         while True:
             s = self._ctx.socket(zmq.REQ)
             s.setsockopt(zmq.LINGER, 0 if deadline > time.monotonic() else 200)
@@ -614,12 +660,17 @@ class DecodePuller:
             finally:
                 s.close()
             if frames is None:
-                raise _Unanswered(f"{addr} did not answer within the deadline")
+                # Which it was tells a silent channel from a request the
+                # prefill's worker had not been told it holds.
+                raise _Unanswered(f"{addr} did not answer within the deadline" + (
+                    f" (it had answered {not_held} asks that it did not hold request "
+                    f"{p.remote_request_id} yet)" if not_held else " (no answer at all)"))
             head = _header(frames[0])
             if retry and head.get("retry"):
+                not_held += 1
                 if time.monotonic() + delay >= deadline or self._stop.is_set():
                     raise _Unanswered(f"{addr} did not hold request {p.remote_request_id} "
-                                      f"by the deadline")
+                                      f"by the deadline ({not_held} asks answered so)")
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
                 continue

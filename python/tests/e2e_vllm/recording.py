@@ -11,8 +11,12 @@ scheduler side's external hits and the preemptions it saw, and (P/D) the
 digests of the blocks a decode pulled, for the test to compare with the
 prefill's.
 
-Everything is recorded in the module-level list RECORDS (the engine runs in
-the driver's process: VLLM_ENABLE_V1_MULTIPROCESSING=0). BREAK["reverse"]
+Everything is recorded in the module-level list RECORDS of the process that
+runs that side (the engine core runs in the driver's process:
+VLLM_ENABLE_V1_MULTIPROCESSING=0; at TP > 1 each rank's worker side runs in
+a process of its own, and engine.py reaches it through the functions at the
+end, called by vLLM's collective_rpc). A worker side's records name its
+rank. BREAK["reverse"]
 makes the worker load a request's keys into its block ids reversed (the
 deliberately broken connector the byte check must catch);
 KVBM_E2E_BREAK=reverse starts with it on, which must fail every scenario
@@ -116,7 +120,8 @@ class RecordingKvbmConnector(KvbmConnector):
                 unknown += 1
             elif self._digest(b) not in seen:
                 bad += 1
-        RECORDS.append({"ev": "loaded", "req": req_id, "blocks": len(ids), "bad": bad,
+        RECORDS.append({"ev": "loaded", "req": req_id, "rank": self._worker.rank,
+                        "blocks": len(ids), "bad": bad,
                         "unknown": unknown, "failed": failed, "async": is_async})
 
     def wait_for_save(self) -> None:
@@ -140,10 +145,46 @@ class RecordingKvbmConnector(KvbmConnector):
                 # P/D: the test compares these with the prefill's blocks.
                 ids = self._pull_checks.pop(r)
                 errors = set(self._worker._load_errors)
-                RECORDS.append({"ev": "pulled", "req": r, "block_ids": ids,
+                RECORDS.append({"ev": "pulled", "req": r, "rank": self._worker.rank,
+                                "block_ids": ids,
                                 "failed": len(errors.intersection(ids)),
                                 "digests": [self._digest(b).hex() for b in ids]})
         return sending, recving
 
     def cache_stats(self) -> Any:
         return self._worker.worker.cache.stats()
+
+
+# ---- the worker ops of engine.py: run in each rank's process (collective_rpc
+# passes vLLM's worker first; engine.py passes None at TP 1)
+
+def take_records(_worker: Any) -> List[Dict[str, Any]]:
+    out = list(RECORDS)
+    del RECORDS[:]
+    return out
+
+
+def scribble(_worker: Any) -> None:
+    """Overwrites every KV cache tensor of this process with noise."""
+    import torch
+    g = torch.Generator().manual_seed(1234)
+    for w in WORKERS:
+        for t in w._kv.values():
+            t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+
+
+def set_break(_worker: Any, reverse: bool) -> bool:
+    was = BREAK["reverse"]
+    BREAK["reverse"] = reverse
+    return was
+
+
+def digests(_worker: Any, block_ids: List[List[int]]) -> List[List[str]]:
+    w = WORKERS[0]
+    return [[w._digest(b).hex() for b in ids] for ids in block_ids]
+
+
+def stats(_worker: Any) -> List[Dict[str, Any]]:
+    from dataclasses import asdict
+    return [dict(asdict(w.cache_stats()), rank=w._worker.rank,
+                 worker_id=w._worker.worker.worker_id) for w in WORKERS]

@@ -4,7 +4,7 @@ the request's blocks through KvbmConnector and decodes; its tokens equal a
 single engine's, and the blocks it pulled hold the prefill's bytes."""
 import pytest
 
-from e2e_helpers import Engine, free_port, prompt, records
+from e2e_helpers import Engine, flat_ids, free_port, prompt, records
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +23,6 @@ def pd(model_dir):
     p.close()
 
 
-def _flat(ids):
-    return [b for g in ids for b in g] if ids and isinstance(ids[0], list) else list(ids)
-
-
 def test_prefill_decode_hand_over(pd, baseline):
     prefill, decode = pd
     ps = [prompt(30), prompt(31, 200)]
@@ -35,8 +31,8 @@ def test_prefill_decode_hand_over(pd, baseline):
     for p in params:
         assert p and p.get("do_remote_prefill"), params
     prefill.call("step", n=2)  # the prefill now holds them (a server keeps stepping)
-    remote = [_flat(p["remote_block_ids"]) for p in params]
-    want_digests = prefill.call("digests", block_ids=remote)["digests"]
+    remote = [flat_ids(p["remote_block_ids"]) for p in params]
+    want_digests = prefill.call("digests", block_ids=remote)["digests"][0]
     got = decode.generate(ps, 8, kv_transfer_params=params)
     assert got["tokens"] == baseline(ps, 8)
     pulled = records(got, "pulled")
