@@ -1,0 +1,159 @@
+"""P/D between tensor-parallel sizes (heterogeneous TP), with the real vLLM
+0.33 scheduler and one worker connector per rank (tp_engine.py): a decode at
+TP d pulls from a prefill at TP p, its KV heads gathered from several
+prefill ranks (p > d) or sliced out of one (p < d), as NixlConnector maps
+them; MLA (replicated KV) at any sizes; a pair that cannot be mapped is
+refused with both sizes named. Every byte of every pulled block is checked:
+each decode rank's heads equal the slice of the global KV the prefill ranks
+held."""
+import logging
+import socket
+
+from harness import require_vllm
+
+require_vllm()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import kvbmgo.vllm.staging as staging  # noqa: E402
+from harness import BLOCK, LAYERS  # noqa: E402
+from tp_engine import TpEngine, model_dir, rank_heads, run_both  # noqa: E402
+
+PROMPT = list(range(300, 300 + 3 * BLOCK + 5))   # 3 full blocks and 5 tokens
+
+
+def free_port(n=1):
+    """A port with n free ones from it (the side channels of n ranks)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65536:
+            continue
+        try:
+            socks = []
+            for i in range(1, n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", base + i))
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+        return base
+    raise RuntimeError("no free port range")
+
+
+def engines(model, p, d, *, p_layout="LBNHC", d_layout="LBNHC", timeout_s=10.0):
+    pe = TpEngine(model, p, {"g2_blocks": 8, "pd_port": free_port(p)}, role="kv_producer",
+                  engine_id="prefill-tp", layout=p_layout)
+    de = TpEngine(model, d, {"g2_blocks": 8, "pd_timeout_s": timeout_s}, role="kv_consumer",
+                  engine_id="decode-tp", layout=d_layout)
+    return pe, de
+
+
+def prefill(pe, req_id="R", prompt=PROMPT):
+    pe.add(req_id, prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    for _ in range(1000):
+        if req_id in pe.finished:
+            break
+        pe.step()
+    params = pe.finished[req_id].kv_transfer_params
+    assert params is not None and params["tp_size"] == pe.tp
+    want = [[pe.assembled(b, layer) for layer in range(len(LAYERS))]
+            for b in params["remote_block_ids"]]
+    return params, want
+
+
+def hand_over(pe, de, params, want):
+    """Runs the decode of PROMPT with the prefill's params; checks, before
+    the decode's first forward, every byte of every decode rank's pulled
+    blocks and that no other block was written."""
+    de.add("R-decode", PROMPT, max_tokens=2, kv_transfer_params=params)
+    seen = {}
+
+    def check(so):
+        if "R-decode" not in so.num_scheduled_tokens or seen:
+            return
+        ids = de.block_ids("R-decode")
+        seen["ids"] = ids
+        n = len(want)
+        for r in range(de.tp):
+            heads = rank_heads(r, de.tp, de.total, de.mla)
+            for i, b in enumerate(ids[:n]):
+                for layer in range(len(LAYERS)):
+                    got = de.read(r, b, layer)
+                    assert torch.equal(got, want[i][layer][heads]), \
+                        f"decode rank {r} block {i} (G1 {b}) layer {layer}: heads {heads}"
+            for b in range(de.kvc.num_blocks):
+                if b not in ids[:n]:
+                    for layer in range(len(LAYERS)):
+                        assert not de.read(r, b, layer).any(), f"rank {r} block {b} written"
+    run_both(pe, de, before_forward=check)
+    assert seen, "the decode request was never scheduled"
+    assert de.finished["R-decode"].finish_reason.name == "LENGTH"
+    assert not set().union(*(o.invalid_block_ids or () for o in de.outputs))
+    assert [o.finished_recving for o in de.outputs if o.finished_recving] == [{"R-decode"}]
+    # Every prefill rank let go, once every decode rank that reads it was done.
+    assert [o.finished_sending for o in pe.outputs if o.finished_sending] == [{"R"}]
+    assert not pe.sched.requests and not de.sched.requests
+
+
+@pytest.mark.parametrize("kv_heads,p,d,p_layout,d_layout,small_slots", [
+    (2, 2, 1, "LBNHC", "LBNHC", False),   # gather: 2 prefill ranks fill 1 decode rank
+    (2, 2, 1, "LBHNC", "BLNHC", True),    # ... other orders; staging in 1-block chunks
+    (2, 1, 2, "LBNHC", "LBNHC", False),   # slice: 2 decode ranks read 1 prefill rank
+    (4, 4, 2, "LBHNC", "LBNHC", False),   # gather, 4 heads
+    (2, 4, 2, "LBNHC", "LBNHC", False),   # 2 heads over 4 prefill ranks: replicated
+], ids=["p2-d1", "p2-d1-orders-chunked", "p1-d2", "p4-d2", "p4-d2-replicated"])
+def test_heterogeneous_tp_byte_for_byte(tmp_path, monkeypatch, kv_heads, p, d, p_layout,
+                                        d_layout, small_slots):
+    if small_slots:
+        monkeypatch.setattr(staging, "SLOT_BYTES", 1)  # a slot of as few blocks as can be
+    pe, de = engines(model_dir(tmp_path, kv_heads), p, d, p_layout=p_layout,
+                     d_layout=d_layout)
+    try:
+        params, want = prefill(pe)
+        hand_over(pe, de, params, want)
+    finally:
+        de.close()
+        pe.close()
+
+
+@pytest.mark.parametrize("p,d", [(2, 1), (1, 2)], ids=["p2-d1", "p1-d2"])
+def test_mla_any_rank_copy(tmp_path, p, d):
+    """MLA's KV is the same on every rank: a decode rank reads one prefill
+    rank's whole blocks, and every prefill rank is told done."""
+    pe, de = engines(model_dir(tmp_path, mla=True), p, d)
+    try:
+        assert pe.mla and de.mla
+        params, want = prefill(pe)
+        hand_over(pe, de, params, want)
+    finally:
+        de.close()
+        pe.close()
+
+
+def test_a_pair_that_cannot_be_mapped_is_refused(tmp_path, caplog):
+    """p=2, d=3: neither divides the other. The first request fails (policy
+    fail) with an error naming both sizes and why; nothing is written; the
+    prefill's ranks are told to let go."""
+    pe, de = engines(model_dir(tmp_path, 6), 2, 3, timeout_s=3.0)
+    try:
+        params, _ = prefill(pe)
+        de.add("R-decode", PROMPT, max_tokens=2, kv_transfer_params=params)
+        with caplog.at_level(logging.ERROR, logger="kvbmgo.vllm.disagg"):
+            run_both(pe, de)
+        assert de.finished["R-decode"].finish_reason.name == "ERROR"
+        msgs = [r.getMessage() for r in caplog.records if r.name == "kvbmgo.vllm.disagg"]
+        assert any("tensor-parallel size 2, this decode 3" in m and "divides" in m
+                   for m in msgs), msgs
+        for r in range(de.tp):
+            for b in range(de.kvc.num_blocks):
+                assert not de.read(r, b, 0).any()
+        assert [o.finished_sending for o in pe.outputs if o.finished_sending] == [{"R"}]
+    finally:
+        de.close()
+        pe.close()
