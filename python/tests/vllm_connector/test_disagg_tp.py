@@ -18,7 +18,8 @@ import torch  # noqa: E402
 
 import kvbmgo.vllm.staging as staging  # noqa: E402
 from harness import BLOCK, LAYERS  # noqa: E402
-from tp_engine import TpEngine, model_dir, rank_heads, run_both  # noqa: E402
+from kvbmgo.vllm.metadata import KvbmConnectorMetadata, RemotePull  # noqa: E402
+from tp_engine import TpEngine, kv_views, model_dir, rank_heads, run_both  # noqa: E402
 
 PROMPT = list(range(300, 300 + 3 * BLOCK + 5))   # 3 full blocks and 5 tokens
 
@@ -157,3 +158,121 @@ def test_a_pair_that_cannot_be_mapped_is_refused(tmp_path, caplog):
     finally:
         de.close()
         pe.close()
+
+
+class PrefillProcess:
+    """tp_prefill_process.py in a child process; its JSON lines read by a thread."""
+
+    def __init__(self, port, tp, kv_heads):
+        import json
+        import os
+        import queue
+        import subprocess
+        import sys
+        import threading
+        import kvbmgo
+        from kvbmgo._lib import lib
+        here = os.path.dirname(os.path.abspath(__file__))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(kvbmgo.__file__)))
+        env = dict(os.environ, KVBM_LIBRARY=os.path.abspath(lib.path),
+                   PYTHONPATH=os.pathsep.join([here, root]))
+        self.child = subprocess.Popen(
+            [sys.executable, os.path.join(here, "tp_prefill_process.py"), str(port), str(tp),
+             str(kv_heads)], stdout=subprocess.PIPE, text=True, env=env, cwd=here)
+        self.lines = queue.Queue()
+
+        def read():
+            for line in self.child.stdout:
+                self.lines.put(json.loads(line))
+            self.lines.put(None)
+        threading.Thread(target=read, daemon=True).start()
+
+    def next(self, timeout=300):
+        msg = self.lines.get(timeout=timeout)  # the first: once vLLM is imported (minutes, loaded)
+        assert msg is not None, f"the prefill process ended with {self.child.wait()}"
+        return msg
+
+    def kill(self):
+        if self.child.poll() is None:
+            self.child.kill()
+        self.child.wait()
+
+
+def _pull_until_done(w, md, timeout=30.0):
+    """Starts md's pulls on decode worker w; waits until its pull ended;
+    returns the G1 blocks that failed."""
+    import time
+    w.bind()
+    w.start_load_kv(md)
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, "the pull did not end"
+        w.bind()
+        w.start_load_kv(KvbmConnectorMetadata())
+        _, recving = w.get_finished()
+        if recving:
+            assert recving == {"D"}
+            return w.get_block_ids_with_load_errors()
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("p,d", [(2, 1), (1, 2)], ids=["p2-d1", "p1-d2"])
+def test_two_processes_at_the_worker_level(p, d):
+    """The prefill's p ranks in a child process (real sockets, the library's
+    cross-process data plane), the decode's d ranks here, their KV views in
+    another order (LBHNC here, LBNHC there). The decode ranks pull one after
+    the other: with p=1, d=2 the prefill rank must keep its blocks after the
+    first decode rank is done (two read it), or the second's pull fails.
+    Every byte of every decode rank's blocks is checked."""
+    import kvbmgo
+    import numpy as np
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from harness import HEAD
+    from kvbmgo.vllm.config import KvbmConfig
+    from kvbmgo.vllm.worker import KvbmWorker
+    if kvbmgo.info().transport == "loopback":
+        pytest.skip("cross-process transport not available (issue 11)")
+    total = 2
+    port = free_port(p)
+    proc = PrefillProcess(port, p, total)
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=max(1, total // d), head_size=HEAD,
+                             dtype=torch.float16)
+    workers, views = [], []
+    try:
+        for r in range(d):
+            v, _, _ = kv_views(spec, "LBHNC", 16)
+            w = KvbmWorker(KvbmConfig(g2_blocks=8, pd_timeout_s=20.0), rank=r,
+                           role="kv_consumer", engine_id="decode-proc", tp_size=d,
+                           kv_heads=total)
+            w.register_kv_caches(v)
+            workers.append(w)
+            views.append(v)
+        first = proc.next()
+        local = [1, 7, 3]
+        md = KvbmConnectorMetadata(pulls=[RemotePull(
+            "D", "prefill-proc", "R", "127.0.0.1", port, p, first["block_ids"], local,
+            first["token"])])
+        for r, w in enumerate(workers):
+            assert _pull_until_done(w, md) == set(), f"decode rank {r}'s pull failed"
+        for r in range(d):
+            heads = rank_heads(r, d, total, False)
+            for i, b in enumerate(local):
+                for layer in range(len(LAYERS)):
+                    g = torch.from_numpy(np.frombuffer(bytes.fromhex(first["blocks"][i][layer]),
+                                                       dtype=np.int16).copy())
+                    g = g.view(total, BLOCK, 2 * HEAD)
+                    got = views[r][LAYERS[layer]][b].view(torch.int16)
+                    assert torch.equal(got, g[heads]), f"decode rank {r} block {i} layer {layer}"
+            for b in range(16):
+                if b not in local:
+                    assert not views[r][LAYERS[0]][b].view(torch.int16).any()
+        # Every prefill rank let go (after all its decode ranks were done).
+        ranks = set()
+        while len(ranks) < p:
+            msg = proc.next(timeout=30)
+            assert msg["finished_sending"] == ["R"]
+            ranks.add(msg["rank"])
+    finally:
+        for w in workers:
+            w.shutdown()
+        proc.kill()

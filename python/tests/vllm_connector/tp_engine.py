@@ -76,6 +76,26 @@ def rank_heads(rank, tp, total, mla):
     return [rank * total // tp]
 
 
+def kv_views(spec, layout, num_blocks):
+    """One rank's KV views as vLLM makes them: ({layer: view}, the
+    KVCacheConfig, the raw buffer)."""
+    lay = KVCacheLayout[layout]
+    ls, bs, *_ = compute_layout_strides(spec, num_blocks, len(LAYERS), lay)
+    size = num_blocks * len(LAYERS) * spec.page_size_bytes
+    tensor = KVCacheTensor(size=size, layers=list(LAYERS), layer_stride=ls, block_stride=bs)
+    kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+    raw = torch.zeros(size, dtype=torch.int8)
+    return dict(zip(LAYERS, create_kv_cache_views(raw, spec, num_blocks, lay, tensor))), kvc, raw
+
+
+def global_kv(seed, layer, heads, content):
+    """A block's KV over every head, [heads, tokens, content] as int16."""
+    rng = np.random.default_rng(seed * 7919 + layer)
+    return torch.from_numpy(rng.integers(-32768, 32767, size=(heads, BLOCK, content),
+                                         dtype=np.int16))
+
+
 @contextlib.contextmanager
 def as_rank(r):
     """The connector asks vLLM's TP group for its rank; there is none here."""
@@ -119,15 +139,7 @@ class TpEngine:
         self.views, self.workers, self.raws = [], [], []
         vc.cache_config.num_gpu_blocks = num_blocks
         for r in range(tp):
-            lay = KVCacheLayout[layouts[r]]
-            ls, bs, *_ = compute_layout_strides(spec, num_blocks, len(LAYERS), lay)
-            size = num_blocks * len(LAYERS) * spec.page_size_bytes
-            tensor = KVCacheTensor(size=size, layers=list(LAYERS), layer_stride=ls,
-                                   block_stride=bs)
-            kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
-                                kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
-            raw = torch.zeros(size, dtype=torch.int8)
-            views = dict(zip(LAYERS, create_kv_cache_views(raw, spec, num_blocks, lay, tensor)))
+            views, kvc, raw = kv_views(spec, layouts[r], num_blocks)
             with as_rank(r):
                 w = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kvc)
             w.register_kv_caches(views)
@@ -166,10 +178,7 @@ class TpEngine:
         return self.views[rank][LAYERS[layer]][block_id].view(torch.int16).clone()
 
     def global_kv(self, seed, layer):
-        rng = np.random.default_rng(seed * 7919 + layer)
-        heads = 1 if self.mla else self.total
-        return torch.from_numpy(rng.integers(-32768, 32767, size=(heads, BLOCK, self.content),
-                                             dtype=np.int16))
+        return global_kv(seed, layer, 1 if self.mla else self.total, self.content)
 
     def assembled(self, block_id, layer):
         """The global KV of a block as this engine's ranks hold it; ranks that
