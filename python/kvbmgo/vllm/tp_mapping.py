@@ -10,9 +10,9 @@ It follows vLLM's NixlConnector (``nixl/tp_mapping.py``:
   prefill rank r // k; k decode ranks read each prefill rank, which lets go
   once all k said done (NixlConnector's ``expected_consumers``).
 - KV heads fewer than the TP size: vLLM replicates them (rank r of tp holds
-  head r*H//tp); a head is read from the first prefill rank that holds it
-  (NixlConnector's GQA dedup), the other ranks of the group are only told
-  done.
+  head r*H//tp); with p > d a head is read from the first prefill rank that
+  holds it (NixlConnector's GQA dedup), the other ranks of the group are
+  only told done (NixlConnector refuses this case; the mapping is the same).
 - MLA: every rank holds the whole (latent) KV; decode rank r reads prefill
   rank r*p//d, any p and d.
 
@@ -92,6 +92,12 @@ def _reads(rank: int, d: int, p: int, total: int, mla: bool) -> Tuple[Read, ...]
     if mla:
         return (Read(rank * p // d, (0, 1), (0, 1)),)
     a, b = kv_heads(rank, d, total, mla)
+    if d >= p:
+        # One prefill rank holds every head of this rank: NixlConnector's
+        # r*p//d (with replicated heads too, so the reads spread over ranks).
+        q = rank * p // d
+        q0 = kv_heads(q, p, total, mla)[0]
+        return (Read(q, (a - q0, b - q0), (0, b - a)),)
     reads: List[Read] = []
     for g in range(a, b):
         # The first prefill rank holding global head g.
