@@ -276,3 +276,52 @@ def test_two_processes_at_the_worker_level(p, d):
         for w in workers:
             w.shutdown()
         proc.kill()
+
+
+def test_a_prefill_rank_read_by_k_decode_ranks_lets_go_after_all_k():
+    """The side channel alone: a done naming consumers=2 lets go only once
+    two distinct decode ranks said done (a repeat counts once), also when
+    one came before the hold; a done without the fields (an older decode)
+    lets go at once; the pull's answer carries the rank's KV description."""
+    import json
+    import zmq
+    from kvbmgo.vllm.disagg import PrefillServer
+    port = free_port()
+    kv = {"tp_size": 1, "tp_rank": 0, "heads": 2}
+    srv = PrefillServer(b"metadata", "E", "127.0.0.1", port, 60.0, kv)
+    ctx = zmq.Context()
+
+    def ask(header):
+        s = ctx.socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://127.0.0.1:{port}")
+        s.send(json.dumps(dict(header, engine="E", token="T")).encode())
+        assert s.poll(5000)
+        frames = s.recv_multipart()
+        s.close()
+        return json.loads(frames[0])
+
+    try:
+        srv.hold("A", "T")
+        head = ask({"op": "pull", "req": "A", "lease_s": 0})
+        assert head["ok"] and head["kv"] == kv
+        assert ask({"op": "done", "req": "A", "lease": head["lease"], "from": "d/0",
+                    "consumers": 2})["ok"]
+        assert srv.take_released() == set() and srv.held() == {"A"}
+        ask({"op": "done", "req": "A", "from": "d/0", "consumers": 2})  # a repeat
+        assert srv.take_released() == set()
+        ask({"op": "done", "req": "A", "from": "d/1", "consumers": 2})
+        assert srv.take_released() == {"A"}
+        # One decode rank's done before the hold, the other's after.
+        ask({"op": "done", "req": "B", "from": "d/1", "consumers": 2})
+        srv.hold("B", "T")
+        assert srv.take_released() == set() and srv.held() == {"B"}
+        ask({"op": "done", "req": "B", "from": "d/0", "consumers": 2})
+        assert srv.take_released() == {"B"}
+        # An older decode: one done, no fields.
+        srv.hold("C", "T")
+        ask({"op": "done", "req": "C"})
+        assert srv.take_released() == {"C"}
+    finally:
+        ctx.destroy(linger=0)
+        srv.close()
