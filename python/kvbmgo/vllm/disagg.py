@@ -498,6 +498,9 @@ class _Pull(HandoffSide):
         puller, p = self.puller, self.p
         stage = puller._stagings[_stage_key(staged[0][2])]
         per = stage.slot_blocks // len(staged)
+        if per < 1:
+            raise _Refused(f"a staging slot of {stage.slot_blocks} blocks for {len(staged)} "
+                           f"prefill ranks")
         with stage.slot() as base:
             for i in range(0, len(p.block_ids), per):
                 remote, local = p.remote_block_ids[i:i + per], p.block_ids[i:i + per]
@@ -521,7 +524,11 @@ class _Pull(HandoffSide):
                     _end(n for n, _ in notes)
                     raise
                 for (read, _, _), (_, at) in zip(staged, notes):
-                    puller._local.copy_heads(stage, at, read.src, local, read.dst)
+                    try:
+                        puller._local.copy_heads(stage, at, read.src, local, read.dst)
+                    except RuntimeError as e:  # torch's
+                        raise _Refused(f"copying heads {read.src} of prefill rank {read.rank} "
+                                       f"into heads {read.dst}: {e}") from e
 
     def release_source(self, h: Handoff) -> OutcomeKind:
         return self.puller._release_all(self.p, self.plan, self.sources,
