@@ -5,17 +5,21 @@ The KV itself moves through the library (``Worker.transfer_from_instance``:
 one-sided reads of the prefill worker's G1). What travels here is small and
 over pyzmq (a vLLM dependency), one request and one reply each:
 
-- ``pull``: a decode worker asks the prefill worker of the same tensor-parallel
-  rank for a request's blocks. The reply carries the prefill worker's
+- ``pull``: a decode worker asks a prefill worker for a request's blocks:
+  the one of its own tensor-parallel rank, or, between TP sizes, each rank
+  tp_mapping.plan names (a head slice then lands through staging.py). The
+  reply describes that rank's KV (``kv``) and carries the prefill worker's
   exported metadata (the decode side connects to it, keyed by the
   metadata's own identity) and grants a lease, named by an id: the prefill
   keeps the blocks while any lease runs (a lease outlasts the decode side's
   deadline), so a pull never reads blocks the prefill has let go of, even
   when two decode instances were sent the same request.
 - ``done``: the decode worker is done with the request (pulled, failed or
-  aborted), with its lease's id if it has one; once no lease runs, the
-  prefill reports the request in ``finished_sending`` and vLLM frees its
-  blocks. A prefill that never hears it lets go after ``pd_hold_s`` (and
+  aborted), with its lease's id if it has one, which decode rank it is
+  (``from``) and how many decode ranks read this prefill rank
+  (``consumers``, 1 unless TP sizes differ); once they all were and no
+  lease runs, the prefill reports the request in ``finished_sending`` and
+  vLLM frees its blocks. A prefill that never hears it lets go after ``pd_hold_s`` (and
   after the last lease).
 
 Trust (docs/vllm.md, "P/D"): the prefill's scheduler draws a 128-bit random
