@@ -50,6 +50,16 @@ def _dp_index(parallel_config: Any) -> int:
     return int(getattr(parallel_config, "data_parallel_index", 0) or 0)
 
 
+def _kv_heads(vllm_config: Any) -> "tuple[int, bool]":
+    """(the model's KV heads over all ranks, whether it is MLA): what a
+    decode maps heads from a prefill of another TP size with (0: unknown)."""
+    mc = getattr(vllm_config, "model_config", None)
+    try:
+        return int(mc.get_total_num_kv_heads()), bool(mc.use_mla)
+    except Exception:  # noqa: BLE001 - no model config (a test): rank to rank only
+        return 0, False
+
+
 class KvbmConnector(KVConnectorBase_V1):
     """kvbm's prefix cache (G2 pinned host memory, G3 disk, G4 object store)
     under vLLM's KV cache, and disaggregated prefill->decode: a
@@ -79,9 +89,10 @@ class KvbmConnector(KVConnectorBase_V1):
                                             dp_index=_dp_index(pc))
         else:
             from .worker import KvbmWorker
+            heads, mla = _kv_heads(vllm_config)
             self._worker = KvbmWorker(self.config, rank=_rank(), role=kt.kv_role,
                                       engine_id=engine_id, tp_size=tp,
-                                      dp_index=_dp_index(pc))
+                                      dp_index=_dp_index(pc), kv_heads=heads, mla=mla)
 
     # ---- scheduler side
 

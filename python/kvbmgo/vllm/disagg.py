@@ -5,17 +5,21 @@ The KV itself moves through the library (``Worker.transfer_from_instance``:
 one-sided reads of the prefill worker's G1). What travels here is small and
 over pyzmq (a vLLM dependency), one request and one reply each:
 
-- ``pull``: a decode worker asks the prefill worker of the same tensor-parallel
-  rank for a request's blocks. The reply carries the prefill worker's
+- ``pull``: a decode worker asks a prefill worker for a request's blocks:
+  the one of its own tensor-parallel rank, or, between TP sizes, each rank
+  tp_mapping.plan names (a head slice then lands through staging.py). The
+  reply describes that rank's KV (``kv``) and carries the prefill worker's
   exported metadata (the decode side connects to it, keyed by the
   metadata's own identity) and grants a lease, named by an id: the prefill
   keeps the blocks while any lease runs (a lease outlasts the decode side's
   deadline), so a pull never reads blocks the prefill has let go of, even
   when two decode instances were sent the same request.
 - ``done``: the decode worker is done with the request (pulled, failed or
-  aborted), with its lease's id if it has one; once no lease runs, the
-  prefill reports the request in ``finished_sending`` and vLLM frees its
-  blocks. A prefill that never hears it lets go after ``pd_hold_s`` (and
+  aborted), with its lease's id if it has one, which decode rank it is
+  (``from``) and how many decode ranks read this prefill rank
+  (``consumers``, 1 unless TP sizes differ); once they all were and no
+  lease runs, the prefill reports the request in ``finished_sending`` and
+  vLLM frees its blocks. A prefill that never hears it lets go after ``pd_hold_s`` (and
   after the last lease).
 
 Trust (docs/vllm.md, "P/D"): the prefill's scheduler draws a 128-bit random
@@ -61,10 +65,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .._handoff import Completion, FactKind, HandoffOrder, OutcomeKind
-from .._pd import Handoff, HandoffRefused, HandoffSide
+from .._pd import _GRACE_S, Handoff, HandoffRefused, HandoffSide
 from .._worker import _exporter_id
-from ..errors import AlreadyExistsError, KvbmError
+from ..errors import AlreadyExistsError, CanceledError, KvbmError
 from .metadata import RemotePull
+from .tp_mapping import Plan, Read, owned, plan, refusal
 
 __all__ = ["PrefillServer", "DecodePuller", "instance_id", "pd_metadata"]
 
@@ -134,19 +139,43 @@ def _expected_worker(p: RemotePull, rank: int, wid: Optional[int]) -> bool:
 
 class _Hold:
     """A request held for decode instances."""
-    __slots__ = ("token", "until", "leases", "done")
+    __slots__ = ("token", "until", "leases", "done_by", "consumers")
 
     def __init__(self, token: str, until: float) -> None:
         self.token = token                 # the request's (kv_transfer_params kvbm_token)
         self.until = until                 # let go then if unclaimed
         self.leases: Dict[str, float] = {}  # lease id -> end of that pull's lease
-        self.done = False                  # a decode instance was done with it
+        # The decode ranks done with it, and how many read it (heterogeneous
+        # TP: several decode ranks read one prefill rank's blocks).
+        self.done_by: Set[str] = set()
+        self.consumers = 1
+
+    @property
+    def done(self) -> bool:
+        """Every decode rank that reads it was done with it."""
+        return len(self.done_by) >= self.consumers
 
     def leased(self, now: float) -> bool:
         for token, end in list(self.leases.items()):
             if end <= now:
                 del self.leases[token]
         return bool(self.leases)
+
+
+#: The most decode ranks a done may say read one prefill rank.
+_MAX_CONSUMERS = 4096
+
+
+def _done_by(h: Dict[str, Any]) -> Tuple[str, int]:
+    """Who a done is from (a decode rank: "engine/rank"; "" for a decode
+    that does not say) and how many decode ranks read the prefill rank's
+    blocks (1 unless it says more: heterogeneous TP)."""
+    who, n = h.get("from"), h.get("consumers")
+    if not isinstance(who, str) or len(who) > 512:
+        who = ""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_CONSUMERS:
+        n = 1
+    return who, n
 
 
 def _header(frame: bytes) -> Dict[str, Any]:
@@ -163,18 +192,21 @@ class PrefillServer:
     blocks wait for a decode instance."""
 
     def __init__(self, metadata: bytes, engine_id: str, host: str, port: int,
-                 hold_s: float) -> None:
+                 hold_s: float, kv: Optional[Dict[str, Any]] = None) -> None:
         import zmq
         self.engine_id = engine_id
         self.address = f"tcp://{host}:{port}"
         self._md = metadata
+        # This rank's KV as the pull reply describes it (staging.LocalKv.describe).
+        self._kv = kv
         self._hold_s = hold_s
         self._lock = threading.Lock()
         self._held: Dict[str, _Hold] = {}
         self._released: Set[str] = set()           # let go, not yet reported
         self._gone: "OrderedDict[str, str]" = OrderedDict()  # let go: req -> token
-        # done before held, by (req, token): only the request's token lets go of it then
-        self._early: "OrderedDict[Tuple[str, str], None]" = OrderedDict()
+        # done before held, by (req, token): only the request's token lets go of
+        # it then; the decode ranks that said so, and how many read it
+        self._early: "OrderedDict[Tuple[str, str], Tuple[Set[str], int]]" = OrderedDict()
         self.refused = 0                           # messages with a wrong token
         self._refused_logged = 0.0
         self._trouble_logged = 0.0                 # the last stall or error logged
@@ -207,10 +239,14 @@ class PrefillServer:
         """The request's blocks wait for a decode instance that proves token
         (until pd_hold_s)."""
         with self._lock:
-            if token and self._early.pop((req_id, token), "absent") is None:
-                self._let_go(req_id, token)
-                return
-            self._held[req_id] = _Hold(token, time.monotonic() + self._hold_s)
+            h = _Hold(token, time.monotonic() + self._hold_s)
+            early = self._early.pop((req_id, token), None) if token else None
+            if early is not None:
+                h.done_by, h.consumers = early
+                if h.done:
+                    self._let_go(req_id, token)
+                    return
+            self._held[req_id] = h
         log.debug("kvbm: P/D: request %s held for a decode instance", req_id)
 
     def held(self) -> Set[str]:
@@ -329,7 +365,7 @@ class PrefillServer:
                 if hold is not None:
                     lease_id = uuid.uuid4().hex
                     hold.leases[lease_id] = time.monotonic() + lease + _LEASE_MARGIN_S
-                    return [json.dumps({"ok": True, "lease": lease_id}).encode(), self._md]
+                    return [json.dumps(self._pull_head(lease_id)).encode(), self._md]
                 if gone is not None:
                     return [json.dumps({"ok": False, "why": "released"}).encode()]
                 # Not held yet (vLLM answered the client before this worker's
@@ -341,8 +377,9 @@ class PrefillServer:
                 lease_id = h.get("lease")
                 if isinstance(lease_id, str):
                     hold.leases.pop(lease_id, None)
-                hold.done = True
-                if not hold.leased(time.monotonic()):
+                who, hold.consumers = _done_by(h)
+                hold.done_by.add(who)
+                if hold.done and not hold.leased(time.monotonic()):
                     del self._held[req_id]
                     self._let_go(req_id, hold.token)
                 return [json.dumps({"ok": True}).encode()]
@@ -350,10 +387,22 @@ class PrefillServer:
                 return [json.dumps({"ok": False, "why": "released"}).encode()]
             if ours and not known and token:
                 # Before the prefill holds it: let go as it is held, if token is its.
-                self._early[(req_id, token)] = None
+                who, n = _done_by(h)
+                seen = self._early.get((req_id, token), (set(), n))[0]
+                if len(seen) < _MAX_CONSUMERS:
+                    seen.add(who)
+                self._early[(req_id, token)] = (seen, n)
                 while len(self._early) > _GONE_KEPT:
                     self._early.popitem(last=False)
             return [json.dumps({"ok": True}).encode()]
+
+    def _pull_head(self, lease_id: str) -> Dict[str, Any]:
+        """The header of a pull's answer: the lease, and this rank's KV
+        (what a decode of another TP size maps its heads with)."""
+        head: Dict[str, Any] = {"ok": True, "lease": lease_id}
+        if self._kv is not None:
+            head["kv"] = self._kv
+        return head
 
     def _refuse(self, req_id: str) -> None:
         """A message named a request held (or let go) here with a wrong
@@ -444,33 +493,117 @@ class _Connections:
             pass
 
 
+class _Source:
+    """One prefill rank of a pull: its side channel, the lease it granted,
+    and the connection (on the decode worker or a staging one) its transfer
+    runs against."""
+    __slots__ = ("rank", "addr", "lease", "conns", "conn")
+
+    def __init__(self, rank: int, addr: str) -> None:
+        self.rank, self.addr = rank, addr
+        self.lease: Dict[str, Any] = {}
+        self.conns: Optional[_Connections] = None
+        self.conn: Optional[_Conn] = None
+
+
 class _Pull(HandoffSide):
     """One request's hand-off, on the side channel: the prefill ran before
-    the decode heard of it, the pull takes a lease, the release ends it."""
+    the decode heard of it, the pull takes a lease of every prefill rank it
+    reads (one with equal TP), the release tells every rank of its plan."""
 
-    def __init__(self, puller: "DecodePuller", p: RemotePull, addr: str,
-                 deadline: float) -> None:
-        self.puller, self.p, self.addr, self.deadline = puller, p, addr, deadline
-        self.lease: Dict[str, Any] = {}  # the prefill's answer to our pull (its lease id)
-        self.conn: Optional[_Conn] = None  # what the transfer runs against
+    def __init__(self, puller: "DecodePuller", p: RemotePull, plan: Plan,
+                 sources: Dict[int, _Source], deadline: float) -> None:
+        self.puller, self.p, self.plan, self.deadline = puller, p, plan, deadline
+        self.sources = sources  # prefill rank -> _Source, every rank of plan.notify
 
     def submit_prefill(self, h: Handoff) -> None:
         # The prefill ran: its kv_transfer_params say it holds the KV.
         h.fact(FactKind.SOURCE_HELD)
 
     def start_transfer(self, h: Handoff) -> None:
-        p = self.p
-        self.conn = self.puller._lease(p, self.addr, self.deadline, self.lease)
-        h.pull(self.puller._worker, self.conn.inst, p.remote_block_ids, p.block_ids)
+        puller, p = self.puller, self.p
+        staged: List[Tuple[Read, _Source, Dict[str, Any]]] = []
+        for read in self.plan.reads:
+            src = self.sources[read.rank]
+            wid, md, kv = puller._lease(p, src, self.deadline)
+            if puller._direct(p, read, kv):
+                src.conns = puller._conns
+                src.conn = src.conns.acquire(wid, md, self.deadline, puller._stop)
+                h.pull(puller._worker, src.conn.inst, p.remote_block_ids, p.block_ids)
+                continue
+            assert kv is not None  # _direct is True without a description
+            stage = puller._staging(kv, len(self.plan.reads))
+            src.conns = stage.conns
+            src.conn = src.conns.acquire(wid, md, self.deadline, puller._stop)
+            staged.append((read, src, kv))
+        if staged:
+            self._staged(h, staged)
+
+    def _staged(self, h: Handoff, staged: List[Tuple[Read, _Source, Dict[str, Any]]]) -> None:
+        """Pulls the staged reads' whole blocks into a staging slot, a chunk
+        at a time, and copies their heads into this decode's blocks: the
+        chunk's pulls are waited for here, each copy runs once its bytes
+        landed (see staging.py for why this route)."""
+        puller, p = self.puller, self.p
+        stage = puller._stagings[_stage_key(staged[0][2])]
+        per = stage.slot_blocks // len(staged)
+        if per < 1:
+            raise _Refused(f"a staging slot of {stage.slot_blocks} blocks for {len(staged)} "
+                           f"prefill ranks")
+        with stage.slot() as base:
+            for i in range(0, len(p.block_ids), per):
+                remote, local = p.remote_block_ids[i:i + per], p.block_ids[i:i + per]
+                notes = []
+                for j, (_, src, _) in enumerate(staged):
+                    at = list(range(base + j * per, base + j * per + len(local)))
+                    notes.append((h.pull(stage.worker, src.conn.inst, remote, at), at))
+                try:
+                    for n, _ in notes:
+                        try:
+                            ok = n.wait(max(0.0, self.deadline - time.monotonic()) + _GRACE_S)
+                        except KvbmError as e:
+                            if not isinstance(e, CanceledError):
+                                h.transfer_error = e
+                            raise
+                        if not ok:
+                            raise _Unanswered(f"the pull did not finish within its "
+                                              f"{puller.timeout_s:.1f} s deadline")
+                except BaseException:
+                    # The slot goes back to other pulls: nothing may write it then.
+                    _end(n for n, _ in notes)
+                    raise
+                for (read, _, _), (_, at) in zip(staged, notes):
+                    try:
+                        puller._local.copy_heads(stage, at, read.src, local, read.dst)
+                    except RuntimeError as e:  # torch's
+                        raise _Refused(f"copying heads {read.src} of prefill rank {read.rank} "
+                                       f"into heads {read.dst}: {e}") from e
 
     def release_source(self, h: Handoff) -> OutcomeKind:
-        return self.puller._release(self.p, self.addr, max(self.deadline, time.monotonic() +
-                                                           _RELEASE_MIN_S), self.lease)
+        return self.puller._release_all(self.p, self.plan, self.sources,
+                                        max(self.deadline, time.monotonic() + _RELEASE_MIN_S))
 
     def cancel_source(self, h: Handoff) -> OutcomeKind:
         # best effort, no wait
-        self.puller._release(self.p, self.addr, time.monotonic(), self.lease)
+        self.puller._release_all(self.p, self.plan, self.sources, time.monotonic())
         return OutcomeKind.APPLIED
+
+
+def _end(notes: Any) -> None:
+    """Cancels pulls and waits until they ended."""
+    for n in notes:
+        try:
+            n.cancel()
+            while not n.wait(1.0):
+                log.warning("kvbm: waiting for a canceled pull to end before its staging "
+                            "slot is reused")
+        except KvbmError:
+            pass
+
+
+def _stage_key(kv: Dict[str, Any]) -> Tuple[int, str]:
+    """Staging areas are per shape of the prefill rank's blocks."""
+    return int(kv["heads"]), str(kv["order"])
 
 
 class DecodePuller:
@@ -479,10 +612,21 @@ class DecodePuller:
     ``finished()`` collects the pulls that ended."""
 
     def __init__(self, worker: Any, rank: int, tp_size: int, timeout_s: float,
-                 max_pulls: int, allow_hosts: Optional[Tuple[str, ...]] = None) -> None:
+                 max_pulls: int, allow_hosts: Optional[Tuple[str, ...]] = None, *,
+                 local: Any = None, engine_id: str = "") -> None:
+        """local: this worker's KV (staging.LocalKv; None: pulls rank to rank
+        only, as before heterogeneous TP); engine_id: this decode's (its
+        done messages say which decode rank they are from)."""
         import zmq
         self._worker = worker
         self.rank, self.tp_size, self.timeout_s = rank, tp_size, timeout_s
+        self._local = local
+        self._me = f"{engine_id}/{rank}"
+        self._max_pulls = max_pulls
+        # Staging areas for pulls that take part of a prefill rank's blocks,
+        # by the blocks' shape (_stage_key); made at the first such pull.
+        self._stagings: Dict[Tuple[int, str], Any] = {}
+        self._refused_pairs: Set[Tuple[str, int]] = set()  # (engine, tp): logged once each
         self._ctx = zmq.Context()
         self._pool = ThreadPoolExecutor(max_pulls, thread_name_prefix="kvbm-pd-pull")
         self._lock = threading.Lock()
@@ -530,22 +674,33 @@ class DecodePuller:
         self._stop.set()
         self._pool.shutdown(wait=True)
         self._ctx.term()
+        for stage in self._stagings.values():
+            stage.close()
+        self._stagings.clear()
 
     # ---- one pull, in a pool thread
 
     def _run(self, p: RemotePull, deadline: float) -> List[int]:
         """Returns the G1 blocks of p that did not load (all or none)."""
-        addr = self._address(p)
-        if addr is None:
-            return list(p.block_ids)
+        plan, why = self._plan(p)
+        sources: Dict[int, _Source] = {}
+        for q in plan.notify:
+            addr = self._address(p, q)
+            if addr is None:
+                return list(p.block_ids)
+            sources[q] = _Source(q, addr)
         if not p.token:
             log.error("kvbm: request %s: its kv_transfer_params carry no kvbm_token (a prefill "
                       "that is not kvbm's, or older): nothing is pulled", p.req_id)
             return list(p.block_ids)
+        if why is not None:
+            # Refused: the prefill ranks this rank answers for let go now.
+            self._release_all(p, plan, sources, deadline)
+            return list(p.block_ids)
         if not p.block_ids:
-            self._release(p, addr, deadline, {})
+            self._release_all(p, plan, sources, deadline)
             return []
-        pull = _Pull(self, p, addr, deadline)
+        pull = _Pull(self, p, plan, sources, deadline)
         h = Handoff(HandoffOrder.SOURCE_FIRST, pull, deadline,
                     name=f"kvbm: pull of request {p.req_id} from engine {p.engine_id}",
                     bound=f"its {self.timeout_s:.1f} s deadline")
@@ -553,14 +708,41 @@ class DecodePuller:
             h.start()
         finally:
             h.close()
-            if pull.conn is not None:  # connect again next time after a failure
-                self._conns.release(pull.conn, h.transfer_error is not None)
+            for src in sources.values():
+                if src.conn is not None:  # connect again next time after a failure
+                    src.conns.release(src.conn, h.transfer_error is not None)
         return [] if h.completion == Completion.SUCCESS else list(p.block_ids)
 
-    def _address(self, p: RemotePull) -> Optional[str]:
-        """The side channel of p's prefill worker (this rank's), when
-        pd_allow_hosts allows its host; None (logged once per host) if not."""
-        port = p.port + self.rank
+    def _plan(self, p: RemotePull) -> Tuple[Plan, Optional[str]]:
+        """The reads of p (tp_mapping.plan), or, for a pair of TP sizes that
+        cannot be mapped, (the prefill ranks this rank answers for, why):
+        logged once per prefill engine and size, with both sizes."""
+        local = self._local
+        if local is None:  # rank to rank, the whole block
+            if p.tp_size == self.tp_size:
+                return Plan((Read(self.rank, (0, 1), (0, 1)),), (self.rank,),
+                            {self.rank: 1}), None
+            why = (f"the prefill has tensor-parallel size {p.tp_size}, this decode "
+                   f"{self.tp_size}: this worker did not describe its KV heads")
+        else:
+            why = refusal(p.tp_size, self.tp_size, local.total_heads, local.mla)
+            if why is None and p.tp_size != self.tp_size:
+                why = local.own_mismatch()
+            if why is None:
+                return plan(self.rank, self.tp_size, p.tp_size, local.total_heads,
+                            local.mla), None
+        ranks = tuple(owned(self.rank, self.tp_size, p.tp_size)) if p.tp_size >= 1 else ()
+        if (p.engine_id, p.tp_size) not in self._refused_pairs and \
+                len(self._refused_pairs) < 1024:
+            self._refused_pairs.add((p.engine_id, p.tp_size))
+            log.error("kvbm: request %s from engine %s: %s; nothing is pulled (every such "
+                      "request fails)", p.req_id, p.engine_id, why)
+        return Plan((), ranks, {q: 1 for q in ranks}), why
+
+    def _address(self, p: RemotePull, rank: int) -> Optional[str]:
+        """The side channel of rank of p's prefill, when pd_allow_hosts
+        allows its host; None (logged once per host) if not."""
+        port = p.port + rank
         host = p.host
         why = ""
         if not 0 < port < 65536:
@@ -589,14 +771,12 @@ class DecodePuller:
             return None
         return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
-    def _lease(self, p: RemotePull, addr: str, deadline: float, lease: Dict[str, Any]
-               ) -> _Conn:
-        """Asks p's prefill worker for a lease on its blocks (its answer goes
-        into lease) and connects to the metadata it answered: the connection
-        to pull from, used until the pull ends."""
-        if p.tp_size != self.tp_size:
-            raise _Refused(f"the prefill has tensor-parallel size {p.tp_size}, this decode "
-                           f"{self.tp_size}: kvbm pulls rank to rank")
+    def _lease(self, p: RemotePull, src: _Source, deadline: float
+               ) -> Tuple[int, bytes, Optional[Dict[str, Any]]]:
+        """Asks prefill rank src for a lease on p's blocks (its answer goes
+        into src.lease): the worker id and metadata to connect to, and its
+        description of its KV (None from a prefill that gives none)."""
+        addr = src.addr
         if len(p.remote_block_ids) != len(p.block_ids):
             raise _Refused(f"{len(p.remote_block_ids)} remote blocks for "
                            f"{len(p.block_ids)} local ones")
@@ -606,23 +786,77 @@ class DecodePuller:
                              deadline, retry=True)
         if not head.get("ok") or md is None:
             raise _Refused(f"the prefill refused: {head.get('why', 'no reason')}")
-        lease.update(head)
+        src.lease.update(head)
         wid = _exporter_id(md)
-        if not _expected_worker(p, self.rank, wid):
+        if not _expected_worker(p, src.rank, wid):
             raise _Refused(f"{addr} answered the metadata of worker "
                            f"{'(none)' if wid is None else format(wid, 'x')}, not one of "
-                           f"engine {p.engine_id!r} rank {self.rank}")
-        return self._conns.acquire(wid, md, deadline, self._stop)
+                           f"engine {p.engine_id!r} rank {src.rank}")
+        kv = head.get("kv")
+        kv = kv if isinstance(kv, dict) else None
+        if kv is not None and self._local is not None:
+            bad = self._local.mismatch(kv, p.tp_size, src.rank)
+            if bad is not None:
+                raise _Refused(f"rank {src.rank} of the prefill describes KV this decode "
+                               f"cannot take: {bad}")
+        elif p.tp_size != self.tp_size:
+            raise _Refused(f"the prefill has tensor-parallel size {p.tp_size}, this decode "
+                           f"{self.tp_size}, and its rank {src.rank} does not describe its KV "
+                           f"(a kvbm older than heterogeneous TP)")
+        return wid, md, kv
 
-    def _release(self, p: RemotePull, addr: str, deadline: float, lease: Dict[str, Any]
-                 ) -> OutcomeKind:
-        """Tells the prefill it may let go of p's blocks: APPLIED once it
-        says so, NOOP when it cannot be reached by the deadline (it lets
-        go by itself after pd_hold_s), FAILED when it had let go already."""
+    def _direct(self, p: RemotePull, read: Read, kv: Optional[Dict[str, Any]]) -> bool:
+        """Whether read's source blocks hold exactly this decode's blocks
+        (straight into G1), or only part of them or another part (staged)."""
+        local = self._local
+        if kv is None or local is None:
+            return True  # equal TP, from a prefill that does not describe its KV
+        return (read.src == (0, kv["heads"]) and read.dst == (0, local.heads)
+                and (local.heads == 1 or kv["order"] == local.order))
+
+    def _staging(self, kv: Dict[str, Any], reads: int) -> Any:
+        """The staging area for blocks shaped as kv (made at its first use)."""
+        key = _stage_key(kv)
+        with self._lock:
+            stage = self._stagings.get(key)
+            if stage is None:
+                if len(self._stagings) >= 4:
+                    raise _Refused(f"blocks of {len(self._stagings)} other shapes are staged "
+                                   f"already (prefills of several tensor-parallel sizes)")
+                from .staging import Staging
+                w = self._worker
+                stage = Staging((w.worker_id | 1 << 62) + 0x1000 * len(self._stagings),
+                                w.device_id, self._local, kv["heads"], kv["order"],
+                                self._max_pulls, reads)
+                stage.conns = _Connections(stage.worker)
+                self._stagings[key] = stage
+                log.info("kvbm: staging for pulls of blocks of %d KV heads (%s), %d slots of %d "
+                         "blocks", kv["heads"], kv["order"], self._max_pulls, stage.slot_blocks)
+            return stage
+
+    def _release_all(self, p: RemotePull, plan: Plan, sources: Dict[int, _Source],
+                     deadline: float) -> OutcomeKind:
+        """Tells every prefill rank of plan it may let go of p's blocks (see
+        _release): FAILED if one had let go already, else NOOP if one could
+        not be reached, else APPLIED."""
+        outs = [self._release(p, src.addr, deadline, src.lease, plan.consumers[q])
+                for q, src in sources.items()]
+        for o in (OutcomeKind.FAILED, OutcomeKind.NOOP):
+            if o in outs:
+                return o
+        return OutcomeKind.APPLIED
+
+    def _release(self, p: RemotePull, addr: str, deadline: float, lease: Dict[str, Any],
+                 consumers: int = 1) -> OutcomeKind:
+        """Tells the prefill rank at addr it may let go of p's blocks once
+        consumers decode ranks did: APPLIED once it says so, NOOP when it
+        cannot be reached by the deadline (it lets go by itself after
+        pd_hold_s), FAILED when it had let go already."""
         try:
             head, _ = self._ask(addr, p, {"op": "done", "req": p.remote_request_id,
                                           "engine": p.engine_id, "token": p.token,
-                                          "lease": lease.get("lease")},
+                                          "lease": lease.get("lease"), "from": self._me,
+                                          "consumers": consumers},
                                 deadline, retry=False)
         except _Unanswered as e:
             log.info("kvbm: release of request %s: %s", p.req_id, e)

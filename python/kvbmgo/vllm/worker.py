@@ -95,6 +95,24 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     return cfg, buffers, index
 
 
+def _local_kv(kv_caches: Dict[str, Any], index: Dict[str, int], rank: int, tp_size: int,
+              kv_heads: int, mla: bool) -> Optional[Any]:
+    """The worker's KV as P/D across TP sizes sees it (staging.LocalKv), or
+    None when the model's KV heads are unknown or the views' strides are
+    not heads- or tokens-outer (then a decode pulls rank to rank only)."""
+    if kv_heads <= 0 and not mla:
+        return None
+    from .staging import LocalKv
+    views: Dict[int, Any] = {}
+    for name, i in index.items():
+        views.setdefault(i, kv_caches[name])
+    try:
+        return LocalKv([views[i] for i in sorted(views)], rank, tp_size, kv_heads, mla)
+    except ValueError as e:
+        log.warning("kvbm: P/D between tensor-parallel sizes is off: %s", e)
+        return None
+
+
 #: The cache's counters are read at most this often for the stats.
 _STATS_EVERY_S = 0.05
 
@@ -148,8 +166,14 @@ class _Store:
 
 class KvbmWorker:
     def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
-                 engine_id: str = "", tp_size: int = 1, dp_index: int = 0) -> None:
+                 engine_id: str = "", tp_size: int = 1, dp_index: int = 0,
+                 kv_heads: int = 0, mla: bool = False) -> None:
+        """kv_heads: the model's KV heads over all ranks (0: unknown), mla:
+        whether its KV is MLA's latent (replicated on every rank); with them a
+        decode maps heads from a prefill of another tensor-parallel size."""
         self.config = config
+        self.kv_heads, self.mla = kv_heads, mla
+        self._local: Optional[Any] = None  # staging.LocalKv, from register_kv_caches
         self.rank = rank
         self.role = role
         self.engine_id = engine_id
@@ -188,6 +212,8 @@ class KvbmWorker:
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         cfg, buffers, self._layer_index = g1_layout(kv_caches)
+        self._local = _local_kv(kv_caches, self._layer_index, self.rank, self.tp_size,
+                                self.kv_heads, self.mla)
         self._block_bytes, self._block_tokens = cfg.block_bytes, cfg.page_size
         self._cuda = buffers[0].device is not None
         c = self.config
@@ -246,7 +272,8 @@ class KvbmWorker:
             from .disagg import PrefillServer, pd_metadata
             self._server = PrefillServer(pd_metadata(self.worker), self.engine_id,
                                          self.config.pd_host, self.pd_port,
-                                         self.config.pd_hold_s)
+                                         self.config.pd_hold_s,
+                                         None if self._local is None else self._local.describe())
         return self._server
 
     def _decode_puller(self) -> Any:
@@ -254,7 +281,8 @@ class KvbmWorker:
             from .disagg import DecodePuller
             c = self.config
             self._puller = DecodePuller(self.worker, self.rank, self.tp_size, c.pd_timeout_s,
-                                        c.pd_max_pulls, c.pd_allow_hosts)
+                                        c.pd_max_pulls, c.pd_allow_hosts, local=self._local,
+                                        engine_id=self.engine_id)
         return self._puller
 
     def shutdown(self) -> None:
