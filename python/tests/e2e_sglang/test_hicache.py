@@ -8,7 +8,7 @@ import os
 import pytest
 
 from e2e_common.model import prompt
-from sglang_helpers import PAGE, Engine, Records, require_bytes_checked
+from sglang_helpers import PAGE, Engine, Records, require_bytes_checked, wait_objects
 
 PROMPT_TOKENS = 300
 HIT = PROMPT_TOKENS // PAGE * PAGE   # 288: SGLang keeps whole pages only
@@ -85,6 +85,7 @@ def test_fresh_process_on_the_same_object_dir(first, model_dir, object_dir, reco
     """Last of the module: a second engine process on the same G4 directory
     serves a prefix the first one stored, from storage, the first closed."""
     p, want = served(first, records, baseline, 3)
+    wait_objects(object_dir, len(records.stored))  # in G4 before the engine goes
     first.close()
     second = Engine(model_dir, records.path, "hicache-2", hicache=storage(object_dir))
     try:
