@@ -44,7 +44,7 @@ class RecordingKvbmHiCacheStorage(KvbmHiCacheStorage):
         page = self.mem_pool_host.get_data_page(host_index, flat=True)
         return hashlib.sha256(page.contiguous().numpy().tobytes()).hexdigest()
 
-    def _record(self, ev: str, keys: List[str], host_indices: Any, ok: List[bool]) -> None:
+    def _e2e_record(self, ev: str, keys: List[str], host_indices: Any, ok: List[bool]) -> None:
         ps = self.layout.config.page_size
         idx = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
         lines = [json.dumps({"ev": ev, "key": k, "digest": self._digest(idx[i * ps])})
@@ -57,7 +57,7 @@ class RecordingKvbmHiCacheStorage(KvbmHiCacheStorage):
     def batch_set_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
         ok = super().batch_set_v1(keys, host_indices, extra_info)
-        self._record("stored", keys, host_indices, ok)
+        self._e2e_record("stored", keys, host_indices, ok)
         return ok
 
     def batch_get_v1(self, keys: List[str], host_indices: Any,
@@ -70,5 +70,5 @@ class RecordingKvbmHiCacheStorage(KvbmHiCacheStorage):
         ok = super().batch_get_v1(keys, into, extra_info)
         if into is not host_indices:  # the broken copy says it put each page where asked
             ok = [all(ok)] * len(keys)
-        self._record("loaded", keys, host_indices, ok)
+        self._e2e_record("loaded", keys, host_indices, ok)
         return ok

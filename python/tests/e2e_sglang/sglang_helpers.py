@@ -106,12 +106,13 @@ class Records:
         return out
 
     def wait_stored(self, pages: int, timeout: float = 120) -> list:
-        """Waits until pages more pages were stored (SGLang backs up to
+        """Waits until pages more keys were stored (SGLang backs up to
         storage in a thread of its own) and returns the records."""
+        before = set(self.stored)
         got, deadline = [], time.monotonic() + timeout
         while True:
             got += self.take()
-            if sum(r["ev"] == "stored" for r in got) >= pages:
+            if len(set(self.stored) - before) >= pages:
                 return got
             if time.monotonic() > deadline:
                 raise AssertionError(f"{pages} pages were not stored within {timeout} s: {got}")
