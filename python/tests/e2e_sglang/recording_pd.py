@@ -1,0 +1,75 @@
+"""The byte check of the PD tests: kvbm's PD transfer backend with the
+digest of every page the prefill sent (as it hands a chunk over, after the
+forward wrote it) and of every page the decode received (when its receiver
+first reports Success, before the decode's forward). The test compares them
+page by page, in token order. Records go where recording_storage.py writes
+its own ($KVBM_E2E_RECORDS/records-<pid>.jsonl).
+
+install() wraps the classes kvbm's plugin hands SGLang; engine.py calls it
+at import, so in SGLang's scheduler process too (it imports engine.py
+again)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import threading
+from typing import Any, List
+
+_lock = threading.Lock()
+
+
+def _write(rec: dict) -> None:
+    path = os.path.join(os.environ["KVBM_E2E_RECORDS"], f"records-{os.getpid()}.jsonl")
+    with _lock, open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def digests(kv_args: Any, pages: Any) -> List[str]:
+    """sha256 of each page over every K and V layer of SGLang's KV pool
+    (KVArgs: one page of one layer per item)."""
+    out = []
+    for p in [int(x) for x in pages]:
+        h = hashlib.sha256()
+        for ptr, item in zip(kv_args.kv_data_ptrs, kv_args.kv_item_lens):
+            h.update(ctypes.string_at(int(ptr) + p * int(item), int(item)))
+        out.append(h.hexdigest())
+    return out
+
+
+def install() -> None:
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from kvbmgo.sglang.pd_decode import KvbmKVReceiver
+    from kvbmgo.sglang.pd_prefill import KvbmKVSender
+
+    if getattr(KvbmKVSender, "_e2e_recording", False):
+        return
+    send, send_metadata, poll = KvbmKVSender.send, KvbmKVReceiver.send_metadata, \
+        KvbmKVReceiver._poll
+
+    def recording_send(self, kv_indices, *args, **kwargs):
+        if len(kv_indices):
+            _write({"ev": "pd-sent", "room": int(self.bootstrap_room),
+                    "digests": digests(self.kv_mgr.kv_args, kv_indices)})
+        return send(self, kv_indices, *args, **kwargs)
+
+    def recording_send_metadata(self, kv_indices, *args, **kwargs):
+        self._e2e_pages = [int(x) for x in kv_indices]
+        return send_metadata(self, kv_indices, *args, **kwargs)
+
+    def recording_poll(self):
+        status = poll(self)
+        pages = getattr(self, "_e2e_pages", None)
+        if status == KVPoll.Success and pages is not None:
+            self._e2e_pages = None
+            _write({"ev": "pd-received", "room": int(self.bootstrap_room),
+                    "digests": digests(self.kv_mgr.kv_args, pages)})
+        return status
+
+    KvbmKVSender.send = recording_send
+    KvbmKVReceiver.send_metadata = recording_send_metadata
+    KvbmKVReceiver._poll = recording_poll
+    KvbmKVSender._e2e_recording = True

@@ -1,0 +1,143 @@
+"""Helpers of the SGLang real-engine tests (conftest.py has the fixtures):
+Engine, one engine.py process driven over a pipe, and the byte check over
+the recording storage's records (recording_storage.py)."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
+#: The CPU stand-ins (sgl_kernel, the HiCache host pool), for this suite's
+#: engines only.
+STANDINS = os.path.join(HERE, "standins")
+
+PAGE = 32                  # tokens per page (engine.py)
+
+
+class Engine:
+    """engine.py in its own process; records (the recording storage's) go
+    into records_dir."""
+
+    def __init__(self, model: str, records_dir: str, name: str, hicache=None, pd=None,
+                 bootstrap_port=None) -> None:
+        cfg = {"model": model, "hicache": hicache, "pd": pd, "bootstrap_port": bootstrap_port}
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [STANDINS, HERE, PYTHON_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["KVBM_E2E_RECORDS"] = records_dir
+        self.name = name
+        self.log = open(os.path.join(os.environ.get("KVBM_E2E_LOGDIR", tempfile.gettempdir()),
+                                     f"kvbm-e2e-sglang-{name}-{os.getpid()}.log"), "w")
+        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"),
+                                   json.dumps(cfg)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+                                  start_new_session=True)
+        try:
+            self.read()  # ready
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            self.log.flush()
+            with open(self.log.name) as f:
+                tail = f.read()[-6000:]
+            raise RuntimeError(f"engine {self.name} exited ({self.p.poll()}); its log:\n{tail}")
+        return json.loads(line)
+
+    def send(self, op: str, **kw) -> None:
+        self.p.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.p.stdin.flush()
+
+    def call(self, op: str, **kw) -> dict:
+        self.send(op, **kw)
+        return self.read()
+
+    def generate(self, prompts, max_tokens: int) -> dict:
+        return self.call("generate", prompts=prompts, max_tokens=max_tokens)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.call("quit")
+                self.p.wait(60)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        # SGLang's scheduler and detokenizer, should the engine have left them
+        try:
+            os.killpg(self.p.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+class Records:
+    """The recording storage's records in a directory (every process's),
+    read as they grow."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen = {}
+        self.stored = {}   # SGLang key -> digests stored under it, every process
+
+    def take(self) -> list:
+        """The records written since the last take."""
+        out = []
+        for f in sorted(glob.glob(os.path.join(self.path, "records-*.jsonl"))):
+            with open(f) as fh:
+                fh.seek(self._seen.get(f, 0))
+                data = fh.read()
+            end = data.rfind("\n") + 1   # a line being written waits for the next take
+            self._seen[f] = self._seen.get(f, 0) + end
+            for line in data[:end].splitlines():
+                r = json.loads(line)
+                if r["ev"] == "stored":
+                    self.stored.setdefault(r["key"], set()).add(r["digest"])
+                out.append(r)
+        return out
+
+    def wait_stored(self, pages: int, timeout: float = 120) -> list:
+        """Waits until pages more keys were stored (SGLang backs up to
+        storage in a thread of its own) and returns the records."""
+        before = set(self.stored)
+        got, deadline = [], time.monotonic() + timeout
+        while True:
+            got += self.take()
+            if len(set(self.stored) - before) >= pages:
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pages} pages were not stored within {timeout} s: {got}")
+            time.sleep(0.2)
+
+
+def wait_objects(object_dir: str, n: int, timeout: float = 120) -> None:
+    """Waits until the G4 directory holds n objects (kvbm writes them in the
+    background; one file per page, written under a temporary name first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        have = sum(1 for _, _, fs in os.walk(object_dir) for f in fs if not f.startswith(".tmp-"))
+        if have >= n:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{object_dir} holds {have} objects after {timeout} s, "
+                                 f"want {n}")
+        time.sleep(0.2)
+
+
+def require_bytes_checked(records: Records, taken: list, pages: int) -> None:
+    """Every page kvbm loaded in taken holds bytes stored under its key
+    (by any process); pages in all."""
+    loaded = [r for r in taken if r["ev"] == "loaded"]
+    assert len(loaded) == pages, f"{len(loaded)} pages loaded, want {pages}: {taken}"
+    bad = [r["key"] for r in loaded if r["digest"] not in records.stored.get(r["key"], ())]
+    assert not bad, f"{len(bad)} of {len(loaded)} loaded pages hold bytes not stored " \
+                    f"under their key"

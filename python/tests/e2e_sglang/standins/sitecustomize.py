@@ -1,0 +1,35 @@
+"""Loaded by every Python process of kvbm's SGLang real-engine suite (this
+directory is on PYTHONPATH for that suite only: SGLang's scheduler and
+detokenizer are processes of their own): applies the CPU stand-ins of
+cpu_hicache_host_pool.py to SGLang's modules as SGLang imports them. The
+sgl_kernel stand-in is the package beside this file."""
+import importlib.abc
+import importlib.util
+import sys
+
+#: The modules cpu_hicache_host_pool.PATCHES patches.
+_PATCHED = {"sglang.srt.mem_cache.pool_host.common", "sglang.srt.mem_cache.pool_host.mha"}
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _PATCHED:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            import cpu_hicache_host_pool
+            cpu_hicache_host_pool.PATCHES[fullname](module)
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+sys.meta_path.insert(0, _PatchAfterImport())
