@@ -44,6 +44,11 @@ type Config struct {
 	// IP address (default DefaultMaxConnsPerAddr); one more is closed at
 	// accept.
 	MaxConnsPerAddr int
+	// AuthKey is the deployment key (default AuthKeyFromEnv:
+	// KVBM_AUTH_KEY, KVBM_AUTH_KEY_FILE): when set, every hello's proofs
+	// are made under it and the capability's key together, so that only
+	// workers with the same key connect (authkey.go).
+	AuthKey []byte
 }
 
 // Transport is the transport that always works: plain TCP streams, several per
@@ -58,7 +63,15 @@ type Transport struct {
 	// keyRW and keyRO are the scopes' keys, derived from the secret drawn
 	// when the transport starts listening (auth.go).
 	keyRW, keyRO  [keyLen]byte
+	secret        [32]byte // block scopes' keys are derived from it per hello (scope.go)
 	refusedHellos atomic.Uint64 // connections refused at the hello
+	refusedScope  atomic.Uint64 // requests refused for being outside their block scope
+	// authKey is Config.AuthKey, or the environment's (authErr: why that
+	// could not be read, returned by Serve and Connect); helloRW and
+	// helloRO the keys hellos of the fixed scopes are proved under.
+	authKey          []byte
+	authErr          error
+	helloRW, helloRO []byte
 
 	mu     sync.Mutex
 	closed bool
@@ -91,7 +104,12 @@ func New(cfg Config) *Transport {
 	if cfg.MaxConnsPerAddr <= 0 {
 		cfg.MaxConnsPerAddr = DefaultMaxConnsPerAddr
 	}
-	return &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}, stop: make(chan struct{})}
+	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}, stop: make(chan struct{})}
+	t.authKey = cfg.AuthKey
+	if t.authKey == nil {
+		t.authKey, t.authErr = AuthKeyFromEnv()
+	}
+	return t
 }
 
 // Name is "tcp".
@@ -119,6 +137,9 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 	}
 	if t.closed {
 		return fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
+	}
+	if t.authErr != nil {
+		return t.authErr
 	}
 	t.m = m
 	if t.cfg.Listen != "" {
@@ -158,7 +179,9 @@ func (t *Transport) listen() error {
 		ln.Close()
 		return err
 	}
+	t.secret = secret
 	t.keyRW, t.keyRO = scopeKeys(secret)
+	t.helloRW, t.helloRO = helloKey(t.authKey, t.keyRW[:]), helloKey(t.authKey, t.keyRO[:])
 	ep := tcpEndpoint{worker: t.m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
 	if !t.cfg.NoSameHost {
 		if ep.host, ep.unix, t.unix = listenSameHost(t.m.WorkerID()); t.unix == nil {
@@ -175,10 +198,12 @@ func (t *Transport) listen() error {
 	return nil
 }
 
-// Endpoint is version u8 (3) | worker u64 | scope u8 | key [32] | host id
-// [16] | Unix socket name length u8 | name | "host:port". The key is the
-// read-write scope's: whoever holds the endpoint may read and write the
-// worker's layouts (auth.go). The host id and socket name are zero and
+// Endpoint is version u8 (3) | worker u64 | scope u8 | key [32] |
+// (scope 2) descriptor length u16 | descriptor | host id [16] | Unix
+// socket name length u8 | name | "host:port". The key is the read-write
+// scope's: whoever holds the endpoint may read and write the worker's
+// layouts (auth.go); a block scope's endpoint (ScopedEndpoint) carries its
+// descriptor. The host id and socket name are zero and
 // empty when the same-host path is off. The first call listens, unless
 // Serve did.
 func (t *Transport) Endpoint() ([]byte, error) {
@@ -216,8 +241,9 @@ const endpointVersion = 3 // 3: the scope and its key
 
 type tcpEndpoint struct {
 	worker uint64
-	scope  byte         // scopeReadWrite or scopeReadOnly
+	scope  byte         // scopeReadWrite, scopeReadOnly or scopeBlocks
 	key    [keyLen]byte // the scope's key: the capability
+	desc   []byte       // scopeBlocks: the scope's descriptor (scope.go)
 	host   [16]byte     // the boot id of the server's host
 	unix   string       // its same-host socket (abstract, "@...")
 	addr   string       // host:port
@@ -226,6 +252,9 @@ type tcpEndpoint struct {
 func (e tcpEndpoint) append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(append(b, endpointVersion), e.worker)
 	b = append(append(b, e.scope), e.key[:]...)
+	if e.scope == scopeBlocks {
+		b = append(binary.LittleEndian.AppendUint16(b, uint16(len(e.desc))), e.desc...)
+	}
 	b = append(append(b, e.host[:]...), byte(len(e.unix)))
 	return append(append(b, e.unix...), e.addr...)
 }
@@ -240,10 +269,16 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes, at least %d", remote.ErrBadEndpoint, len(ep), head+3)
 	}
 	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), scope: ep[9]}
-	if e.scope != scopeReadWrite && e.scope != scopeReadOnly {
+	if e.scope != scopeReadWrite && e.scope != scopeReadOnly && e.scope != scopeBlocks {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint scope %d", remote.ErrBadEndpoint, e.scope)
 	}
 	copy(e.key[:], ep[10:10+keyLen])
+	if e.scope == scopeBlocks {
+		var err error
+		if e.desc, ep, err = cutScope(ep, 10+keyLen); err != nil {
+			return tcpEndpoint{}, err
+		}
+	}
 	copy(e.host[:], ep[10+keyLen:head-1])
 	n := int(ep[head-1])
 	if len(ep) < head+n+3 {
@@ -267,6 +302,9 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	ep, err := parseTCPEndpoint(endpoint)
 	if err != nil {
 		return nil, err
+	}
+	if t.authErr != nil {
+		return nil, t.authErr
 	}
 	var p *tcpPeer
 	var c *tcpConn
@@ -298,6 +336,9 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 		go p.watch(watch)
 	}
 	t.mu.Unlock()
+	if ep.scope == scopeBlocks {
+		return newScopedPeer(p, ep.desc)
+	}
 	return p, nil
 }
 

@@ -101,7 +101,7 @@ func FuzzParseRegions(f *testing.F) {
 
 // FuzzParseHello: a hello comes from whoever reaches the port.
 func FuzzParseHello(f *testing.F) {
-	f.Add(appendHello(nil, make([]byte, keyLen), make([]byte, nonceLen), make([]byte, nonceLen), 1, 2))
+	f.Add(appendHello(nil, make([]byte, keyLen), make([]byte, nonceLen), make([]byte, nonceLen), 1, 2, nil))
 	f.Add([]byte("KVBT"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)
