@@ -28,7 +28,7 @@ type tcpPeer struct {
 	key     []byte // the key the hello is proved under: the capability's, or derived with the deployment key (auth.go)
 	scope   byte   // the key's scope: a read-only peer is not mapped
 	desc    []byte // a block scope's descriptor, sent in the hello
-	network string       // "tcp", or "unix" for a peer on this host
+	network string // "tcp", or "unix" for a peer on this host
 	addr    string
 	slots   chan struct{} // one token per connection that may be open
 	idle    chan *tcpConn

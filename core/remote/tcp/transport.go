@@ -63,7 +63,7 @@ type Transport struct {
 	// keyRW and keyRO are the scopes' keys, derived from the secret drawn
 	// when the transport starts listening (auth.go).
 	keyRW, keyRO  [keyLen]byte
-	secret        [32]byte // block scopes' keys are derived from it per hello (scope.go)
+	secret        [32]byte      // block scopes' keys are derived from it per hello (scope.go)
 	refusedHellos atomic.Uint64 // connections refused at the hello
 	refusedScope  atomic.Uint64 // requests refused for being outside their block scope
 	// authKey is Config.AuthKey, or the environment's (authErr: why that

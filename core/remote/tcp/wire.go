@@ -33,7 +33,7 @@ import (
 //	  reply:  status | message; (ok) the peer copies, then sends done u8 (1)
 const (
 	wireMagic   = "KVBT"
-	wireVersion = 3 // 2: authenticated hello; 3: its scope descriptor
+	wireVersion = 3                                   // 2: authenticated hello; 3: its scope descriptor
 	helloLen    = 4 + 2 + 8 + nonceLen + proofLen + 2 // the fixed part, up to the scope's length
 	reqHeadLen  = 1 + 8 + 2 + 4
 	opLen       = 16
