@@ -66,8 +66,7 @@ func encodeScope(worker uint64, s remote.Scope) ([]byte, error) {
 	}
 	ls := slices.Clone(s.Layouts)
 	sort.Slice(ls, func(i, j int) bool { return ls[i].Layout.Layout < ls[j].Layout.Layout })
-	b := binary.LittleEndian.AppendUint64([]byte{scopeVersion}, expires)
-	b = append(b, byte(len(ls)))
+	bs := blockScope{expires: expires}
 	for i, l := range ls {
 		if l.Layout.Worker != worker {
 			return nil, fmt.Errorf("%w: block scope layout %v is not worker %x's", transfer.ErrInvalidArgument, l.Layout, worker)
@@ -79,18 +78,32 @@ func encodeScope(worker uint64, s remote.Scope) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("block scope layout %v: %w", l.Layout, err)
 		}
-		b = binary.LittleEndian.AppendUint16(b, l.Layout.Layout)
-		b = binary.LittleEndian.AppendUint16(b, uint16(len(ranges)))
-		for _, r := range ranges {
+		if len(ranges) > 0xFFFF {
+			return nil, fmt.Errorf("%w: block scope layout %v: %d ranges, at most 65535", transfer.ErrInvalidArgument, l.Layout, len(ranges))
+		}
+		bs.layouts = append(bs.layouts, scopeLayout{layout: l.Layout.Layout, ranges: ranges})
+	}
+	b := bs.append(nil)
+	if len(b) > maxScopeLen {
+		return nil, fmt.Errorf("%w: block scope of %d bytes, at most %d (its blocks form too many ranges; a hello carries at most that)",
+			transfer.ErrInvalidArgument, len(b), maxScopeLen)
+	}
+	return b, nil
+}
+
+// append is the descriptor's encoding.
+func (s blockScope) append(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(append(b, scopeVersion), s.expires)
+	b = append(b, byte(len(s.layouts)))
+	for _, l := range s.layouts {
+		b = binary.LittleEndian.AppendUint16(b, l.layout)
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(l.ranges)))
+		for _, r := range l.ranges {
 			b = binary.LittleEndian.AppendUint32(b, uint32(r.first))
 			b = binary.LittleEndian.AppendUint32(b, uint32(r.count))
 		}
-		if len(b) > maxScopeLen {
-			return nil, fmt.Errorf("%w: block scope of more than %d bytes (its blocks form too many ranges; a hello carries at most that)",
-				transfer.ErrInvalidArgument, maxScopeLen)
-		}
 	}
-	return b, nil
+	return b
 }
 
 // blockRanges sorts and merges block ids into ranges.

@@ -278,6 +278,9 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 		if e.desc, ep, err = cutScope(ep, 10+keyLen); err != nil {
 			return tcpEndpoint{}, err
 		}
+		if len(ep) < head+3 {
+			return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes after its scope, at least %d", remote.ErrBadEndpoint, len(ep), head+3)
+		}
 	}
 	copy(e.host[:], ep[10+keyLen:head-1])
 	n := int(ep[head-1])
