@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
@@ -175,4 +176,46 @@ func TestTheDeploymentKeyIsReadFromTheEnvironment(t *testing.T) {
 	defer tr.Close()
 	_, err = tr.Connect(context.Background(), tcpEndpoint{worker: 1, addr: "127.0.0.1:1"}.append(nil))
 	require.ErrorContains(t, err, "at least 16", "a bad setting refuses to connect")
+}
+
+// A connection gets its buffers only once its hello verified: one that
+// has not sent it holds the kernel's default socket buffers, a genuine
+// one the large ones.
+func TestNothingIsAllocatedForAConnectionBeforeItsHello(t *testing.T) {
+	p := newTCPPair(t, 5*time.Second, Config{Listen: "127.0.0.1:0", NoSameHost: true})
+	rcvbuf := func() (sizes []int) {
+		p.expTCP.mu.Lock()
+		defer p.expTCP.mu.Unlock()
+		for c := range p.expTCP.conns {
+			raw, err := c.(*net.TCPConn).SyscallConn()
+			require.NoError(t, err)
+			raw.Control(func(fd uintptr) {
+				n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+				require.NoError(t, err)
+				sizes = append(sizes, n)
+			})
+		}
+		return sizes
+	}
+	big := 0
+	for _, n := range rcvbuf() { // the pair's own peer's connections
+		require.GreaterOrEqual(t, n, 4<<20)
+		big++
+	}
+	require.NotZero(t, big)
+	_, nets := routes(t, p)
+	c, err := net.Dial("tcp", nets["tcp"])
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.ReadFull(c, make([]byte, nonceLen))
+	require.NoError(t, err)
+	sizes := rcvbuf()
+	require.Len(t, sizes, big+1)
+	small := 0
+	for _, n := range sizes {
+		if n < 4<<20 {
+			small++
+		}
+	}
+	require.Equal(t, 1, small, "the connection that has not proved anything: %v", sizes)
 }
