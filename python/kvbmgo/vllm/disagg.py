@@ -7,8 +7,10 @@ over pyzmq (a vLLM dependency), one request and one reply each:
 
 - ``pull``: a decode worker asks the prefill worker of the same tensor-parallel
   rank for a request's blocks. The reply carries the prefill worker's
-  exported metadata (the decode side connects to it, keyed by the
-  metadata's own identity) and grants a lease, named by an id: the prefill
+  exported metadata, scoped to that request's G1 blocks (read only, expiring
+  with the lease: ``pd_request_metadata``; the decode side connects to it
+  under its own instance, which it drops after the transfer) and grants a
+  lease, named by an id: the prefill
   keeps the blocks while any lease runs (a lease outlasts the decode side's
   deadline), so a pull never reads blocks the prefill has let go of, even
   when two decode instances were sent the same request.
@@ -61,12 +63,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .._handoff import Completion, FactKind, HandoffOrder, OutcomeKind
+from .._layout import Tier
 from .._pd import Handoff, HandoffRefused, HandoffSide
 from .._worker import _exporter_id
-from ..errors import AlreadyExistsError, KvbmError
+from ..errors import AlreadyExistsError, FailedPreconditionError, KvbmError
 from .metadata import RemotePull
 
-__all__ = ["PrefillServer", "DecodePuller", "instance_id", "pd_metadata"]
+__all__ = ["PrefillServer", "DecodePuller", "instance_id", "pd_metadata", "pd_request_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +103,17 @@ def instance_id(wid: int, metadata: bytes) -> int:
 
 
 def pd_metadata(worker: Any) -> bytes:
-    """The metadata a prefill worker hands to the decode workers that prove
-    a request's token: a read-only capability (it reads, never writes).
-
-    TODO(issue 21): scope it to what the request needs; it names every
-    layout of the worker."""
+    """A prefill worker's read-only metadata (every layout): what the side
+    channel hands for a request when it cannot scope it (a server made
+    without pd_request_metadata)."""
     return worker.export_metadata(read_only=True)
+
+
+def pd_request_metadata(worker: Any, block_ids: List[int], expires_s: float) -> bytes:
+    """The metadata a prefill worker hands to the decode worker that proves
+    a request's token: a capability that reads that request's G1 blocks and
+    nothing else (not G2, not another request's KV), for expires_s seconds."""
+    return worker.export_metadata(blocks={Tier.G1: list(block_ids)}, expires=expires_s)
 
 
 def _same(given: Any, want: str) -> bool:
@@ -131,10 +139,11 @@ def _expected_worker(p: RemotePull, rank: int, wid: Optional[int]) -> bool:
 
 class _Hold:
     """A request held for decode instances."""
-    __slots__ = ("token", "until", "leases", "done")
+    __slots__ = ("token", "until", "leases", "done", "blocks")
 
-    def __init__(self, token: str, until: float) -> None:
+    def __init__(self, token: str, until: float, blocks: Optional[List[int]] = None) -> None:
         self.token = token                 # the request's (kv_transfer_params kvbm_token)
+        self.blocks = blocks               # its G1 blocks: what its pull's metadata covers
         self.until = until                 # let go then if unclaimed
         self.leases: Dict[str, float] = {}  # lease id -> end of that pull's lease
         self.done = False                  # a decode instance was done with it
@@ -160,11 +169,14 @@ class PrefillServer:
     blocks wait for a decode instance."""
 
     def __init__(self, metadata: bytes, engine_id: str, host: str, port: int,
-                 hold_s: float) -> None:
+                 hold_s: float, scoped: Optional[Any] = None) -> None:
         import zmq
         self.engine_id = engine_id
         self.address = f"tcp://{host}:{port}"
         self._md = metadata
+        # scoped(block_ids, expires_s) -> the metadata of a request's blocks
+        # only (pd_request_metadata); None: metadata for every request.
+        self._scoped = scoped
         self._hold_s = hold_s
         self._lock = threading.Lock()
         self._held: Dict[str, _Hold] = {}
@@ -199,14 +211,16 @@ class PrefillServer:
 
     # ---- the worker's thread
 
-    def hold(self, req_id: str, token: str) -> None:
-        """The request's blocks wait for a decode instance that proves token
-        (until pd_hold_s)."""
+    def hold(self, req_id: str, token: str, block_ids: Optional[List[int]] = None) -> None:
+        """The request's blocks (block_ids, its G1 blocks: what its pull's
+        metadata covers) wait for a decode instance that proves token (until
+        pd_hold_s)."""
         with self._lock:
             if token and self._early.pop((req_id, token), "absent") is None:
                 self._let_go(req_id, token)
                 return
-            self._held[req_id] = _Hold(token, time.monotonic() + self._hold_s)
+            self._held[req_id] = _Hold(token, time.monotonic() + self._hold_s,
+                                       list(block_ids) if block_ids else None)
 
     def held(self) -> Set[str]:
         with self._lock:
@@ -282,9 +296,12 @@ class PrefillServer:
                         or not 0 <= lease < 1e6:
                     return [json.dumps({"ok": False, "why": "malformed lease"}).encode()]
                 if hold is not None:
+                    md, scoped = self._pull_metadata(req_id, hold, lease + _LEASE_MARGIN_S)
+                    if md is None:
+                        return [json.dumps({"ok": False, "why": "no metadata"}).encode()]
                     lease_id = uuid.uuid4().hex
                     hold.leases[lease_id] = time.monotonic() + lease + _LEASE_MARGIN_S
-                    return [json.dumps({"ok": True, "lease": lease_id}).encode(), self._md]
+                    return [json.dumps({"ok": True, "lease": lease_id, "scoped": scoped}).encode(), md]
                 if gone is not None:
                     return [json.dumps({"ok": False, "why": "released"}).encode()]
                 # Not held yet (vLLM answered the client before this worker's
@@ -310,6 +327,21 @@ class PrefillServer:
                     self._early.popitem(last=False)
             return [json.dumps({"ok": True}).encode()]
 
+    def _pull_metadata(self, req_id: str, hold: _Hold, expires_s: float
+                       ) -> Tuple[Optional[bytes], bool]:
+        """(the metadata a pull of hold gets, whether it covers the request's
+        blocks only). A request's metadata that cannot be scoped is not
+        handed (logged): the decode fails its blocks, and nothing wider
+        goes out."""
+        if self._scoped is None or not hold.blocks:
+            return self._md, False
+        try:
+            return self._scoped(hold.blocks, expires_s), True
+        except Exception as e:  # noqa: BLE001 - a closed worker too: the channel keeps serving
+            log.error("kvbm: request %s: its blocks' metadata cannot be exported (%s); "
+                      "its pull is refused", req_id[:64], e)
+            return None, False
+
     def _refuse(self, req_id: str) -> None:
         """A message named a request held (or let go) here with a wrong
         token: counted; logged at most every _REFUSED_LOG_S."""
@@ -332,11 +364,13 @@ class _Refused(HandoffRefused):
 
 class _Conn:
     """A prefill worker's metadata the decode is connected to, under its own
-    instance id; users: the pulls whose transfers run against it."""
-    __slots__ = ("md", "inst", "users", "stale")
+    instance id; users: the pulls whose transfers run against it; scoped: a
+    request's metadata (its own instance, dropped after its pull)."""
+    __slots__ = ("md", "inst", "users", "stale", "scoped", "wid")
 
-    def __init__(self, md: bytes, inst: int) -> None:
+    def __init__(self, md: bytes, inst: int, scoped: bool = False, wid: int = 0) -> None:
         self.md, self.inst, self.users, self.stale = md, inst, 0, False
+        self.scoped, self.wid = scoped, wid
 
 
 class _Connections:
@@ -350,6 +384,7 @@ class _Connections:
         self._worker = worker
         self._cv = threading.Condition()
         self._by_wid: "OrderedDict[int, _Conn]" = OrderedDict()
+        self._scoped: Dict[int, int] = {}  # worker id -> request-scoped pulls connected
 
     def acquire(self, wid: int, md: bytes, deadline: float, stop: threading.Event) -> _Conn:
         with self._cv:
@@ -359,7 +394,7 @@ class _Connections:
                     c.users += 1
                     self._by_wid.move_to_end(wid)
                     return c
-                if c is None or c.users == 0:
+                if (c is None or c.users == 0) and not self._scoped.get(wid):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0 or stop.is_set():
@@ -383,9 +418,69 @@ class _Connections:
                     self._drop(other, oc)
             return c
 
+    def acquire_scoped(self, wid: int, md: bytes, deadline: float,
+                       stop: threading.Event) -> _Conn:
+        """Connects a request's metadata (it covers that request's blocks
+        only) under its own instance, until release: the library reaches the
+        prefill worker through one peer for all of them. Waits while a pull
+        uses whole-worker metadata of wid, or (the library says so:
+        FailedPreconditionError) scopes of another server claiming wid, so
+        that nothing in flight is re-pointed."""
+        inst = instance_id(wid, md)
+        with self._cv:
+            while True:
+                c = self._by_wid.get(wid)
+                if c is None or c.users == 0:
+                    break
+                self._wait(wid, deadline, stop)
+            if c is not None:
+                self._drop(wid, c)
+            self._scoped[wid] = self._scoped.get(wid, 0) + 1
+        try:
+            while True:
+                try:
+                    self._worker.connect_remote(inst, md)
+                    break
+                except FailedPreconditionError as e:
+                    if "request-scoped" not in str(e):
+                        raise
+                    with self._cv:
+                        self._wait(wid, deadline, stop)
+        except BaseException:
+            self._unscope(wid)
+            raise
+        c = _Conn(md, inst, scoped=True, wid=wid)
+        c.users = 1
+        return c
+
+    def _wait(self, wid: int, deadline: float, stop: threading.Event) -> None:
+        """Waits a little for pulls of wid to end (self._cv held); raises
+        _Unanswered past the deadline."""
+        left = deadline - time.monotonic()
+        if left <= 0 or stop.is_set():
+            raise _Unanswered(f"pulls in flight use other metadata of worker {wid:x} "
+                              f"until the deadline")
+        self._cv.wait(min(left, 0.1))
+
+    def _unscope(self, wid: int) -> None:
+        with self._cv:
+            n = self._scoped.get(wid, 0) - 1
+            if n > 0:
+                self._scoped[wid] = n
+            else:
+                self._scoped.pop(wid, None)
+            self._cv.notify_all()
+
     def release(self, c: _Conn, failed: bool) -> None:
         """A pull's transfer against c ended; failed: connect again next time
-        (a restarted prefill)."""
+        (a restarted prefill). A request's metadata is dropped now."""
+        if c.scoped:
+            try:
+                self._worker.disconnect_remote(c.inst)
+            except KvbmError:
+                pass
+            self._unscope(c.wid)
+            return
         with self._cv:
             c.users -= 1
             c.stale = c.stale or failed
@@ -567,6 +662,8 @@ class DecodePuller:
             raise _Refused(f"{addr} answered the metadata of worker "
                            f"{'(none)' if wid is None else format(wid, 'x')}, not one of "
                            f"engine {p.engine_id!r} rank {self.rank}")
+        if head.get("scoped") is True:
+            return self._conns.acquire_scoped(wid, md, deadline, self._stop)
         return self._conns.acquire(wid, md, deadline, self._stop)
 
     def _release(self, p: RemotePull, addr: str, deadline: float, lease: Dict[str, Any]
