@@ -326,7 +326,10 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 		}
 	}
 	p.put(c)
-	watch, _ := p.dialConn(ctx) // best effort: without it a death is seen at the next operation
+	var watch *tcpConn
+	if ep.scope != scopeBlocks { // a request's capability lives for one transfer, whose deadline sees a death
+		watch, _ = p.dialConn(ctx) // best effort: without it a death is seen at the next operation
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
