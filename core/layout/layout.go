@@ -174,13 +174,22 @@ func (l *Layout) BlocksTouched(addr, size uint64) (first, last int, ok bool) {
 	if size == 0 || addr+size < addr {
 		return 0, 0, false
 	}
-	for _, r := range l.Regions() {
-		if addr < r.Addr || addr+size > r.End() {
+	c := l.cfg
+	frag := uint64(c.FragmentSize())
+	var regionSize uint64 // every region's (RegionSizes), without its allocation: this runs per op of a peer's request
+	switch {
+	case l.kind == FullyContiguous:
+		regionSize = uint64(c.NumBlocks) * l.blockStride
+	case l.blockDim == BlockIsFirstDim:
+		regionSize = uint64(c.NumBlocks) * c.align(uint64(c.OuterDim)*frag)
+	default:
+		regionSize = uint64(c.OuterDim) * c.align(uint64(c.NumBlocks)*frag)
+	}
+	for _, base := range l.bases {
+		if addr < base || addr+size > base+regionSize {
 			continue
 		}
-		off, end := addr-r.Addr, addr-r.Addr+size-1
-		c := l.cfg
-		frag := uint64(c.FragmentSize())
+		off, end := addr-base, addr-base+size-1
 		var stride uint64 // the bytes from one block to the next
 		switch {
 		case l.kind == FullyContiguous:

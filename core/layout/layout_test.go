@@ -197,6 +197,11 @@ func TestBlocksTouchedNamesTheBlocksOfARange(t *testing.T) {
 		require.False(t, ok, "starts before the region")
 		_, _, ok = l.BlocksTouched(bases[0], 0)
 		require.False(t, ok, "empty")
+		last := l.Regions()[len(sizes)-1]
+		_, _, ok = l.BlocksTouched(last.End()-1, 2)
+		require.False(t, ok, "ends past the last region")
+		_, _, ok = l.BlocksTouched(last.End()-1, 1)
+		require.True(t, ok, "the last byte")
 	}
 	// A BlockIsSecondDim range across two outer indices touches every block.
 	sizes, _ := RegionSizes(cfg, LayerSeparate, BlockIsSecondDim)

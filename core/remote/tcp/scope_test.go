@@ -255,3 +255,50 @@ func everyOther(n int) []int {
 	}
 	return out
 }
+
+// A read of one G2 block through a block-scoped capability, beside the
+// same read through the read-only one in the same run: the scope's check
+// per request, as a ratio (limit: ≥ 0.97 of the unscoped rate).
+func BenchmarkScopedReadBesideReadOnly(b *testing.B) {
+	p := newTCPPair(b, 5*time.Second, Config{Listen: "127.0.0.1:0", NoSameHost: true})
+	ro, err := p.expTCP.ReadOnlyEndpoint()
+	require.NoError(b, err)
+	plain, err := p.impTCP.Connect(context.Background(), ro)
+	require.NoError(b, err)
+	defer plain.Close()
+	ep, err := p.expTCP.ScopedEndpoint(remote.Scope{Layouts: []remote.ScopedLayout{{Layout: p.remote["g2"], Blocks: []int{0, 2, 4, 6}}}})
+	require.NoError(b, err)
+	sp, err := p.impTCP.Connect(context.Background(), ep)
+	require.NoError(b, err)
+	defer sp.Close()
+	d, err := p.exp.Describe(p.remote["g2"])
+	require.NoError(b, err)
+	bs := uint64(p.cfg.BlockSize())
+	buf, err := storage.AllocSystem(bs)
+	require.NoError(b, err)
+	defer buf.Close()
+	ops := []transfer.RemoteOp{{Remote: d.Bases[0] + 2*bs, Local: buf.Addr(), Size: bs}}
+	var mems [2]transfer.RemoteMemory // read-only, scoped
+	var took [2]time.Duration
+	for i, m := range []remote.Peer{plain, sp} {
+		a, err := m.Attach(d)
+		require.NoError(b, err)
+		mems[i] = a.Memory
+	}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += 100 { // interleaved rounds: both see the same machine
+		for i, m := range mems {
+			start := time.Now()
+			for range min(100, b.N-done) {
+				if err := m.Read(context.Background(), p.remote["g2"], ops); err != nil {
+					b.Fatal(err)
+				}
+			}
+			took[i] += time.Since(start)
+		}
+	}
+	unscoped, scoped := float64(b.N)/took[0].Seconds(), float64(b.N)/took[1].Seconds()
+	b.ReportMetric(unscoped, "read-only-reads/s")
+	b.ReportMetric(scoped, "scoped-reads/s")
+	b.ReportMetric(scoped/unscoped, "scoped/read-only")
+}
