@@ -35,7 +35,10 @@
  * explicit listen address, host:port, listened on from create) for TCP. Between processes of one host, TCP
  * goes over a Unix socket and peers map each other's host layouts (shared
  * memory) and device memory (CUDA IPC; on the real driver only with
- * KVBM_CUDA_IPC=1); KVBM_SAME_HOST=0 turns that off.
+ * KVBM_CUDA_IPC=1); KVBM_SAME_HOST=0 turns that off. KVBM_AUTH_KEY (or
+ * KVBM_AUTH_KEY_FILE) is a deployment key: where set, a TCP connection
+ * proves it with the metadata's key, both sides must have the same, and a
+ * bad setting fails kvbm_worker_create.
  */
 #ifndef KVBM_H
 #define KVBM_H
