@@ -69,6 +69,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzParseHello -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzParseRegions -fuzztime $(FUZZTIME) ./core/remote/tcp
+	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 
 # Benchmarks: every figure beside the limit measured in the same run.

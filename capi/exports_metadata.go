@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"time"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/core/worker"
@@ -31,12 +32,50 @@ func exportMetadata(h C.uintptr_t, flags C.uint32_t, buf *C.uint8_t, capacity C.
 	if st != statusOK {
 		return st
 	}
-	if size == nil || (buf == nil && capacity > 0) {
-		return fail(errInvalidArgument, "worker_export_metadata: size is NULL, or buf is NULL with capacity %d", capacity)
-	}
 	export := e.Worker().ExportMetadata
 	if flags&C.KVBM_EXPORT_READ_ONLY != 0 {
 		export = e.Worker().ExportReadOnlyMetadata
+	}
+	return writeMetadata("worker_export_metadata", export, buf, capacity, size)
+}
+
+//export kvbmgo_worker_export_metadata_blocks
+func kvbmgo_worker_export_metadata_blocks(h C.uintptr_t, scope *C.kvbm_block_scope_t, buf *C.uint8_t, capacity C.size_t, size *C.size_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	e, st := getWorker(h)
+	if st != statusOK {
+		return st
+	}
+	const what = "worker_export_metadata_blocks"
+	switch {
+	case scope == nil:
+		return fail(errInvalidArgument, "%s: scope is NULL", what)
+	case scope.struct_size < C.sizeof_kvbm_block_scope_t:
+		return fail(errInvalidArgument, "%s: struct_size %d is less than %d (use KVBM_BLOCK_SCOPE_INIT)", what, scope.struct_size, C.sizeof_kvbm_block_scope_t)
+	case scope.tiers == nil || scope.block_ids == nil || scope.num_blocks == 0:
+		return fail(errInvalidArgument, "%s: tiers or block_ids is NULL, or num_blocks is 0", what)
+	}
+	ids := blockIDs(scope.block_ids, scope.num_blocks)
+	tiers := unsafe.Slice(scope.tiers, len(ids))
+	s := worker.BlockScope{Blocks: map[worker.Tier][]int{}}
+	for i, id := range ids {
+		t, ok := tier(tiers[i])
+		if !ok {
+			return fail(errInvalidArgument, "%s: tiers[%d] is %d: want KVBM_TIER_G1..G3", what, i, tiers[i])
+		}
+		s.Blocks[t] = append(s.Blocks[t], id)
+	}
+	if scope.expires_ms > 0 {
+		s.Expires = time.Now().Add(time.Duration(scope.expires_ms) * time.Millisecond)
+	}
+	return writeMetadata(what, func() ([]byte, error) { return e.Worker().ExportBlockScopedMetadata(s) }, buf, capacity, size)
+}
+
+// writeMetadata exports metadata into the caller's buffer, or says how
+// large it must be.
+func writeMetadata(what string, export func() ([]byte, error), buf *C.uint8_t, capacity C.size_t, size *C.size_t) C.kvbm_status_t {
+	if size == nil || (buf == nil && capacity > 0) {
+		return fail(errInvalidArgument, "%s: size is NULL, or buf is NULL with capacity %d", what, capacity)
 	}
 	md, err := export()
 	if err != nil {
@@ -44,7 +83,7 @@ func exportMetadata(h C.uintptr_t, flags C.uint32_t, buf *C.uint8_t, capacity C.
 	}
 	*size = C.size_t(len(md))
 	if int(capacity) < len(md) {
-		return fail(errBufferTooSmall, "worker_export_metadata: buffer of %d bytes, %d needed", capacity, len(md))
+		return fail(errBufferTooSmall, "%s: buffer of %d bytes, %d needed", what, capacity, len(md))
 	}
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(md)), md)
 	return statusOK

@@ -70,6 +70,7 @@ var sentinels = map[string]struct {
 	"core/transfer.ErrUnsupported":       {transfer.ErrUnsupported, errUnsupported},
 	"core/worker.ErrAlreadyExists":       {worker.ErrAlreadyExists, errAlreadyExists},
 	"core/worker.ErrBadMetadata":         {worker.ErrBadMetadata, errDataCorruption},
+	"core/worker.ErrScopedBusy":          {worker.ErrScopedBusy, errFailedPrecondition},
 	"cuda.ErrCUDAUnavailable":            {cuda.ErrCUDAUnavailable, errUnsupported},
 	"internal/memavail.ErrInsufficient":  {memavail.ErrInsufficient, errIO},
 	"internal/memfd.ErrUnavailable":      {memfd.ErrUnavailable, errUnsupported},

@@ -166,6 +166,10 @@ kvbm_status_t kvbm_worker_export_metadata_scoped(kvbm_worker_t w, uint32_t flags
                                                  size_t capacity, size_t *size) {
     FORWARD(kvbmgo_worker_export_metadata_scoped(H(w), flags, buf, capacity, size));
 }
+kvbm_status_t kvbm_worker_export_metadata_blocks(kvbm_worker_t w, const kvbm_block_scope_t *scope,
+                                                 uint8_t *buf, size_t capacity, size_t *size) {
+    FORWARD(kvbmgo_worker_export_metadata_blocks(H(w), (kvbm_block_scope_t *)scope, buf, capacity, size));
+}
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t w, const uint8_t *metadata, size_t len) {
     FORWARD(kvbmgo_worker_import_metadata(H(w), (uint8_t *)metadata, len));
 }

@@ -35,7 +35,10 @@
  * explicit listen address, host:port, listened on from create) for TCP. Between processes of one host, TCP
  * goes over a Unix socket and peers map each other's host layouts (shared
  * memory) and device memory (CUDA IPC; on the real driver only with
- * KVBM_CUDA_IPC=1); KVBM_SAME_HOST=0 turns that off.
+ * KVBM_CUDA_IPC=1); KVBM_SAME_HOST=0 turns that off. KVBM_AUTH_KEY (or
+ * KVBM_AUTH_KEY_FILE) is a deployment key: where set, a TCP connection
+ * proves it with the metadata's key, both sides must have the same, and a
+ * bad setting fails kvbm_worker_create.
  */
 #ifndef KVBM_H
 #define KVBM_H
@@ -443,6 +446,37 @@ kvbm_status_t kvbm_worker_export_metadata(kvbm_worker_t worker, uint8_t *buf, si
  * KVBM_ERR_INVALID_ARGUMENT (unknown flags), KVBM_ERR_UNSUPPORTED (read
  * only on a transport that cannot scope: UCX). */
 kvbm_status_t kvbm_worker_export_metadata_scoped(kvbm_worker_t worker, uint32_t flags, uint8_t *buf,
+                                                 size_t capacity, size_t *size);
+
+/* What kvbm_worker_export_metadata_blocks covers: block block_ids[i] of
+ * tier tiers[i], for i < num_blocks (both arrays read during the call
+ * only), until expires_ms ms after the call (0: no end). Initialise with
+ * KVBM_BLOCK_SCOPE_INIT. */
+typedef struct kvbm_block_scope {
+    size_t struct_size;
+    const int32_t *tiers;      /* KVBM_TIER_G1, _G2 or _G3 of each block */
+    const uint32_t *block_ids; /* the blocks, in any order, repeats allowed */
+    size_t num_blocks;
+    uint32_t expires_ms;
+} kvbm_block_scope_t;
+#define KVBM_BLOCK_SCOPE_INIT {sizeof(kvbm_block_scope_t), NULL, NULL, 0, 0}
+
+/* kvbm_worker_export_metadata scoped to some blocks, read only: the
+ * metadata describes the scope's tiers only, and the worker's server
+ * refuses its holder any other block, any write, and any request once the
+ * scope expired (KVBM_ERR_UNSUPPORTED at the reader). A prefill hands a
+ * decode the metadata of one request's blocks, not of every request's
+ * KV. The worker keeps nothing per export. Within one process (workers
+ * reached directly) the scope is not enforced. A block's bytes may be
+ * asked in any piece: a request that touches one byte of a block outside
+ * the scope is refused whole. Returns as kvbm_worker_export_metadata, and
+ * KVBM_ERR_INVALID_ARGUMENT (scope NULL, struct_size, NULL arrays,
+ * num_blocks 0, a tier not G1, G2 or G3, blocks that form more ranges
+ * than a hello carries: about 4000), KVBM_ERR_OUT_OF_RANGE (a block id
+ * beyond its layout), KVBM_ERR_NOT_FOUND (a tier not registered),
+ * KVBM_ERR_UNSUPPORTED (a transport that cannot scope: UCX). */
+kvbm_status_t kvbm_worker_export_metadata_blocks(kvbm_worker_t worker,
+                                                 const kvbm_block_scope_t *scope, uint8_t *buf,
                                                  size_t capacity, size_t *size);
 
 /* Imports another worker's metadata so its layouts can be transfer

@@ -164,6 +164,51 @@ func (l *Layout) Contains(addr, size uint64) bool {
 	return false
 }
 
+// BlocksTouched is the first and last block whose bytes [addr, addr+size)
+// touches (alignment padding after a block counts as that block's), ok
+// false when the range is not inside one region. A range that crosses
+// from one outer index to the next of a BlockIsSecondDim layout touches
+// every block. What a block-scoped capability checks a peer's request
+// against.
+func (l *Layout) BlocksTouched(addr, size uint64) (first, last int, ok bool) {
+	if size == 0 || addr+size < addr {
+		return 0, 0, false
+	}
+	c := l.cfg
+	frag := uint64(c.FragmentSize())
+	var regionSize uint64 // every region's (RegionSizes), without its allocation: this runs per op of a peer's request
+	switch {
+	case l.kind == FullyContiguous:
+		regionSize = uint64(c.NumBlocks) * l.blockStride
+	case l.blockDim == BlockIsFirstDim:
+		regionSize = uint64(c.NumBlocks) * c.align(uint64(c.OuterDim)*frag)
+	default:
+		regionSize = uint64(c.OuterDim) * c.align(uint64(c.NumBlocks)*frag)
+	}
+	for _, base := range l.bases {
+		if addr < base || addr+size > base+regionSize {
+			continue
+		}
+		off, end := addr-base, addr-base+size-1
+		var stride uint64 // the bytes from one block to the next
+		switch {
+		case l.kind == FullyContiguous:
+			stride = l.blockStride
+		case l.blockDim == BlockIsFirstDim:
+			stride = c.align(uint64(c.OuterDim) * frag)
+		default:
+			row := c.align(uint64(c.NumBlocks) * frag) // one outer index: every block's fragment
+			if off/row != end/row {
+				return 0, c.NumBlocks - 1, true
+			}
+			off, end, stride = off%row, end%row, frag
+		}
+		first, last = int(off/stride), int(end/stride)
+		return min(first, c.NumBlocks-1), min(last, c.NumBlocks-1), true
+	}
+	return 0, 0, false
+}
+
 // IsBlockContiguous reports whether each block's bytes (all layers, all
 // outers) form one range, so that whole blocks can be copied at once.
 func (l *Layout) IsBlockContiguous() bool { return l.kind == FullyContiguous }

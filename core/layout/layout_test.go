@@ -159,3 +159,56 @@ func TestContainsOnlyRangesInsideOneRegion(t *testing.T) {
 	require.False(t, l.Contains(0x1010, 1), "between regions")
 	require.False(t, l.Contains(^uint64(0)-1, 4), "wraps around")
 }
+
+// Every fragment touches its own block only, in every kind of layout; a
+// range over two blocks' bytes touches both; one outside every region is
+// refused.
+func TestBlocksTouchedNamesTheBlocksOfARange(t *testing.T) {
+	cfg := Config{NumBlocks: 5, NumLayers: 3, OuterDim: 2, PageSize: 4, InnerDim: 8, DtypeWidth: 2, Alignment: 256}
+	for _, k := range []struct {
+		kind Kind
+		dim  BlockDim
+	}{{FullyContiguous, BlockIsFirstDim}, {LayerSeparate, BlockIsFirstDim}, {LayerSeparate, BlockIsSecondDim}} {
+		sizes, err := RegionSizes(cfg, k.kind, k.dim)
+		require.NoError(t, err)
+		bases := make([]uint64, len(sizes))
+		for i := range bases {
+			bases[i] = 1<<20 + uint64(i)<<16
+		}
+		l, err := New(cfg, k.kind, k.dim, bases)
+		require.NoError(t, err)
+		for b := range cfg.NumBlocks {
+			for layer := range cfg.NumLayers {
+				for o := range cfg.OuterDim {
+					f := l.Fragment(b, layer, o)
+					first, last, ok := l.BlocksTouched(f.Addr, f.Size)
+					require.True(t, ok)
+					require.Equal(t, [2]int{b, b}, [2]int{first, last}, "%v/%v block %d layer %d outer %d", k.kind, k.dim, b, layer, o)
+				}
+			}
+			if b+1 < cfg.NumBlocks && !(k.kind == LayerSeparate && k.dim == BlockIsSecondDim) {
+				a, z := l.Fragment(b, 0, cfg.OuterDim-1), l.Fragment(b+1, 0, 0)
+				first, last, ok := l.BlocksTouched(a.Addr, z.End()-a.Addr)
+				require.True(t, ok)
+				require.Equal(t, [2]int{b, b + 1}, [2]int{first, last}, "%v/%v blocks %d and %d", k.kind, k.dim, b, b+1)
+			}
+		}
+		_, _, ok := l.BlocksTouched(bases[0]-1, 2)
+		require.False(t, ok, "starts before the region")
+		_, _, ok = l.BlocksTouched(bases[0], 0)
+		require.False(t, ok, "empty")
+		last := l.Regions()[len(sizes)-1]
+		_, _, ok = l.BlocksTouched(last.End()-1, 2)
+		require.False(t, ok, "ends past the last region")
+		_, _, ok = l.BlocksTouched(last.End()-1, 1)
+		require.True(t, ok, "the last byte")
+	}
+	// A BlockIsSecondDim range across two outer indices touches every block.
+	sizes, _ := RegionSizes(cfg, LayerSeparate, BlockIsSecondDim)
+	l, err := New(cfg, LayerSeparate, BlockIsSecondDim, make([]uint64, len(sizes)))
+	require.NoError(t, err)
+	last0, first1 := l.Fragment(cfg.NumBlocks-1, 0, 0), l.Fragment(0, 0, 1)
+	first, last, ok := l.BlocksTouched(last0.Addr, first1.End()-last0.Addr)
+	require.True(t, ok)
+	require.Equal(t, [2]int{0, cfg.NumBlocks - 1}, [2]int{first, last})
+}

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"time"
 
 	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -51,3 +52,38 @@ var ErrPeerUnavailable = kvbmerr.New(kvbmerr.IO, "peer unavailable")
 // ErrBadEndpoint is wrapped by errors about an endpoint that does not
 // parse or names another process.
 var ErrBadEndpoint = kvbmerr.New(kvbmerr.InvalidArgument, "bad transport endpoint")
+
+// Scope is what a request-scoped capability covers: blocks of some of
+// the worker's layouts, read only, until Expires (zero: no end).
+type Scope struct {
+	Layouts []ScopedLayout
+	Expires time.Time
+}
+
+// ScopedLayout is the blocks of one layout a Scope covers.
+type ScopedLayout struct {
+	Layout transfer.LayoutHandle
+	Blocks []int
+}
+
+// ScopedEndpointer is a Transport whose endpoints can carry a capability
+// scoped to some blocks (ScopedEndpoint): its holder reads those blocks
+// and nothing else, the server refusing any other range on every request.
+type ScopedEndpointer interface {
+	ScopedEndpoint(s Scope) ([]byte, error)
+}
+
+// Joiner is a Peer that carries the capabilities of other peers of the
+// same server (request-scoped ones, each covering some blocks), so that
+// one imported layout reaches the server through whichever covers a
+// transfer's blocks.
+type Joiner interface {
+	Peer
+	// Join takes other's capability over when other reaches the same
+	// server, reporting whether it did; other stays the handle to Leave
+	// with.
+	Join(other Peer) bool
+	// Leave closes what Join took of other (or this peer's own when other
+	// is this peer) and reports whether nothing is left.
+	Leave(other Peer) (empty bool)
+}

@@ -106,14 +106,16 @@ func (w *PhysicalWorker) Transports() []string {
 
 // connect picks how to reach the worker of md: directly when it lives in
 // this process, otherwise over the network transport, connecting afresh
-// (a reimport after a peer failed reconnects it).
-func (w *PhysicalWorker) connect(md Metadata) (transfer.Attacher, error) {
+// (a reimport after a peer failed reconnects it). made is the network
+// peer it connected (nil for the loopback): a request-scoped one may have
+// joined the worker's current peer (adopt), which is then the attacher.
+func (w *PhysicalWorker) connect(md Metadata) (a transfer.Attacher, made remote.Peer, err error) {
 	if len(md.Endpoints) == 0 && w.loopback != nil {
-		return w.loopback, nil // metadata made without transports: this process only
+		return w.loopback, nil, nil // metadata made without transports: this process only
 	}
 	for _, ep := range md.Endpoints {
 		if ep.Transport == "loopback" && w.loopback != nil && w.loopback.Local(ep.Address) {
-			return w.loopback, nil
+			return w.loopback, nil, nil
 		}
 	}
 	if w.network != nil {
@@ -125,16 +127,18 @@ func (w *PhysicalWorker) connect(md Metadata) (transfer.Attacher, error) {
 			defer cancel()
 			p, err := w.network.Connect(ctx, ep.Address)
 			if err != nil {
-				return nil, fmt.Errorf("connect over %s: %w", ep.Transport, err)
+				return nil, nil, fmt.Errorf("connect over %s: %w", ep.Transport, err)
 			}
 			w.mu.Lock()
-			old := w.peers[md.WorkerID]
-			w.peers[md.WorkerID] = p
+			attacher, old, err := w.adopt(md.WorkerID, p)
 			w.mu.Unlock()
 			if old != nil {
 				old.Close()
 			}
-			return p, nil
+			if err != nil {
+				return nil, nil, err
+			}
+			return attacher, p, nil
 		}
 	}
 	offered := make([]string, len(md.Endpoints))
@@ -145,40 +149,57 @@ func (w *PhysicalWorker) connect(md Metadata) (transfer.Attacher, error) {
 	if len(w.transports()) > 0 {
 		have = "[" + strings.Join(w.Transports(), ", ") + "] (KVBM_TRANSPORT selects)"
 	}
-	return nil, fmt.Errorf("%w: the worker offers [%s] (loopback only within its own process); this worker has %s",
+	return nil, nil, fmt.Errorf("%w: the worker offers [%s] (loopback only within its own process); this worker has %s",
 		transfer.ErrUnsupported, strings.Join(offered, ", "), have)
 }
 
 // DisconnectRemote forgets a connected instance: its layouts are no longer
-// imported, and the connection to its worker closes unless another
-// instance still uses it. Transfers in flight on it fail. Engines call it
-// for a peer that left, so that connections and imports do not pile up.
+// imported (unless another instance imported them too), and the
+// connection to its worker closes unless another instance still uses it
+// (a request-scoped one's own connections close). Transfers in flight on
+// what closes fail. Engines call it for a peer that left, so that
+// connections and imports do not pile up.
 func (w *PhysicalWorker) DisconnectRemote(instance InstanceID) error {
 	w.mu.Lock()
-	var handles []transfer.LayoutHandle
+	var handles, unregister []transfer.LayoutHandle
 	for k, h := range w.remote {
 		if k.instance == instance {
 			handles = append(handles, h)
 			delete(w.remote, k)
 		}
 	}
+	member := w.members[instance]
+	delete(w.members, instance)
 	var peers []remote.Peer
+	left := map[uint64]bool{}
 	for _, h := range handles {
-		still := false
+		stillLayout, stillWorker := false, false
 		for _, other := range w.remote {
-			still = still || other.Worker == h.Worker
+			stillLayout = stillLayout || other == h
+			stillWorker = stillWorker || other.Worker == h.Worker
 		}
-		if p, ok := w.peers[h.Worker]; ok && !still {
+		if !stillLayout {
+			unregister = append(unregister, h)
+		}
+		p, ok := w.peers[h.Worker]
+		switch {
+		case !ok || left[h.Worker]:
+		case !stillWorker:
 			peers = append(peers, p)
 			delete(w.peers, h.Worker)
+		case member != nil:
+			if j, ok := p.(remote.Joiner); ok && j.Leave(member) {
+				delete(w.peers, h.Worker) // nobody's left (instances connected otherwise)
+			}
 		}
+		left[h.Worker] = true
 	}
 	w.mu.Unlock()
 	if len(handles) == 0 {
 		return fmt.Errorf("%w: instance %x is not connected", transfer.ErrNotFound, uint64(instance))
 	}
 	var errs []error
-	for _, h := range handles {
+	for _, h := range unregister {
 		if err := w.m.Unregister(h); err != nil && !errors.Is(err, transfer.ErrNotFound) {
 			errs = append(errs, err)
 		}

@@ -49,6 +49,10 @@ type PhysicalWorker struct {
 	remote map[remoteTier]transfer.LayoutHandle
 	// peers are the network connections made by imports, by worker id.
 	peers map[uint64]remote.Peer
+	// members are the peers ConnectRemote made for an instance that
+	// joined another (request-scoped ones, remote.Joiner): they leave it
+	// at DisconnectRemote.
+	members map[InstanceID]remote.Peer
 
 	// owned is set by NewStandalone: Close closes m.
 	owned bool
@@ -71,7 +75,7 @@ func NewPhysical(cfg PhysicalConfig) (*PhysicalWorker, error) {
 		return nil, fmt.Errorf("physical worker: a transfer manager is required")
 	}
 	w := &PhysicalWorker{m: cfg.Manager, rank: cfg.Rank, objects: cfg.Objects,
-		remote: map[remoteTier]transfer.LayoutHandle{}, peers: map[uint64]remote.Peer{}}
+		remote: map[remoteTier]transfer.LayoutHandle{}, peers: map[uint64]remote.Peer{}, members: map[InstanceID]remote.Peer{}}
 	if err := w.serve(cfg.Loopback, cfg.Network); err != nil {
 		return nil, err
 	}
@@ -227,18 +231,28 @@ func (w *PhysicalWorker) ImportMetadata(b []byte) ([]transfer.LayoutHandle, erro
 	if err != nil {
 		return nil, err
 	}
-	return w.importDecoded(md)
+	hs, _, err := w.importDecoded(md)
+	return hs, err
 }
 
-func (w *PhysicalWorker) importDecoded(md Metadata) ([]transfer.LayoutHandle, error) {
+// importDecoded connects to md's worker and imports its layouts; made is
+// the network peer connected (connect).
+func (w *PhysicalWorker) importDecoded(md Metadata) (hs []transfer.LayoutHandle, made remote.Peer, err error) {
 	if md.WorkerID == w.m.WorkerID() {
-		return nil, fmt.Errorf("%w: metadata of worker %x is this worker's own", transfer.ErrInvalidArgument, md.WorkerID)
+		return nil, nil, fmt.Errorf("%w: metadata of worker %x is this worker's own", transfer.ErrInvalidArgument, md.WorkerID)
 	}
-	a, err := w.connect(md)
+	a, made, err := w.connect(md)
 	if err != nil {
-		return nil, fmt.Errorf("import metadata of worker %x: %w", md.WorkerID, err)
+		return nil, nil, fmt.Errorf("import metadata of worker %x: %w", md.WorkerID, err)
 	}
-	return w.m.Import(a, md.descriptors())
+	if hs, err = w.m.Import(a, md.descriptors()); err != nil && made != nil {
+		w.mu.Lock()
+		if j, ok := w.peers[md.WorkerID].(remote.Joiner); ok && j != made && j.Leave(made) {
+			delete(w.peers, md.WorkerID)
+		}
+		w.mu.Unlock()
+	}
+	return hs, made, err
 }
 
 // ExecuteLocalTransfer copies blocks between two of this worker's tiers.
@@ -342,11 +356,15 @@ func (w *PhysicalWorker) ConnectRemote(instance InstanceID, metadata [][]byte) e
 	if err != nil {
 		return err
 	}
-	if _, err := w.importDecoded(md); err != nil {
+	_, made, err := w.importDecoded(md)
+	if err != nil {
 		return err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if _, scoped := made.(remote.Joiner); scoped {
+		w.members[instance] = made
+	}
 	for _, l := range md.Layouts {
 		w.remote[remoteTier{instance, l.Tier}] = l.Handle
 	}

@@ -122,6 +122,18 @@ func TestExporterProcess(t *testing.T) {
 			fmt.Println(tr.Served())
 			continue
 		}
+		if f[0] == "scope" { // "scope TIER B,B,...": metadata that reads those blocks only
+			tier, _ := strconv.Atoi(f[1])
+			var blocks []int
+			for _, b := range strings.Split(f[2], ",") {
+				n, _ := strconv.Atoi(b)
+				blocks = append(blocks, n)
+			}
+			md, err := w.ExportBlockScopedMetadata(BlockScope{Blocks: map[Tier][]int{Tier(tier): blocks}})
+			require.NoError(t, err)
+			fmt.Printf("metadata %s\n", hex.EncodeToString(md))
+			continue
+		}
 		tier, _ := strconv.Atoi(f[1])
 		block, _ := strconv.Atoi(f[2])
 		tag, _ := strconv.ParseUint(f[3], 10, 64)

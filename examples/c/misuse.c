@@ -176,6 +176,34 @@ static void handles(void) {
     EXPECT_STATUS(kvbm_worker_disconnect_remote(w, 1), KVBM_ERR_NOT_FOUND); /* never connected */
     free(md);
 
+    /* Block-scoped metadata: bad scopes refused, a good one exported. */
+    int32_t scope_tiers[] = {KVBM_TIER_G2, KVBM_TIER_G2};
+    uint32_t scope_ids[] = {1, 0};
+    kvbm_block_scope_t scope = KVBM_BLOCK_SCOPE_INIT;
+    scope.tiers = scope_tiers;
+    scope.block_ids = scope_ids;
+    scope.num_blocks = 2;
+    scope.expires_ms = 60000;
+    EXPECT_STATUS(kvbm_worker_export_metadata_blocks(w, NULL, NULL, 0, &need), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_block_scope_t short_scope = scope;
+    short_scope.struct_size = sizeof(size_t);
+    EXPECT_STATUS(kvbm_worker_export_metadata_blocks(w, &short_scope, NULL, 0, &need), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_block_scope_t none = scope;
+    none.num_blocks = 0;
+    EXPECT_STATUS(kvbm_worker_export_metadata_blocks(w, &none, NULL, 0, &need), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_block_scope_t badtier = scope;
+    badtier.tiers = (int32_t[]){4, KVBM_TIER_G2};
+    EXPECT_STATUS(kvbm_worker_export_metadata_blocks(w, &badtier, NULL, 0, &need), KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_block_scope_t far_scope = scope;
+    far_scope.block_ids = (uint32_t[]){1, 1u << 30};
+    EXPECT_STATUS(kvbm_worker_export_metadata_blocks(w, &far_scope, NULL, 0, &need), KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_export_metadata_blocks(w, &scope, NULL, 0, &need), KVBM_ERR_BUFFER_TOO_SMALL);
+    md = malloc(need);
+    CHECK(kvbm_worker_export_metadata_blocks(w, &scope, md, need, &len));
+    CHECK(kvbm_metadata_worker_id(md, len, &exporter));
+    EXPECT(exporter == 0x5001);
+    free(md);
+
     /* Object store: none configured; bad keys. */
     const uint8_t key[] = "block-0";
     const uint8_t *keys[1] = {key};

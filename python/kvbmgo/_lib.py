@@ -56,6 +56,11 @@ class WorkerConfigC(Structure):
                 ("remote_deadline_ms", c_uint32), ("advertise_host", c_char_p)]
 
 
+class BlockScopeC(Structure):
+    _fields_ = [("struct_size", c_size_t), ("tiers", c_void_p), ("block_ids", c_void_p),
+                ("num_blocks", c_size_t), ("expires_ms", c_uint32)]
+
+
 class TransferOptionsC(Structure):
     _fields_ = [("struct_size", c_size_t), ("layer_start", c_uint32), ("layer_end", c_uint32),
                 ("stream", c_void_p), ("precondition", c_void_p), ("deadline_ms", c_uint32)]
@@ -205,6 +210,8 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
                                                 POINTER(c_void_p)], _S),
     "kvbm_worker_export_metadata": (_status, [_p, _p, c_size_t, POINTER(c_size_t)], _S),
     "kvbm_worker_export_metadata_scoped": (_status, [_p, c_uint32, _p, c_size_t, POINTER(c_size_t)], _S),
+    "kvbm_worker_export_metadata_blocks": (_status, [_p, POINTER(BlockScopeC), _p, c_size_t,
+                                                     POINTER(c_size_t)], _S),
     "kvbm_worker_import_metadata": (_status, [_p, _p, c_size_t], _S),
     "kvbm_metadata_worker_id": (_status, [_p, c_size_t, POINTER(c_uint64)], _S),
     "kvbm_worker_disconnect_remote": (_status, [_p, c_uint64], _S),

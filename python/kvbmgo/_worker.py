@@ -315,25 +315,63 @@ class Worker(Handle):
 
     # ---- metadata and remotes
 
-    def export_metadata(self, read_only: bool = False) -> bytes:
+    def export_metadata(self, read_only: bool = False, *,
+                        blocks: Optional[Mapping[int, Ids]] = None,
+                        expires: Optional[float] = None) -> bytes:
         """The worker's layout metadata (every registered tier), for another
         worker's import_metadata / connect_remote. It is a capability, a
         secret to give only to the peers meant to hold it: its holder may
         read and write the worker's layouts, or only read them with
-        read_only (its writes are then refused: UnsupportedError). Raises
-        UnsupportedError for read_only on a transport that cannot scope
-        (UCX), nothing else beyond what any call may (see kvbmgo.errors)."""
+        read_only (its writes are then refused: UnsupportedError).
+
+        blocks ({Tier.G1: ids, ...}) scopes it to those blocks of those
+        tiers, read only (read_only is then implied): the metadata names
+        those tiers only, and the worker refuses its holder any other block
+        (UnsupportedError at the reader), for expires seconds from now when
+        given (then refused too). What a prefill hands the decode of one
+        request. Raises UnsupportedError for read_only or blocks on a
+        transport that cannot scope (UCX), InvalidArgumentError /
+        OutOfRangeError / NotFoundError for a bad scope (no blocks, a block
+        beyond its tier, a tier not registered), nothing else beyond what
+        any call may (see kvbmgo.errors)."""
         h = self.handle
-        flags = 1 if read_only else 0  # KVBM_EXPORT_READ_ONLY
+        if blocks is None:
+            if expires is not None:
+                raise ValueError("export_metadata: expires scopes blocks; pass blocks too")
+            flags = 1 if read_only else 0  # KVBM_EXPORT_READ_ONLY
+            return self._export(lambda buf, cap, size: lib.kvbm_worker_export_metadata_scoped(
+                h, flags, buf, cap, size))
+        tiers: List[int] = []
+        ids: List[int] = []
+        for tier, tier_ids in blocks.items():
+            owner, addr, n = block_ids(tier_ids, "blocks")
+            tiers.extend([int32(tier, "tier")] * n)
+            ids.extend((ctypes.c_uint32 * n).from_address(addr) if n else [])
+            del owner
+        scope = _lib.BlockScopeC()
+        scope.struct_size = sizeof(scope)
+        tier_arr = (c_int32 * len(tiers))(*tiers)
+        id_arr = (ctypes.c_uint32 * len(ids))(*ids)
+        scope.tiers = ctypes.cast(tier_arr, c_void_p) if tiers else None
+        scope.block_ids = ctypes.cast(id_arr, c_void_p) if ids else None
+        scope.num_blocks = len(ids)
+        if expires is not None:
+            scope.expires_ms = millis(expires, "expires")
+        return self._export(lambda buf, cap, size: lib.kvbm_worker_export_metadata_blocks(
+            h, byref(scope), buf, cap, size))
+
+    @staticmethod
+    def _export(call: Any) -> bytes:
+        """Runs an export call into a buffer of the size it asks for."""
         size = c_size_t()
         try:
-            lib.kvbm_worker_export_metadata_scoped(h, flags, None, 0, byref(size))
+            call(None, 0, byref(size))
         except BufferTooSmallError:
             pass
         while True:
             buf = (c_uint8 * size.value)()
             try:
-                lib.kvbm_worker_export_metadata_scoped(h, flags, buf, size.value, byref(size))
+                call(buf, size.value, byref(size))
                 return bytes(buf[:size.value])
             except BufferTooSmallError:
                 continue

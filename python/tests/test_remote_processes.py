@@ -40,7 +40,8 @@ PREFILL_SCRIPT = textwrap.dedent("""
         w.register_g1(cfg, g1)
         w.allocate_g2(cfg)
         n = w.transfer(Tier.G1, ids, Tier.G2, ids); n.wait(); n.close()
-        print("metadata", w.export_metadata().hex(), w.export_metadata(read_only=True).hex(), flush=True)
+        print("metadata", w.export_metadata().hex(), w.export_metadata(read_only=True).hex(),
+              w.export_metadata(blocks={Tier.G2: [3, 2]}, expires=600).hex(), flush=True)
         for line in sys.stdin:
             _, seed, first, last = line.split()
             n = w.transfer(Tier.G2, ids, Tier.G1, ids); n.wait(); n.close()
@@ -67,6 +68,7 @@ class Prefill:
         assert line.startswith("metadata "), line
         self.metadata = bytes.fromhex(line.split()[1])
         self.read_only = bytes.fromhex(line.split()[2])
+        self.blocks_2_3 = bytes.fromhex(line.split()[3])  # G2's blocks 2 and 3 only
 
     def check(self, seed, first, last):
         self.proc.stdin.write(f"check {seed} {first} {last}\n")
@@ -131,6 +133,44 @@ def test_read_only_metadata_pulls_and_cannot_push(prefill):
         with pytest.raises(kvbmgo.errors.UnsupportedError, match="read-only capability"):
             wait_ok(w.transfer_to_remote(Tier.G1, [2, 3], h, [2, 3]))
         assert prefill.check(5, 0, NB) == "ok"  # nothing was written
+
+
+def test_block_scoped_metadata_reads_its_blocks_only(prefill):
+    """A decode holding the metadata of G2's blocks 2 and 3 pulls them, and
+    cannot read any other block (refused), nor G1 (not in the metadata)."""
+    w, g1 = decode_worker(10.0)
+    with w:
+        w.connect_remote(PREFILL, prefill.blocks_2_3)
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, [2, 3], Tier.G1, [2, 3]))
+        bb = CFG.block_bytes
+        np.testing.assert_array_equal(g1[2 * bb:4 * bb], pattern(5)[2 * bb:4 * bb])
+        theirs = pattern(5)
+        for ids in ([4], [1, 2], [0]):
+            with pytest.raises(kvbmgo.errors.UnsupportedError, match="request-scoped capability"):
+                wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, ids, Tier.G1, [5, 6][:len(ids)]))
+            for b in range(NB):  # no byte of an out-of-scope block reached this process
+                for out in (4, 1, 0):
+                    assert not np.array_equal(g1[b * bb:(b + 1) * bb], theirs[out * bb:(out + 1) * bb])
+        with pytest.raises(kvbmgo.errors.NotFoundError):
+            w.transfer_from_instance(PREFILL, Tier.G1, [2], Tier.G1, [5])
+        w.disconnect_remote(PREFILL)
+
+
+def test_block_scoped_export_refuses_bad_scopes():
+    with Worker(new_worker_id()) as w:
+        w.allocate_g2(CFG)
+        md = w.export_metadata(blocks={Tier.G2: np.array([1, 2], dtype=np.uint32)})
+        assert kvbmgo._worker._exporter_id(md) == w.worker_id
+        with pytest.raises(kvbmgo.errors.InvalidArgumentError):
+            w.export_metadata(blocks={})
+        with pytest.raises(kvbmgo.errors.InvalidArgumentError):
+            w.export_metadata(blocks={Tier.G2: [1]}, expires=0)
+        with pytest.raises(kvbmgo.errors.OutOfRangeError):
+            w.export_metadata(blocks={Tier.G2: [NB]})
+        with pytest.raises(kvbmgo.errors.NotFoundError):
+            w.export_metadata(blocks={Tier.G1: [0]})
+        with pytest.raises(ValueError, match="expires scopes blocks"):
+            w.export_metadata(expires=5)
 
 
 def test_killed_prefill_fails_every_block_then_a_new_one_is_reached(prefill):

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -21,8 +22,14 @@ import (
 //
 //	server → challenge: nonce sn [32]                     (at accept)
 //	client → hello:     magic "KVBT" | version u16 | client worker u64 |
-//	                    nonce cn [32] | HMAC(key, "kvbm-tcp client" | sn | cn | server worker u64 | client worker u64)
+//	                    nonce cn [32] | HMAC(key, "kvbm-tcp client" | sn | cn | server worker u64 | client worker u64) |
+//	                    scope length u16 | scope descriptor (a block scope's, scope.go; none for the others)
 //	server → proof:     HMAC(key, "kvbm-tcp server" | sn | cn | server worker u64 | client worker u64)
+//
+// The key is the scope's (with a deployment key, derived from both:
+// helloKey, authkey.go). A block scope's key is HMAC(secret, descriptor),
+// so the server keeps nothing per export: the descriptor the hello
+// carries is the one whose key proved it.
 //
 // The server answers nothing but its nonce to a client that has not
 // proved the key: a wrong key, another worker's metadata, a tampered or
@@ -43,9 +50,11 @@ const (
 const (
 	scopeReadWrite byte = 0
 	scopeReadOnly  byte = 1
+	scopeBlocks    byte = 2 // read only, some blocks of some layouts (scope.go)
 )
 
-// scopeKeys derives each scope's key from the secret.
+// scopeKeys derives the read-write and read-only scopes' keys from the
+// secret.
 func scopeKeys(secret [32]byte) (rw, ro [keyLen]byte) {
 	for _, s := range []struct {
 		label string
@@ -86,22 +95,28 @@ const (
 )
 
 // appendHello is a client's hello, answering the server's nonce sn.
-func appendHello(b []byte, key []byte, sn, cn []byte, server, client uint64) []byte {
+// The hello's key is made under; desc is a block scope's descriptor (nil
+// for the other scopes).
+func appendHello(b []byte, key []byte, sn, cn []byte, server, client uint64, desc []byte) []byte {
 	b = append(b, wireMagic...)
 	b = binary.LittleEndian.AppendUint16(b, wireVersion)
 	b = binary.LittleEndian.AppendUint64(b, client)
 	b = append(b, cn...)
-	return append(b, proof(key, clientLabel, sn, cn, server, client)...)
+	b = append(b, proof(key, clientLabel, sn, cn, server, client)...)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(desc)))
+	return append(b, desc...)
 }
 
-// hello is a decoded client hello.
+// hello is a decoded client hello (its fixed part: the scope descriptor,
+// scopeLen bytes of it, follows).
 type hello struct {
-	client uint64
-	cn     []byte
-	proof  []byte
+	client   uint64
+	cn       []byte
+	proof    []byte
+	scopeLen int
 }
 
-// parseHello checks a hello's magic and version.
+// parseHello checks a hello's magic, version and scope length.
 func parseHello(b []byte) (hello, error) {
 	if len(b) != helloLen {
 		return hello{}, fmt.Errorf("%w: hello of %d bytes, want %d", remote.ErrBadEndpoint, len(b), helloLen)
@@ -112,30 +127,79 @@ func parseHello(b []byte) (hello, error) {
 	if v := binary.LittleEndian.Uint16(b[4:]); v != wireVersion {
 		return hello{}, fmt.Errorf("%w: wire version %d, this library speaks %d", remote.ErrBadEndpoint, v, wireVersion)
 	}
-	return hello{client: binary.LittleEndian.Uint64(b[6:]), cn: b[14 : 14+nonceLen], proof: b[14+nonceLen:]}, nil
+	h := hello{client: binary.LittleEndian.Uint64(b[6:]), cn: b[14 : 14+nonceLen], proof: b[14+nonceLen : 14+nonceLen+proofLen],
+		scopeLen: int(binary.LittleEndian.Uint16(b[14+nonceLen+proofLen:]))}
+	if h.scopeLen > maxScopeLen {
+		return hello{}, fmt.Errorf("%w: hello's scope of %d bytes, at most %d", remote.ErrBadEndpoint, h.scopeLen, maxScopeLen)
+	}
+	return h, nil
 }
 
-// verify finds the scope whose key made the hello's proof; ok is false
-// when neither did. Both keys are always tried, each compared in constant
-// time.
-func (t *Transport) verify(h hello, sn []byte) (scope byte, key []byte, ok bool) {
-	rw := proof(t.keyRW[:], clientLabel, sn, h.cn, t.m.WorkerID(), h.client)
-	ro := proof(t.keyRO[:], clientLabel, sn, h.cn, t.m.WorkerID(), h.client)
-	okRW, okRO := hmac.Equal(rw, h.proof), hmac.Equal(ro, h.proof)
+// grant is what a connection's hello proved: a scope, and for a block
+// scope its descriptor.
+type grant struct {
+	scope  byte
+	blocks *blockScope // scopeBlocks only
+}
+
+// verify finds the scope whose key made the hello's proof; why says, for
+// the server's log, why none did. Both fixed scopes' keys are always
+// tried, each compared in constant time; a block scope's descriptor names
+// its key.
+func (t *Transport) verify(h hello, desc, sn []byte) (g grant, key []byte, why string) {
+	server := t.m.WorkerID()
+	matches := func(k []byte) bool { return hmac.Equal(proof(k, clientLabel, sn, h.cn, server, h.client), h.proof) }
+	if len(desc) > 0 {
+		bs, err := parseScope(desc)
+		if err != nil {
+			return grant{}, nil, err.Error()
+		}
+		capKey := blockScopeKey(t.secret, desc)
+		if key = helloKey(t.authKey, capKey[:]); !matches(key) {
+			return grant{}, nil, t.whyNot(matches, capKey[:])
+		}
+		if bs.expired(time.Now()) {
+			return grant{}, nil, "the hello's block-scoped capability expired"
+		}
+		return grant{scope: scopeBlocks, blocks: &bs}, key, ""
+	}
+	okRW, okRO := matches(t.helloRW), matches(t.helloRO)
 	switch {
 	case okRW:
-		return scopeReadWrite, t.keyRW[:], true
+		return grant{scope: scopeReadWrite}, t.helloRW, ""
 	case okRO:
-		return scopeReadOnly, t.keyRO[:], true
+		return grant{scope: scopeReadOnly}, t.helloRO, ""
 	}
-	return 0, nil, false
+	return grant{}, nil, t.whyNot(matches, t.keyRW[:], t.keyRO[:])
+}
+
+// whyNot says why a hello's proof did not verify, for the server's log
+// only (the client is told nothing): with a deployment key, a proof made
+// under a capability's key alone is a client without KVBM_AUTH_KEY.
+func (t *Transport) whyNot(matches func([]byte) bool, capKeys ...[]byte) string {
+	if t.authKey != nil {
+		for _, k := range capKeys {
+			if matches(k) {
+				return "the client holds this worker's metadata but no " + EnvAuthKey + " (this worker has one): not of this deployment"
+			}
+		}
+		return "the hello's proof does not verify: not this worker's current metadata (stale, another worker's, tampered, or replayed), or another " + EnvAuthKey
+	}
+	return "the hello's proof does not verify: not this worker's current metadata (stale, another worker's, tampered, or replayed), or the client has " +
+		EnvAuthKey + " set and this worker has not"
 }
 
 // answerIn answers a request the scope allows, and refuses, keeping the
 // connection, one it does not: a read-only peer may read, not write nor
 // map (a mapping could be written).
-func (t *Transport) answerIn(scope byte, c net.Conn, r io.Reader, q request) error {
-	if scope == scopeReadWrite || q.op == opRead {
+func (t *Transport) answerIn(g grant, c net.Conn, r io.Reader, q request) error {
+	if g.scope == scopeBlocks {
+		if err := t.inScope(g.blocks, c, q); err != nil {
+			return t.refuseRequest(c, r, q, err)
+		}
+		return t.answer(c, r, q)
+	}
+	if g.scope == scopeReadWrite || q.op == opRead {
 		return t.answer(c, r, q)
 	}
 	if q.op == opWrite { // its bytes are on the wire
@@ -145,6 +209,18 @@ func (t *Transport) answerIn(scope byte, c net.Conn, r io.Reader, q request) err
 	}
 	err := fmt.Errorf("%w: the peer holds a read-only capability of worker %x: %s is refused (export read-write metadata to let it write)",
 		transfer.ErrUnsupported, t.m.WorkerID(), q.op)
+	_, werr := c.Write(appendStatus(nil, statusOf(err), err.Error()))
+	return werr
+}
+
+// refuseRequest answers a request its scope does not allow with the
+// reason, keeping the connection (a write's bytes are read past first).
+func (t *Transport) refuseRequest(c net.Conn, r io.Reader, q request, err error) error {
+	if q.op == opWrite {
+		if _, derr := io.CopyN(io.Discard, r, int64(q.bytes)); derr != nil {
+			return derr
+		}
+	}
 	_, werr := c.Write(appendStatus(nil, statusOf(err), err.Error()))
 	return werr
 }

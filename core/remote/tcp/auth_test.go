@@ -62,7 +62,7 @@ func TestAClientWithOnlyThePortLearnsNothingAndMovesNothing(t *testing.T) {
 		var guess [keyLen]byte
 		rand.Read(guess[:])
 		cn := make([]byte, nonceLen)
-		hello := appendHello(nil, guess[:], sn, cn, e.worker, 0)
+		hello := appendHello(nil, guess[:], sn, cn, e.worker, 0, nil)
 		// A write of block 1 straight after, as if the hello had passed.
 		bs := uint64(p.cfg.BlockSize())
 		req := appendRequest(nil, opWrite, p.remote["g2"], []transfer.RemoteOp{{Remote: d.Bases[0] + bs, Size: bs}})
@@ -96,7 +96,7 @@ func TestAReplayedHelloIsRefused(t *testing.T) {
 		require.NoError(t, err)
 		cn := make([]byte, nonceLen)
 		rand.Read(cn)
-		recorded := appendHello(nil, e.key[:], sn, cn, e.worker, 0x11)
+		recorded := appendHello(nil, e.key[:], sn, cn, e.worker, 0x11, nil)
 		_, err = c.Write(recorded)
 		require.NoError(t, err)
 		got := make([]byte, proofLen)

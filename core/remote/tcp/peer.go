@@ -25,9 +25,10 @@ import (
 type tcpPeer struct {
 	t       *Transport
 	worker  uint64
-	key     [keyLen]byte // the capability (auth.go)
-	scope   byte         // the key's scope: a read-only peer is not mapped
-	network string       // "tcp", or "unix" for a peer on this host
+	key     []byte // the key the hello is proved under: the capability's, or derived with the deployment key (auth.go)
+	scope   byte   // the key's scope: a read-only peer is not mapped
+	desc    []byte // a block scope's descriptor, sent in the hello
+	network string // "tcp", or "unix" for a peer on this host
 	addr    string
 	slots   chan struct{} // one token per connection that may be open
 	idle    chan *tcpConn
@@ -50,7 +51,7 @@ type tcpConn struct {
 }
 
 func newTCPPeer(t *Transport, ep tcpEndpoint, network, addr string) *tcpPeer {
-	return &tcpPeer{t: t, worker: ep.worker, key: ep.key, scope: ep.scope, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
+	return &tcpPeer{t: t, worker: ep.worker, key: helloKey(t.authKey, ep.key[:]), scope: ep.scope, desc: ep.desc, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
 		idle: make(chan *tcpConn, t.cfg.Conns), open: map[*tcpConn]struct{}{}}
 }
 
@@ -268,7 +269,6 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial peer %x at %s: %w", remote.ErrPeerUnavailable, p.worker, p.addr, err)
 	}
-	setBuffers(raw)
 	if dl, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(dl)
 	}
@@ -277,12 +277,10 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 		raw.Close()
 		return nil, err
 	}
-	// Small: reads of the bytes themselves, larger than it, bypass it.
-	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
-	if cred := peerCred(nc); cred != nil {
-		c.pid = int(cred.Pid)
-	}
-	err = p.handshake(c)
+	// The hello is read and written straight on the connection: its
+	// buffers come once the server proved the key (a process that took
+	// over the address costs nothing either).
+	err = p.handshake(nc)
 	if err != nil {
 		raw.Close()
 		if refusedByTLS(err) {
@@ -296,9 +294,16 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fmt.Errorf("%w: peer %x at %s closed the connection at the hello: it is not the worker this metadata names "+
-				"(stale metadata: import its current metadata), or another kvbm version", remote.ErrPeerUnavailable, p.worker, p.addr)
+				"(stale metadata: import its current metadata), its %s differs from this process's (set on one side only, or another key), "+
+				"a request-scoped capability expired, or another kvbm version", remote.ErrPeerUnavailable, p.worker, p.addr, EnvAuthKey)
 		}
 		return nil, fmt.Errorf("%w: hello to peer %x at %s: %w", remote.ErrPeerUnavailable, p.worker, p.addr, err)
+	}
+	setBuffers(raw)
+	// Small: reads of the bytes themselves, larger than it, bypass it.
+	c := &tcpConn{c: nc, r: bufio.NewReaderSize(nc, 4<<10)}
+	if cred := peerCred(nc); cred != nil {
+		c.pid = int(cred.Pid)
 	}
 	p.mu.Lock()
 	p.open[c] = struct{}{}
@@ -307,27 +312,27 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 }
 
 // handshake answers the server's challenge and checks its proof.
-func (p *tcpPeer) handshake(c *tcpConn) error {
+func (p *tcpPeer) handshake(c net.Conn) error {
 	var self uint64
 	if p.t.m != nil {
 		self = p.t.m.WorkerID()
 	}
 	sn := make([]byte, nonceLen)
-	if _, err := io.ReadFull(c.r, sn); err != nil {
+	if _, err := io.ReadFull(c, sn); err != nil {
 		return err
 	}
 	cn := make([]byte, nonceLen)
 	if _, err := rand.Read(cn); err != nil {
 		return err
 	}
-	if _, err := c.c.Write(appendHello(nil, p.key[:], sn, cn, p.worker, self)); err != nil {
+	if _, err := c.Write(appendHello(nil, p.key, sn, cn, p.worker, self, p.desc)); err != nil {
 		return err
 	}
 	got := make([]byte, proofLen)
-	if _, err := io.ReadFull(c.r, got); err != nil {
+	if _, err := io.ReadFull(c, got); err != nil {
 		return err
 	}
-	if !hmac.Equal(got, proof(p.key[:], serverLabel, sn, cn, p.worker, self)) {
+	if !hmac.Equal(got, proof(p.key, serverLabel, sn, cn, p.worker, self)) {
 		return fmt.Errorf("the peer's proof does not verify: the process at %s is not worker %x", p.addr, p.worker)
 	}
 	return nil

@@ -74,19 +74,22 @@ func (t *Transport) serveConn(raw net.Conn) {
 		t.releaseConn(raw)
 		t.mu.Unlock()
 	}()
-	setBuffers(raw)
 	deadline := t.m.RemoteDeadline()
 	raw.SetDeadline(time.Now().Add(deadline))
 	c, ok := t.serverTLS(raw) // raw itself without TLS; closed with raw
 	if !ok {
 		return
 	}
-	// Small: reads of the bytes themselves, larger than it, bypass it.
-	r := bufio.NewReaderSize(c, 4<<10)
-	scope, ok := t.handshake(c, r)
+	g, ok := t.handshake(c)
 	if !ok {
 		return
 	}
+	// Only now, once the peer proved a capability, does the connection get
+	// anything of its own: a peer that cannot is closed on having cost
+	// the hello's few bytes, never a buffer.
+	setBuffers(raw)
+	// Small: reads of the bytes themselves, larger than it, bypass it.
+	r := bufio.NewReaderSize(c, 4<<10)
 	var err error
 	var buf []byte
 	for {
@@ -101,7 +104,7 @@ func (t *Transport) serveConn(raw net.Conn) {
 			t.requestFailed(c, err)
 			return // closed, slow, or a malformed request: the connection cannot be trusted further
 		}
-		err = t.answerIn(scope, c, r, q)
+		err = t.answerIn(g, c, r, q)
 		t.served.Add(1)
 		if err != nil {
 			return
@@ -111,33 +114,43 @@ func (t *Transport) serveConn(raw net.Conn) {
 
 // handshake challenges the client and checks its hello (auth.go); a
 // client that fails it is closed on with nothing said but the challenge.
-func (t *Transport) handshake(c net.Conn, r io.Reader) (scope byte, ok bool) {
+// The hello is read straight from the connection (no buffered reader
+// yet), its scope descriptor bounded by maxScopeLen.
+func (t *Transport) handshake(c net.Conn) (g grant, ok bool) {
 	sn := make([]byte, nonceLen)
 	if _, err := rand.Read(sn); err != nil {
-		return 0, false
+		return grant{}, false
 	}
 	if _, err := c.Write(sn); err != nil {
-		return 0, false
+		return grant{}, false
 	}
 	b := make([]byte, helloLen)
-	if _, err := io.ReadFull(r, b); err != nil {
+	if _, err := io.ReadFull(c, b); err != nil {
 		t.refuseHello(c, fmt.Sprintf("no hello: %v", err))
-		return 0, false
+		return grant{}, false
 	}
 	h, err := parseHello(b)
 	if err != nil {
 		t.refuseHello(c, err.Error())
-		return 0, false
+		return grant{}, false
 	}
-	scope, key, ok := t.verify(h, sn)
-	if !ok {
-		t.refuseHello(c, "the hello's proof does not verify: not this worker's current metadata (stale, another worker's, tampered, or replayed)")
-		return 0, false
+	var desc []byte
+	if h.scopeLen > 0 {
+		desc = make([]byte, h.scopeLen)
+		if _, err := io.ReadFull(c, desc); err != nil {
+			t.refuseHello(c, fmt.Sprintf("no scope descriptor: %v", err))
+			return grant{}, false
+		}
+	}
+	g, key, why := t.verify(h, desc, sn)
+	if key == nil {
+		t.refuseHello(c, why)
+		return grant{}, false
 	}
 	if _, err := c.Write(proof(key, serverLabel, sn, h.cn, t.m.WorkerID(), h.client)); err != nil {
-		return 0, false
+		return grant{}, false
 	}
-	return scope, true
+	return g, true
 }
 
 // answer serves one request; an error means the connection must close.

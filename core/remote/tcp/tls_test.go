@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -158,34 +157,6 @@ func newManager(t *testing.T, worker uint64, deadline time.Duration) *transfer.M
 	return m
 }
 
-// logs captures what slog logs during a test.
-func logs(t *testing.T) *syncBuffer {
-	b := &syncBuffer{}
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(b, nil)))
-	t.Cleanup(func() { slog.SetDefault(prev) })
-	return b
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// swapCert makes a loaded transport present another certificate (one that
-// loadTLS would refuse to start with, as an expired one).
 func swapCert(t *testing.T, tr *Transport, f TLSFiles) {
 	t.Helper()
 	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
@@ -231,7 +202,7 @@ func TestTLSRefusesWhatTheCAdoesNotVouchFor(t *testing.T) {
 		}, want: "not 127.0.0.1", badServer: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out := logs(t)
+			out := captureLogs(t)
 			srvFiles, cliFiles := k.good(t, "server"), k.good(t, "client")
 			if tc.server != nil {
 				srvFiles = tc.server()
@@ -277,7 +248,7 @@ func TestTLSRefusesWhatTheCAdoesNotVouchFor(t *testing.T) {
 func TestTLSOnOneEndOnlyIsRefusedClearly(t *testing.T) {
 	const deadline = 300 * time.Millisecond
 	k := newPKI(t)
-	out := logs(t)
+	out := captureLogs(t)
 	mk := func(cfg Config) (*Transport, []byte) {
 		m := newManager(t, 0xE1, deadline)
 		tr := New(cfg)

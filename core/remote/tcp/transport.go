@@ -50,6 +50,11 @@ type Config struct {
 	TLS TLSFiles
 	// NoTLS keeps plain TCP whatever the environment says.
 	NoTLS bool
+	// AuthKey is the deployment key (default AuthKeyFromEnv:
+	// KVBM_AUTH_KEY, KVBM_AUTH_KEY_FILE): when set, every hello's proofs
+	// are made under it and the capability's key together, so that only
+	// workers with the same key connect (authkey.go).
+	AuthKey []byte
 }
 
 // Transport is the transport that always works: plain TCP streams, several per
@@ -64,7 +69,15 @@ type Transport struct {
 	// keyRW and keyRO are the scopes' keys, derived from the secret drawn
 	// when the transport starts listening (auth.go).
 	keyRW, keyRO  [keyLen]byte
+	secret        [32]byte      // block scopes' keys are derived from it per hello (scope.go)
 	refusedHellos atomic.Uint64 // connections refused at the hello
+	refusedScope  atomic.Uint64 // requests refused for being outside their block scope
+	// authKey is Config.AuthKey, or the environment's (authErr: why that
+	// could not be read, returned by Serve and Connect); helloRW and
+	// helloRO the keys hellos of the fixed scopes are proved under.
+	authKey          []byte
+	authErr          error
+	helloRW, helloRO []byte
 
 	mu     sync.Mutex
 	closed bool
@@ -104,6 +117,10 @@ func New(cfg Config) *Transport {
 		cfg.TLS = tlsFilesFromEnv()
 	}
 	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}, stop: make(chan struct{})}
+	t.authKey = cfg.AuthKey
+	if t.authKey == nil {
+		t.authKey, t.authErr = AuthKeyFromEnv()
+	}
 	if !cfg.NoTLS {
 		t.tls, t.tlsErr = loadTLS(cfg.TLS)
 	}
@@ -136,8 +153,8 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 	if t.closed {
 		return fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
 	}
-	if t.tlsErr != nil {
-		return t.tlsErr
+	if err := errors.Join(t.tlsErr, t.authErr); err != nil {
+		return err
 	}
 	t.m = m
 	if t.cfg.Listen != "" {
@@ -177,7 +194,9 @@ func (t *Transport) listen() error {
 		ln.Close()
 		return err
 	}
+	t.secret = secret
 	t.keyRW, t.keyRO = scopeKeys(secret)
+	t.helloRW, t.helloRO = helloKey(t.authKey, t.keyRW[:]), helloKey(t.authKey, t.keyRO[:])
 	ep := tcpEndpoint{worker: t.m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
 	if t.tls != nil {
 		ep.flags |= flagTLS
@@ -197,11 +216,13 @@ func (t *Transport) listen() error {
 	return nil
 }
 
-// Endpoint is version u8 (3) | worker u64 | scope u8 | key [32] | host id
-// [16] | Unix socket name length u8 | name | flags u8 (flagTLS: the
-// server speaks TLS, tls.go) | "host:port". The key is the
-// read-write scope's: whoever holds the endpoint may read and write the
-// worker's layouts (auth.go). The host id and socket name are zero and
+// Endpoint is version u8 (3) | worker u64 | scope u8 | key [32] |
+// (scope 2) descriptor length u16 | descriptor | host id [16] | Unix
+// socket name length u8 | name | flags u8 (flagTLS: the server speaks
+// TLS, tls.go) | "host:port". The key is the read-write scope's: whoever
+// holds the endpoint may read and write the worker's layouts (auth.go); a
+// block scope's endpoint (ScopedEndpoint) carries its descriptor. The host
+// id and socket name are zero and
 // empty when the same-host path is off. The first call listens, unless
 // Serve did.
 func (t *Transport) Endpoint() ([]byte, error) {
@@ -239,8 +260,9 @@ const endpointVersion = 3 // 3: the scope and its key
 
 type tcpEndpoint struct {
 	worker uint64
-	scope  byte         // scopeReadWrite or scopeReadOnly
+	scope  byte         // scopeReadWrite, scopeReadOnly or scopeBlocks
 	key    [keyLen]byte // the scope's key: the capability
+	desc   []byte       // scopeBlocks: the scope's descriptor (scope.go)
 	host   [16]byte     // the boot id of the server's host
 	unix   string       // its same-host socket (abstract, "@...")
 	flags  byte         // flagTLS
@@ -250,6 +272,9 @@ type tcpEndpoint struct {
 func (e tcpEndpoint) append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(append(b, endpointVersion), e.worker)
 	b = append(append(b, e.scope), e.key[:]...)
+	if e.scope == scopeBlocks {
+		b = append(binary.LittleEndian.AppendUint16(b, uint16(len(e.desc))), e.desc...)
+	}
 	b = append(append(b, e.host[:]...), byte(len(e.unix)))
 	return append(append(append(b, e.unix...), e.flags), e.addr...)
 }
@@ -264,10 +289,19 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes, at least %d", remote.ErrBadEndpoint, len(ep), head+3)
 	}
 	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), scope: ep[9]}
-	if e.scope != scopeReadWrite && e.scope != scopeReadOnly {
+	if e.scope != scopeReadWrite && e.scope != scopeReadOnly && e.scope != scopeBlocks {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint scope %d", remote.ErrBadEndpoint, e.scope)
 	}
 	copy(e.key[:], ep[10:10+keyLen])
+	if e.scope == scopeBlocks {
+		var err error
+		if e.desc, ep, err = cutScope(ep, 10+keyLen); err != nil {
+			return tcpEndpoint{}, err
+		}
+		if len(ep) < head+3 {
+			return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes after its scope, at least %d", remote.ErrBadEndpoint, len(ep), head+3)
+		}
+	}
 	copy(e.host[:], ep[10+keyLen:head-1])
 	n := int(ep[head-1])
 	if len(ep) < head+n+4 {
@@ -295,8 +329,8 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	if err != nil {
 		return nil, err
 	}
-	if t.tlsErr != nil {
-		return nil, t.tlsErr
+	if err := errors.Join(t.tlsErr, t.authErr); err != nil {
+		return nil, err
 	}
 	if err := t.checkTLSMatch(ep); err != nil {
 		return nil, err
@@ -318,7 +352,10 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 		}
 	}
 	p.put(c)
-	watch, _ := p.dialConn(ctx) // best effort: without it a death is seen at the next operation
+	var watch *tcpConn
+	if ep.scope != scopeBlocks { // a request's capability lives for one transfer, whose deadline sees a death
+		watch, _ = p.dialConn(ctx) // best effort: without it a death is seen at the next operation
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -331,6 +368,9 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 		go p.watch(watch)
 	}
 	t.mu.Unlock()
+	if ep.scope == scopeBlocks {
+		return newScopedPeer(p, ep.desc)
+	}
 	return p, nil
 }
 

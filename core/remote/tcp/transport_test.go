@@ -292,7 +292,7 @@ func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	require.ErrorContains(t, err, "version 1, this library reads version 3")
 	_, err = parseHello(append([]byte("KVBX"), make([]byte, helloLen-4)...))
 	require.ErrorContains(t, err, "not a kvbm TCP transport")
-	_, err = parseHello(appendHello(nil, nil, nil, make([]byte, nonceLen), 1, 2)[:5])
+	_, err = parseHello(appendHello(nil, nil, nil, make([]byte, nonceLen), 1, 2, nil)[:5])
 	require.ErrorIs(t, err, remote.ErrBadEndpoint)
 }
 

@@ -33,8 +33,8 @@ import (
 //	  reply:  status | message; (ok) the peer copies, then sends done u8 (1)
 const (
 	wireMagic   = "KVBT"
-	wireVersion = 2 // 2: authenticated hello
-	helloLen    = 4 + 2 + 8 + nonceLen + proofLen
+	wireVersion = 3                                   // 2: authenticated hello; 3: its scope descriptor
+	helloLen    = 4 + 2 + 8 + nonceLen + proofLen + 2 // the fixed part, up to the scope's length
 	reqHeadLen  = 1 + 8 + 2 + 4
 	opLen       = 16
 	// maxOps and maxRequestBytes bound what a server reads for one request.

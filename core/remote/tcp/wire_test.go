@@ -64,6 +64,10 @@ func FuzzTCPEndpoint(f *testing.F) {
 	f.Add(tcpEndpoint{worker: 1, addr: "127.0.0.1:4000"}.append(nil))
 	f.Add(tcpEndpoint{worker: 1, scope: scopeReadOnly, key: [keyLen]byte{9}, host: [16]byte{1}, unix: "@kvbm-1", addr: "[::1]:4000"}.append(nil))
 	f.Add(tcpEndpoint{worker: 2, flags: flagTLS, unix: "@kvbm-2", addr: "10.0.0.2:4000"}.append(nil))
+	desc, _ := encodeScope(1, remote.Scope{Layouts: []remote.ScopedLayout{{Layout: transfer.LayoutHandle{Worker: 1, Layout: 2}, Blocks: []int{3, 4}}}})
+	f.Add(tcpEndpoint{worker: 1, scope: scopeBlocks, key: [keyLen]byte{9}, desc: desc, addr: "127.0.0.1:4000"}.append(nil))
+	short := tcpEndpoint{worker: 1, scope: scopeBlocks, desc: desc, addr: "1:2"}.append(nil)
+	f.Add(short[:len(short)-20]) // long enough before the scope is cut, too short after
 	f.Add([]byte{1})
 	f.Add(append([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0}, "10.0.0.1:4000"...))
 	f.Fuzz(func(t *testing.T, ep []byte) {
@@ -102,7 +106,8 @@ func FuzzParseRegions(f *testing.F) {
 
 // FuzzParseHello: a hello comes from whoever reaches the port.
 func FuzzParseHello(f *testing.F) {
-	f.Add(appendHello(nil, make([]byte, keyLen), make([]byte, nonceLen), make([]byte, nonceLen), 1, 2))
+	f.Add(appendHello(nil, make([]byte, keyLen), make([]byte, nonceLen), make([]byte, nonceLen), 1, 2, nil))
+	f.Add(appendHello(nil, make([]byte, keyLen), make([]byte, nonceLen), make([]byte, nonceLen), 1, 2, []byte{scopeVersion}))
 	f.Add([]byte("KVBT"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)

@@ -159,6 +159,29 @@ static void op_import(input_t *in) {
     if (kvbm_coordinated_destroy(c) != KVBM_OK) abort();
 }
 
+/* A block-scoped export: tiers and ids sometimes invalid or out of range,
+ * struct_size sometimes short, the buffer sometimes too small. */
+static void op_scope(input_t *in) {
+    int32_t tiers[MAX_IDS];
+    uint32_t ids[MAX_IDS];
+    size_t n = u8(in) % (MAX_IDS + 1);
+    for (size_t i = 0; i < n; i++) {
+        tiers[i] = (int32_t)(u8(in) % 6) - 1;
+        ids[i] = u8(in) % (NUM_BLOCKS + 2);
+    }
+    kvbm_block_scope_t scope = KVBM_BLOCK_SCOPE_INIT;
+    scope.tiers = (u8(in) % 8) ? tiers : NULL;
+    scope.block_ids = (u8(in) % 8) ? ids : NULL;
+    scope.num_blocks = n;
+    scope.expires_ms = (u8(in) & 1) ? (uint32_t)u64(in) : 0;
+    if (u8(in) % 8 == 0) scope.struct_size = u8(in);
+    uint8_t buf[sizeof metadata];
+    size_t len = 0;
+    size_t cap = (u8(in) & 1) ? sizeof buf : u8(in);
+    check(kvbm_worker_export_metadata_blocks(worker, (u8(in) % 16) ? &scope : NULL, buf, cap, &len),
+          "worker_export_metadata_blocks");
+}
+
 static void op_objects(input_t *in) {
     uint8_t keybuf[4][80];
     const uint8_t *keys[4];
@@ -300,8 +323,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!worker) setup();
     input_t in = {data, size};
     for (int ops = 0; in.n > 0 && ops < 16; ops++) {
-        switch (u8(&in) % 6) {
+        switch (u8(&in) % 7) {
         case 0: op_transfer(&in); break;
+        case 6: op_scope(&in); break;
         case 1: op_import(&in); break;
         case 2: op_objects(&in); break;
         case 3: op_raw_handles(&in); break;

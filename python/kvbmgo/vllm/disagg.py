@@ -9,8 +9,10 @@ over pyzmq (a vLLM dependency), one request and one reply each:
   the one of its own tensor-parallel rank, or, between TP sizes, each rank
   tp_mapping.plan names (a head slice then lands through staging.py). The
   reply describes that rank's KV (``kv``) and carries the prefill worker's
-  exported metadata (the decode side connects to it, keyed by the
-  metadata's own identity) and grants a lease, named by an id: the prefill
+  exported metadata, scoped to that request's G1 blocks (read only, expiring
+  with the lease: ``pd_request_metadata``; the decode side connects to it
+  under its own instance, which it drops after the transfer) and grants a
+  lease, named by an id: the prefill
   keeps the blocks while any lease runs (a lease outlasts the decode side's
   deadline), so a pull never reads blocks the prefill has let go of, even
   when two decode instances were sent the same request.
@@ -65,13 +67,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .._handoff import Completion, FactKind, HandoffOrder, OutcomeKind
+from .._layout import Tier
 from .._pd import _GRACE_S, Handoff, HandoffRefused, HandoffSide
 from .._worker import _exporter_id
-from ..errors import AlreadyExistsError, CanceledError, KvbmError
+from ..errors import AlreadyExistsError, CanceledError, FailedPreconditionError, KvbmError
 from .metadata import RemotePull
 from .tp_mapping import Plan, Read, owned, plan, refusal
 
-__all__ = ["PrefillServer", "DecodePuller", "instance_id", "pd_metadata"]
+__all__ = ["PrefillServer", "DecodePuller", "instance_id", "pd_metadata", "pd_request_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +111,17 @@ def instance_id(wid: int, metadata: bytes) -> int:
 
 
 def pd_metadata(worker: Any) -> bytes:
-    """The metadata a prefill worker hands to the decode workers that prove
-    a request's token: a read-only capability (it reads, never writes).
-
-    TODO(issue 21): scope it to what the request needs; it names every
-    layout of the worker."""
+    """A prefill worker's read-only metadata (every layout): what the side
+    channel hands for a request when it cannot scope it (a server made
+    without pd_request_metadata)."""
     return worker.export_metadata(read_only=True)
+
+
+def pd_request_metadata(worker: Any, block_ids: List[int], expires_s: float) -> bytes:
+    """The metadata a prefill worker hands to the decode worker that proves
+    a request's token: a capability that reads that request's G1 blocks and
+    nothing else (not G2, not another request's KV), for expires_s seconds."""
+    return worker.export_metadata(blocks={Tier.G1: list(block_ids)}, expires=expires_s)
 
 
 def _same(given: Any, want: str) -> bool:
@@ -139,10 +147,11 @@ def _expected_worker(p: RemotePull, rank: int, wid: Optional[int]) -> bool:
 
 class _Hold:
     """A request held for decode instances."""
-    __slots__ = ("token", "until", "leases", "done_by", "consumers")
+    __slots__ = ("token", "until", "leases", "done_by", "consumers", "blocks")
 
-    def __init__(self, token: str, until: float) -> None:
+    def __init__(self, token: str, until: float, blocks: Optional[List[int]] = None) -> None:
         self.token = token                 # the request's (kv_transfer_params kvbm_token)
+        self.blocks = blocks               # its G1 blocks: what its pull's metadata covers
         self.until = until                 # let go then if unclaimed
         self.leases: Dict[str, float] = {}  # lease id -> end of that pull's lease
         # The decode ranks done with it, and how many read it (heterogeneous
@@ -192,13 +201,17 @@ class PrefillServer:
     blocks wait for a decode instance."""
 
     def __init__(self, metadata: bytes, engine_id: str, host: str, port: int,
-                 hold_s: float, kv: Optional[Dict[str, Any]] = None) -> None:
+                 hold_s: float, kv: Optional[Dict[str, Any]] = None,
+                 scoped: Optional[Any] = None) -> None:
         import zmq
         self.engine_id = engine_id
         self.address = f"tcp://{host}:{port}"
         self._md = metadata
         # This rank's KV as the pull reply describes it (staging.LocalKv.describe).
         self._kv = kv
+        # scoped(block_ids, expires_s) -> the metadata of a request's blocks
+        # only (pd_request_metadata); None: metadata for every request.
+        self._scoped = scoped
         self._hold_s = hold_s
         self._lock = threading.Lock()
         self._held: Dict[str, _Hold] = {}
@@ -235,11 +248,13 @@ class PrefillServer:
 
     # ---- the worker's thread
 
-    def hold(self, req_id: str, token: str) -> None:
-        """The request's blocks wait for a decode instance that proves token
-        (until pd_hold_s)."""
+    def hold(self, req_id: str, token: str, block_ids: Optional[List[int]] = None) -> None:
+        """The request's blocks (block_ids, its G1 blocks: what its pull's
+        metadata covers) wait for a decode instance that proves token (until
+        pd_hold_s)."""
         with self._lock:
-            h = _Hold(token, time.monotonic() + self._hold_s)
+            h = _Hold(token, time.monotonic() + self._hold_s,
+                      list(block_ids) if block_ids else None)
             early = self._early.pop((req_id, token), None) if token else None
             if early is not None:
                 h.done_by, h.consumers = early
@@ -363,9 +378,14 @@ class PrefillServer:
                         or not 0 <= lease < 1e6:
                     return [json.dumps({"ok": False, "why": "malformed lease"}).encode()]
                 if hold is not None:
+                    md, scoped = self._pull_metadata(req_id, hold, lease + _LEASE_MARGIN_S)
+                    if md is None:
+                        return [json.dumps({"ok": False, "why": "no metadata"}).encode()]
                     lease_id = uuid.uuid4().hex
                     hold.leases[lease_id] = time.monotonic() + lease + _LEASE_MARGIN_S
-                    return [json.dumps(self._pull_head(lease_id)).encode(), self._md]
+                    head = self._pull_head(lease_id)
+                    head["scoped"] = scoped
+                    return [json.dumps(head).encode(), md]
                 if gone is not None:
                     return [json.dumps({"ok": False, "why": "released"}).encode()]
                 # Not held yet (vLLM answered the client before this worker's
@@ -404,6 +424,21 @@ class PrefillServer:
             head["kv"] = self._kv
         return head
 
+    def _pull_metadata(self, req_id: str, hold: _Hold, expires_s: float
+                       ) -> Tuple[Optional[bytes], bool]:
+        """(the metadata a pull of hold gets, whether it covers the request's
+        blocks only). A request's metadata that cannot be scoped is not
+        handed (logged): the decode fails its blocks, and nothing wider
+        goes out."""
+        if self._scoped is None or not hold.blocks:
+            return self._md, False
+        try:
+            return self._scoped(hold.blocks, expires_s), True
+        except Exception as e:  # noqa: BLE001 - a closed worker too: the channel keeps serving
+            log.error("kvbm: request %s: its blocks' metadata cannot be exported (%s); "
+                      "its pull is refused", req_id[:64], e)
+            return None, False
+
     def _refuse(self, req_id: str) -> None:
         """A message named a request held (or let go) here with a wrong
         token: counted; logged at most every _REFUSED_LOG_S."""
@@ -426,11 +461,13 @@ class _Refused(HandoffRefused):
 
 class _Conn:
     """A prefill worker's metadata the decode is connected to, under its own
-    instance id; users: the pulls whose transfers run against it."""
-    __slots__ = ("md", "inst", "users", "stale")
+    instance id; users: the pulls whose transfers run against it; scoped: a
+    request's metadata (its own instance, dropped after its pull)."""
+    __slots__ = ("md", "inst", "users", "stale", "scoped", "wid")
 
-    def __init__(self, md: bytes, inst: int) -> None:
+    def __init__(self, md: bytes, inst: int, scoped: bool = False, wid: int = 0) -> None:
         self.md, self.inst, self.users, self.stale = md, inst, 0, False
+        self.scoped, self.wid = scoped, wid
 
 
 class _Connections:
@@ -444,6 +481,7 @@ class _Connections:
         self._worker = worker
         self._cv = threading.Condition()
         self._by_wid: "OrderedDict[int, _Conn]" = OrderedDict()
+        self._scoped: Dict[int, int] = {}  # worker id -> request-scoped pulls connected
 
     def acquire(self, wid: int, md: bytes, deadline: float, stop: threading.Event) -> _Conn:
         with self._cv:
@@ -453,7 +491,7 @@ class _Connections:
                     c.users += 1
                     self._by_wid.move_to_end(wid)
                     return c
-                if c is None or c.users == 0:
+                if (c is None or c.users == 0) and not self._scoped.get(wid):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0 or stop.is_set():
@@ -477,9 +515,69 @@ class _Connections:
                     self._drop(other, oc)
             return c
 
+    def acquire_scoped(self, wid: int, md: bytes, deadline: float,
+                       stop: threading.Event) -> _Conn:
+        """Connects a request's metadata (it covers that request's blocks
+        only) under its own instance, until release: the library reaches the
+        prefill worker through one peer for all of them. Waits while a pull
+        uses whole-worker metadata of wid, or (the library says so:
+        FailedPreconditionError) scopes of another server claiming wid, so
+        that nothing in flight is re-pointed."""
+        inst = instance_id(wid, md)
+        with self._cv:
+            while True:
+                c = self._by_wid.get(wid)
+                if c is None or c.users == 0:
+                    break
+                self._wait(wid, deadline, stop)
+            if c is not None:
+                self._drop(wid, c)
+            self._scoped[wid] = self._scoped.get(wid, 0) + 1
+        try:
+            while True:
+                try:
+                    self._worker.connect_remote(inst, md)
+                    break
+                except FailedPreconditionError as e:
+                    if "request-scoped" not in str(e):
+                        raise
+                    with self._cv:
+                        self._wait(wid, deadline, stop)
+        except BaseException:
+            self._unscope(wid)
+            raise
+        c = _Conn(md, inst, scoped=True, wid=wid)
+        c.users = 1
+        return c
+
+    def _wait(self, wid: int, deadline: float, stop: threading.Event) -> None:
+        """Waits a little for pulls of wid to end (self._cv held); raises
+        _Unanswered past the deadline."""
+        left = deadline - time.monotonic()
+        if left <= 0 or stop.is_set():
+            raise _Unanswered(f"pulls in flight use other metadata of worker {wid:x} "
+                              f"until the deadline")
+        self._cv.wait(min(left, 0.1))
+
+    def _unscope(self, wid: int) -> None:
+        with self._cv:
+            n = self._scoped.get(wid, 0) - 1
+            if n > 0:
+                self._scoped[wid] = n
+            else:
+                self._scoped.pop(wid, None)
+            self._cv.notify_all()
+
     def release(self, c: _Conn, failed: bool) -> None:
         """A pull's transfer against c ended; failed: connect again next time
-        (a restarted prefill)."""
+        (a restarted prefill). A request's metadata is dropped now."""
+        if c.scoped:
+            try:
+                self._worker.disconnect_remote(c.inst)
+            except KvbmError:
+                pass
+            self._unscope(c.wid)
+            return
         with self._cv:
             c.users -= 1
             c.stale = c.stale or failed
@@ -505,6 +603,15 @@ class _Source:
         self.conns: Optional[_Connections] = None
         self.conn: Optional[_Conn] = None
 
+    def connect(self, wid: int, md: bytes, deadline: float, stop: threading.Event) -> _Conn:
+        """Connects to the metadata its lease carried, on self.conns: a
+        request's own (scoped) instance when the lease says the metadata
+        covers that request's blocks only."""
+        assert self.conns is not None
+        if self.lease.get("scoped") is True:
+            return self.conns.acquire_scoped(wid, md, deadline, stop)
+        return self.conns.acquire(wid, md, deadline, stop)
+
 
 class _Pull(HandoffSide):
     """One request's hand-off, on the side channel: the prefill ran before
@@ -528,13 +635,13 @@ class _Pull(HandoffSide):
             wid, md, kv = puller._lease(p, src, self.deadline)
             if puller._direct(p, read, kv):
                 src.conns = puller._conns
-                src.conn = src.conns.acquire(wid, md, self.deadline, puller._stop)
+                src.conn = src.connect(wid, md, self.deadline, puller._stop)
                 h.pull(puller._worker, src.conn.inst, p.remote_block_ids, p.block_ids)
                 continue
             assert kv is not None  # _direct is True without a description
             stage = puller._staging(kv, len(self.plan.reads))
             src.conns = stage.conns
-            src.conn = src.conns.acquire(wid, md, self.deadline, puller._stop)
+            src.conn = src.connect(wid, md, self.deadline, puller._stop)
             staged.append((read, src, kv))
         if staged:
             self._staged(h, staged)

@@ -269,11 +269,13 @@ class KvbmWorker:
         """The side channel decode workers pull through (kv_both: started by
         the first request held for a decode instance)."""
         if self._server is None:
-            from .disagg import PrefillServer, pd_metadata
-            self._server = PrefillServer(pd_metadata(self.worker), self.engine_id,
+            from .disagg import PrefillServer, pd_metadata, pd_request_metadata
+            w = self.worker
+            self._server = PrefillServer(pd_metadata(w), self.engine_id,
                                          self.config.pd_host, self.pd_port,
                                          self.config.pd_hold_s,
-                                         None if self._local is None else self._local.describe())
+                                         None if self._local is None else self._local.describe(),
+                                         scoped=lambda ids, s: pd_request_metadata(w, ids, s))
         return self._server
 
     def _decode_puller(self) -> Any:
@@ -351,7 +353,7 @@ class KvbmWorker:
                 log.warning("kvbm: reset_cache: %s", e)
         for send in md.sends:
             try:
-                self._prefill_server().hold(send.req_id, send.token)
+                self._prefill_server().hold(send.req_id, send.token, send.block_ids)
             except OSError as e:
                 # No side channel (kv_both: its port is taken): nobody can
                 # pull, so the blocks go back to vLLM with the stores' hold.

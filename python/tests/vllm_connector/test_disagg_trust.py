@@ -363,3 +363,52 @@ def test_a_forged_reply_for_the_genuine_worker_does_not_re_point_a_pull_in_fligh
     with pytest.raises(_Unanswered):
         conns.acquire(7, b"forged", time.monotonic() + 0.2, stop)
     conns.release(g2, False)
+
+
+def test_a_decode_holding_one_requests_metadata_reads_that_requests_blocks_only(zctx):
+    """The prefill (its own process: the scope is the server's to enforce)
+    answers a pull with metadata of that request's G1 blocks only: a decode
+    holding R0's reads R0's blocks byte for byte, and cannot read R1's
+    blocks (refused by the prefill's server) nor its G2 (not in it)."""
+    from kvbmgo import Tier
+    from kvbmgo.errors import NotFoundError, UnsupportedError
+    from test_disagg import PrefillProcess, _transport
+    if _transport() == "loopback":
+        pytest.skip("cross-process transport not available")
+    prompts = {"R0": [1] + PROMPT, "R1": [2] + PROMPT}
+    port = free_port()
+    d = decode_engine()
+    proc = PrefillProcess(port, prompts)
+    try:
+        first = proc.next()
+        p0, p1 = first["params"]["R0"], first["params"]["R1"]
+        assert set(p0["remote_block_ids"]).isdisjoint(p1["remote_block_ids"])
+        frames = ask(zctx, port, {"op": "pull", "req": p0["remote_request_id"],
+                                  "engine": p0["remote_engine_id"], "token": p0["kvbm_token"],
+                                  "lease_s": 30}, timeout_ms=10000)
+        head = json.loads(frames[0])
+        assert head["ok"] and head["scoped"] is True, head
+        w = d.worker._worker.worker
+        inst = 0xA0
+        w.connect_remote(inst, frames[1])
+        n = len(p0["remote_block_ids"])
+        local = list(range(1, 1 + n))
+        n0 = w.transfer_from_instance(inst, Tier.G1, p0["remote_block_ids"], Tier.G1, local)
+        n0.wait(10)
+        n0.close()
+        shape = d.read(0, 0).shape
+        for i, b in enumerate(local):
+            for layer in range(len(LAYERS)):
+                want = torch.frombuffer(bytearray.fromhex(first["blocks"]["R0"][i][layer]),
+                                        dtype=torch.int16).view(shape)
+                assert torch.equal(d.read(b, layer), want), f"R0 block {i} layer {layer}"
+        n1 = w.transfer_from_instance(inst, Tier.G1, p1["remote_block_ids"], Tier.G1, local)
+        with pytest.raises(UnsupportedError, match="request-scoped capability"):
+            n1.wait(10)
+        n1.close()
+        with pytest.raises(NotFoundError):
+            w.transfer_from_instance(inst, Tier.G2, [0], Tier.G1, [1])
+        w.disconnect_remote(inst)
+    finally:
+        proc.kill()
+        d.close()

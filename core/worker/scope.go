@@ -1,0 +1,99 @@
+package worker
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// BlockScope is what a request-scoped export covers: some blocks of some
+// tiers, read only, until Expires (zero: no end).
+type BlockScope struct {
+	Blocks  map[Tier][]int
+	Expires time.Time
+}
+
+// ErrScopedBusy is returned by an import of request-scoped metadata of a
+// worker this one reaches at another address with request-scoped
+// capabilities still connected: the pulls in flight are never re-pointed
+// (the importer waits for them to be disconnected, then imports again).
+var ErrScopedBusy = kvbmerr.New(kvbmerr.FailedPrecondition, "request-scoped capabilities of another server in use")
+
+// ExportBlockScopedMetadata is metadata that reads the blocks s names and
+// nothing else: it describes s's tiers only, and its holder's requests
+// for any other block, any write, or any request after s.Expires are
+// refused by this worker's server (a decode pulling one request's blocks
+// from a prefill). The server keeps nothing per export. Within this
+// process (the loopback) the scope is not enforced: the process is
+// trusted. A transport that cannot scope is refused.
+func (w *PhysicalWorker) ExportBlockScopedMetadata(s BlockScope) ([]byte, error) {
+	if len(s.Blocks) == 0 {
+		return nil, fmt.Errorf("%w: export scoped metadata: the scope names no tier", transfer.ErrInvalidArgument)
+	}
+	md := Metadata{WorkerID: w.m.WorkerID()}
+	rs := remote.Scope{Expires: s.Expires}
+	tiers := make([]Tier, 0, len(s.Blocks))
+	for t := range s.Blocks {
+		tiers = append(tiers, t)
+	}
+	slices.Sort(tiers)
+	for _, t := range tiers {
+		if !t.valid() {
+			return nil, fmt.Errorf("%w: export scoped metadata: tier %d is not G1, G2 or G3", transfer.ErrInvalidArgument, t)
+		}
+		h, err := w.handle(t, "scoped")
+		if err != nil {
+			return nil, fmt.Errorf("export scoped metadata: %w", err)
+		}
+		d, err := w.m.Describe(h)
+		if err != nil {
+			return nil, fmt.Errorf("export scoped metadata: %v: %w", t, err)
+		}
+		md.Layouts = append(md.Layouts, LogicalDescriptor{Tier: t, Descriptor: d})
+		rs.Layouts = append(rs.Layouts, remote.ScopedLayout{Layout: h, Blocks: s.Blocks[t]})
+	}
+	if w.loopback != nil {
+		ep, err := w.loopback.Endpoint()
+		if err != nil {
+			return nil, fmt.Errorf("export scoped metadata: loopback endpoint: %w", err)
+		}
+		md.Endpoints = append(md.Endpoints, Endpoint{Transport: w.loopback.Name(), Address: ep})
+	}
+	if w.network != nil {
+		se, ok := w.network.(remote.ScopedEndpointer)
+		if !ok {
+			return nil, fmt.Errorf("%w: export scoped metadata: %s cannot export a request-scoped capability", transfer.ErrUnsupported, w.network.Name())
+		}
+		ep, err := se.ScopedEndpoint(rs)
+		if err != nil {
+			return nil, fmt.Errorf("export scoped metadata: %s endpoint: %w", w.network.Name(), err)
+		}
+		md.Endpoints = append(md.Endpoints, Endpoint{Transport: w.network.Name(), Address: ep})
+	}
+	return md.Encode()
+}
+
+// adopt files a peer that connect made for md's worker: a request-scoped
+// one joins the worker's current scoped peer when that reaches the same
+// server (the attacher is then that peer), and is refused with
+// ErrScopedBusy when it reaches another while the current one is
+// connected; anything else replaces the current peer, which closes.
+// Called with w.mu held; the peer to close is returned.
+func (w *PhysicalWorker) adopt(wid uint64, p remote.Peer) (attacher remote.Peer, closeOld remote.Peer, err error) {
+	old := w.peers[wid]
+	if j, ok := old.(remote.Joiner); ok {
+		if j.Join(p) {
+			return old, nil, nil
+		}
+		if _, scoped := p.(remote.Joiner); scoped {
+			return nil, p, fmt.Errorf("%w: worker %x is reached at another address with request-scoped capabilities still connected; "+
+				"this metadata is imported once they are disconnected", ErrScopedBusy, wid)
+		}
+	}
+	w.peers[wid] = p
+	return p, old, nil
+}

@@ -1,0 +1,97 @@
+package worker
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// scoped asks the exporter process for metadata that reads blocks of tier
+// only.
+func (e *exporter) scoped(t *testing.T, tier Tier, blocks ...int) []byte {
+	t.Helper()
+	s := make([]string, len(blocks))
+	for i, b := range blocks {
+		s[i] = fmt.Sprint(b)
+	}
+	_, err := fmt.Fprintf(e.stdin, "scope %d %s\n", tier, strings.Join(s, ","))
+	require.NoError(t, err)
+	require.True(t, e.out.Scan())
+	hexmd, ok := strings.CutPrefix(e.out.Text(), "metadata ")
+	require.True(t, ok, e.out.Text())
+	md, err := hex.DecodeString(hexmd)
+	require.NoError(t, err)
+	return md
+}
+
+// A decode holding request A's scoped metadata reads A's blocks and
+// cannot read request B's, nor G1 when A's scope is G2's, nor write:
+// across processes, over TCP and on the same host. Two requests' scopes
+// of one prefill are connected at once through one peer, and each leaves
+// at its disconnect, taking its blocks with it.
+func TestRequestScopedMetadataReadsThatRequestsBlocksOnly(t *testing.T) {
+	for _, route := range []string{"tcp", "same host"} {
+		t.Run(route, func(t *testing.T) {
+			var env []string
+			if route == "tcp" {
+				env = append(env, "KVBM_SAME_HOST=0")
+			}
+			exp := startExporter(t, 0xA, env...)
+			dec := decodeWorker(t, 10*time.Second)
+			size := testConfig(1).BlockSize()
+			const a, b InstanceID = 0xA1, 0xB1
+			require.NoError(t, dec.ConnectRemote(a, [][]byte{exp.scoped(t, G1, 3, 4)}))
+			require.NoError(t, dec.ConnectRemote(b, [][]byte{exp.scoped(t, G1, 9)}))
+			dec.mu.RLock()
+			require.Len(t, dec.peers, 1, "one peer for the prefill's worker")
+			require.Len(t, dec.members, 2)
+			dec.mu.RUnlock()
+			pull := func(inst InstanceID, tier Tier, src, dst int) error {
+				n, err := dec.ExecuteRemoteOnboardForInstance(inst, tier, []int{src}, G2, []int{dst}, transfer.Options{})
+				if err != nil {
+					return err
+				}
+				return n.WaitTimeout(-1)
+			}
+			for _, p := range []struct {
+				inst     InstanceID
+				src, dst int
+			}{{a, 3, 0}, {a, 4, 1}, {b, 9, 2}} {
+				require.NoError(t, pull(p.inst, G1, p.src, p.dst), "instance %x block %d", p.inst, p.src)
+				require.Equal(t, pattern(size, uint64(G1)<<8|uint64(p.src)), dec.read(t, G2, p.dst))
+			}
+			// A's capability, B's blocks or another's: refused. (Both scopes
+			// name G1's layout, so the peer routes by block: block 5 is
+			// nobody's, and block 9 is B's, which A's instance reaches only
+			// while B is connected; the server refuses anything a member
+			// asks beyond its own scope, tcp's tests show.)
+			dec.write(t, G2, 5, pattern(size, 0xFFFF))
+			require.ErrorIs(t, pull(a, G1, 5, 5), transfer.ErrUnsupported, "block 5 is in no scope")
+			require.Equal(t, pattern(size, 0xFFFF), dec.read(t, G2, 5), "nothing read")
+			require.ErrorIs(t, pull(a, G2, 3, 5), transfer.ErrNotFound, "A's metadata names no G2")
+			h := requireRemote(t, dec, a, G1)
+			n, err := dec.ExecuteRemoteOffload(G2, []int{0}, RemoteLayout(h, []int{3}), transfer.Options{})
+			if err == nil {
+				err = n.WaitTimeout(-1)
+			}
+			require.ErrorIs(t, err, transfer.ErrUnsupported, "no write")
+			exp.check(t, G1, 3, uint64(G1)<<8|3)
+
+			require.NoError(t, dec.DisconnectRemote(b))
+			require.ErrorIs(t, pull(a, G1, 9, 2), transfer.ErrUnsupported, "B's blocks left with B")
+			require.NoError(t, pull(a, G1, 3, 0), "A still reads its own")
+			require.NoError(t, dec.DisconnectRemote(a))
+			dec.mu.RLock()
+			require.Empty(t, dec.peers)
+			require.Empty(t, dec.members)
+			dec.mu.RUnlock()
+			require.ErrorIs(t, pull(a, G1, 3, 0), transfer.ErrNotFound, "A disconnected")
+		})
+	}
+}
