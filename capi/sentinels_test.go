@@ -19,6 +19,7 @@ import (
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -57,6 +58,7 @@ var sentinels = map[string]struct {
 	"core/pool.ErrState":                 {pool.ErrState, errFailedPrecondition},
 	"core/remote.ErrBadEndpoint":         {remote.ErrBadEndpoint, errInvalidArgument},
 	"core/remote.ErrPeerUnavailable":     {remote.ErrPeerUnavailable, errIO},
+	"core/remote/tcp.ErrTLSConfig":       {tcp.ErrTLSConfig, errInvalidArgument},
 	"core/remote/ucx.ErrLateWrites":      {ucx.ErrLateWrites, errUnsupported},
 	"core/storage.ErrNotShareable":       {storage.ErrNotShareable, errUnsupported},
 	"core/transfer.ErrAlreadyExists":     {transfer.ErrAlreadyExists, errAlreadyExists},
