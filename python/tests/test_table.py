@@ -60,6 +60,7 @@ SCALARS = {"int32_t": c_int32, "uint32_t": c_uint32, "int64_t": c_int64, "uint64
 STRUCTS = {"kvbm_info_t": _lib.InfoC, "kvbm_layout_config_t": _lib.LayoutConfigC,
            "kvbm_layout_handle_t": _lib.LayoutHandleC,
            "kvbm_worker_config_t": _lib.WorkerConfigC,
+           "kvbm_block_scope_t": _lib.BlockScopeC,
            "kvbm_transfer_options_t": _lib.TransferOptionsC,
            "kvbm_path_counters_t": _lib.PathCountersC, "kvbm_counters_t": _lib.CountersC,
            "kvbm_handoff_fact_t": _lib.HandoffFactC,
