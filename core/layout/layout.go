@@ -55,6 +55,9 @@ type Layout struct {
 	// between blocks of a FullyContiguous layout, computed once: every
 	// transfer's plan asks for them.
 	blockSize, blockStride uint64
+	// regionSize is every region's size (RegionSizes; all are equal),
+	// computed once: a peer's every request checks its ranges against it.
+	regionSize uint64
 }
 
 // Region is a range of addresses.
@@ -115,7 +118,7 @@ func New(cfg Config, kind Kind, dim BlockDim, bases []uint64) (*Layout, error) {
 	}
 	size := uint64(cfg.BlockSize())
 	return &Layout{cfg: cfg, kind: kind, blockDim: dim, bases: append([]uint64(nil), bases...),
-		blockSize: size, blockStride: cfg.align(size)}, nil
+		blockSize: size, blockStride: cfg.align(size), regionSize: sizes[0]}, nil
 }
 
 // NewFullyContiguous makes a FullyContiguous layout over one region at base.
@@ -142,10 +145,9 @@ func (l *Layout) NumRegions() int { return len(l.bases) }
 
 // Regions returns every region (base and size) in order.
 func (l *Layout) Regions() []Region {
-	sizes, _ := RegionSizes(l.cfg, l.kind, l.blockDim) // validated in New
-	out := make([]Region, len(sizes))
-	for i, s := range sizes {
-		out[i] = Region{Addr: l.bases[i], Size: s}
+	out := make([]Region, len(l.bases))
+	for i, b := range l.bases {
+		out[i] = Region{Addr: b, Size: l.regionSize}
 	}
 	return out
 }
@@ -156,8 +158,8 @@ func (l *Layout) Contains(addr, size uint64) bool {
 	if size == 0 || addr+size < addr {
 		return false
 	}
-	for _, r := range l.Regions() {
-		if addr >= r.Addr && addr+size <= r.Addr+r.Size {
+	for _, b := range l.bases {
+		if addr >= b && addr+size <= b+l.regionSize {
 			return true
 		}
 	}
@@ -176,17 +178,8 @@ func (l *Layout) BlocksTouched(addr, size uint64) (first, last int, ok bool) {
 	}
 	c := l.cfg
 	frag := uint64(c.FragmentSize())
-	var regionSize uint64 // every region's (RegionSizes), without its allocation: this runs per op of a peer's request
-	switch {
-	case l.kind == FullyContiguous:
-		regionSize = uint64(c.NumBlocks) * l.blockStride
-	case l.blockDim == BlockIsFirstDim:
-		regionSize = uint64(c.NumBlocks) * c.align(uint64(c.OuterDim)*frag)
-	default:
-		regionSize = uint64(c.OuterDim) * c.align(uint64(c.NumBlocks)*frag)
-	}
 	for _, base := range l.bases {
-		if addr < base || addr+size > base+regionSize {
+		if addr < base || addr+size > base+l.regionSize {
 			continue
 		}
 		off, end := addr-base, addr-base+size-1
