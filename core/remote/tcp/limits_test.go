@@ -59,13 +59,7 @@ func TestTCPAcceptSurvivesAnEMFILEBurst(t *testing.T) {
 	require.Equal(t, uint64(burst), p.expTCP.Limits().AcceptErrors)
 
 	// A second peer, connected after the burst, is served too.
-	imp2 := New(Config{Listen: "127.0.0.1:0", NoSameHost: true})
-	defer imp2.Close()
-	ep, err := p.expTCP.Endpoint()
-	require.NoError(t, err)
-	peer, err := imp2.Connect(context.Background(), ep)
-	require.NoError(t, err)
-	require.NoError(t, peer.Close())
+	connectsAfresh(t, p)
 }
 
 // A peer that sends one byte of a request header and stalls is closed at
@@ -148,6 +142,19 @@ func tcpAddr(t *testing.T, tr *Transport) string {
 	return tr.Addr().String()
 }
 
+// connectsAfresh checks that another importer connects to p's exporter on
+// new connections (a genuine peer during or after a flood).
+func connectsAfresh(t *testing.T, p *tcpPair) {
+	t.Helper()
+	imp := New(Config{Listen: "127.0.0.1:0", NoSameHost: true})
+	defer imp.Close()
+	ep, err := p.expTCP.Endpoint()
+	require.NoError(t, err)
+	peer, err := imp.Connect(context.Background(), ep)
+	require.NoError(t, err)
+	require.NoError(t, peer.Close())
+}
+
 // Connections beyond MaxConnsPerAddr from one address are closed at
 // accept, counted; a genuine peer from another address is served, and
 // once the flood closes, its address may connect again.
@@ -158,13 +165,7 @@ func TestTCPConnsPerAddrAreCapped(t *testing.T) {
 	require.Equal(t, uint64(3), p.expTCP.Limits().OverMaxConnsPerAddr)
 
 	// A genuine peer from 127.0.0.1, on new connections.
-	imp2 := New(Config{Listen: "127.0.0.1:0", NoSameHost: true})
-	defer imp2.Close()
-	ep, err := p.expTCP.Endpoint()
-	require.NoError(t, err)
-	peer, err := imp2.Connect(context.Background(), ep)
-	require.NoError(t, err)
-	require.NoError(t, peer.Close())
+	connectsAfresh(t, p)
 	pull(t, p, "g1", 0x51)
 
 	for _, c := range flood {
@@ -198,12 +199,6 @@ func TestTCPConnsAreCappedGlobally(t *testing.T) {
 		defer p.expTCP.mu.Unlock()
 		return len(p.expTCP.conns) == held
 	}, 5*time.Second, 10*time.Millisecond)
-	imp2 := New(Config{Listen: "127.0.0.1:0", NoSameHost: true})
-	defer imp2.Close()
-	ep, err := p.expTCP.Endpoint()
-	require.NoError(t, err)
-	peer, err := imp2.Connect(context.Background(), ep)
-	require.NoError(t, err)
-	require.NoError(t, peer.Close())
+	connectsAfresh(t, p)
 	pull(t, p, "g2", 0x61)
 }
