@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from e2e_common.engine_process import skip_or_require
 from e2e_common.model import make_model
 from sglang_helpers import Engine
 
@@ -31,13 +32,7 @@ def _why_no_sglang():
 
 
 def pytest_collection_modifyitems(config, items):
-    why = _why_no_sglang()
-    if why is None:
-        return
-    if os.environ.get("KVBM_REQUIRE_ENGINES") == "1":
-        raise pytest.UsageError(f"e2e_sglang: {why} (KVBM_REQUIRE_ENGINES=1)")
-    for item in items:
-        item.add_marker(pytest.mark.skip(reason=why))
+    skip_or_require("e2e_sglang", _why_no_sglang(), items)
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,9 @@ the recording storage's records (recording_storage.py)."""
 import glob
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
+
+from e2e_common.engine_process import EngineProcess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
@@ -18,7 +17,7 @@ STANDINS = os.path.join(HERE, "standins")
 PAGE = 32                  # tokens per page (engine.py)
 
 
-class Engine:
+class Engine(EngineProcess):
     """engine.py in its own process; records (the recording storage's) go
     into records_dir."""
 
@@ -29,55 +28,18 @@ class Engine:
         env["PYTHONPATH"] = os.pathsep.join(
             [STANDINS, HERE, PYTHON_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["KVBM_E2E_RECORDS"] = records_dir
-        self.name = name
-        self.log = open(os.path.join(os.environ.get("KVBM_E2E_LOGDIR", tempfile.gettempdir()),
-                                     f"kvbm-e2e-sglang-{name}-{os.getpid()}.log"), "w")
-        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"),
-                                   json.dumps(cfg)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
-                                  start_new_session=True)
-        try:
-            self.read()  # ready
-        except BaseException:
-            self.close()
-            raise
-
-    def read(self) -> dict:
-        line = self.p.stdout.readline()
-        if not line:
-            self.log.flush()
-            with open(self.log.name) as f:
-                tail = f.read()[-6000:]
-            raise RuntimeError(f"engine {self.name} exited ({self.p.poll()}); its log:\n{tail}")
-        return json.loads(line)
-
-    def send(self, op: str, **kw) -> None:
-        self.p.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.p.stdin.flush()
-
-    def call(self, op: str, **kw) -> dict:
-        self.send(op, **kw)
-        return self.read()
+        super().__init__(os.path.join(HERE, "engine.py"), cfg, env, name,
+                         f"kvbm-e2e-sglang-{name}", log_tail=6000, new_session=True)
 
     def generate(self, prompts, max_tokens: int) -> dict:
         return self.call("generate", prompts=prompts, max_tokens=max_tokens)
 
-    def close(self) -> None:
-        if self.p.poll() is None:
-            try:
-                self.call("quit")
-                self.p.wait(60)
-            except Exception:  # noqa: BLE001
-                pass
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
+    def exited(self) -> None:
         # SGLang's scheduler and detokenizer, should the engine have left them
         try:
             os.killpg(self.p.pid, 9)
         except ProcessLookupError:
             pass
-        self.log.close()
 
 
 class Records:

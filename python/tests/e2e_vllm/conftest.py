@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from e2e_common.engine_process import skip_or_require
 from e2e_helpers import Engine, make_model
 
 
@@ -27,13 +28,7 @@ def _why_no_vllm():
 
 
 def pytest_collection_modifyitems(config, items):
-    why = _why_no_vllm()
-    if why is None:
-        return
-    if os.environ.get("KVBM_REQUIRE_ENGINES") == "1":
-        raise pytest.UsageError(f"e2e_vllm: {why} (KVBM_REQUIRE_ENGINES=1)")
-    for item in items:
-        item.add_marker(pytest.mark.skip(reason=why))
+    skip_or_require("e2e_vllm", _why_no_vllm(), items)
 
 
 @pytest.fixture(scope="session")

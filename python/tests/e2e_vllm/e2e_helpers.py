@@ -1,12 +1,9 @@
 """Helpers of the real-engine tests (conftest.py has the fixtures): Engine,
 one engine.py process driven over a pipe; the tiny model and prompts come
 from e2e_common."""
-import json
 import os
-import subprocess
-import sys
-import tempfile
 
+from e2e_common.engine_process import EngineProcess
 from e2e_common.model import HEAD, KV_HEADS, LAYERS, free_port, make_model, prompt  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,7 +14,7 @@ BLOCK_BYTES = LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 4   # float32, K and V
 G1_BLOCKS = 24             # small: four long requests at once are preempted
 
 
-class Engine:
+class Engine(EngineProcess):
     """engine.py in its own process."""
 
     def __init__(self, model: str, connector=None, role: str = "kv_both",
@@ -34,45 +31,11 @@ class Engine:
             n = os.cpu_count() or 1
             env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % n) for r in range(tp))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        self.name = name
-        self.log = open(os.path.join(os.environ.get("KVBM_E2E_LOGDIR", tempfile.gettempdir()),
-                                     f"kvbm-e2e-{name}-{os.getpid()}.log"), "w")
-        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"),
-                                   json.dumps(cfg)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        self._read()  # ready
-
-    def _read(self) -> dict:
-        line = self.p.stdout.readline()
-        if not line:
-            self.log.flush()
-            with open(self.log.name) as f:
-                tail = f.read()[-4000:]
-            raise RuntimeError(f"engine {self.name} exited ({self.p.poll()}); its log:\n{tail}")
-        return json.loads(line)
-
-    def call(self, op: str, **kw) -> dict:
-        self.p.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.p.stdin.flush()
-        return self._read()
+        super().__init__(os.path.join(HERE, "engine.py"), cfg, env, name, f"kvbm-e2e-{name}")
 
     def generate(self, prompts, max_tokens: int, kv_transfer_params=None) -> dict:
         return self.call("generate", prompts=prompts, max_tokens=max_tokens,
                          kv_transfer_params=kv_transfer_params)
-
-    @property
-    def pid(self) -> int:
-        return self.p.pid
-
-    def close(self) -> None:
-        if self.p.poll() is None:
-            try:
-                self.call("quit")
-                self.p.wait(60)
-            except Exception:  # noqa: BLE001
-                self.p.kill()
-                self.p.wait()
-        self.log.close()
 
 
 def flat_ids(ids):
