@@ -45,7 +45,12 @@ type Emulated struct {
 	next    uint64 // last handle given out; streams and events share the counter
 	streams map[Stream]*stream
 	events  map[Event]*event
-	legacy  *stream // stream 0, started on first use
+	// Copies of streams and events (created streams only) that lookups
+	// read without e.mu, as a driver reads a handle: written under e.mu
+	// beside the maps. A handle missing there takes the locked path, which
+	// names why (closed, unknown).
+	fastStreams, fastEvents sync.Map
+	legacy                  *stream // stream 0, started on first use
 
 	shutdown atomic.Bool   // set by Close before closing is closed
 	closing  chan struct{} // closed by Close: waits and queued work abort
@@ -125,6 +130,8 @@ func (e *Emulated) Close() error {
 	}
 	clear(e.streams)
 	clear(e.events)
+	e.fastStreams.Clear()
+	e.fastEvents.Clear()
 	e.mu.Unlock()
 
 	e.shutdown.Store(true)

@@ -24,6 +24,9 @@ func (ev *event) capture() *marker {
 }
 
 func (e *Emulated) lookupEvent(op string, h Event) (*event, error) {
+	if ev, ok := e.fastEvents.Load(h); ok {
+		return ev.(*event), nil
+	}
 	e.mu.RLock()
 	closed := e.closed
 	ev, ok := e.events[h]
@@ -49,7 +52,9 @@ func (e *Emulated) EventCreate(device int) (Event, error) {
 		return 0, errClosed(op)
 	}
 	h := Event(e.newHandle())
-	e.events[h] = &event{handle: h, device: device}
+	ev := &event{handle: h, device: device}
+	e.events[h] = ev
+	e.fastEvents.Store(h, ev)
 	return h, nil
 }
 
@@ -66,6 +71,7 @@ func (e *Emulated) EventDestroy(h Event) error {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
 	}
 	delete(e.events, h)
+	e.fastEvents.Delete(h)
 	return nil
 }
 

@@ -255,6 +255,9 @@ func (e *Emulated) execCopy(kind CopyKind, c Copy) error {
 // lookupStream finds a live stream; handle 0 is the legacy default stream,
 // started on first use.
 func (e *Emulated) lookupStream(op string, h Stream) (*stream, error) {
+	if s, ok := e.fastStreams.Load(h); ok {
+		return s.(*stream), nil
+	}
 	e.mu.RLock()
 	if e.closed {
 		e.mu.RUnlock()
@@ -296,7 +299,9 @@ func (e *Emulated) StreamCreate(device int) (Stream, error) {
 		return 0, errClosed(op)
 	}
 	h := Stream(e.newHandle())
-	e.streams[h] = e.newStream(h, device)
+	s := e.newStream(h, device)
+	e.streams[h] = s
+	e.fastStreams.Store(h, s)
 	return h, nil
 }
 
@@ -315,6 +320,7 @@ func (e *Emulated) StreamDestroy(h Stream) error {
 	}
 	s, ok := e.streams[h]
 	delete(e.streams, h)
+	e.fastStreams.Delete(h)
 	e.mu.Unlock()
 	if !ok {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown stream handle %d", h))

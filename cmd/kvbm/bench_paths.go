@@ -390,6 +390,7 @@ func benchSmallSize(drv cuda.Driver, cfg benchConfig, p *progress, blockBytes in
 	fill(src, 1)
 	copy(dst, src)
 	ops := cfg.smallOps
+	rounds := max(1, ops/batch)
 	ids := seq(0, batch)
 	one := make([][]int, batch)
 	for i := range one {
@@ -416,26 +417,37 @@ func benchSmallSize(drv cuda.Driver, cfg benchConfig, p *progress, blockBytes in
 			}
 			return time.Since(t0), nil
 		}},
+		// Rounds of the batch per timed run, on both sides, so that a run
+		// is not one shot of a few hundred microseconds (a GC or a
+		// preemption would be most of it).
 		{names[1], "one 256-block call", func() (time.Duration, error) {
-			t0 := time.Now()
 			ns := make([]*transfer.Notification, batch)
-			for i := range batch {
-				n, err := m.ExecuteTransfer(g2, one[i], g1, one[i], transfer.Options{})
-				if err != nil {
-					return 0, err
+			t0 := time.Now()
+			for range rounds {
+				for i := range batch {
+					n, err := m.ExecuteTransfer(g2, one[i], g1, one[i], transfer.Options{})
+					if err != nil {
+						return 0, err
+					}
+					ns[i] = n
 				}
-				ns[i] = n
-			}
-			for _, n := range ns {
-				if err := n.WaitTimeout(waitLimit); err != nil {
-					return 0, err
+				for _, n := range ns {
+					if err := n.WaitTimeout(waitLimit); err != nil {
+						return 0, err
+					}
 				}
 			}
 			return time.Since(t0), nil
 		}, func() (time.Duration, error) {
-			return timed("G2→G1 one 256-block call", func() (*transfer.Notification, error) {
-				return m.ExecuteTransfer(g2, ids, g1, ids, transfer.Options{})
-			})
+			t0 := time.Now()
+			for range rounds {
+				if _, err := timed("G2→G1 one 256-block call", func() (*transfer.Notification, error) {
+					return m.ExecuteTransfer(g2, ids, g1, ids, transfer.Options{})
+				}); err != nil {
+					return 0, err
+				}
+			}
+			return time.Since(t0), nil
 		}},
 	}
 	var results []benchResult
@@ -445,7 +457,7 @@ func benchSmallSize(drv cuda.Driver, cfg benchConfig, p *progress, blockBytes in
 		}
 		n := ops
 		if i == 1 {
-			n = batch
+			n = batch * rounds
 		}
 		r := benchResult{Path: bp.name, BlockBytes: bs, Blocks: 1, Concurrency: 1, Unit: "us", Baseline: bp.baseline}
 		if i == 1 {

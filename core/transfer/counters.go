@@ -88,7 +88,9 @@ func (m *Manager) finish(n *Notification, p *plan, path Path, start time.Time, e
 	c.transfers.Add(1)
 	c.blocks.Add(uint64(len(p.srcIDs)))
 	c.bytes.Add(p.bytes())
-	c.failed.Add(uint64(len(failed)))
+	if len(failed) > 0 {
+		c.failed.Add(uint64(len(failed)))
+	}
 	c.ns.Add(uint64(time.Since(start)))
 	n.completeWith(res, failed)
 }

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvbm/kvbm/cuda"
 )
 
 // streamPool hands out a fixed set of streams round-robin, created on first
-// use.
+// use. Once all exist, next reads them without the lock (every device
+// transfer asks for one).
 type streamPool struct {
 	drv     cuda.Driver
 	device  int
@@ -17,13 +19,21 @@ type streamPool struct {
 	streams []cuda.Stream
 	size    int
 	next_   int
+	// ready holds the streams once all size of them exist (full is then
+	// set), each slot replaced under mu by replace; rr picks the next.
+	ready []atomic.Uintptr
+	full  atomic.Bool
+	rr    atomic.Uint64
 }
 
 func newStreamPool(drv cuda.Driver, device, size int) *streamPool {
-	return &streamPool{drv: drv, device: device, size: size}
+	return &streamPool{drv: drv, device: device, size: size, ready: make([]atomic.Uintptr, size)}
 }
 
 func (p *streamPool) next() (cuda.Stream, error) {
+	if p.full.Load() {
+		return cuda.Stream(p.ready[(p.rr.Add(1)-1)%uint64(p.size)].Load()), nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.streams) < p.size {
@@ -31,7 +41,11 @@ func (p *streamPool) next() (cuda.Stream, error) {
 		if err != nil {
 			return 0, fmt.Errorf("create stream on device %d: %w", p.device, err)
 		}
+		p.ready[len(p.streams)].Store(uintptr(s))
 		p.streams = append(p.streams, s)
+		if len(p.streams) == p.size {
+			p.full.Store(true)
+		}
 		return s, nil
 	}
 	s := p.streams[p.next_%len(p.streams)]
@@ -48,6 +62,7 @@ func (p *streamPool) replace(old cuda.Stream) {
 		if s == old {
 			if fresh, err := p.drv.StreamCreate(p.device); err == nil {
 				p.streams[i] = fresh
+				p.ready[i].Store(uintptr(fresh))
 				p.drv.StreamDestroy(old)
 			}
 			return
@@ -58,6 +73,7 @@ func (p *streamPool) replace(old cuda.Stream) {
 func (p *streamPool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.full.Store(false)
 	var errs []error
 	for _, s := range p.streams {
 		errs = append(errs, p.drv.StreamDestroy(s))
@@ -160,22 +176,37 @@ func (m *Manager) enqueueDeviceInto(d *deviceCopies, p *plan, kind cuda.CopyKind
 	return nil
 }
 
-// done reports whether every copy is complete.
-func (d *deviceCopies) done() bool {
-	for _, ev := range d.events {
-		if ok, _ := d.m.drv.EventQuery(ev); !ok {
-			return false
+// done reports whether every copy is complete and, if so, ends them as wait
+// would, with their error: a transfer the device ran within its call is
+// finished without asking each event twice.
+func (d *deviceCopies) done() (bool, error) {
+	var errs [len(deviceCopies{}.eventBuf)]error
+	for i, ev := range d.events {
+		ok, err := d.m.drv.EventQuery(ev)
+		if !ok {
+			return false, nil
+		}
+		if i < len(errs) {
+			errs[i] = err
+		} else if err != nil {
+			return true, d.wait() // more events than room: wait names them all
 		}
 	}
-	return true
+	return true, d.settle(func(i int, _ cuda.Event) error { return errs[i] })
 }
 
 // wait waits for the copies, returns their events to the free list, and
 // replaces a pool stream whose work failed.
 func (d *deviceCopies) wait() error {
+	return d.settle(func(_ int, ev cuda.Event) error { return d.m.drv.EventSynchronize(ev) })
+}
+
+// settle ends the copies with each event's result: it returns the events
+// to the free list and replaces a pool stream whose work failed.
+func (d *deviceCopies) settle(result func(i int, ev cuda.Event) error) error {
 	var errs []error
 	for i, ev := range d.events {
-		if err := d.m.drv.EventSynchronize(ev); err != nil {
+		if err := result(i, ev); err != nil {
 			errs = append(errs, err)
 			if !d.callerStream {
 				d.m.streamsFor(d.kind).replace(d.streams[i])

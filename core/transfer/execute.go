@@ -72,9 +72,9 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 			release()
 			return nil, err
 		}
-		if d.done() { // the device already ran them: no one need wait
+		if done, err := d.done(); done { // the device already ran them: no one need wait
 			defer release()
-			m.finish(n, p, path, start, d.wait())
+			m.finish(n, p, path, start, err)
 			return n, nil
 		}
 		n.done = make(chan struct{})

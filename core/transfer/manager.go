@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
@@ -93,6 +94,11 @@ type Manager struct {
 	entries map[LayoutHandle]*entry
 	nextID  uint16
 	closed  bool
+	// view is a copy of entries that lookups read without the lock (every
+	// transfer looks up two layouts; layouts change rarely): replaced,
+	// never changed, under mu after each change of entries; nil once
+	// closed.
+	view atomic.Pointer[entryView]
 
 	bounce   bouncePool
 	stages   stagePool // pinned staging of Serve
@@ -141,6 +147,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.d2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.bounce.m = m
 	m.done = m.inflight.Done
+	m.published()
 	m.events = freeList[cuda.Event]{
 		make:    func() (cuda.Event, error) { return cfg.Driver.EventCreate(cfg.Device) },
 		destroy: cfg.Driver.EventDestroy,
@@ -169,6 +176,7 @@ func (m *Manager) Close() error {
 	m.closed = true
 	entries := m.entries
 	m.entries = map[LayoutHandle]*entry{}
+	m.view.Store(nil)
 	m.mu.Unlock()
 
 	m.inflight.Wait()
@@ -235,16 +243,46 @@ func (m *Manager) begin() error {
 }
 
 func (m *Manager) lookup(h LayoutHandle) (*entry, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if m.closed {
+	view := m.view.Load()
+	if view == nil {
 		return nil, ErrClosed
 	}
-	e, ok := m.entries[h]
+	var e *entry
+	var ok bool
+	if h.Worker == m.cfg.WorkerID {
+		e, ok = view.local[uint64(h.Layout)]
+	} else {
+		e, ok = view.imported[h]
+	}
 	if !ok {
 		return nil, fmt.Errorf("%w: no layout registered for handle %v", ErrNotFound, h)
 	}
 	return e, nil
+}
+
+// published makes the lookups see entries as they are now; the caller
+// holds mu and has just changed them.
+func (m *Manager) published() {
+	if m.closed {
+		return
+	}
+	view := &entryView{local: map[uint64]*entry{}, imported: map[LayoutHandle]*entry{}}
+	for h, e := range m.entries {
+		if h.Worker == m.cfg.WorkerID {
+			view.local[uint64(h.Layout)] = e
+		} else {
+			view.imported[h] = e
+		}
+	}
+	m.view.Store(view)
+}
+
+// entryView is the lookups' copy of the registry: this worker's own
+// layouts by layout id (a map of integers hashes faster than one of
+// handles), imported ones by handle.
+type entryView struct {
+	local    map[uint64]*entry
+	imported map[LayoutHandle]*entry
 }
 
 // insert registers e under a fresh handle of this worker.
@@ -264,6 +302,7 @@ func (m *Manager) insert(e *entry) (LayoutHandle, error) {
 		if _, taken := m.entries[h]; !taken {
 			e.handle = h
 			m.entries[h] = e
+			m.published()
 			return h, nil
 		}
 	}
@@ -296,6 +335,7 @@ func (m *Manager) Unregister(h LayoutHandle) error {
 	m.mu.Lock()
 	e, ok := m.entries[h]
 	delete(m.entries, h)
+	m.published()
 	m.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: no layout registered for handle %v", ErrNotFound, h)

@@ -122,6 +122,7 @@ func (m *Manager) Import(a Attacher, descs []Descriptor) ([]LayoutHandle, error)
 		m.entries[descs[i].Handle] = e
 		handles[i] = descs[i].Handle
 	}
+	m.published()
 	return handles, nil
 }
 
