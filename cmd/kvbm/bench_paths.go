@@ -194,6 +194,17 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
 			})
 		}, filesBase(false)},
+		// The same get beside a plain read that also computes the CRC32C the
+		// store checks (in pieces, while hot): what verifying costs by
+		// itself, which the plain read does not pay.
+		{"G4→G2 get, vs read+crc32c", "read+crc32c file per block", func() (time.Duration, error) {
+			if err := ensurePut(); err != nil {
+				return 0, err
+			}
+			return inParallel(parts, func(part []int) error {
+				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
+			})
+		}, func() (time.Duration, error) { return files.ReadChecked(blockBufs, conc) }},
 		// Cold: both sides' files dropped from the page cache before each run
 		// (outside the timing), so that both read the device.
 		{"G4→G2 get, cold cache", "read file per block, cold", func() (time.Duration, error) {

@@ -80,7 +80,7 @@ func TestBench(t *testing.T) {
 	require.Equal(t, 0, rc, stderr)
 	var r benchReport
 	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
-	require.Len(t, r.Results, 2*15+2*len(smallBlockSizes)+10) // the grid twice, small transfers, remote (same host, tcp, tls, tls vs tcp; two connects)
+	require.Len(t, r.Results, 2*16+2*len(smallBlockSizes)+10) // the grid twice, small transfers, remote (same host, tcp, tls, tls vs tcp; two connects)
 	for _, x := range r.Results {
 		require.Empty(t, x.Error, x.Path)
 		require.Positive(t, x.Value, x.Path)
@@ -96,7 +96,7 @@ func TestBench(t *testing.T) {
 	require.Contains(t, stdout, "| G2→G3 disk write ")
 	require.Contains(t, stdout, "| 1 MiB ")
 	require.NotContains(t, stdout, "layer-wise")
-	require.Equal(t, 2+5, strings.Count(stdout, "\n|"), stdout) // header, rule, 5 rows (G3 write, read; G4 put, get, cold get)
+	require.Equal(t, 2+6, strings.Count(stdout, "\n|"), stdout) // header, rule, 6 rows (G3 write, read; G4 put, get, get vs read+crc32c, cold get)
 
 	// The gets alone: the put they read runs first, untimed.
 	rc, stdout, stderr = kvbm("bench", "--json", "-dir", t.TempDir(), "-blocks", "2", "-concurrency", "1",
@@ -104,7 +104,7 @@ func TestBench(t *testing.T) {
 	require.Equal(t, 0, rc, stderr)
 	r = benchReport{}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
-	require.Len(t, r.Results, 2)
+	require.Len(t, r.Results, 3)
 	for _, x := range r.Results {
 		require.Empty(t, x.Error, x.Path)
 		require.Positive(t, x.Ratio, x.Path)
