@@ -76,8 +76,8 @@ fuzz: deps fuzz-c
 bench: bench-go bench-c bench-py bench-cmd bench-remote-compare
 
 # The path benchmarks of the kvbm command, on this machine's device and disk.
-bench-cmd: kvbm
-	$(BUILD)/kvbm bench -dir $(BUILD)/bench
+bench-cmd: kvbm $(VERSITYGW)
+	$(WITH_S3) $(BUILD)/kvbm bench -dir $(BUILD)/bench
 
 bench-go: deps deps-ucx $(VERSITYGW)
 	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache ./core/remote/ucx ./internal/memcopy

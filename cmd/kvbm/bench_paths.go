@@ -224,6 +224,20 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 			return files.IO(blockBufs, false, conc)
 		}},
 	}...)
+	if cfg.wants(s3GetPath) {
+		s3, serr := s3FromEnv()
+		if serr != nil {
+			return nil, serr
+		}
+		if s3 != nil {
+			defer func() { err = errors.Join(err, s3.close()) }()
+			g2IO, gerr := m.BlockIO(g2)
+			if gerr != nil {
+				return nil, fmt.Errorf("bench: G2: %w", gerr)
+			}
+			paths = append(paths, s3.path(g2IO, keys, parts, blockBufs))
+		}
+	}
 	if cfg.wants(cacheOffloadPath) || cfg.wants(cacheOnboardPath) {
 		// Last: the cache owns G2 from now on.
 		cps, err := cachePaths(drv, w, parts, ref, bytes)
