@@ -78,7 +78,7 @@ func pathOf(s strategy, kind cuda.CopyKind) Path {
 
 // finish counts a transfer, then completes n with the plan's result, so
 // that whoever waits on n sees the counters include it.
-func (m *Manager) finish(n *Notification, p *plan, path Path, start time.Time, err error) {
+func (m *Manager) finish(n *Notification, p *plan, path Path, start time.Duration, err error) {
 	res := p.result(err)
 	var failed []int
 	if res != nil {
@@ -91,9 +91,16 @@ func (m *Manager) finish(n *Notification, p *plan, path Path, start time.Time, e
 	if len(failed) > 0 {
 		c.failed.Add(uint64(len(failed)))
 	}
-	c.ns.Add(uint64(time.Since(start)))
+	c.ns.Add(uint64(monotonic() - start))
 	n.completeWith(res, failed)
 }
+
+// epoch is the origin of monotonic: a reading of the monotonic clock
+// alone, one clock read where time.Now takes two (wall and monotonic).
+var epoch = time.Now()
+
+// monotonic is the time since epoch, for the counters' durations.
+func monotonic() time.Duration { return time.Since(epoch) }
 
 // Counters returns the totals of every path, indexed by Path.
 func (m *Manager) Counters() [NumPaths]PathCounters {

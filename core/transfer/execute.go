@@ -49,7 +49,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	if err != nil {
 		return nil, err
 	}
-	start, path := time.Now(), pathOf(strat, kind)
+	start, path := monotonic(), pathOf(strat, kind)
 	// Its done channel is made just before a goroutine may complete it; one
 	// completed here, before it is returned, shares an already-closed one.
 	n := &c.n

@@ -2,7 +2,6 @@ package transfer
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/kvbm/kvbm/cuda"
 )
@@ -54,7 +53,7 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
+	start := monotonic()
 	if err := m.enqueueLayers(p, srcIDs, dstIDs, events, s, kind); err != nil {
 		release()
 		return nil, err

@@ -102,8 +102,8 @@ type Manager struct {
 
 	bounce   bouncePool
 	stages   stagePool // pinned staging of Serve
-	inflight sync.WaitGroup
-	done     func() // inflight.Done, bound once
+	inflight *inflightGate
+	done     func() // inflight.leave, bound once
 	counters counters
 }
 
@@ -146,7 +146,8 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.d2h = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.d2d = newStreamPool(cfg.Driver, cfg.Device, cfg.StreamsPerDirection)
 	m.bounce.m = m
-	m.done = m.inflight.Done
+	m.inflight = newInflight()
+	m.done = m.inflight.leave
 	m.published()
 	m.events = freeList[cuda.Event]{
 		make:    func() (cuda.Event, error) { return cfg.Driver.EventCreate(cfg.Device) },
@@ -179,7 +180,7 @@ func (m *Manager) Close() error {
 	m.view.Store(nil)
 	m.mu.Unlock()
 
-	m.inflight.Wait()
+	m.inflight.closeAndWait()
 	var errs []error
 	for _, e := range entries {
 		errs = append(errs, e.release())
@@ -212,9 +213,9 @@ func (m *Manager) hold(entries ...*entry) (release func(), err error) {
 			continue
 		}
 		if err := e.owner.begin(); err != nil {
-			m.inflight.Done()
+			m.inflight.leave()
 			for _, o := range owners {
-				o.inflight.Done()
+				o.inflight.leave()
 			}
 			return nil, fmt.Errorf("%w: layout %v: the worker that exported it (%x) is closed", ErrClosed, e.handle, e.owner.WorkerID())
 		}
@@ -224,21 +225,18 @@ func (m *Manager) hold(entries ...*entry) (release func(), err error) {
 		return m.done, nil // no closure to allocate: most transfers hold only this manager
 	}
 	return func() {
-		m.inflight.Done()
+		m.inflight.leave()
 		for _, o := range owners {
-			o.inflight.Done()
+			o.inflight.leave()
 		}
 	}, nil
 }
 
 // begin marks a transfer in flight; it fails once the manager is closed.
 func (m *Manager) begin() error {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if m.closed {
+	if !m.inflight.enter() {
 		return ErrClosed
 	}
-	m.inflight.Add(1)
 	return nil
 }
 

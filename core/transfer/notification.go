@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbm/kvbm/core/kvbmerr"
@@ -16,7 +16,7 @@ import (
 // failed transfer is never reported as done. Safe for concurrent use.
 type Notification struct {
 	done   chan struct{}
-	once   sync.Once
+	ended  atomic.Bool // set by the first completion, the only one that counts
 	err    error
 	failed []int
 	// cancel stops the transfer's remote operations (nil when it has none).
@@ -70,14 +70,15 @@ var closedDone = func() chan struct{} {
 // completeWith is complete with err's failed blocks already worked out. A
 // notification without a done channel must not have been handed out yet.
 func (n *Notification) completeWith(err error, failed []int) {
-	n.once.Do(func() {
-		n.err, n.failed = err, failed
-		if n.done == nil {
-			n.done = closedDone
-			return
-		}
-		close(n.done)
-	})
+	if !n.ended.CompareAndSwap(false, true) {
+		return
+	}
+	n.err, n.failed = err, failed
+	if n.done == nil {
+		n.done = closedDone
+		return
+	}
+	close(n.done)
 }
 
 // failedBlocks is the sorted, distinct failed blocks of an *Error in err.
@@ -193,7 +194,7 @@ func (m *Manager) Go(fn func() error) (*Notification, error) {
 	}
 	n := newNotification()
 	go func() {
-		defer m.inflight.Done()
+		defer m.inflight.leave()
 		n.complete(fn())
 	}()
 	return n, nil

@@ -158,5 +158,5 @@ func (m *Manager) Hold() (release func(), err error) {
 	if err := m.begin(); err != nil {
 		return nil, err
 	}
-	return m.inflight.Done, nil
+	return m.done, nil
 }
