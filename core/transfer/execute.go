@@ -3,19 +3,28 @@ package transfer
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 )
 
 // inlineCopyBytes is the most a host copy moves on the caller's goroutine.
 const inlineCopyBytes = 256 << 10
 
-// call is what one transfer allocates: the notification returned, the plan
-// and the device copies, in one piece, so that a small transfer costs one
-// allocation (the plan lives as long as its notification).
+// call is a transfer's working state, the plan and its device copies,
+// reused from calls once the transfer finished: a small transfer then
+// allocates only the notification it returns.
 type call struct {
-	n Notification
 	p plan
 	d deviceCopies
+}
+
+var calls = sync.Pool{New: func() any { return new(call) }}
+
+// recycle returns c to calls, cleared, once nothing refers to its plan or
+// copies any more (after finish, or on a refused request).
+func (c *call) recycle() {
+	*c = call{}
+	calls.Put(c)
 }
 
 // ExecuteTransfer copies blocks srcIDs of layout src into blocks dstIDs of
@@ -27,32 +36,37 @@ type call struct {
 // Device copies are enqueued before ExecuteTransfer returns (on
 // opts.Stream when set); other paths run in the background.
 func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHandle, dstIDs []int, opts Options) (*Notification, error) {
-	c := new(call)
+	c := calls.Get().(*call)
 	p := &c.p
 	if err := m.prepareInto(p, src, dst, srcIDs, dstIDs, opts); err != nil {
+		c.recycle()
 		return nil, err
 	}
 	strat, kind, err := strategyOf(p.src, p.dst)
 	if err != nil {
+		c.recycle()
 		return nil, err
 	}
 	if strat == twoHop && opts.Bounce != nil {
 		// Validate the bounce now, so a bad one is a request error.
 		if p.bounce, p.bounceIDs, err = m.callerBounce(p, opts.Bounce); err != nil {
+			c.recycle()
 			return nil, err
 		}
 	}
 	if len(srcIDs) == 0 {
+		c.recycle()
 		return completed(nil), nil
 	}
 	release, err := m.hold(p.src, p.dst, p.bounce)
 	if err != nil {
+		c.recycle()
 		return nil, err
 	}
 	start, path := monotonic(), pathOf(strat, kind)
 	// Its done channel is made just before a goroutine may complete it; one
 	// completed here, before it is returned, shares an already-closed one.
-	n := &c.n
+	n := new(Notification)
 	if p.src.remote != nil || p.dst.remote != nil {
 		// A peer is involved: the transfer can be canceled, or run past
 		// its deadline, and its remote operations then stop.
@@ -70,17 +84,20 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		d := &c.d
 		if err := m.enqueueDeviceInto(d, p, kind, opts); err != nil {
 			release()
+			c.recycle()
 			return nil, err
 		}
 		if done, err := d.done(); done { // the device already ran them: no one need wait
 			defer release()
 			m.finish(n, p, path, start, err)
+			c.recycle()
 			return n, nil
 		}
 		n.done = make(chan struct{})
 		go func() {
 			defer release()
 			m.finish(n, p, path, start, d.wait())
+			c.recycle()
 		}()
 		return n, nil
 	}
@@ -88,6 +105,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		// A small memcpy costs less than handing it to a goroutine.
 		defer release()
 		m.finish(n, p, path, start, m.copyHost(p))
+		c.recycle()
 		return n, nil
 	}
 	n.done = make(chan struct{})
@@ -95,9 +113,10 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		defer release()
 		if strat == twoHop {
 			m.finish(n, p, path, start, m.twoHop(p, opts))
-			return
+		} else {
+			m.finish(n, p, path, start, m.runHop(p, opts))
 		}
-		m.finish(n, p, path, start, m.runHop(p, opts))
+		c.recycle()
 	}()
 	return n, nil
 }
