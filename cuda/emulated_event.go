@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Events of the emulated device. A record puts a marker in the stream's
@@ -12,16 +13,13 @@ type event struct {
 	handle Event
 	device int
 
-	mu  sync.Mutex
-	rec *marker // newest record; nil until recorded
+	mu  sync.Mutex             // orders records
+	rec atomic.Pointer[marker] // newest record; nil until recorded
 }
 
 // capture is the event's newest record, or nil if it was never recorded.
-func (ev *event) capture() *marker {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	return ev.rec
-}
+// It is read without mu: queries and synchronizations only look.
+func (ev *event) capture() *marker { return ev.rec.Load() }
 
 func (e *Emulated) lookupEvent(op string, h Event) (*event, error) {
 	if ev, ok := e.fastEvents.Load(h); ok {
@@ -100,7 +98,7 @@ func (e *Emulated) EventRecord(h Event, sh Stream) error {
 	if err != nil {
 		return err
 	}
-	ev.rec = m
+	ev.rec.Store(m)
 	return nil
 }
 
