@@ -40,17 +40,15 @@ type Emulated struct {
 	numDevices   int
 	deviceMemory uint64 // per device; EmulatedDeviceMemory (tests lower it)
 
-	mu      sync.RWMutex
-	closed  bool
-	next    uint64 // last handle given out; streams and events share the counter
-	streams map[Stream]*stream
-	events  map[Event]*event
-	// Copies of streams and events (created streams only) that lookups
-	// read without e.mu, as a driver reads a handle: written under e.mu
-	// beside the maps. A handle missing there takes the locked path, which
-	// names why (closed, unknown).
-	fastStreams, fastEvents sync.Map
-	legacy                  *stream // stream 0, started on first use
+	mu     sync.RWMutex
+	closed bool
+	next   uint64 // last handle given out; streams and events share the counter
+	// streams (Stream → *stream, created streams only) and events (Event
+	// → *event) are written under mu and read without it, as a driver
+	// reads a handle; a handle missing there takes mu to say why (closed,
+	// unknown).
+	streams, events sync.Map
+	legacy          *stream // stream 0, started on first use
 
 	shutdown atomic.Bool   // set by Close before closing is closed
 	closing  chan struct{} // closed by Close: waits and queued work abort
@@ -97,8 +95,6 @@ func NewEmulated(numDevices int) *Emulated {
 	e := &Emulated{
 		numDevices:   numDevices,
 		deviceMemory: EmulatedDeviceMemory,
-		streams:      make(map[Stream]*stream),
-		events:       make(map[Event]*event),
 		closing:      make(chan struct{}),
 	}
 	e.devs.init("device")
@@ -121,17 +117,16 @@ func (e *Emulated) Close() error {
 		return nil
 	}
 	e.closed = true
-	streams := make([]*stream, 0, len(e.streams)+1)
-	for _, s := range e.streams {
-		streams = append(streams, s)
-	}
+	var streams []*stream
+	e.streams.Range(func(_, s any) bool {
+		streams = append(streams, s.(*stream))
+		return true
+	})
 	if e.legacy != nil {
 		streams = append(streams, e.legacy)
 	}
-	clear(e.streams)
-	clear(e.events)
-	e.fastStreams.Clear()
-	e.fastEvents.Clear()
+	e.streams.Clear()
+	e.events.Clear()
 	e.mu.Unlock()
 
 	e.shutdown.Store(true)

@@ -22,20 +22,13 @@ type event struct {
 func (ev *event) capture() *marker { return ev.rec.Load() }
 
 func (e *Emulated) lookupEvent(op string, h Event) (*event, error) {
-	if ev, ok := e.fastEvents.Load(h); ok {
+	if ev, ok := e.events.Load(h); ok {
 		return ev.(*event), nil
 	}
-	e.mu.RLock()
-	closed := e.closed
-	ev, ok := e.events[h]
-	e.mu.RUnlock()
-	switch {
-	case closed:
-		return nil, errClosed(op)
-	case !ok:
-		return nil, NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
+	if err := e.checkOpen(op); err != nil {
+		return nil, err
 	}
-	return ev, nil
+	return nil, NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
 }
 
 // EventCreate makes an event on device.
@@ -50,9 +43,7 @@ func (e *Emulated) EventCreate(device int) (Event, error) {
 		return 0, errClosed(op)
 	}
 	h := Event(e.newHandle())
-	ev := &event{handle: h, device: device}
-	e.events[h] = ev
-	e.fastEvents.Store(h, ev)
+	e.events.Store(h, &event{handle: h, device: device})
 	return h, nil
 }
 
@@ -65,11 +56,9 @@ func (e *Emulated) EventDestroy(h Event) error {
 	if e.closed {
 		return errClosed(op)
 	}
-	if _, ok := e.events[h]; !ok {
+	if _, ok := e.events.LoadAndDelete(h); !ok {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
 	}
-	delete(e.events, h)
-	e.fastEvents.Delete(h)
 	return nil
 }
 

@@ -255,7 +255,7 @@ func (e *Emulated) execCopy(kind CopyKind, c Copy) error {
 // lookupStream finds a live stream; handle 0 is the legacy default stream,
 // started on first use.
 func (e *Emulated) lookupStream(op string, h Stream) (*stream, error) {
-	if s, ok := e.fastStreams.Load(h); ok {
+	if s, ok := e.streams.Load(h); ok {
 		return s.(*stream), nil
 	}
 	e.mu.RLock()
@@ -268,11 +268,7 @@ func (e *Emulated) lookupStream(op string, h Stream) (*stream, error) {
 		e.mu.RUnlock()
 		return s, nil
 	}
-	s, ok := e.streams[h]
 	e.mu.RUnlock()
-	if ok {
-		return s, nil
-	}
 	if h != 0 {
 		return nil, NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown stream handle %d", h))
 	}
@@ -299,9 +295,7 @@ func (e *Emulated) StreamCreate(device int) (Stream, error) {
 		return 0, errClosed(op)
 	}
 	h := Stream(e.newHandle())
-	s := e.newStream(h, device)
-	e.streams[h] = s
-	e.fastStreams.Store(h, s)
+	e.streams.Store(h, e.newStream(h, device))
 	return h, nil
 }
 
@@ -318,14 +312,12 @@ func (e *Emulated) StreamDestroy(h Stream) error {
 		e.mu.Unlock()
 		return errClosed(op)
 	}
-	s, ok := e.streams[h]
-	delete(e.streams, h)
-	e.fastStreams.Delete(h)
+	v, ok := e.streams.LoadAndDelete(h)
 	e.mu.Unlock()
 	if !ok {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown stream handle %d", h))
 	}
-	s.destroy()
+	v.(*stream).destroy()
 	return nil
 }
 

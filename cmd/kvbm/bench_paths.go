@@ -156,6 +156,15 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		_, err := putBase()
 		return err
 	}
+	// The G4 get of every part (the put first, once).
+	get := func() (time.Duration, error) {
+		if err := ensurePut(); err != nil {
+			return 0, err
+		}
+		return inParallel(parts, func(part []int) error {
+			return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
+		})
+	}
 	fragName := sizeString(blockSize / (lc.NumLayers * lc.OuterDim))
 	copyName := fmt.Sprintf("copy ×%d", gomaxprocs())
 	paths := []benchPath{
@@ -186,25 +195,11 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 		{"G2→G3 disk write", "O_DIRECT pwrite", move("G2→G3", g2, g3), diskBase(true)},
 		{"G3→G2 disk read", "O_DIRECT pread", move("G3→G2", g3, g2), diskBase(false)},
 		{putPath, "file+fsync per block", put, putBase},
-		{"G4→G2 get", "read file per block", func() (time.Duration, error) {
-			if err := ensurePut(); err != nil {
-				return 0, err
-			}
-			return inParallel(parts, func(part []int) error {
-				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
-			})
-		}, filesBase(false)},
+		{"G4→G2 get", "read file per block", get, filesBase(false)},
 		// The same get beside a plain read that also computes the CRC32C the
 		// store checks (in pieces, while hot): what verifying costs by
 		// itself, which the plain read does not pay.
-		{"G4→G2 get, vs read+crc32c", "read+crc32c file per block", func() (time.Duration, error) {
-			if err := ensurePut(); err != nil {
-				return 0, err
-			}
-			return inParallel(parts, func(part []int) error {
-				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
-			})
-		}, func() (time.Duration, error) { return files.ReadChecked(blockBufs, conc) }},
+		{"G4→G2 get, vs read+crc32c", "read+crc32c file per block", get, func() (time.Duration, error) { return files.ReadChecked(blockBufs, conc) }},
 		// Cold: both sides' files dropped from the page cache before each run
 		// (outside the timing), so that both read the device.
 		{"G4→G2 get, cold cache", "read file per block, cold", func() (time.Duration, error) {
@@ -214,9 +209,7 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 			if err := baseline.DropCache(filepath.Join(dir, "g4")); err != nil {
 				return 0, err
 			}
-			return inParallel(parts, func(part []int) error {
-				return objectErrors("G4→G2 GetBlocks", w.GetBlocks(ctx, keysOf(part), worker.G2, part))
-			})
+			return get()
 		}, func() (time.Duration, error) {
 			if err := files.DropCache(); err != nil {
 				return 0, err
@@ -235,7 +228,7 @@ func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens
 			if gerr != nil {
 				return nil, fmt.Errorf("bench: G2: %w", gerr)
 			}
-			paths = append(paths, s3.path(g2IO, keys, parts, blockBufs))
+			paths = append(paths, s3.path(g2IO, keysOf, parts, blockBufs))
 		}
 	}
 	if cfg.wants(cacheOffloadPath) || cfg.wants(cacheOnboardPath) {

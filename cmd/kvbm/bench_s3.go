@@ -7,14 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/kvbm/kvbm/core/object"
 )
@@ -27,15 +25,14 @@ const s3GetPath = "G4 (S3)→G2 get"
 // does for `make bench-cmd`): its objects live under a fresh prefix of
 // that bucket, removed at close.
 type s3Bench struct {
-	store  *object.S3Store
-	client *minio.Client
-	keys   []object.Key
+	store *object.S3Store
+	keys  []object.Key // the objects put, deleted at close
 }
 
 // s3FromEnv opens the S3 bench, or returns nil when no server is named.
 func s3FromEnv() (*s3Bench, error) {
-	bucket, endpoint := os.Getenv("KVBM_S3_BUCKET"), os.Getenv("AWS_ENDPOINT_URL_S3")
-	if bucket == "" || endpoint == "" {
+	bucket := os.Getenv("KVBM_S3_BUCKET")
+	if bucket == "" || os.Getenv("AWS_ENDPOINT_URL_S3") == "" {
 		return nil, nil
 	}
 	var b [4]byte
@@ -44,41 +41,17 @@ func s3FromEnv() (*s3Bench, error) {
 	if err != nil {
 		return nil, fmt.Errorf("S3 bench: %w", err)
 	}
-	u, err := url.Parse(endpoint)
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("S3 bench: AWS_ENDPOINT_URL_S3 %q: %w", endpoint, err), store.Close())
-	}
-	region := os.Getenv("AWS_REGION")
-	if region == "" {
-		region = object.DefaultS3Region
-	}
-	// The bare client: the same library as the store, with its defaults.
-	client, err := minio.New(u.Host, &minio.Options{
-		Creds:  credentials.NewStaticV4(os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY"), os.Getenv("AWS_SESSION_TOKEN")),
-		Secure: u.Scheme == "https", Region: region,
-	})
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("S3 bench: client: %w", err), store.Close())
-	}
-	return &s3Bench{store: store, client: client}, nil
+	return &s3Bench{store: store}, nil
 }
 
 // path is the S3 get of the blocks of dst the parts name, beside bare GETs
 // of the same objects (minio-go, one request a block, no header check, no
 // checksum) into bufs, at the store's concurrency for each part. The
 // objects are put once, untimed, before the first run.
-func (s *s3Bench) path(dst object.BlockIO, keys []object.Key, parts [][]int, bufs [][]byte) benchPath {
+func (s *s3Bench) path(dst object.BlockIO, keysOf func(ids []int) []object.Key, parts [][]int, bufs [][]byte) benchPath {
 	ctx := context.Background()
-	keysOf := func(part []int) []object.Key {
-		ks := make([]object.Key, len(part))
-		for i, id := range part {
-			ks[i] = keys[id]
-		}
-		return ks
-	}
-	var put bool
 	ensurePut := func() error {
-		if put {
+		if s.keys != nil {
 			return nil
 		}
 		var all []int
@@ -88,7 +61,7 @@ func (s *s3Bench) path(dst object.BlockIO, keys []object.Key, parts [][]int, buf
 		if err := objectErrors("S3 PutBlocks", s.store.PutBlocksWithLayout(ctx, keysOf(all), dst, all)); err != nil {
 			return err
 		}
-		s.keys, put = keysOf(all), true
+		s.keys = keysOf(all)
 		return nil
 	}
 	get := func() (time.Duration, error) {
@@ -104,14 +77,15 @@ func (s *s3Bench) path(dst object.BlockIO, keys []object.Key, parts [][]int, buf
 			return 0, err
 		}
 		return inParallel(parts, func(part []int) error {
-			return s.bareGets(ctx, keys, part, bufs)
+			return s.bareGets(ctx, keysOf(part), part, bufs)
 		})
 	}
 	return benchPath{s3GetPath, "bare GET per block", get, bare}
 }
 
-// bareGets reads the objects of blocks ids (header and payload, as stored)
-// with plain GETs on the store's number of goroutines, the payload into
+// bareGets reads the objects keys of blocks ids (header and payload, as stored)
+// with plain GETs through the store's own client (the same endpoint and
+// transport) on the store's number of goroutines, the payload into
 // bufs[id].
 func (s *s3Bench) bareGets(ctx context.Context, keys []object.Key, ids []int, bufs [][]byte) error {
 	var next atomic.Int64
@@ -126,7 +100,7 @@ func (s *s3Bench) bareGets(ctx context.Context, keys []object.Key, ids []int, bu
 					return
 				}
 				id := ids[i]
-				o, err := s.client.GetObject(ctx, s.store.Bucket(), s.store.ObjectName(keys[id]), minio.GetObjectOptions{})
+				o, err := s.store.Client().GetObject(ctx, s.store.Bucket(), s.store.ObjectName(keys[i]), minio.GetObjectOptions{})
 				if err == nil {
 					if _, err = io.ReadFull(o, head[:]); err == nil {
 						_, err = io.ReadFull(o, bufs[id])

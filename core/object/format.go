@@ -30,17 +30,15 @@ import (
 // Version 1 (a 24-byte header without the key) is refused as an unsupported
 // version: such an object cannot prove which key it holds.
 const (
-	headerSize    = HeaderSize
+	// HeaderSize is the bytes of an object before its payload (what a
+	// plain GET of an object reads beyond the block).
+	HeaderSize    = 88
 	formatVersion = 2
 	objectMagic   = "KVG4"
 
 	keyOffset       = 20
 	headerCRCOffset = keyOffset + MaxKeyLen
 )
-
-// HeaderSize is the bytes of an object before its payload: what a plain
-// GET of an object reads beyond the block (the bench's bare GETs).
-const HeaderSize = 88
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -66,9 +64,9 @@ func corruptf(format string, args ...any) error {
 // payloadCRC returns the CRC32C of a payload.
 func payloadCRC(payload []byte) uint32 { return crc32.Checksum(payload, castagnoli) }
 
-// putHeader writes the header of key's payload into dst[:headerSize].
+// putHeader writes the header of key's payload into dst[:HeaderSize].
 func putHeader(dst []byte, key Key, payload []byte) {
-	_ = dst[headerSize-1]
+	_ = dst[HeaderSize-1]
 	copy(dst[0:4], objectMagic)
 	binary.LittleEndian.PutUint16(dst[4:6], formatVersion)
 	binary.LittleEndian.PutUint16(dst[6:8], uint16(key.Len()))
@@ -76,18 +74,18 @@ func putHeader(dst []byte, key Key, payload []byte) {
 	binary.LittleEndian.PutUint32(dst[16:20], payloadCRC(payload))
 	clear(dst[keyOffset:headerCRCOffset])
 	copy(dst[keyOffset:headerCRCOffset], key.b)
-	binary.LittleEndian.PutUint32(dst[headerCRCOffset:headerSize], crc32.Checksum(dst[0:headerCRCOffset], castagnoli))
+	binary.LittleEndian.PutUint32(dst[headerCRCOffset:HeaderSize], crc32.Checksum(dst[0:headerCRCOffset], castagnoli))
 }
 
 // encodeObject returns the whole object of key's payload.
 func encodeObject(key Key, payload []byte) []byte {
-	obj := make([]byte, headerSize+len(payload))
+	obj := make([]byte, HeaderSize+len(payload))
 	putHeader(obj, key, payload)
-	copy(obj[headerSize:], payload)
+	copy(obj[HeaderSize:], payload)
 	return obj
 }
 
-// decodeHeader parses and checks the first headerSize bytes of b. It returns
+// decodeHeader parses and checks the first HeaderSize bytes of b. It returns
 // an error matching ErrCorrupt for any damaged or foreign header and never
 // panics, whatever b holds.
 func decodeHeader(b []byte) (header, error) {
@@ -101,10 +99,10 @@ func decodeHeader(b []byte) (header, error) {
 			return header{}, corruptf("unsupported format version %d, want %d", v, formatVersion)
 		}
 	}
-	if len(b) < headerSize {
-		return header{}, corruptf("truncated header: %d of %d bytes", len(b), headerSize)
+	if len(b) < HeaderSize {
+		return header{}, corruptf("truncated header: %d of %d bytes", len(b), HeaderSize)
 	}
-	stored := binary.LittleEndian.Uint32(b[headerCRCOffset:headerSize])
+	stored := binary.LittleEndian.Uint32(b[headerCRCOffset:HeaderSize])
 	if computed := crc32.Checksum(b[0:headerCRCOffset], castagnoli); stored != computed {
 		return header{}, corruptf("header crc32c mismatch: stored 0x%08x computed 0x%08x", stored, computed)
 	}
@@ -157,10 +155,10 @@ func decodeObject(b []byte) (Key, []byte, error) {
 	if err != nil {
 		return Key{}, nil, err
 	}
-	if err := h.checkHeldLength(int64(len(b) - headerSize)); err != nil {
+	if err := h.checkHeldLength(int64(len(b) - HeaderSize)); err != nil {
 		return Key{}, nil, err
 	}
-	payload := b[headerSize:]
+	payload := b[HeaderSize:]
 	if err := h.checkPayload(payload); err != nil {
 		return Key{}, nil, err
 	}

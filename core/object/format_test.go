@@ -22,7 +22,7 @@ func TestEncodeDecodeObject(t *testing.T) {
 	for _, key := range keys {
 		for _, payload := range [][]byte{{}, {0}, []byte("hello, kv"), bytes.Repeat([]byte{7}, 4096)} {
 			obj := encodeObject(key, payload)
-			require.Len(t, obj, headerSize+len(payload))
+			require.Len(t, obj, HeaderSize+len(payload))
 			require.Equal(t, []byte("KVG4"), obj[:4])
 			gotKey, got, err := decodeObject(obj)
 			require.NoError(t, err)
@@ -51,7 +51,7 @@ func TestDecodeObjectCorrupt(t *testing.T) {
 		{"key padding", func(b []byte) []byte { b[keyOffset+40] = 1; return rehash(b) }, "header key padding byte 40 is 0x01, want 0"},
 		{"truncated payload", func(b []byte) []byte { return b[:len(b)-1] }, "length mismatch: header records 16 payload bytes, object holds 15"},
 		{"trailing bytes", func(b []byte) []byte { return append(b, 0) }, "length mismatch: header records 16 payload bytes, object holds 17"},
-		{"payload byte", func(b []byte) []byte { b[headerSize+3] ^= 0x80; return b }, "crc32c mismatch: stored 0x"},
+		{"payload byte", func(b []byte) []byte { b[HeaderSize+3] ^= 0x80; return b }, "crc32c mismatch: stored 0x"},
 		{"huge length", func(b []byte) []byte { binary.LittleEndian.PutUint64(b[8:], 1<<63); return rehash(b) }, "header records 9223372036854775808 payload bytes"},
 	}
 	for _, tt := range tests {
@@ -77,7 +77,7 @@ func TestHeaderKeyMismatch(t *testing.T) {
 // rehash recomputes the header checksum after a deliberate header edit, so
 // that the check behind it is the one under test.
 func rehash(b []byte) []byte {
-	binary.LittleEndian.PutUint32(b[headerCRCOffset:headerSize], payloadCRC(b[0:headerCRCOffset]))
+	binary.LittleEndian.PutUint32(b[headerCRCOffset:HeaderSize], payloadCRC(b[0:headerCRCOffset]))
 	return b
 }
 
@@ -101,7 +101,7 @@ func FuzzDecodeObject(f *testing.F) {
 	f.Add(encodeObject(key, nil))
 	f.Add(encodeObject(Key{b: "a"}, []byte("a")))
 	f.Add(encodeObject(Key{b: string(bytes.Repeat([]byte{0xFF}, MaxKeyLen))}, bytes.Repeat([]byte{0x5a}, 300)))
-	f.Add(encodeObject(key, []byte("payload"))[:headerSize])
+	f.Add(encodeObject(key, []byte("payload"))[:HeaderSize])
 	f.Add(encodeV1([]byte("payload")))
 	f.Add([]byte("KVG4"))
 	f.Add([]byte{})

@@ -138,7 +138,7 @@ func (s *FSStore) hasOne(key Key) Presence {
 // PutBlocksWithLayout writes each block of src to its key's object.
 func (s *FSStore) PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result {
 	// One object's bytes, header then payload, written in one call.
-	out := eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, headerSize,
+	out := eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, HeaderSize,
 		func(i int, buf func() []byte) error { return s.putOne(keys[i], src, blockIDs[i], buf()) })
 
 	// One fsync of the directory makes every rename of the batch durable;
@@ -159,11 +159,11 @@ func (s *FSStore) PutBlocksWithLayout(ctx context.Context, keys []Key, src Block
 }
 
 func (s *FSStore) putOne(key Key, src BlockIO, id int, buf []byte) (err error) {
-	payload := buf[headerSize:]
+	payload := buf[HeaderSize:]
 	if err := src.ReadBlock(id, payload); err != nil {
 		return fmt.Errorf("object %s: read source block %d: %w", key, id, err)
 	}
-	putHeader(buf[:headerSize], key, payload)
+	putHeader(buf[:HeaderSize], key, payload)
 
 	f, err := s.createTemp(key)
 	if err != nil {
@@ -264,7 +264,7 @@ func readHeader(f *os.File, key Key) (header, error) {
 	if err != nil {
 		return header{}, err
 	}
-	var hb [headerSize]byte
+	var hb [HeaderSize]byte
 	n, err := io.ReadFull(f, hb[:])
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return header{}, fmt.Errorf("read header: %w", err)
@@ -276,7 +276,7 @@ func readHeader(f *os.File, key Key) (header, error) {
 	if err := h.checkKey(key); err != nil {
 		return header{}, err
 	}
-	if err := h.checkHeldLength(fi.Size() - headerSize); err != nil {
+	if err := h.checkHeldLength(fi.Size() - HeaderSize); err != nil {
 		return header{}, err
 	}
 	return h, nil

@@ -151,7 +151,7 @@ func TestRoundTrip(t *testing.T) {
 				require.Equal(t, want, s.Path(k))
 				fi, err := os.Stat(want)
 				require.NoError(t, err)
-				require.Equal(t, int64(headerSize+testBlockSize), fi.Size())
+				require.Equal(t, int64(HeaderSize+testBlockSize), fi.Size())
 			}
 			if tc.hasRank {
 				entries, err := os.ReadDir(root)
@@ -283,7 +283,7 @@ func TestCorruptionDetected(t *testing.T) {
 		{
 			name: "payload byte",
 			damage: func(t *testing.T, path string) {
-				flipByte(t, path, headerSize+testBlockSize/2)
+				flipByte(t, path, HeaderSize+testBlockSize/2)
 			},
 			want:  ": crc32c mismatch: stored 0x",
 			lands: true,
@@ -291,7 +291,7 @@ func TestCorruptionDetected(t *testing.T) {
 		{
 			name: "truncated payload",
 			damage: func(t *testing.T, path string) {
-				require.NoError(t, os.Truncate(path, headerSize+testBlockSize-100))
+				require.NoError(t, os.Truncate(path, HeaderSize+testBlockSize-100))
 			},
 			want:    ": length mismatch: header records 4096 payload bytes, object holds 3996",
 			hasSees: true,
@@ -364,7 +364,7 @@ func TestCorruptionDetected(t *testing.T) {
 				if host && tt.lands {
 					// The damaged payload landed in the destination, yet the
 					// block is reported failed: its bytes are never loaded.
-					requireSameBlock(t, damaged[headerSize:], mem.Block(1), "corrupt block's destination holds what landed")
+					requireSameBlock(t, damaged[HeaderSize:], mem.Block(1), "corrupt block's destination holds what landed")
 				} else {
 					// Damage to the header or the length is found before any
 					// payload byte is read; a bounce never writes a bad block.

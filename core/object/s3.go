@@ -110,6 +110,10 @@ func (s *S3Store) ObjectName(key Key) string { return s.prefix + key.String() }
 // Bucket returns the store's bucket.
 func (s *S3Store) Bucket() string { return s.bucket }
 
+// Client is the store's S3 client (its endpoint, credentials and
+// transport), for requests of the caller's own: the bench's bare GETs.
+func (s *S3Store) Client() *minio.Client { return s.core.Client }
+
 // HasBlocks reports which objects exist with one HEAD per key: the
 // object's metadata (objectMeta) says which key, length and checksum it
 // holds, so an object this store did not write, or wrote under another
@@ -182,7 +186,7 @@ func (s *S3Store) stat(ctx context.Context, key Key) (header, error) {
 	if err := h.checkKey(key); err != nil {
 		return header{}, err
 	}
-	if err := h.checkHeldLength(info.Size - headerSize); err != nil {
+	if err := h.checkHeldLength(info.Size - HeaderSize); err != nil {
 		return header{}, err
 	}
 	return h, nil
@@ -191,7 +195,7 @@ func (s *S3Store) stat(ctx context.Context, key Key) (header, error) {
 // PutBlocksWithLayout writes each block of src to its key's object.
 func (s *S3Store) PutBlocksWithLayout(ctx context.Context, keys []Key, src BlockIO, blockIDs []int) []Result {
 	// One object's bytes, header then payload, sent in one PUT.
-	return eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, headerSize,
+	return eachBlock(ctx, keys, src, blockIDs, roleSource, s.concurrency, HeaderSize,
 		func(i int, buf func() []byte) error { return s.putOne(ctx, keys[i], src, blockIDs[i], buf()) })
 }
 
@@ -203,15 +207,15 @@ func (s *S3Store) PutBlocksWithLayout(ctx context.Context, keys []Key, src Block
 // Store contract asks. A server that ignores the condition simply replaces
 // the object.
 func (s *S3Store) putOne(ctx context.Context, key Key, src BlockIO, id int, buf []byte) error {
-	payload := buf[headerSize:]
+	payload := buf[HeaderSize:]
 	if err := src.ReadBlock(id, payload); err != nil {
 		return fmt.Errorf("object %s: read source block %d: %w", key, id, err)
 	}
-	putHeader(buf[:headerSize], key, payload)
+	putHeader(buf[:HeaderSize], key, payload)
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
 
-	h, err := decodeHeader(buf[:headerSize]) // for the payload's CRC32C, computed once
+	h, err := decodeHeader(buf[:HeaderSize]) // for the payload's CRC32C, computed once
 	if err != nil {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
@@ -279,7 +283,7 @@ func (s *S3Store) getOne(ctx context.Context, key Key, dst BlockIO, id int, buf 
 		return fmt.Errorf("object %s: s3 get %s: %w", key, name, s.classify(ctx, err))
 	}
 	defer body.Close()
-	var hb [headerSize]byte
+	var hb [HeaderSize]byte
 	n, err := io.ReadFull(body, hb[:])
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("object %s: s3 read %s: %w", key, name, s.classify(ctx, err))
@@ -291,7 +295,7 @@ func (s *S3Store) getOne(ctx context.Context, key Key, dst BlockIO, id int, buf 
 	if err := h.checkKey(key); err != nil {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
-	if err := h.checkHeldLength(info.Size - headerSize); err != nil {
+	if err := h.checkHeldLength(info.Size - HeaderSize); err != nil {
 		return fmt.Errorf("object %s: %w", key, err)
 	}
 	if bs := dst.BlockSize(); h.length != uint64(bs) {

@@ -41,8 +41,8 @@ func newS3TestStore(t *testing.T, srv s3test.Server, cfg S3Config) *S3Store {
 func rawPut(t *testing.T, srv s3test.Server, s *S3Store, key Key, b []byte, withMeta bool) {
 	t.Helper()
 	var opts minio.PutObjectOptions
-	if withMeta && len(b) >= headerSize {
-		h, err := decodeHeader(b[:headerSize])
+	if withMeta && len(b) >= HeaderSize {
+		h, err := decodeHeader(b[:HeaderSize])
 		require.NoError(t, err)
 		opts.UserMetadata = map[string]string{metaName: objectMeta(h.key, int(h.length), h.crc)}
 	}
@@ -207,7 +207,7 @@ func TestS3HasBlocks(t *testing.T) {
 	requireAllOK(t, keys[:2], s.PutBlocksWithLayout(ctx, keys[:2], src, seq(0, 2)))
 	// keys[2]: missing. keys[3..6]: corrupt in four ways.
 	good := encodeObject(keys[3], src.Block(0))
-	rawPut(t, srv, s, keys[3], good[:headerSize+100], true) // truncated, its metadata recording the whole
+	rawPut(t, srv, s, keys[3], good[:HeaderSize+100], true) // truncated, its metadata recording the whole
 	rawPut(t, srv, s, keys[4], []byte("not an object"), false)
 	rawCopy(t, srv, s, keys[0], keys[5])    // another key's valid object, with its metadata
 	rawPut(t, srv, s, keys[6], good, false) // a valid object without the store's metadata
@@ -250,7 +250,7 @@ func TestS3CorruptAndForeignObjectsFailTheirBlock(t *testing.T) {
 	// Damage that HEAD cannot see (metadata as the store writes it) is
 	// found by Get's checks of the bytes.
 	flipped := encodeObject(keys[1], src.Block(1))
-	flipped[headerSize+testBlockSize/2] ^= 0x40
+	flipped[HeaderSize+testBlockSize/2] ^= 0x40
 	rawPut(t, srv, s, keys[1], flipped, true)
 	rawCopy(t, srv, s, keys[0], keys[2])
 	header := encodeObject(keys[3], src.Block(3))
@@ -268,7 +268,7 @@ func TestS3CorruptAndForeignObjectsFailTheirBlock(t *testing.T) {
 	for _, i := range []int{1, 2, 3} {
 		require.ErrorIs(t, res[i].Err, ErrCorrupt, "block %d", i)
 	}
-	requireSameBlock(t, flipped[headerSize:], dst.Block(1), "the damaged payload landed in block 1")
+	requireSameBlock(t, flipped[HeaderSize:], dst.Block(1), "the damaged payload landed in block 1")
 	for _, i := range []int{2, 3} {
 		requireGuarded(t, dst.Block(i), "block %d", i)
 	}

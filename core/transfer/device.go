@@ -13,44 +13,37 @@ import (
 // use. Once all exist, next reads them without the lock (every device
 // transfer asks for one).
 type streamPool struct {
-	drv     cuda.Driver
-	device  int
-	mu      sync.Mutex
-	streams []cuda.Stream
-	size    int
-	next_   int
-	// ready holds the streams once all size of them exist (full is then
-	// set), each slot replaced under mu by replace; rr picks the next.
-	ready []atomic.Uintptr
-	full  atomic.Bool
-	rr    atomic.Uint64
+	drv    cuda.Driver
+	device int
+	mu     sync.Mutex
+	made   int // streams created so far, under mu
+	// streams[i] is stream i once made (replace swaps it under mu); full
+	// is set once all are made, and rr picks the next.
+	streams []atomic.Uintptr
+	full    atomic.Bool
+	rr      atomic.Uint64
 }
 
 func newStreamPool(drv cuda.Driver, device, size int) *streamPool {
-	return &streamPool{drv: drv, device: device, size: size, ready: make([]atomic.Uintptr, size)}
+	return &streamPool{drv: drv, device: device, streams: make([]atomic.Uintptr, size)}
 }
 
 func (p *streamPool) next() (cuda.Stream, error) {
-	if p.full.Load() {
-		return cuda.Stream(p.ready[(p.rr.Add(1)-1)%uint64(p.size)].Load()), nil
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.streams) < p.size {
-		s, err := p.drv.StreamCreate(p.device)
-		if err != nil {
-			return 0, fmt.Errorf("create stream on device %d: %w", p.device, err)
+	if !p.full.Load() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.made < len(p.streams) {
+			s, err := p.drv.StreamCreate(p.device)
+			if err != nil {
+				return 0, fmt.Errorf("create stream on device %d: %w", p.device, err)
+			}
+			p.streams[p.made].Store(uintptr(s))
+			p.made++
+			p.full.Store(p.made == len(p.streams))
+			return s, nil
 		}
-		p.ready[len(p.streams)].Store(uintptr(s))
-		p.streams = append(p.streams, s)
-		if len(p.streams) == p.size {
-			p.full.Store(true)
-		}
-		return s, nil
 	}
-	s := p.streams[p.next_%len(p.streams)]
-	p.next_++
-	return s, nil
+	return cuda.Stream(p.streams[(p.rr.Add(1)-1)%uint64(len(p.streams))].Load()), nil
 }
 
 // replace swaps a stream whose work failed — its error is sticky — for a
@@ -58,11 +51,10 @@ func (p *streamPool) next() (cuda.Stream, error) {
 func (p *streamPool) replace(old cuda.Stream) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i, s := range p.streams {
-		if s == old {
+	for i := range p.made {
+		if cuda.Stream(p.streams[i].Load()) == old {
 			if fresh, err := p.drv.StreamCreate(p.device); err == nil {
-				p.streams[i] = fresh
-				p.ready[i].Store(uintptr(fresh))
+				p.streams[i].Store(uintptr(fresh))
 				p.drv.StreamDestroy(old)
 			}
 			return
@@ -75,10 +67,10 @@ func (p *streamPool) close() error {
 	defer p.mu.Unlock()
 	p.full.Store(false)
 	var errs []error
-	for _, s := range p.streams {
-		errs = append(errs, p.drv.StreamDestroy(s))
+	for i := range p.made {
+		errs = append(errs, p.drv.StreamDestroy(cuda.Stream(p.streams[i].Swap(0))))
 	}
-	p.streams = nil
+	p.made = 0
 	return errors.Join(errs...)
 }
 
@@ -177,36 +169,31 @@ func (m *Manager) enqueueDeviceInto(d *deviceCopies, p *plan, kind cuda.CopyKind
 }
 
 // done reports whether every copy is complete and, if so, ends them as wait
-// would, with their error: a transfer the device ran within its call is
-// finished without asking each event twice.
+// would: a one-event transfer the device ran within its call is finished
+// from its query, not queried and then synchronized.
 func (d *deviceCopies) done() (bool, error) {
-	var errs [len(deviceCopies{}.eventBuf)]error
-	for i, ev := range d.events {
-		ok, err := d.m.drv.EventQuery(ev)
-		if !ok {
+	for _, ev := range d.events {
+		if ok, err := d.m.drv.EventQuery(ev); !ok {
 			return false, nil
-		}
-		if i < len(errs) {
-			errs[i] = err
-		} else if err != nil {
-			return true, d.wait() // more events than room: wait names them all
+		} else if len(d.events) == 1 {
+			return true, d.settle(func(cuda.Event) error { return err })
 		}
 	}
-	return true, d.settle(func(i int, _ cuda.Event) error { return errs[i] })
+	return true, d.wait() // several: wait names each failure
 }
 
 // wait waits for the copies, returns their events to the free list, and
 // replaces a pool stream whose work failed.
 func (d *deviceCopies) wait() error {
-	return d.settle(func(_ int, ev cuda.Event) error { return d.m.drv.EventSynchronize(ev) })
+	return d.settle(d.m.drv.EventSynchronize)
 }
 
 // settle ends the copies with each event's result: it returns the events
 // to the free list and replaces a pool stream whose work failed.
-func (d *deviceCopies) settle(result func(i int, ev cuda.Event) error) error {
+func (d *deviceCopies) settle(result func(ev cuda.Event) error) error {
 	var errs []error
 	for i, ev := range d.events {
-		if err := result(i, ev); err != nil {
+		if err := result(ev); err != nil {
 			errs = append(errs, err)
 			if !d.callerStream {
 				d.m.streamsFor(d.kind).replace(d.streams[i])

@@ -27,6 +27,12 @@ func (c *call) recycle() {
 	calls.Put(c)
 }
 
+// finishCall is finish of c's plan; c is recycled after it.
+func (m *Manager) finishCall(n *Notification, c *call, path Path, start time.Duration, err error) {
+	m.finish(n, &c.p, path, start, err)
+	c.recycle()
+}
+
 // ExecuteTransfer copies blocks srcIDs of layout src into blocks dstIDs of
 // layout dst. The request is validated before any byte moves; a bad request
 // returns an error and no notification. Otherwise the returned notification
@@ -38,20 +44,18 @@ func (c *call) recycle() {
 func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHandle, dstIDs []int, opts Options) (*Notification, error) {
 	c := calls.Get().(*call)
 	p := &c.p
+	refuse := func(err error) (*Notification, error) { c.recycle(); return nil, err }
 	if err := m.prepareInto(p, src, dst, srcIDs, dstIDs, opts); err != nil {
-		c.recycle()
-		return nil, err
+		return refuse(err)
 	}
 	strat, kind, err := strategyOf(p.src, p.dst)
 	if err != nil {
-		c.recycle()
-		return nil, err
+		return refuse(err)
 	}
 	if strat == twoHop && opts.Bounce != nil {
 		// Validate the bounce now, so a bad one is a request error.
 		if p.bounce, p.bounceIDs, err = m.callerBounce(p, opts.Bounce); err != nil {
-			c.recycle()
-			return nil, err
+			return refuse(err)
 		}
 	}
 	if len(srcIDs) == 0 {
@@ -60,8 +64,7 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 	}
 	release, err := m.hold(p.src, p.dst, p.bounce)
 	if err != nil {
-		c.recycle()
-		return nil, err
+		return refuse(err)
 	}
 	start, path := monotonic(), pathOf(strat, kind)
 	// Its done channel is made just before a goroutine may complete it; one
@@ -84,39 +87,34 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		d := &c.d
 		if err := m.enqueueDeviceInto(d, p, kind, opts); err != nil {
 			release()
-			c.recycle()
-			return nil, err
+			return refuse(err)
 		}
 		if done, err := d.done(); done { // the device already ran them: no one need wait
 			defer release()
-			m.finish(n, p, path, start, err)
-			c.recycle()
+			m.finishCall(n, c, path, start, err)
 			return n, nil
 		}
 		n.done = make(chan struct{})
 		go func() {
 			defer release()
-			m.finish(n, p, path, start, d.wait())
-			c.recycle()
+			m.finishCall(n, c, path, start, d.wait())
 		}()
 		return n, nil
 	}
 	if strat == hostCopy && opts.Precondition == 0 && p.bytes() <= inlineCopyBytes {
 		// A small memcpy costs less than handing it to a goroutine.
 		defer release()
-		m.finish(n, p, path, start, m.copyHost(p))
-		c.recycle()
+		m.finishCall(n, c, path, start, m.copyHost(p))
 		return n, nil
 	}
 	n.done = make(chan struct{})
 	go func() {
 		defer release()
 		if strat == twoHop {
-			m.finish(n, p, path, start, m.twoHop(p, opts))
-		} else {
-			m.finish(n, p, path, start, m.runHop(p, opts))
+			m.finishCall(n, c, path, start, m.twoHop(p, opts))
+			return
 		}
-		c.recycle()
+		m.finishCall(n, c, path, start, m.runHop(p, opts))
 	}()
 	return n, nil
 }

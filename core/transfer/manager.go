@@ -93,11 +93,10 @@ type Manager struct {
 	mu      sync.RWMutex
 	entries map[LayoutHandle]*entry
 	nextID  uint16
-	closed  bool
 	// view is a copy of entries that lookups read without the lock (every
 	// transfer looks up two layouts; layouts change rarely): replaced,
-	// never changed, under mu after each change of entries; nil once
-	// closed.
+	// never changed, under mu after each change of entries. nil once
+	// closed: it is the registry's closed flag.
 	view atomic.Pointer[entryView]
 
 	bounce   bouncePool
@@ -148,7 +147,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.bounce.m = m
 	m.inflight = newInflight()
 	m.done = m.inflight.leave
-	m.published()
+	m.view.Store(&entryView{}) // open, nothing registered
 	m.events = freeList[cuda.Event]{
 		make:    func() (cuda.Event, error) { return cfg.Driver.EventCreate(cfg.Device) },
 		destroy: cfg.Driver.EventDestroy,
@@ -170,11 +169,10 @@ func (m *Manager) WorkerID() uint64 { return m.cfg.WorkerID }
 // manager allocated, its streams and its workers.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	if m.closed {
+	if m.closedLocked() {
 		m.mu.Unlock()
 		return nil
 	}
-	m.closed = true
 	entries := m.entries
 	m.entries = map[LayoutHandle]*entry{}
 	m.view.Store(nil)
@@ -261,7 +259,7 @@ func (m *Manager) lookup(h LayoutHandle) (*entry, error) {
 // published makes the lookups see entries as they are now; the caller
 // holds mu and has just changed them.
 func (m *Manager) published() {
-	if m.closed {
+	if m.closedLocked() {
 		return
 	}
 	view := &entryView{local: map[uint64]*entry{}, imported: map[LayoutHandle]*entry{}}
@@ -275,6 +273,9 @@ func (m *Manager) published() {
 	m.view.Store(view)
 }
 
+// closedLocked reports whether Close began; the caller holds mu.
+func (m *Manager) closedLocked() bool { return m.view.Load() == nil }
+
 // entryView is the lookups' copy of the registry: this worker's own
 // layouts by layout id (a map of integers hashes faster than one of
 // handles), imported ones by handle.
@@ -287,7 +288,7 @@ type entryView struct {
 func (m *Manager) insert(e *entry) (LayoutHandle, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
+	if m.closedLocked() {
 		return LayoutHandle{}, ErrClosed
 	}
 	for range 1 << 16 {

@@ -114,7 +114,7 @@ func (m *Manager) Import(a Attacher, descs []Descriptor) ([]LayoutHandle, error)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
+	if m.closedLocked() {
 		return nil, ErrClosed
 	}
 	handles := make([]LayoutHandle, len(descs))
