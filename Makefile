@@ -65,6 +65,7 @@ FUZZTIME ?= 30s
 fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeMetadata -fuzztime $(FUZZTIME) ./core/worker
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object
+	$(GO) test -run '^$$' -fuzz FuzzUpdate -fuzztime $(FUZZTIME) ./internal/crc32c
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzParseHello -fuzztime $(FUZZTIME) ./core/remote/tcp
@@ -81,7 +82,7 @@ bench-cmd: kvbm $(VERSITYGW)
 
 bench-go: deps deps-ucx $(VERSITYGW)
 	$(WITH_S3) $(GO) test -run '^$$' -bench . -benchtime 3x -count 1 ./core/transfer ./core/object ./cuda ./core/cache ./core/remote/ucx ./internal/memcopy
-	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool
+	$(GO) test -run '^$$' -bench . -benchmem ./core/handoff ./core/pool ./internal/crc32c
 	$(GO) test -run '^$$' -bench 'CrossProcess|PeerFailure' -benchtime 3x ./core/worker
 
 # The kvbm command (info, bench, demo): a Go program of its own, never

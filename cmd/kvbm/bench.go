@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/internal/crc32c"
 )
 
 // benchCommand is `kvbm bench`: every path over a grid of block sizes
@@ -138,6 +139,7 @@ type benchReport struct {
 	GOMAXPROCS int           `json:"gomaxprocs"`
 	Dir        string        `json:"dir"`
 	Direct     bool          `json:"o_direct"` // the disk tier and its baseline use O_DIRECT
+	CRC32C     string        `json:"crc32c"`   // how G3 and G4 bytes and their checked baseline are checksummed
 	Reps       int           `json:"reps"`
 	Seconds    float64       `json:"seconds"`
 	Results    []benchResult `json:"results"`
@@ -213,7 +215,7 @@ func runBench(cfg benchConfig) (rep *benchReport, err error) {
 	if c, ok := drv.(io.Closer); ok {
 		defer func() { err = errors.Join(err, c.Close()) }()
 	}
-	rep = &benchReport{Backend: drv.Name(), GOMAXPROCS: gomaxprocs(), Dir: cfg.dir, Reps: cfg.reps, Results: []benchResult{}}
+	rep = &benchReport{Backend: drv.Name(), GOMAXPROCS: gomaxprocs(), CRC32C: crc32c.Implementation(), Dir: cfg.dir, Reps: cfg.reps, Results: []benchResult{}}
 	rep.Direct = probeDisk(root).Direct
 
 	p := newProgress(cfg.progress)
@@ -296,8 +298,8 @@ func printBench(w io.Writer, r *benchReport) {
 	if !r.Direct {
 		direct = "buffered (no O_DIRECT there)"
 	}
-	fmt.Fprintf(w, "kvbm bench: device %s, GOMAXPROCS %d, disk %s (%s); medians of %d runs, each beside its baseline run right after it\n",
-		r.Backend, r.GOMAXPROCS, r.Dir, direct, r.Reps)
+	fmt.Fprintf(w, "kvbm bench: device %s, GOMAXPROCS %d, disk %s (%s), crc32c %s; medians of %d runs, each beside its baseline run right after it\n",
+		r.Backend, r.GOMAXPROCS, r.Dir, direct, r.CRC32C, r.Reps)
 	cells := [][]string{{"path", "block", "blocks", "conc", "kvbm", "baseline", "baseline", "vs baseline", "min–max"}}
 	for _, x := range r.Results {
 		f := func(v float64) string {

@@ -3,9 +3,9 @@ package object
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 
 	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/internal/crc32c"
 )
 
 // An object is a fixed header followed by the payload (one block's bytes):
@@ -40,8 +40,6 @@ const (
 	headerCRCOffset = keyOffset + MaxKeyLen
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // header is the decoded form of an object's header.
 type header struct {
 	key    Key    // the key the object was written under
@@ -62,7 +60,7 @@ func corruptf(format string, args ...any) error {
 }
 
 // payloadCRC returns the CRC32C of a payload.
-func payloadCRC(payload []byte) uint32 { return crc32.Checksum(payload, castagnoli) }
+func payloadCRC(payload []byte) uint32 { return crc32c.Checksum(payload) }
 
 // putHeader writes the header of key's payload into dst[:HeaderSize].
 func putHeader(dst []byte, key Key, payload []byte) {
@@ -74,7 +72,7 @@ func putHeader(dst []byte, key Key, payload []byte) {
 	binary.LittleEndian.PutUint32(dst[16:20], payloadCRC(payload))
 	clear(dst[keyOffset:headerCRCOffset])
 	copy(dst[keyOffset:headerCRCOffset], key.b)
-	binary.LittleEndian.PutUint32(dst[headerCRCOffset:HeaderSize], crc32.Checksum(dst[0:headerCRCOffset], castagnoli))
+	binary.LittleEndian.PutUint32(dst[headerCRCOffset:HeaderSize], crc32c.Checksum(dst[0:headerCRCOffset]))
 }
 
 // encodeObject returns the whole object of key's payload.
@@ -103,7 +101,7 @@ func decodeHeader(b []byte) (header, error) {
 		return header{}, corruptf("truncated header: %d of %d bytes", len(b), HeaderSize)
 	}
 	stored := binary.LittleEndian.Uint32(b[headerCRCOffset:HeaderSize])
-	if computed := crc32.Checksum(b[0:headerCRCOffset], castagnoli); stored != computed {
+	if computed := crc32c.Checksum(b[0:headerCRCOffset]); stored != computed {
 		return header{}, corruptf("header crc32c mismatch: stored 0x%08x computed 0x%08x", stored, computed)
 	}
 	n := int(binary.LittleEndian.Uint16(b[6:8]))

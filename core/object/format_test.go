@@ -89,7 +89,7 @@ func encodeV1(payload []byte) []byte {
 	binary.LittleEndian.PutUint16(b[4:6], 1)
 	binary.LittleEndian.PutUint64(b[8:16], uint64(len(payload)))
 	binary.LittleEndian.PutUint32(b[16:20], payloadCRC(payload))
-	binary.LittleEndian.PutUint32(b[20:24], crc32.Checksum(b[0:20], castagnoli))
+	binary.LittleEndian.PutUint32(b[20:24], crc32.Checksum(b[0:20], crc32.MakeTable(crc32.Castagnoli)))
 	copy(b[24:], payload)
 	return b
 }

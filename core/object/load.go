@@ -2,7 +2,8 @@ package object
 
 import (
 	"fmt"
-	"hash/crc32"
+
+	"github.com/kvbm/kvbm/internal/crc32c"
 )
 
 // pieceSize is how much of a payload a get reads before folding it into the
@@ -62,7 +63,7 @@ func readChecked(key Key, h header, spans [][]byte, read func([]byte) error) err
 			if err := read(p); err != nil {
 				return err
 			}
-			crc = crc32.Update(crc, castagnoli, p)
+			crc = crc32c.Update(crc, p)
 			s = s[len(p):]
 		}
 	}

@@ -3,14 +3,12 @@ package transfer
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"sync/atomic"
 
 	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/internal/crc32c"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // checksums holds a CRC32C for every (block, layer) of a disk layout: the
 // checksum of the layer's outer fragments in order, as written. A block
@@ -39,7 +37,7 @@ func layerCRC(e *entry, block, layer int) uint32 {
 	var crc uint32
 	for outer := 0; outer < e.layout.Config().OuterDim; outer++ {
 		r := e.layout.Fragment(block, layer, outer)
-		crc = crc32.Update(crc, castagnoli, storage.HostBytes(r.Addr, r.Size))
+		crc = crc32c.Update(crc, storage.HostBytes(r.Addr, r.Size))
 	}
 	return crc
 }

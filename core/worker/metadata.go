@@ -3,12 +3,12 @@ package worker
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 
 	"github.com/kvbm/kvbm/core/kvbmerr"
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/internal/crc32c"
 )
 
 // Metadata is what a worker exports so that peers can address its layouts:
@@ -51,8 +51,6 @@ const (
 // ErrBadMetadata is wrapped by every decoding error.
 var ErrBadMetadata = kvbmerr.New(kvbmerr.DataCorruption, "bad layout metadata")
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // Encode returns the versioned, checksummed binary form.
 func (md Metadata) Encode() ([]byte, error) {
 	if len(md.Layouts) > 0xFFFF {
@@ -94,7 +92,7 @@ func (md Metadata) Encode() ([]byte, error) {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(ep.Address)))
 		b = append(b, ep.Address...)
 	}
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+	return binary.LittleEndian.AppendUint32(b, crc32c.Checksum(b)), nil
 }
 
 // DecodeMetadata parses and checks the binary form. Truncated, corrupt or
@@ -114,7 +112,7 @@ func DecodeMetadata(b []byte) (Metadata, error) {
 			v, metadataVersion)
 	}
 	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
-	if got := crc32.Checksum(body, castagnoli); got != sum {
+	if got := crc32c.Checksum(body); got != sum {
 		return bad("checksum %08x, computed %08x", sum, got)
 	}
 	count := int(binary.LittleEndian.Uint16(b[6:]))

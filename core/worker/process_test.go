@@ -452,7 +452,7 @@ func TestDamagedOrForeignMetadataIsRefused(t *testing.T) {
 	for _, v := range []uint16{1, 2} { // 2: endpoints without keys, from an older kvbm
 		old := append([]byte(nil), exp.metadata...)
 		binary.LittleEndian.PutUint16(old[4:], v)
-		binary.LittleEndian.PutUint32(old[len(old)-4:], crc32.Checksum(old[:len(old)-4], castagnoli))
+		binary.LittleEndian.PutUint32(old[len(old)-4:], crc32.Checksum(old[:len(old)-4], crc32.MakeTable(crc32.Castagnoli)))
 		err = dec.ConnectRemote(7, [][]byte{old})
 		require.ErrorIs(t, err, ErrBadMetadata)
 		require.ErrorContains(t, err, fmt.Sprintf("version %d, this library reads version 3", v))

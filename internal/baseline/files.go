@@ -3,12 +3,13 @@ package baseline
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/kvbm/kvbm/internal/crc32c"
 )
 
 // Files is the limit of the filesystem object store: one plain file per
@@ -92,8 +93,6 @@ func writeSync(path string, b []byte) error {
 // checkPiece is how much a checked read reads before checksumming it.
 const checkPiece = 256 << 10
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // readInto reads the file into b: in one call, or, when check, in pieces
 // of checkPiece each checksummed right after it lands.
 func readInto(path string, b []byte, check bool) error {
@@ -113,7 +112,7 @@ func readInto(path string, b []byte, check bool) error {
 			return fmt.Errorf("baseline files: read %s: %w", path, err)
 		}
 		if check {
-			crc = crc32.Update(crc, castagnoli, p[:n])
+			crc = crc32c.Update(crc, p[:n])
 		}
 		p = p[n:]
 	}

@@ -3,12 +3,12 @@ package ucx
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"math/bits"
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/internal/crc32c"
 )
 
 // An endpoint is what a peer needs to reach this transport's worker and
@@ -49,8 +49,6 @@ type regionInfo struct {
 	rkey       []byte
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 func (e *endpointInfo) encode() []byte {
 	body := binary.LittleEndian.AppendUint32(nil, uint32(len(e.address)))
 	body = append(body, e.address...)
@@ -76,7 +74,7 @@ func (e *endpointInfo) encode() []byte {
 		}
 	}
 	out := append([]byte(endpointMagic), 0, 0, 0, 0)
-	binary.LittleEndian.PutUint32(out[len(endpointMagic):], crc32.Checksum(body, castagnoli))
+	binary.LittleEndian.PutUint32(out[len(endpointMagic):], crc32c.Checksum(body))
 	return append(out, body...)
 }
 
@@ -93,7 +91,7 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 		return nil, bad("not a UCX transport endpoint (%d bytes, no %q header)", len(b), endpointMagic)
 	}
 	body := b[hdr:]
-	if want, got := binary.LittleEndian.Uint32(b[len(endpointMagic):]), crc32.Checksum(body, castagnoli); want != got {
+	if want, got := binary.LittleEndian.Uint32(b[len(endpointMagic):]), crc32c.Checksum(body); want != got {
 		return nil, bad("endpoint checksum %#08x does not match its %d bytes (%#08x): truncated or damaged", want, len(body), got)
 	}
 	d := decoder{b: body}
