@@ -47,8 +47,9 @@ type Emulated struct {
 	// → *event) are written under mu and read without it, as a driver
 	// reads a handle; a handle missing there takes mu to say why (closed,
 	// unknown).
-	streams, events sync.Map
-	legacy          *stream // stream 0, started on first use
+	streams handleTable[stream]
+	events  handleTable[event]
+	legacy  *stream // stream 0, started on first use
 
 	shutdown atomic.Bool   // set by Close before closing is closed
 	closing  chan struct{} // closed by Close: waits and queued work abort
@@ -118,15 +119,12 @@ func (e *Emulated) Close() error {
 	}
 	e.closed = true
 	var streams []*stream
-	e.streams.Range(func(_, s any) bool {
-		streams = append(streams, s.(*stream))
-		return true
-	})
+	e.streams.each(func(s *stream) { streams = append(streams, s) })
 	if e.legacy != nil {
 		streams = append(streams, e.legacy)
 	}
-	e.streams.Clear()
-	e.events.Clear()
+	e.streams.clear()
+	e.events.clear()
 	e.mu.Unlock()
 
 	e.shutdown.Store(true)

@@ -22,8 +22,8 @@ type event struct {
 func (ev *event) capture() *marker { return ev.rec.Load() }
 
 func (e *Emulated) lookupEvent(op string, h Event) (*event, error) {
-	if ev, ok := e.events.Load(h); ok {
-		return ev.(*event), nil
+	if ev := e.events.load(uint64(h)); ev != nil {
+		return ev, nil
 	}
 	if err := e.checkOpen(op); err != nil {
 		return nil, err
@@ -43,7 +43,7 @@ func (e *Emulated) EventCreate(device int) (Event, error) {
 		return 0, errClosed(op)
 	}
 	h := Event(e.newHandle())
-	e.events.Store(h, &event{handle: h, device: device})
+	e.events.store(uint64(h), &event{handle: h, device: device})
 	return h, nil
 }
 
@@ -56,7 +56,7 @@ func (e *Emulated) EventDestroy(h Event) error {
 	if e.closed {
 		return errClosed(op)
 	}
-	if _, ok := e.events.LoadAndDelete(h); !ok {
+	if e.events.delete(uint64(h), e.next) == nil {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
 	}
 	return nil

@@ -255,8 +255,8 @@ func (e *Emulated) execCopy(kind CopyKind, c Copy) error {
 // lookupStream finds a live stream; handle 0 is the legacy default stream,
 // started on first use.
 func (e *Emulated) lookupStream(op string, h Stream) (*stream, error) {
-	if s, ok := e.streams.Load(h); ok {
-		return s.(*stream), nil
+	if s := e.streams.load(uint64(h)); s != nil {
+		return s, nil
 	}
 	e.mu.RLock()
 	if e.closed {
@@ -295,7 +295,7 @@ func (e *Emulated) StreamCreate(device int) (Stream, error) {
 		return 0, errClosed(op)
 	}
 	h := Stream(e.newHandle())
-	e.streams.Store(h, e.newStream(h, device))
+	e.streams.store(uint64(h), e.newStream(h, device))
 	return h, nil
 }
 
@@ -312,12 +312,12 @@ func (e *Emulated) StreamDestroy(h Stream) error {
 		e.mu.Unlock()
 		return errClosed(op)
 	}
-	v, ok := e.streams.LoadAndDelete(h)
+	s := e.streams.delete(uint64(h), e.next)
 	e.mu.Unlock()
-	if !ok {
+	if s == nil {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown stream handle %d", h))
 	}
-	v.(*stream).destroy()
+	s.destroy()
 	return nil
 }
 

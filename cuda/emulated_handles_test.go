@@ -1,0 +1,106 @@
+package cuda
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func liveChunks[T any](t *handleTable[T]) int {
+	n := 0
+	if cs := t.chunks.Load(); cs != nil {
+		for _, c := range *cs {
+			if c != nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func TestHandleTableStoresLoadsAndDeletes(t *testing.T) {
+	var tab handleTable[int]
+	require.Nil(t, tab.load(0))
+	require.Nil(t, tab.load(1<<62), "a handle far past any given out")
+	vals := make([]int, 3000)
+	for h := uint64(1); h < 3000; h++ {
+		vals[h] = int(h)
+		tab.store(h, &vals[h])
+	}
+	for h := uint64(1); h < 3000; h++ {
+		require.Equal(t, int(h), *tab.load(h))
+	}
+	require.Equal(t, 7, *tab.delete(7, 2999))
+	require.Nil(t, tab.load(7))
+	require.Nil(t, tab.delete(7, 2999), "deleted twice")
+	require.Nil(t, tab.delete(5000, 2999), "never stored")
+	n := 0
+	tab.each(func(*int) { n++ })
+	require.Equal(t, 2998, n)
+	tab.clear()
+	require.Nil(t, tab.load(8))
+}
+
+// Two tables share the handle counter, as streams and events do: handles
+// created and destroyed for ever leave a bounded number of chunks.
+func TestHandleTableDropsChunksNoHandleCanReach(t *testing.T) {
+	var a, b handleTable[int]
+	v := 1
+	var next uint64
+	keep := uint64(0)
+	for range 200_000 {
+		next++
+		if next%3 == 0 {
+			b.store(next, &v)
+			require.NotNil(t, b.delete(next, next))
+			continue
+		}
+		a.store(next, &v)
+		if next == 5 {
+			keep = next // one handle that lives on: its chunk stays
+			continue
+		}
+		require.NotNil(t, a.delete(next, next))
+	}
+	require.LessOrEqual(t, liveChunks(&a), 2, "the kept handle's chunk and the newest")
+	require.LessOrEqual(t, liveChunks(&b), 1, "the newest at most")
+	require.Equal(t, v, *a.load(keep))
+}
+
+// Lookups run without the lock while handles are stored and deleted (the
+// race detector checks the table's atomics).
+func TestHandleTableLookupsBesideWrites(t *testing.T) {
+	var tab handleTable[int]
+	var mu sync.Mutex
+	vals := make([]int, 20000)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for h := uint64(1); h < uint64(len(vals)); h += 97 {
+					if p := tab.load(h); p != nil && *p != int(h) {
+						t.Errorf("handle %d holds %d", h, *p)
+					}
+				}
+			}
+		})
+	}
+	for h := uint64(1); h < uint64(len(vals)); h++ {
+		vals[h] = int(h)
+		mu.Lock()
+		tab.store(h, &vals[h])
+		if h > 10 {
+			tab.delete(h-10, h)
+		}
+		mu.Unlock()
+	}
+	close(stop)
+	wg.Wait()
+}
