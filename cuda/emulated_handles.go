@@ -4,16 +4,26 @@ import "sync/atomic"
 
 // handleTable maps the emulated driver's handles to their objects. Handles
 // are small integers given out in order and never reused, so a handle is
-// an index: a lookup is two atomic loads, where a hashed map costs several
-// times that on every enqueue, record and query. Stores and deletes are
-// serialized by the driver's lock; lookups take no lock.
+// an index: a lookup is three atomic loads, where a hashed map costs
+// several times that on every enqueue, record and query. Stores and
+// deletes are serialized by the driver's lock; lookups take no lock.
 //
-// The handles live in chunks of handleChunk slots; a chunk whose every
-// handle has been given out and deleted is dropped, so a process that
-// creates and destroys handles for ever keeps only a pointer per chunk.
+// The handles live in chunks of 1<<handleChunkBits slots. A chunk whose
+// every handle has been given out and deleted is dropped, and dropped
+// chunks at the front of the view are trimmed off it, so a process that
+// creates and destroys handles for ever keeps a bounded table (a handle
+// that lives on keeps its chunk, and a pointer per chunk after it).
 type handleTable[T any] struct {
-	chunks atomic.Pointer[[]*handleChunk[T]]
+	view   atomic.Pointer[handleView[T]]
 	newest uint64 // index of the newest chunk; under the driver's lock
+}
+
+// handleView is what a lookup reads: chunks[k] is chunk base+k. Writers
+// extend it in place within its capacity (slots past a reader's length
+// are not read) or copy it, and publish a new view either way.
+type handleView[T any] struct {
+	base   uint64
+	chunks []atomic.Pointer[handleChunk[T]]
 }
 
 const handleChunkBits = 10
@@ -23,93 +33,121 @@ type handleChunk[T any] struct {
 	live  int // stored and not deleted; under the driver's lock
 }
 
-func handleIndex(h uint64) (chunk uint64, slot uint64) {
+func handleIndex(h uint64) (chunk, slot uint64) {
 	return h >> handleChunkBits, h & (1<<handleChunkBits - 1)
+}
+
+// chunk returns chunk i of v, or nil.
+func (v *handleView[T]) chunk(i uint64) *handleChunk[T] {
+	if v == nil || i < v.base || i-v.base >= uint64(len(v.chunks)) {
+		return nil
+	}
+	return v.chunks[i-v.base].Load()
 }
 
 // load returns the object of h, or nil.
 func (t *handleTable[T]) load(h uint64) *T {
-	cs := t.chunks.Load()
-	if cs == nil {
-		return nil
-	}
 	i, j := handleIndex(h)
-	if i >= uint64(len(*cs)) {
-		return nil
+	if c := t.view.Load().chunk(i); c != nil {
+		return c.slots[j].Load()
 	}
-	c := (*cs)[i]
-	if c == nil {
-		return nil
-	}
-	return c.slots[j].Load()
+	return nil
 }
 
-// store records v as h's object; h is new.
-func (t *handleTable[T]) store(h uint64, v *T) {
+// store records v as h's object; h is newer than every handle stored.
+func (t *handleTable[T]) store(h uint64, x *T) {
 	i, j := handleIndex(h)
-	var cur []*handleChunk[T]
-	if cs := t.chunks.Load(); cs != nil {
-		cur = *cs
-	}
-	if i >= uint64(len(cur)) || cur[i] == nil {
-		// A new slice, so that a lookup holding the old one sees it whole.
-		grown := make([]*handleChunk[T], max(uint64(len(cur)), i+1))
-		copy(grown, cur)
-		if t.newest < uint64(len(cur)) && cur[t.newest] != nil && cur[t.newest].live == 0 {
-			grown[t.newest] = nil // every handle of it given out, none left
+	v := t.view.Load()
+	c := v.chunk(i)
+	if c == nil {
+		if old := v.chunk(t.newest); old != nil && old.live == 0 {
+			// Every handle of it was given out, and none is left.
+			v.chunks[t.newest-v.base].Store(nil)
 		}
-		grown[i], t.newest = new(handleChunk[T]), i
-		t.chunks.Store(&grown)
-		cur = grown
+		c, t.newest = new(handleChunk[T]), i
+		t.view.Store(trimmed(extended(v, i, c)))
 	}
-	cur[i].slots[j].Store(v)
-	cur[i].live++
+	c.slots[j].Store(x)
+	c.live++
+}
+
+// extended is v with chunk i (past its end) set to c: v's own array when
+// it has room (its readers never look past their length), else a copy of
+// twice the length, from the first chunk still held.
+func extended[T any](v *handleView[T], i uint64, c *handleChunk[T]) *handleView[T] {
+	if v == nil || len(v.chunks) == 0 {
+		nv := &handleView[T]{base: i, chunks: make([]atomic.Pointer[handleChunk[T]], 1, 4)}
+		nv.chunks[0].Store(c)
+		return nv
+	}
+	n := int(i-v.base) + 1
+	if n <= cap(v.chunks) {
+		nv := &handleView[T]{base: v.base, chunks: v.chunks[:n]}
+		nv.chunks[n-1].Store(c)
+		return nv
+	}
+	nv := &handleView[T]{base: v.base, chunks: make([]atomic.Pointer[handleChunk[T]], n, 2*n)}
+	for k := range v.chunks {
+		nv.chunks[k].Store(v.chunks[k].Load())
+	}
+	nv.chunks[n-1].Store(c)
+	return nv
 }
 
 // delete removes h and returns its object, or nil when h has none. next is
-// the last handle given out: a chunk left empty below it is dropped.
+// the last handle given out: a chunk left empty with none of its handles
+// still to give out is dropped.
 func (t *handleTable[T]) delete(h, next uint64) *T {
-	cs := t.chunks.Load()
-	if cs == nil {
-		return nil
-	}
 	i, j := handleIndex(h)
-	if i >= uint64(len(*cs)) || (*cs)[i] == nil {
+	v := t.view.Load()
+	c := v.chunk(i)
+	if c == nil {
 		return nil
 	}
-	c := (*cs)[i]
-	v := c.slots[j].Swap(nil)
-	if v == nil {
+	x := c.slots[j].Swap(nil)
+	if x == nil {
 		return nil
 	}
 	if c.live--; c.live == 0 && (i != t.newest || next >= (i+1)<<handleChunkBits-1) {
-		// No handle of this chunk is left to give out (a newer chunk
-		// exists, or next is past its end): drop it.
-		shrunk := make([]*handleChunk[T], len(*cs))
-		copy(shrunk, *cs)
-		shrunk[i] = nil
-		t.chunks.Store(&shrunk)
+		// A newer chunk exists, or next is at or past this one's end.
+		v.chunks[i-v.base].Store(nil)
+		if tv := trimmed(v); tv != v {
+			t.view.Store(tv)
+		}
 	}
-	return v
+	return x
+}
+
+// trimmed is v without the dropped chunks at its front.
+func trimmed[T any](v *handleView[T]) *handleView[T] {
+	k := 0
+	for k < len(v.chunks) && v.chunks[k].Load() == nil {
+		k++
+	}
+	if k == 0 {
+		return v
+	}
+	return &handleView[T]{base: v.base + uint64(k), chunks: v.chunks[k:]}
 }
 
 // each calls fn on every object; the table must not change meanwhile.
 func (t *handleTable[T]) each(fn func(*T)) {
-	cs := t.chunks.Load()
-	if cs == nil {
+	v := t.view.Load()
+	if v == nil {
 		return
 	}
-	for _, c := range *cs {
+	for k := range v.chunks {
+		c := v.chunks[k].Load()
 		if c == nil {
 			continue
 		}
 		for j := range c.slots {
-			if v := c.slots[j].Load(); v != nil {
-				fn(v)
+			if x := c.slots[j].Load(); x != nil {
+				fn(x)
 			}
 		}
 	}
 }
 
 // clear removes every handle.
-func (t *handleTable[T]) clear() { t.chunks.Store(nil); t.newest = 0 }
+func (t *handleTable[T]) clear() { t.view.Store(nil); t.newest = 0 }

@@ -7,16 +7,18 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func liveChunks[T any](t *handleTable[T]) int {
-	n := 0
-	if cs := t.chunks.Load(); cs != nil {
-		for _, c := range *cs {
-			if c != nil {
-				n++
-			}
+// chunks returns how many chunks t holds and the length of its view.
+func chunks[T any](t *handleTable[T]) (held, length int) {
+	v := t.view.Load()
+	if v == nil {
+		return 0, 0
+	}
+	for k := range v.chunks {
+		if v.chunks[k].Load() != nil {
+			held++
 		}
 	}
-	return n
+	return held, len(v.chunks)
 }
 
 func TestHandleTableStoresLoadsAndDeletes(t *testing.T) {
@@ -43,7 +45,8 @@ func TestHandleTableStoresLoadsAndDeletes(t *testing.T) {
 }
 
 // Two tables share the handle counter, as streams and events do: handles
-// created and destroyed for ever leave a bounded number of chunks.
+// created and destroyed for ever leave a bounded table, except for the
+// chunk of a handle that lives on and a pointer per chunk after it.
 func TestHandleTableDropsChunksNoHandleCanReach(t *testing.T) {
 	var a, b handleTable[int]
 	v := 1
@@ -63,9 +66,20 @@ func TestHandleTableDropsChunksNoHandleCanReach(t *testing.T) {
 		}
 		require.NotNil(t, a.delete(next, next))
 	}
-	require.LessOrEqual(t, liveChunks(&a), 2, "the kept handle's chunk and the newest")
-	require.LessOrEqual(t, liveChunks(&b), 1, "the newest at most")
+	held, length := chunks(&a)
+	require.LessOrEqual(t, held, 2, "the kept handle's chunk and the newest")
+	require.Equal(t, int(next>>handleChunkBits)+1, length, "a pointer per chunk from the kept handle's on")
+	held, length = chunks(&b)
+	require.LessOrEqual(t, held, 1, "the newest at most")
+	require.LessOrEqual(t, length, 1, "the view trimmed to the newest chunk")
 	require.Equal(t, v, *a.load(keep))
+	require.Nil(t, b.load(next-next%3), "a deleted handle of a dropped chunk")
+
+	// Once the kept handle goes, a's view is trimmed too.
+	require.NotNil(t, a.delete(keep, next))
+	held, length = chunks(&a)
+	require.LessOrEqual(t, held, 1)
+	require.LessOrEqual(t, length, 1)
 }
 
 // Lookups run without the lock while handles are stored and deleted (the

@@ -4,6 +4,8 @@ package crc32c
 
 /*
 #cgo CFLAGS: -O2
+#cgo noescape kvbm_crc32c_fold
+#cgo nocallback kvbm_crc32c_fold
 #include <stdint.h>
 #include <stddef.h>
 #include <immintrin.h>
@@ -31,7 +33,7 @@ KVBM_FOLD_TARGET static uint32_t kvbm_crc32c_fold(uint32_t crc, const uint8_t *p
 	const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)k[1], (long long)k[0]));
 	const __m128i k16 = _mm_set_epi64x((long long)k[3], (long long)k[2]);
 	// The running value enters as the first four bytes xored with it.
-	__m512i a0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
+	__m512i a0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128((int)crc), 0));
 	__m512i a1 = _mm512_loadu_si512((const void *)(p + 64));
 	__m512i a2 = _mm512_loadu_si512((const void *)(p + 128));
 	__m512i a3 = _mm512_loadu_si512((const void *)(p + 192));
@@ -105,7 +107,13 @@ func xPowMod(n int) uint64 {
 	return r
 }
 
+// fold is kvbm_crc32c_fold of b, which holds at least foldMin bytes (it
+// reads exactly len(b)). The C function keeps no pointer and calls no Go
+// (noescape, nocallback), so b does not escape as an argument to C would.
 func fold(crc uint32, b []byte) uint32 {
+	if len(b) < 256 {
+		panic("crc32c: fold of fewer than 256 bytes")
+	}
 	return uint32(C.kvbm_crc32c_fold(C.uint32_t(crc), (*C.uint8_t)(unsafe.Pointer(&b[0])), C.size_t(len(b)),
 		(*C.uint64_t)(unsafe.Pointer(&constants[0]))))
 }
