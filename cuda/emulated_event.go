@@ -56,7 +56,7 @@ func (e *Emulated) EventDestroy(h Event) error {
 	if e.closed {
 		return errClosed(op)
 	}
-	if e.events.delete(uint64(h), e.next) == nil {
+	if e.events.delete(uint64(h)) == nil {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown event handle %d", h))
 	}
 	return nil

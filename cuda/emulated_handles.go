@@ -8,19 +8,20 @@ import "sync/atomic"
 // several times that on every enqueue, record and query. Stores and
 // deletes are serialized by the driver's lock; lookups take no lock.
 //
-// The handles live in chunks of 1<<handleChunkBits slots. A chunk whose
-// every handle has been given out and deleted is dropped, and dropped
-// chunks at the front of the view are trimmed off it, so a process that
-// creates and destroys handles for ever keeps a bounded table (a handle
-// that lives on keeps its chunk, and a pointer per chunk after it).
+// The handles live in chunks of 1<<handleChunkBits slots. An empty chunk
+// older than the newest (no handle of it is left to give out) is dropped,
+// and dropped chunks at the front of the view are trimmed off it, so a
+// process that creates and destroys handles for ever keeps a bounded
+// table (a handle that lives on keeps its chunk, and a pointer per chunk
+// after it).
 type handleTable[T any] struct {
-	view   atomic.Pointer[handleView[T]]
-	newest uint64 // index of the newest chunk; under the driver's lock
+	view atomic.Pointer[handleView[T]]
 }
 
-// handleView is what a lookup reads: chunks[k] is chunk base+k. Writers
-// extend it in place within its capacity (slots past a reader's length
-// are not read) or copy it, and publish a new view either way.
+// handleView is what a lookup reads: chunks[k] is chunk base+k, the last
+// one the newest. Writers extend it in place within its capacity (slots
+// past a reader's length are not read) or copy it, and publish a new view
+// either way.
 type handleView[T any] struct {
 	base   uint64
 	chunks []atomic.Pointer[handleChunk[T]]
@@ -45,6 +46,15 @@ func (v *handleView[T]) chunk(i uint64) *handleChunk[T] {
 	return v.chunks[i-v.base].Load()
 }
 
+// newest is the slot of v's last chunk, where new handles may still land,
+// or nil when v has none.
+func (v *handleView[T]) newest() *atomic.Pointer[handleChunk[T]] {
+	if v == nil || len(v.chunks) == 0 {
+		return nil
+	}
+	return &v.chunks[len(v.chunks)-1]
+}
+
 // load returns the object of h, or nil.
 func (t *handleTable[T]) load(h uint64) *T {
 	i, j := handleIndex(h)
@@ -60,11 +70,12 @@ func (t *handleTable[T]) store(h uint64, x *T) {
 	v := t.view.Load()
 	c := v.chunk(i)
 	if c == nil {
-		if old := v.chunk(t.newest); old != nil && old.live == 0 {
-			// Every handle of it was given out, and none is left.
-			v.chunks[t.newest-v.base].Store(nil)
+		if n := v.newest(); n != nil && n.Load() != nil && n.Load().live == 0 {
+			// The newest till now: every handle of it was given out, and
+			// none is left.
+			n.Store(nil)
 		}
-		c, t.newest = new(handleChunk[T]), i
+		c = new(handleChunk[T])
 		t.view.Store(trimmed(extended(v, i, c)))
 	}
 	c.slots[j].Store(x)
@@ -94,10 +105,10 @@ func extended[T any](v *handleView[T], i uint64, c *handleChunk[T]) *handleView[
 	return nv
 }
 
-// delete removes h and returns its object, or nil when h has none. next is
-// the last handle given out: a chunk left empty with none of its handles
-// still to give out is dropped.
-func (t *handleTable[T]) delete(h, next uint64) *T {
+// delete removes h and returns its object, or nil when h has none. A chunk
+// it leaves empty is dropped unless it is the newest, which store drops
+// once a newer one is made.
+func (t *handleTable[T]) delete(h uint64) *T {
 	i, j := handleIndex(h)
 	v := t.view.Load()
 	c := v.chunk(i)
@@ -108,8 +119,7 @@ func (t *handleTable[T]) delete(h, next uint64) *T {
 	if x == nil {
 		return nil
 	}
-	if c.live--; c.live == 0 && (i != t.newest || next >= (i+1)<<handleChunkBits-1) {
-		// A newer chunk exists, or next is at or past this one's end.
+	if c.live--; c.live == 0 && &v.chunks[i-v.base] != v.newest() {
 		v.chunks[i-v.base].Store(nil)
 		if tv := trimmed(v); tv != v {
 			t.view.Store(tv)
@@ -150,4 +160,4 @@ func (t *handleTable[T]) each(fn func(*T)) {
 }
 
 // clear removes every handle.
-func (t *handleTable[T]) clear() { t.view.Store(nil); t.newest = 0 }
+func (t *handleTable[T]) clear() { t.view.Store(nil) }

@@ -33,10 +33,10 @@ func TestHandleTableStoresLoadsAndDeletes(t *testing.T) {
 	for h := uint64(1); h < 3000; h++ {
 		require.Equal(t, int(h), *tab.load(h))
 	}
-	require.Equal(t, 7, *tab.delete(7, 2999))
+	require.Equal(t, 7, *tab.delete(7))
 	require.Nil(t, tab.load(7))
-	require.Nil(t, tab.delete(7, 2999), "deleted twice")
-	require.Nil(t, tab.delete(5000, 2999), "never stored")
+	require.Nil(t, tab.delete(7), "deleted twice")
+	require.Nil(t, tab.delete(5000), "never stored")
 	n := 0
 	tab.each(func(*int) { n++ })
 	require.Equal(t, 2998, n)
@@ -56,7 +56,7 @@ func TestHandleTableDropsChunksNoHandleCanReach(t *testing.T) {
 		next++
 		if next%3 == 0 {
 			b.store(next, &v)
-			require.NotNil(t, b.delete(next, next))
+			require.NotNil(t, b.delete(next))
 			continue
 		}
 		a.store(next, &v)
@@ -64,7 +64,7 @@ func TestHandleTableDropsChunksNoHandleCanReach(t *testing.T) {
 			keep = next // one handle that lives on: its chunk stays
 			continue
 		}
-		require.NotNil(t, a.delete(next, next))
+		require.NotNil(t, a.delete(next))
 	}
 	held, length := chunks(&a)
 	require.LessOrEqual(t, held, 2, "the kept handle's chunk and the newest")
@@ -76,7 +76,7 @@ func TestHandleTableDropsChunksNoHandleCanReach(t *testing.T) {
 	require.Nil(t, b.load(next-next%3), "a deleted handle of a dropped chunk")
 
 	// Once the kept handle goes, a's view is trimmed too.
-	require.NotNil(t, a.delete(keep, next))
+	require.NotNil(t, a.delete(keep))
 	held, length = chunks(&a)
 	require.LessOrEqual(t, held, 1)
 	require.LessOrEqual(t, length, 1)
@@ -111,7 +111,7 @@ func TestHandleTableLookupsBesideWrites(t *testing.T) {
 		mu.Lock()
 		tab.store(h, &vals[h])
 		if h > 10 {
-			tab.delete(h-10, h)
+			tab.delete(h - 10)
 		}
 		mu.Unlock()
 	}

@@ -312,7 +312,7 @@ func (e *Emulated) StreamDestroy(h Stream) error {
 		e.mu.Unlock()
 		return errClosed(op)
 	}
-	s := e.streams.delete(uint64(h), e.next)
+	s := e.streams.delete(uint64(h))
 	e.mu.Unlock()
 	if s == nil {
 		return NewError(op, ErrCodeInvalidHandle, fmt.Sprintf("unknown stream handle %d", h))

@@ -30,9 +30,6 @@ func Update(crc uint32, p []byte) uint32 {
 // Checksum returns the CRC32C of p.
 func Checksum(p []byte) uint32 { return Update(0, p) }
 
-// Folded reports whether long inputs take the folded path on this CPU.
-func Folded() bool { return folds }
-
 // Implementation names the path long inputs take here, for reports.
 func Implementation() string {
 	if folds {

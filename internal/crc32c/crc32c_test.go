@@ -20,7 +20,7 @@ func random(seed uint64, n int) []byte {
 // Every length around the fold's steps, at every alignment of a 64-byte
 // line, from random running values: the same value as hash/crc32.
 func TestUpdateIsHashCRC32Castagnoli(t *testing.T) {
-	if !Folded() {
+	if !folds {
 		t.Skip("no folded path on this CPU or build: Update is hash/crc32 itself")
 	}
 	r := rand.New(rand.NewPCG(1, 2))
@@ -38,7 +38,7 @@ func TestUpdateIsHashCRC32Castagnoli(t *testing.T) {
 // Update hands it), each input flush against unmapped pages on both sides:
 // a read of one byte too many, before or after, faults.
 func TestFoldReadsExactlyItsBytes(t *testing.T) {
-	if !Folded() {
+	if !folds {
 		t.Skip("no folded path on this CPU or build")
 	}
 	const max = 5000
