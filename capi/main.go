@@ -37,7 +37,8 @@ import (
 	_ "github.com/ianlancetaylor/cgosymbolizer" // symbolize C frames in Go tracebacks
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr/stdkind"
 	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/cuda"
@@ -124,7 +125,7 @@ func recoverStatus(st *C.kvbm_status_t) {
 	}
 }
 
-// statusOfKind is the status of each kind of error (kvbmerr.KindOf); an
+// statusOfKind is the status of each kind of error (stdkind.KindOf); an
 // error of a kind not listed, or of none, is KVBM_ERR_INTERNAL.
 var statusOfKind = map[kvbmerr.Kind]C.kvbm_status_t{
 	kvbmerr.InvalidArgument:    errInvalidArgument,
@@ -145,7 +146,7 @@ func statusOf(err error) C.kvbm_status_t {
 	if err == nil {
 		return statusOK
 	}
-	if st, ok := statusOfKind[kvbmerr.KindOf(err)]; ok {
+	if st, ok := statusOfKind[stdkind.KindOf(err)]; ok {
 		return st
 	}
 	return errInternal

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/handoff"
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/remote"

@@ -15,7 +15,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Stream is a raw stream handle (CUstream). Zero is the legacy default stream.

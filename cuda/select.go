@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // EnvDevice is the environment variable that chooses the driver when Open

@@ -1,33 +1,32 @@
 // Package kvbmerr is kvbm's error vocabulary: the kinds of failure that the
-// C ABI tells apart. Each package declares its sentinel errors with New,
-// naming their kind, and wraps them with context as usual
-// (fmt.Errorf("register G2 layout: %w", err)); KindOf reads the kind back
+// C ABI tells apart, one sentinel per kind (ErrInvalidArgument, ErrNotFound,
+// …). A package either uses a kind's sentinel, wrapping it with context
+// (fmt.Errorf("register G2 layout: %w", kvbmerr.ErrInvalidArgument)), or
+// declares a sentinel of its own with New, naming its kind, where callers
+// must tell its failure from others of the same kind (errors.Is(err,
+// object.ErrNotFound) tells a missing object from a missing layout). Such a
+// sentinel is also its kind's under errors.Is. KindOf reads the kind back
 // from any error built that way, and the C ABI maps kinds to statuses in one
 // table.
 //
-// Identity stays with the sentinels: errors.Is(err, transfer.ErrNotFound)
-// still tells a missing layout from a missing object. A kind only says how
-// a caller on the other side of the ABI should react.
-//
-// kvbmerr is a leaf: it imports nothing of kvbm, so that every package,
-// the pure ones (core/layout, core/handoff, core/pool) and cuda/ included,
-// may use it.
+// kvbmerr is the ground floor of the module and pure: it imports nothing of
+// kvbm and nothing that reaches the operating system (no os, syscall, time
+// or context, not even through fmt), so that the pure packages
+// (core/layout, core/handoff, core/pool), cuda/ and internal/ may all use
+// it. Errors of the standard library that carry no kind (a *fs.PathError,
+// context.DeadlineExceeded) are given one where they arise, or by
+// kvbmerr/stdkind at the ABI.
 package kvbmerr
 
-import (
-	"context"
-	"fmt"
-	"io/fs"
-	"syscall"
-)
+import "strconv"
 
 // Kind is a class of failure, one per error status of the C ABI.
 type Kind uint8
 
 // The kinds. The zero Kind, Unknown, is an error nothing classified: a bug
 // (KVBM_ERR_INTERNAL). A new kind is one constant here, its name in
-// kindNames and its status in capi's table; the tests fail until all three
-// are there.
+// kindNames, its sentinel in sentinels and its status in capi's table; the
+// tests fail until all four are there.
 const (
 	Unknown            Kind = iota // nothing classified the error: a bug
 	InvalidArgument                // a malformed request: a bad length, id or value
@@ -38,7 +37,7 @@ const (
 	DataCorruption                 // data read back fails its checksum or format
 	IO                             // a file system, disk, store or peer failed
 	CUDA                           // the device driver failed
-	Timeout                        // a wait ended before the work did
+	Timeout                        // a wait or a deadline ended before the work did
 	Canceled                       // the work was canceled, or its owner closed
 	Unsupported                    // no such path, backend or facility here
 
@@ -64,7 +63,7 @@ func (k Kind) String() string {
 	if k < numKinds {
 		return kindNames[k]
 	}
-	return fmt.Sprintf("Kind(%d)", uint8(k))
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
 
 // Kinds returns every kind but Unknown, in order.
@@ -76,16 +75,67 @@ func Kinds() []Kind {
 	return ks
 }
 
+// The sentinel of each kind. Their messages are those every package used
+// before it had them, so that messages read as they did.
+var (
+	// ErrInvalidArgument: the request is malformed (lengths, ids, ranges).
+	ErrInvalidArgument = &Error{kind: InvalidArgument, msg: "invalid argument"}
+	// ErrOutOfRange: an id or index beyond its bound. It is also an
+	// ErrInvalidArgument under errors.Is, and reads as one.
+	ErrOutOfRange = &Error{kind: OutOfRange, msg: "invalid argument"}
+	// ErrNotFound: no such thing.
+	ErrNotFound = &Error{kind: NotFound, msg: "not found"}
+	// ErrAlreadyExists: something that is set once was set again.
+	ErrAlreadyExists = &Error{kind: AlreadyExists, msg: "already exists"}
+	// ErrFailedPrecondition: the state does not allow the call now.
+	ErrFailedPrecondition = &Error{kind: FailedPrecondition, msg: "failed precondition"}
+	// ErrDataCorruption: data read back does not match its checksum.
+	ErrDataCorruption = &Error{kind: DataCorruption, msg: "data corruption"}
+	// ErrIO: a file system, disk, store or peer failed.
+	ErrIO = &Error{kind: IO, msg: "I/O"}
+	// ErrCUDA: the device driver failed.
+	ErrCUDA = &Error{kind: CUDA, msg: "CUDA"}
+	// ErrTimeout: a wait or a deadline ended before the work did.
+	ErrTimeout = &Error{kind: Timeout, msg: "timeout"}
+	// ErrCanceled: the work was canceled, or its owner closed.
+	ErrCanceled = &Error{kind: Canceled, msg: "canceled"}
+	// ErrUnsupported: no such path, backend or facility here.
+	ErrUnsupported = &Error{kind: Unsupported, msg: "unsupported"}
+)
+
+var sentinels = [numKinds]*Error{
+	InvalidArgument:    ErrInvalidArgument,
+	OutOfRange:         ErrOutOfRange,
+	NotFound:           ErrNotFound,
+	AlreadyExists:      ErrAlreadyExists,
+	FailedPrecondition: ErrFailedPrecondition,
+	DataCorruption:     ErrDataCorruption,
+	IO:                 ErrIO,
+	CUDA:               ErrCUDA,
+	Timeout:            ErrTimeout,
+	Canceled:           ErrCanceled,
+	Unsupported:        ErrUnsupported,
+}
+
+// Sentinel is kind k's sentinel error; nil for Unknown.
+func Sentinel(k Kind) error {
+	if k < numKinds && sentinels[k] != nil {
+		return sentinels[k]
+	}
+	return nil
+}
+
 // Error is a sentinel error of a kind; New makes one.
 type Error struct {
 	kind Kind
 	msg  string
 }
 
-// New returns a sentinel error of kind k with message msg. Each call
-// returns a distinct error, for errors.Is:
+// New returns a sentinel error of kind k with message msg, for failures a
+// caller must tell from others of kind k. Each call returns a distinct
+// error; under errors.Is it is also kind k's sentinel:
 //
-//	var ErrNotFound = kvbmerr.New(kvbmerr.NotFound, "not found")
+//	var ErrNotCached = kvbmerr.New(kvbmerr.NotFound, "not cached")
 func New(k Kind, msg string) error { return &Error{kind: k, msg: msg} }
 
 func (e *Error) Error() string { return e.msg }
@@ -93,8 +143,20 @@ func (e *Error) Error() string { return e.msg }
 // Kind is the error's kind.
 func (e *Error) Kind() Kind { return e.kind }
 
-// kinded is an error that knows its kind: a sentinel from New, or a type of
-// its own with a Kind method (cuda.Error).
+// Is reports whether target is the sentinel of e's kind (an out-of-range
+// sentinel is also an invalid argument).
+func (e *Error) Is(target error) bool {
+	if e.kind >= numKinds {
+		return false
+	}
+	if s := sentinels[e.kind]; s != nil && target == error(s) {
+		return true
+	}
+	return e == ErrOutOfRange && target == error(ErrInvalidArgument)
+}
+
+// kinded is an error that knows its kind: a sentinel, or a type of its own
+// with a Kind method (cuda.Error).
 type kinded interface{ Kind() Kind }
 
 // KindOf returns the kind of err: that of the first error in its tree that
@@ -102,44 +164,36 @@ type kinded interface{ Kind() Kind }
 // depth first, the operands of a multiple %w or errors.Join left to right).
 // The outermost error decides, so that a wrapper gives its own kind to what
 // it wraps (remote.ErrPeerUnavailable, IO, wraps the timeout that revealed
-// the peer's silence). Errors of the standard library that carry no kind
-// are read as kvbm's: context.DeadlineExceeded is Timeout,
-// context.Canceled Canceled, *fs.PathError and syscall.Errno IO.
-// KindOf(nil) and an error with no kind in its tree are Unknown.
+// the peer's silence). KindOf(nil) and an error with no kind in its tree are
+// Unknown.
 func KindOf(err error) Kind {
+	return KindBy(err, nil)
+}
+
+// KindBy is KindOf that asks classify for the kind of each error in the
+// tree that has none of its own (an adapter's view of errors kvbm did not
+// make; nil asks nothing). The outermost error with a kind still decides.
+func KindBy(err error, classify func(error) Kind) Kind {
 	if err == nil {
 		return Unknown
 	}
-	if k := kindHere(err); k != Unknown {
-		return k
-	}
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		return KindOf(u.Unwrap())
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			if k := KindOf(e); k != Unknown {
-				return k
-			}
-		}
-	}
-	return Unknown
-}
-
-// kindHere is err's own kind, not looking at what it wraps.
-func kindHere(err error) Kind {
 	if k, ok := err.(kinded); ok {
 		return k.Kind()
 	}
-	switch err.(type) {
-	case *fs.PathError, syscall.Errno:
-		return IO
+	if classify != nil {
+		if k := classify(err); k != Unknown {
+			return k
+		}
 	}
-	switch err {
-	case context.DeadlineExceeded:
-		return Timeout
-	case context.Canceled:
-		return Canceled
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return KindBy(u.Unwrap(), classify)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if k := KindBy(e, classify); k != Unknown {
+				return k
+			}
+		}
 	}
 	return Unknown
 }

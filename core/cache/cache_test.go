@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"

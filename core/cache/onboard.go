@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"

@@ -1,6 +1,6 @@
 package handoff
 
-import "github.com/kvbm/kvbm/core/kvbmerr"
+import "github.com/kvbm/kvbm/kvbmerr"
 
 // Errors returned by this package wrap one of these, with the bad value
 // added, so callers can tell them apart with errors.Is. Their kinds are the

@@ -3,7 +3,7 @@ package object
 import (
 	"context"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Store is the object-store side of the G4 tier (the seeds' ObjectBlockOps).

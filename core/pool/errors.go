@@ -1,6 +1,6 @@
 package pool
 
-import "github.com/kvbm/kvbm/core/kvbmerr"
+import "github.com/kvbm/kvbm/kvbmerr"
 
 // Errors that the pool's calls wrap; test them with errors.Is. Their kinds
 // are the C ABI's status codes.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/transfer"
 )
 

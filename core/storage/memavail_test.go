@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/memavail"
 )

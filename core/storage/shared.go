@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/hugepage"
 	"github.com/kvbm/kvbm/internal/memavail"

@@ -3,36 +3,32 @@ package transfer
 import (
 	"fmt"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
-// Sentinel errors, for errors.Is; their kinds are the C ABI's status codes.
+// Sentinel errors, for errors.Is. The generic ones are the kinds'
+// sentinels under the names this package has always given them; ErrNotFound
+// and ErrClosed are its own (a missing layout, a closed manager).
 var (
 	// ErrInvalidArgument: the request is malformed (lengths, ids, ranges).
-	ErrInvalidArgument = kvbmerr.New(kvbmerr.InvalidArgument, "invalid argument")
+	ErrInvalidArgument = kvbmerr.ErrInvalidArgument
 	// ErrOutOfRange: an id or index beyond its bound. It is also an
 	// ErrInvalidArgument under errors.Is, and reads as one; its kind is
 	// OutOfRange.
-	ErrOutOfRange error = outOfRange{}
+	ErrOutOfRange = kvbmerr.ErrOutOfRange
 	// ErrAlreadyExists: something that is set once was set again.
-	ErrAlreadyExists = kvbmerr.New(kvbmerr.AlreadyExists, "already exists")
+	ErrAlreadyExists = kvbmerr.ErrAlreadyExists
 	// ErrNotFound: no layout is registered under the handle.
 	ErrNotFound = kvbmerr.New(kvbmerr.NotFound, "not found")
 	// ErrUnsupported: no strategy moves data between the two kinds.
-	ErrUnsupported = kvbmerr.New(kvbmerr.Unsupported, "unsupported")
+	ErrUnsupported = kvbmerr.ErrUnsupported
 	// ErrCorrupt: data read back does not match its checksum.
-	ErrCorrupt = kvbmerr.New(kvbmerr.DataCorruption, "data corruption")
+	ErrCorrupt = kvbmerr.ErrDataCorruption
 	// ErrTimeout: a wait ended before the transfer completed.
-	ErrTimeout = kvbmerr.New(kvbmerr.Timeout, "timeout")
+	ErrTimeout = kvbmerr.ErrTimeout
 	// ErrClosed: the manager was closed.
 	ErrClosed = kvbmerr.New(kvbmerr.Canceled, "transfer manager closed")
 )
-
-type outOfRange struct{}
-
-func (outOfRange) Error() string        { return ErrInvalidArgument.Error() }
-func (outOfRange) Is(target error) bool { return target == ErrInvalidArgument }
-func (outOfRange) Kind() kvbmerr.Kind   { return kvbmerr.OutOfRange }
 
 // Error is a failed transfer: what failed, between which layouts, and which
 // destination blocks did not receive their data.

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Notification is the completion of one transfer. It completes exactly once,

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 )

@@ -35,7 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // ErrInsufficient is wrapped by Reserve's and Check's refusals. Its kind is

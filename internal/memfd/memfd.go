@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // ErrUnavailable is wrapped when the kernel makes no memory file at all

@@ -10,7 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/kvbm/kvbm/core/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 )

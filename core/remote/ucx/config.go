@@ -32,7 +32,7 @@
 // table, since shared memory stays readable after its owner died).
 package ucx
 
-import "github.com/kvbm/kvbm/core/kvbmerr"
+import "github.com/kvbm/kvbm/kvbmerr"
 
 // ErrLateWrites is why KVBM_TRANSPORT=ucx (remote.Open) is refused: the
 // transport cannot promise that no byte of an operation lands once its
