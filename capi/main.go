@@ -37,11 +37,11 @@ import (
 	_ "github.com/ianlancetaylor/cgosymbolizer" // symbolize C frames in Go tracebacks
 
 	"github.com/kvbm/kvbm/capi/internal/handles"
-	"github.com/kvbm/kvbm/kvbmerr"
-	"github.com/kvbm/kvbm/kvbmerr/stdkind"
 	"github.com/kvbm/kvbm/core/logging"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr/stdkind"
 
 	// The UCX transport, selectable with KVBM_TRANSPORT=ucx (TCP comes
 	// with core/node).

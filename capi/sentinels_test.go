@@ -15,7 +15,6 @@ import (
 
 	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/handoff"
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/remote"
@@ -27,6 +26,7 @@ import (
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/memavail"
 	"github.com/kvbm/kvbm/internal/memfd"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // sentinels is every exported sentinel error (a package-level Err… variable)

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // ErrNotCached: a key to onboard is in no tier (evicted since it was

@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/internal/crc32c"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // An object is a fixed header followed by the payload (one block's bytes):

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Transport is one way for workers to reach each other's memory. A worker

@@ -15,9 +15,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/memavail"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 const gib = 1 << 30

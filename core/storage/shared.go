@@ -8,11 +8,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/hugepage"
 	"github.com/kvbm/kvbm/internal/memavail"
 	"github.com/kvbm/kvbm/internal/memfd"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Shared host memory: a sealed memory file (internal/memfd) mapped

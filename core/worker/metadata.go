@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/internal/crc32c"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Metadata is what a worker exports so that peers can address its layouts:

@@ -5,9 +5,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // BlockScope is what a request-scoped export covers: some blocks of some

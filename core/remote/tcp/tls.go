@@ -10,9 +10,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // TLS. With KVBM_TLS_CERT, KVBM_TLS_KEY and KVBM_TLS_CA set (PEM files),

@@ -15,11 +15,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/testpki"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // pki is a test's throwaway CA, another CA, and a directory for files.
