@@ -7,7 +7,10 @@
 // pointers for memory, byte offsets for a disk file).
 package layout
 
-import "fmt"
+import (
+	"errors"
+	"strconv"
+)
 
 // Config is the shape of one KV cache.
 type Config struct {
@@ -34,27 +37,27 @@ type Config struct {
 func (c Config) Validate() error {
 	switch {
 	case c.NumBlocks <= 0:
-		return fmt.Errorf("layout config: NumBlocks must be > 0, got %d", c.NumBlocks)
+		return invalidField("NumBlocks must be > 0", c.NumBlocks)
 	case c.NumLayers <= 0:
-		return fmt.Errorf("layout config: NumLayers must be > 0, got %d", c.NumLayers)
+		return invalidField("NumLayers must be > 0", c.NumLayers)
 	case c.OuterDim != 1 && c.OuterDim != 2:
-		return fmt.Errorf("layout config: OuterDim must be 1 or 2, got %d", c.OuterDim)
+		return invalidField("OuterDim must be 1 or 2", c.OuterDim)
 	case c.PageSize <= 0 || !isPowerOfTwo(c.PageSize):
-		return fmt.Errorf("layout config: PageSize must be a power of two, got %d", c.PageSize)
+		return invalidField("PageSize must be a power of two", c.PageSize)
 	case c.InnerDim <= 0:
-		return fmt.Errorf("layout config: InnerDim must be > 0, got %d", c.InnerDim)
+		return invalidField("InnerDim must be > 0", c.InnerDim)
 	case c.DtypeWidth != 1 && c.DtypeWidth != 2 && c.DtypeWidth != 4 && c.DtypeWidth != 8:
-		return fmt.Errorf("layout config: DtypeWidth must be 1, 2, 4 or 8, got %d", c.DtypeWidth)
+		return invalidField("DtypeWidth must be 1, 2, 4 or 8", c.DtypeWidth)
 	case c.Alignment < 0 || (c.Alignment > 1 && !isPowerOfTwo(c.Alignment)):
-		return fmt.Errorf("layout config: Alignment must be 0, 1 or a power of two, got %d", c.Alignment)
+		return invalidField("Alignment must be 0, 1 or a power of two", c.Alignment)
 	}
 	// Guard the products against overflow: a region must fit in int64.
 	const limit = 1 << 62
 	size := uint64(c.FragmentSize())
 	for _, f := range []int{c.NumLayers, c.OuterDim, c.NumBlocks} {
 		if size > limit/uint64(f) {
-			return fmt.Errorf("layout config: total size overflows (NumBlocks %d, NumLayers %d, fragment %d bytes)",
-				c.NumBlocks, c.NumLayers, c.FragmentSize())
+			return errors.New("layout config: total size overflows (NumBlocks " + strconv.Itoa(c.NumBlocks) +
+				", NumLayers " + strconv.Itoa(c.NumLayers) + ", fragment " + strconv.Itoa(c.FragmentSize()) + " bytes)")
 		}
 		size *= uint64(f)
 	}
@@ -73,12 +76,11 @@ func (c Config) BlockSize() int { return c.NumLayers * c.OuterDim * c.FragmentSi
 func (c Config) Compatible(o Config) error {
 	switch {
 	case c.NumLayers != o.NumLayers:
-		return fmt.Errorf("incompatible layouts: NumLayers %d vs %d", c.NumLayers, o.NumLayers)
+		return incompatible("NumLayers ", c.NumLayers, o.NumLayers, "")
 	case c.OuterDim != o.OuterDim:
-		return fmt.Errorf("incompatible layouts: OuterDim %d vs %d", c.OuterDim, o.OuterDim)
+		return incompatible("OuterDim ", c.OuterDim, o.OuterDim, "")
 	case c.FragmentSize() != o.FragmentSize():
-		return fmt.Errorf("incompatible layouts: fragment size %d vs %d bytes (PageSize×InnerDim×DtypeWidth)",
-			c.FragmentSize(), o.FragmentSize())
+		return incompatible("fragment size ", c.FragmentSize(), o.FragmentSize(), " bytes (PageSize×InnerDim×DtypeWidth)")
 	}
 	return nil
 }
@@ -92,3 +94,14 @@ func (c Config) align(n uint64) uint64 {
 }
 
 func isPowerOfTwo(n int) bool { return n > 0 && n&(n-1) == 0 }
+
+// invalidField is Validate's error: rule broken, and the value given.
+func invalidField(rule string, got int) error {
+	return errors.New("layout config: " + rule + ", got " + strconv.Itoa(got))
+}
+
+// incompatible is Compatible's error: what differs, both values, and what
+// follows them.
+func incompatible(what string, a, b int, after string) error {
+	return errors.New("incompatible layouts: " + what + strconv.Itoa(a) + " vs " + strconv.Itoa(b) + after)
+}

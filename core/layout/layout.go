@@ -1,6 +1,9 @@
 package layout
 
-import "fmt"
+import (
+	"errors"
+	"strconv"
+)
 
 // Kind says how a layout arranges its blocks in memory.
 type Kind uint8
@@ -19,7 +22,7 @@ func (k Kind) String() string {
 	case LayerSeparate:
 		return "LayerSeparate"
 	}
-	return fmt.Sprintf("Kind(%d)", uint8(k))
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
 
 // BlockDim is the position of the block dimension inside each per-layer
@@ -41,7 +44,7 @@ func (d BlockDim) String() string {
 	case BlockIsSecondDim:
 		return "BlockIsSecondDim"
 	}
-	return fmt.Sprintf("BlockDim(%d)", uint8(d))
+	return "BlockDim(" + strconv.Itoa(int(d)) + ")"
 }
 
 // Layout maps (block, layer, outer) to an address inside its regions. It is
@@ -86,7 +89,7 @@ func RegionSizes(cfg Config, kind Kind, dim BlockDim) ([]uint64, error) {
 		case BlockIsSecondDim:
 			size = uint64(cfg.OuterDim) * cfg.align(uint64(cfg.NumBlocks*cfg.FragmentSize()))
 		default:
-			return nil, fmt.Errorf("layout: BlockDim must be 0 (first) or 1 (second), got %d", dim)
+			return nil, errors.New("layout: BlockDim must be 0 (first) or 1 (second), got " + strconv.Itoa(int(dim)))
 		}
 		sizes := make([]uint64, cfg.NumLayers)
 		for i := range sizes {
@@ -94,7 +97,7 @@ func RegionSizes(cfg Config, kind Kind, dim BlockDim) ([]uint64, error) {
 		}
 		return sizes, nil
 	}
-	return nil, fmt.Errorf("layout: Kind must be 1 (FullyContiguous) or 2 (LayerSeparate), got %d", kind)
+	return nil, errors.New("layout: Kind must be 1 (FullyContiguous) or 2 (LayerSeparate), got " + strconv.Itoa(int(kind)))
 }
 
 // New makes a layout over regions starting at bases. The number of bases must
@@ -106,11 +109,13 @@ func New(cfg Config, kind Kind, dim BlockDim, bases []uint64) (*Layout, error) {
 		return nil, err
 	}
 	if len(bases) != len(sizes) {
-		return nil, fmt.Errorf("layout: %v needs %d region bases, got %d", kind, len(sizes), len(bases))
+		return nil, errors.New("layout: " + kind.String() + " needs " + strconv.Itoa(len(sizes)) +
+			" region bases, got " + strconv.Itoa(len(bases)))
 	}
 	for i, b := range bases {
 		if b+sizes[i] < b {
-			return nil, fmt.Errorf("layout: region %d at %#x with size %d overflows the address space", i, b, sizes[i])
+			return nil, errors.New("layout: region " + strconv.Itoa(i) + " at 0x" + strconv.FormatUint(b, 16) +
+				" with size " + strconv.FormatUint(sizes[i], 10) + " overflows the address space")
 		}
 	}
 	if kind == FullyContiguous {
@@ -210,10 +215,10 @@ func (l *Layout) IsBlockContiguous() bool { return l.kind == FullyContiguous }
 // FullyContiguous.
 func (l *Layout) BlockRegion(block int) (Region, error) {
 	if l.kind != FullyContiguous {
-		return Region{}, fmt.Errorf("layout: BlockRegion needs a FullyContiguous layout, this one is %v", l.kind)
+		return Region{}, errors.New("layout: BlockRegion needs a FullyContiguous layout, this one is " + l.kind.String())
 	}
 	if block < 0 || block >= l.cfg.NumBlocks {
-		return Region{}, fmt.Errorf("layout: block %d out of range [0, %d)", block, l.cfg.NumBlocks)
+		return Region{}, outOfRange("block", block, l.cfg.NumBlocks)
 	}
 	return Region{Addr: l.bases[0] + uint64(block)*l.blockStride, Size: l.blockSize}, nil
 }
@@ -223,11 +228,11 @@ func (l *Layout) BlockRegion(block int) (Region, error) {
 func (l *Layout) MemoryRegion(block, layer, outer int) (Region, error) {
 	switch {
 	case block < 0 || block >= l.cfg.NumBlocks:
-		return Region{}, fmt.Errorf("layout: block %d out of range [0, %d)", block, l.cfg.NumBlocks)
+		return Region{}, outOfRange("block", block, l.cfg.NumBlocks)
 	case layer < 0 || layer >= l.cfg.NumLayers:
-		return Region{}, fmt.Errorf("layout: layer %d out of range [0, %d)", layer, l.cfg.NumLayers)
+		return Region{}, outOfRange("layer", layer, l.cfg.NumLayers)
 	case outer < 0 || outer >= l.cfg.OuterDim:
-		return Region{}, fmt.Errorf("layout: outer %d out of range [0, %d)", outer, l.cfg.OuterDim)
+		return Region{}, outOfRange("outer", outer, l.cfg.OuterDim)
 	}
 	return l.Fragment(block, layer, outer), nil
 }
@@ -255,9 +260,18 @@ func (l *Layout) Fragment(block, layer, outer int) Region {
 // String is a one-line summary for logs and errors.
 func (l *Layout) String() string {
 	if l.kind == FullyContiguous {
-		return fmt.Sprintf("%v{blocks %d, layers %d, outer %d, block %d B}",
-			l.kind, l.cfg.NumBlocks, l.cfg.NumLayers, l.cfg.OuterDim, l.cfg.BlockSize())
+		return l.kind.String() + l.shape("block", l.cfg.BlockSize())
 	}
-	return fmt.Sprintf("%v/%v{blocks %d, layers %d, outer %d, fragment %d B}",
-		l.kind, l.blockDim, l.cfg.NumBlocks, l.cfg.NumLayers, l.cfg.OuterDim, l.cfg.FragmentSize())
+	return l.kind.String() + "/" + l.blockDim.String() + l.shape("fragment", l.cfg.FragmentSize())
+}
+
+// shape is String's "{blocks …, layers …, outer …, <unit> … B}".
+func (l *Layout) shape(unit string, bytes int) string {
+	return "{blocks " + strconv.Itoa(l.cfg.NumBlocks) + ", layers " + strconv.Itoa(l.cfg.NumLayers) +
+		", outer " + strconv.Itoa(l.cfg.OuterDim) + ", " + unit + " " + strconv.Itoa(bytes) + " B}"
+}
+
+// outOfRange is the error of an index i of what beyond [0, n).
+func outOfRange(what string, i, n int) error {
+	return errors.New("layout: " + what + " " + strconv.Itoa(i) + " out of range [0, " + strconv.Itoa(n) + ")")
 }
