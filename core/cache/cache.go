@@ -7,6 +7,7 @@ import (
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Config configures a Cache.
@@ -62,7 +63,7 @@ type victim struct {
 // New makes the cache of a worker whose G1 and G2 are registered.
 func New(cfg Config) (*Cache, error) {
 	if cfg.Worker == nil {
-		return nil, fmt.Errorf("%w: cache: a worker is required", transfer.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: cache: a worker is required", kvbmerr.ErrInvalidArgument)
 	}
 	w := cfg.Worker
 	m := w.Manager()
@@ -178,7 +179,7 @@ func keysOf(raw [][]byte) ([]pool.Key, error) {
 	seen := make(map[pool.Key]int, len(keys))
 	for i, k := range keys {
 		if j, dup := seen[k]; dup {
-			return nil, fmt.Errorf("%w: keys[%d] repeats keys[%d] (%v)", transfer.ErrInvalidArgument, i, j, k)
+			return nil, fmt.Errorf("%w: keys[%d] repeats keys[%d] (%v)", kvbmerr.ErrInvalidArgument, i, j, k)
 		}
 		seen[k] = i
 	}
@@ -191,10 +192,10 @@ func (c *Cache) checkG1(ids []int, distinct bool) error {
 	seen := make(map[int]int, len(ids))
 	for i, id := range ids {
 		if id < 0 || id >= c.g1Blocks {
-			return fmt.Errorf("%w: G1 block ids[%d] = %d, G1 has blocks [0, %d)", transfer.ErrOutOfRange, i, id, c.g1Blocks)
+			return fmt.Errorf("%w: G1 block ids[%d] = %d, G1 has blocks [0, %d)", kvbmerr.ErrOutOfRange, i, id, c.g1Blocks)
 		}
 		if j, dup := seen[id]; dup && distinct {
-			return fmt.Errorf("%w: G1 block id %d repeated (ids[%d] and ids[%d])", transfer.ErrInvalidArgument, id, j, i)
+			return fmt.Errorf("%w: G1 block id %d repeated (ids[%d] and ids[%d])", kvbmerr.ErrInvalidArgument, id, j, i)
 		}
 		seen[id] = i
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Offload saves G1 block g1[i], which holds the KV of keys[i], to G2 —
@@ -24,7 +25,7 @@ import (
 // the background otherwise.
 func (c *Cache) Offload(raw [][]byte, g1 []int, precondition cuda.Event) (*transfer.Notification, []pool.Decision, error) {
 	if len(raw) != len(g1) {
-		return nil, nil, fmt.Errorf("%w: offload: %d keys but %d G1 block ids", transfer.ErrInvalidArgument, len(raw), len(g1))
+		return nil, nil, fmt.Errorf("%w: offload: %d keys but %d G1 block ids", kvbmerr.ErrInvalidArgument, len(raw), len(g1))
 	}
 	keys, err := keysOf(raw)
 	if err != nil {

@@ -49,7 +49,7 @@ type onboard struct {
 // runs in the background.
 func (c *Cache) Onboard(raw [][]byte, g1 []int, events []cuda.Event, stream *cuda.Stream) (*transfer.Notification, error) {
 	if len(raw) != len(g1) {
-		return nil, fmt.Errorf("%w: onboard: %d keys but %d G1 block ids", transfer.ErrInvalidArgument, len(raw), len(g1))
+		return nil, fmt.Errorf("%w: onboard: %d keys but %d G1 block ids", kvbmerr.ErrInvalidArgument, len(raw), len(g1))
 	}
 	keys, err := keysOf(raw)
 	if err != nil {
@@ -59,11 +59,11 @@ func (c *Cache) Onboard(raw [][]byte, g1 []int, events []cuda.Event, stream *cud
 		return nil, fmt.Errorf("onboard: %w", err)
 	}
 	if events != nil && len(events) != c.g1Layers {
-		return nil, fmt.Errorf("%w: onboard: %d layer events given, G1 has %d layers", transfer.ErrInvalidArgument, len(events), c.g1Layers)
+		return nil, fmt.Errorf("%w: onboard: %d layer events given, G1 has %d layers", kvbmerr.ErrInvalidArgument, len(events), c.g1Layers)
 	}
 	for i, ev := range events {
 		if ev == 0 {
-			return nil, fmt.Errorf("%w: onboard: layer event %d is null", transfer.ErrInvalidArgument, i)
+			return nil, fmt.Errorf("%w: onboard: layer event %d is null", kvbmerr.ErrInvalidArgument, i)
 		}
 	}
 	c.mu.Lock()

@@ -18,8 +18,8 @@ import (
 
 	"github.com/kvbm/kvbm/core/cache"
 	"github.com/kvbm/kvbm/core/remote"
-	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/core/worker"
+	"github.com/kvbm/kvbm/kvbmerr"
 
 	// The TCP transport: what "auto" (the default) opens.
 	_ "github.com/kvbm/kvbm/core/remote/tcp"
@@ -54,7 +54,7 @@ type Node struct {
 // failure closes what was made.
 func New(cfg Config) (*Node, error) {
 	if cfg.Worker.Network != nil {
-		return nil, fmt.Errorf("%w: node: the worker's Network is the node's to open; name it in Transport", transfer.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: node: the worker's Network is the node's to open; name it in Transport", kvbmerr.ErrInvalidArgument)
 	}
 	name, what := cfg.Transport, "transport"
 	if name == "" {
@@ -108,7 +108,7 @@ func (n *Node) EnableCache(cfg cache.Config) (*cache.Cache, error) {
 	return c, nil
 }
 
-var errHasCache = fmt.Errorf("%w: the worker has a cache already", transfer.ErrAlreadyExists)
+var errHasCache = fmt.Errorf("%w: the worker has a cache already", kvbmerr.ErrAlreadyExists)
 
 // Close closes the cache (waiting for its calls in flight), then the
 // worker: it stops serving and closes its transport and the connections

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Loopback is the in-process transport: workers of one process reach each
@@ -38,7 +39,7 @@ func (l *Loopback) Add(m *transfer.Manager) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, dup := l.managers[m.WorkerID()]; dup {
-		return fmt.Errorf("%w: loopback: worker %x is already attached", transfer.ErrAlreadyExists, m.WorkerID())
+		return fmt.Errorf("%w: loopback: worker %x is already attached", kvbmerr.ErrAlreadyExists, m.WorkerID())
 	}
 	l.managers[m.WorkerID()] = m
 	return nil

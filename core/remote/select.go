@@ -6,7 +6,7 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Opener makes a network transport, or says why it cannot (a library that
@@ -66,7 +66,7 @@ func Choice(name string) (string, error) {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		return "", fmt.Errorf("%w: transport %q is not one of %v", transfer.ErrInvalidArgument, name, names)
+		return "", fmt.Errorf("%w: transport %q is not one of %v", kvbmerr.ErrInvalidArgument, name, names)
 	}
 	return name, nil
 }
@@ -82,7 +82,7 @@ func Open(name string, opts OpenOptions) (Transport, error) {
 	openersMu.Unlock()
 	if open == nil { // "auto" chose TCP, which this program does not link in
 		return nil, fmt.Errorf("%w: transport %s is not linked into this program (import core/remote/%s)",
-			transfer.ErrUnsupported, choice, choice)
+			kvbmerr.ErrUnsupported, choice, choice)
 	}
 	t, err := open(opts)
 	if err != nil {

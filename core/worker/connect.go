@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Endpoint is one transport's address of a worker, as its metadata
@@ -73,7 +74,7 @@ func (w *PhysicalWorker) exportEndpoints(readOnly bool) ([]Endpoint, error) {
 		if ro, ok := t.(remote.ReadOnlyEndpointer); ok && readOnly {
 			get = ro.ReadOnlyEndpoint
 		} else if readOnly && t.Name() != "loopback" {
-			return nil, fmt.Errorf("%w: %s cannot export a read-only capability", transfer.ErrUnsupported, t.Name())
+			return nil, fmt.Errorf("%w: %s cannot export a read-only capability", kvbmerr.ErrUnsupported, t.Name())
 		}
 		ep, err := get()
 		if err != nil {
@@ -150,7 +151,7 @@ func (w *PhysicalWorker) connect(md Metadata) (a transfer.Attacher, made remote.
 		have = "[" + strings.Join(w.Transports(), ", ") + "] (KVBM_TRANSPORT selects)"
 	}
 	return nil, nil, fmt.Errorf("%w: the worker offers [%s] (loopback only within its own process); this worker has %s",
-		transfer.ErrUnsupported, strings.Join(offered, ", "), have)
+		kvbmerr.ErrUnsupported, strings.Join(offered, ", "), have)
 }
 
 // DisconnectRemote forgets a connected instance: its layouts are no longer

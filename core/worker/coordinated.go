@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // CoordinatedWorker is the leader's view of one worker: which handles it
@@ -48,7 +49,7 @@ func (c *CoordinatedWorker) Inner() Worker { return c.inner }
 // tier is an error.
 func (c *CoordinatedWorker) SetLocal(t Tier, h transfer.LayoutHandle) error {
 	if !t.valid() {
-		return fmt.Errorf("%w: tier %v has no layout", transfer.ErrInvalidArgument, t)
+		return fmt.Errorf("%w: tier %v has no layout", kvbmerr.ErrInvalidArgument, t)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

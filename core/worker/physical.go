@@ -12,6 +12,7 @@ import (
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // PhysicalConfig configures a PhysicalWorker.
@@ -109,7 +110,7 @@ func (w *PhysicalWorker) Handles() Handles {
 // SetHandle names the layout that serves as tier t; each tier is set once.
 func (w *PhysicalWorker) SetHandle(t Tier, h transfer.LayoutHandle) error {
 	if !t.valid() {
-		return fmt.Errorf("%w: tier %v has no layout", transfer.ErrInvalidArgument, t)
+		return fmt.Errorf("%w: tier %v has no layout", kvbmerr.ErrInvalidArgument, t)
 	}
 	if _, _, err := w.m.Layout(h); err != nil {
 		return fmt.Errorf("set %v: %w", t, err)
@@ -125,7 +126,7 @@ func (w *PhysicalWorker) SetHandle(t Tier, h transfer.LayoutHandle) error {
 }
 
 // ErrAlreadyExists is returned when a tier or handle is set twice.
-var ErrAlreadyExists = transfer.ErrAlreadyExists
+var ErrAlreadyExists = kvbmerr.ErrAlreadyExists
 
 // RegisterG1 registers the engine's KV cache tensors (device pointers, one
 // per layer for LayerSeparate, one for FullyContiguous) as G1.
@@ -186,7 +187,7 @@ func (w *PhysicalWorker) register(t Tier, make func() (transfer.LayoutHandle, er
 func (w *PhysicalWorker) handle(t Tier, role string) (transfer.LayoutHandle, error) {
 	if t == G4 {
 		return transfer.LayoutHandle{}, fmt.Errorf("%w: %s tier G4 is object storage, not a layout; use the object operations",
-			transfer.ErrUnsupported, role)
+			kvbmerr.ErrUnsupported, role)
 	}
 	h := w.Handles().get(t)
 	if h == nil {
@@ -239,7 +240,7 @@ func (w *PhysicalWorker) ImportMetadata(b []byte) ([]transfer.LayoutHandle, erro
 // the network peer connected (connect).
 func (w *PhysicalWorker) importDecoded(md Metadata) (hs []transfer.LayoutHandle, made remote.Peer, err error) {
 	if md.WorkerID == w.m.WorkerID() {
-		return nil, nil, fmt.Errorf("%w: metadata of worker %x is this worker's own", transfer.ErrInvalidArgument, md.WorkerID)
+		return nil, nil, fmt.Errorf("%w: metadata of worker %x is this worker's own", kvbmerr.ErrInvalidArgument, md.WorkerID)
 	}
 	a, made, err := w.connect(md)
 	if err != nil {
@@ -314,7 +315,7 @@ func (w *PhysicalWorker) ExecuteRemoteOffload(src Tier, srcIDs []int, dst Remote
 // the notification fails with the block ids whose objects failed.
 func (w *PhysicalWorker) objectTransfer(keys []object.Key, t Tier, h transfer.LayoutHandle, ids []int, put bool) (*transfer.Notification, error) {
 	if w.objects == nil {
-		return nil, fmt.Errorf("%w: no object store configured", transfer.ErrUnsupported)
+		return nil, fmt.Errorf("%w: no object store configured", kvbmerr.ErrUnsupported)
 	}
 	bio, err := w.m.BlockIO(h)
 	if err != nil {
@@ -350,7 +351,7 @@ func objectFailure(h transfer.LayoutHandle, ids []int, results []object.Result, 
 func (w *PhysicalWorker) ConnectRemote(instance InstanceID, metadata [][]byte) error {
 	if len(metadata) != 1 {
 		return fmt.Errorf("%w: a physical worker connects with exactly 1 metadata item, got %d",
-			transfer.ErrInvalidArgument, len(metadata))
+			kvbmerr.ErrInvalidArgument, len(metadata))
 	}
 	md, err := DecodeMetadata(metadata[0])
 	if err != nil {
@@ -427,7 +428,7 @@ func (w *PhysicalWorker) objectBlocks(ctx context.Context, keys []object.Key, t 
 		return out
 	}
 	if w.objects == nil {
-		return fail(fmt.Errorf("%w: no object store configured", transfer.ErrUnsupported))
+		return fail(fmt.Errorf("%w: no object store configured", kvbmerr.ErrUnsupported))
 	}
 	h, err := w.handle(t, "object")
 	if err != nil {
@@ -451,7 +452,7 @@ func (w *PhysicalWorker) objectBlocks(ctx context.Context, keys []object.Key, t 
 // source block may be stored under several keys.
 func checkObjectBlocks(keys []object.Key, numBlocks int, ids []int, dst bool) error {
 	if len(keys) != len(ids) {
-		return fmt.Errorf("%w: %d object keys but %d block ids", transfer.ErrInvalidArgument, len(keys), len(ids))
+		return fmt.Errorf("%w: %d object keys but %d block ids", kvbmerr.ErrInvalidArgument, len(keys), len(ids))
 	}
 	role := "source"
 	var seen map[int]int
@@ -460,13 +461,13 @@ func checkObjectBlocks(keys []object.Key, numBlocks int, ids []int, dst bool) er
 	}
 	for i, id := range ids {
 		if id < 0 || id >= numBlocks {
-			return fmt.Errorf("%w: %s block id %d (index %d) out of range [0, %d)", transfer.ErrOutOfRange, role, id, i, numBlocks)
+			return fmt.Errorf("%w: %s block id %d (index %d) out of range [0, %d)", kvbmerr.ErrOutOfRange, role, id, i, numBlocks)
 		}
 		if seen == nil {
 			continue
 		}
 		if j, dup := seen[id]; dup {
-			return fmt.Errorf("%w: %s block id %d appears twice (indices %d and %d)", transfer.ErrInvalidArgument, role, id, j, i)
+			return fmt.Errorf("%w: %s block id %d appears twice (indices %d and %d)", kvbmerr.ErrInvalidArgument, role, id, j, i)
 		}
 		seen[id] = i
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
-	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/kvbmerr"
 )
 
@@ -32,7 +31,7 @@ var ErrScopedBusy = kvbmerr.New(kvbmerr.FailedPrecondition, "request-scoped capa
 // trusted. A transport that cannot scope is refused.
 func (w *PhysicalWorker) ExportBlockScopedMetadata(s BlockScope) ([]byte, error) {
 	if len(s.Blocks) == 0 {
-		return nil, fmt.Errorf("%w: export scoped metadata: the scope names no tier", transfer.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: export scoped metadata: the scope names no tier", kvbmerr.ErrInvalidArgument)
 	}
 	md := Metadata{WorkerID: w.m.WorkerID()}
 	rs := remote.Scope{Expires: s.Expires}
@@ -43,7 +42,7 @@ func (w *PhysicalWorker) ExportBlockScopedMetadata(s BlockScope) ([]byte, error)
 	slices.Sort(tiers)
 	for _, t := range tiers {
 		if !t.valid() {
-			return nil, fmt.Errorf("%w: export scoped metadata: tier %d is not G1, G2 or G3", transfer.ErrInvalidArgument, t)
+			return nil, fmt.Errorf("%w: export scoped metadata: tier %d is not G1, G2 or G3", kvbmerr.ErrInvalidArgument, t)
 		}
 		h, err := w.handle(t, "scoped")
 		if err != nil {
@@ -66,7 +65,7 @@ func (w *PhysicalWorker) ExportBlockScopedMetadata(s BlockScope) ([]byte, error)
 	if w.network != nil {
 		se, ok := w.network.(remote.ScopedEndpointer)
 		if !ok {
-			return nil, fmt.Errorf("%w: export scoped metadata: %s cannot export a request-scoped capability", transfer.ErrUnsupported, w.network.Name())
+			return nil, fmt.Errorf("%w: export scoped metadata: %s cannot export a request-scoped capability", kvbmerr.ErrUnsupported, w.network.Name())
 		}
 		ep, err := se.ScopedEndpoint(rs)
 		if err != nil {

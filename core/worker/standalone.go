@@ -10,6 +10,7 @@ import (
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // StandaloneConfig configures a worker that owns its transfer manager and
@@ -101,7 +102,7 @@ func checkDevice(drv cuda.Driver, device int) error {
 	}
 	if device < 0 || device >= n {
 		return fmt.Errorf("%w: worker: device %d does not exist: the %s backend has %d device(s)",
-			transfer.ErrInvalidArgument, device, drv.Name(), n)
+			kvbmerr.ErrInvalidArgument, device, drv.Name(), n)
 	}
 	return nil
 }

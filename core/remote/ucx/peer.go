@@ -24,6 +24,7 @@ import (
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Peer is a worker reached through a UCX endpoint, and the RemoteMemory of
@@ -143,23 +144,23 @@ func (p *Peer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 		return transfer.Attachment{}, fmt.Errorf("%w: ucx: layout %v is not in the endpoint its worker published "+
 			"(registered after that metadata was exported? export and import it again)", transfer.ErrNotFound, d.Handle)
 	case l.info.reason != "":
-		return transfer.Attachment{}, fmt.Errorf("%w: ucx: %s", transfer.ErrUnsupported, l.info.reason)
+		return transfer.Attachment{}, fmt.Errorf("%w: ucx: %s", kvbmerr.ErrUnsupported, l.info.reason)
 	case d.Kind != l.info.kind:
 		return transfer.Attachment{}, fmt.Errorf("%w: ucx: layout %v is %v in the descriptor, %v in the endpoint",
-			transfer.ErrInvalidArgument, d.Handle, d.Kind, l.info.kind)
+			kvbmerr.ErrInvalidArgument, d.Handle, d.Kind, l.info.kind)
 	}
 	sizes, err := layout.RegionSizes(d.Config, d.Shape.Kind, d.Shape.BlockDim)
 	if err != nil {
-		return transfer.Attachment{}, fmt.Errorf("%w: ucx: layout %v: %w", transfer.ErrInvalidArgument, d.Handle, err)
+		return transfer.Attachment{}, fmt.Errorf("%w: ucx: layout %v: %w", kvbmerr.ErrInvalidArgument, d.Handle, err)
 	}
 	if len(sizes) != len(d.Bases) || len(sizes) != len(l.info.regions) {
 		return transfer.Attachment{}, fmt.Errorf("%w: ucx: layout %v has %d regions in the descriptor (%d bases), %d in the endpoint",
-			transfer.ErrInvalidArgument, d.Handle, len(sizes), len(d.Bases), len(l.info.regions))
+			kvbmerr.ErrInvalidArgument, d.Handle, len(sizes), len(d.Bases), len(l.info.regions))
 	}
 	for i, r := range l.info.regions {
 		if r.base != d.Bases[i] || r.size != sizes[i] {
 			return transfer.Attachment{}, fmt.Errorf("%w: ucx: layout %v region %d is [%#x, +%d) in the descriptor, [%#x, +%d) in the endpoint",
-				transfer.ErrInvalidArgument, d.Handle, i, d.Bases[i], sizes[i], r.base, r.size)
+				kvbmerr.ErrInvalidArgument, d.Handle, i, d.Bases[i], sizes[i], r.base, r.size)
 		}
 	}
 	return transfer.Attachment{Memory: p}, nil
@@ -211,7 +212,7 @@ func (p *Peer) rma(ctx context.Context, h transfer.LayoutHandle, ops []transfer.
 		if i < 0 || op.Remote+op.Size < op.Remote || op.Remote+op.Size > rs[i].base+rs[i].size {
 			C.free(unsafe.Pointer(b.ops))
 			return fmt.Errorf("%w: ucx: %s: bytes [%#x, +%d) are not inside one region of the peer's layout",
-				transfer.ErrOutOfRange, b.what, op.Remote, op.Size)
+				kvbmerr.ErrOutOfRange, b.what, op.Remote, op.Size)
 		}
 		cops[b.n] = C.kvbm_ucx_op_t{remote: C.uint64_t(op.Remote), local: C.uint64_t(op.Local), size: C.uint64_t(op.Size), rkey: rs[i].rkey}
 		b.n++
@@ -242,7 +243,7 @@ func (p *Peer) run(ctx context.Context, b *batch) error {
 		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, b.what, errClosed)
 	case <-ctx.Done():
 	}
-	cause := fmt.Errorf("%w: ucx: %s: not complete within the deadline: %w", remote.ErrPeerUnavailable, b.what, transfer.ErrTimeout)
+	cause := fmt.Errorf("%w: ucx: %s: not complete within the deadline: %w", remote.ErrPeerUnavailable, b.what, kvbmerr.ErrTimeout)
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		cause = fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, b.what, ctx.Err())
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Progress loop timing: it spins while UCX reports progress or for
@@ -114,7 +115,7 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 		return fmt.Errorf("ucx: serve: %w", errClosed)
 	case t.serving != nil:
 		return fmt.Errorf("%w: ucx: the transport already serves worker %x; one transport serves one manager",
-			transfer.ErrAlreadyExists, t.serving.WorkerID())
+			kvbmerr.ErrAlreadyExists, t.serving.WorkerID())
 	}
 	release, err := m.Hold()
 	if err != nil {
@@ -171,7 +172,7 @@ func (t *Transport) Endpoint() ([]byte, error) {
 	m := t.serving
 	t.mu.Unlock()
 	if m == nil {
-		return nil, fmt.Errorf("%w: ucx: endpoint before Serve", transfer.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: ucx: endpoint before Serve", kvbmerr.ErrInvalidArgument)
 	}
 	var descs []transfer.Descriptor
 	handles := m.Handles()
