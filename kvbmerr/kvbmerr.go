@@ -197,3 +197,25 @@ func KindBy(err error, classify func(error) Kind) Kind {
 	}
 	return Unknown
 }
+
+// Detail returns err followed by detail ("err: detail"), wrapping err: the
+// form of fmt.Errorf("%w: …", err) for the pure packages, which do without
+// fmt (it imports os).
+func Detail(err error, detail string) error {
+	return &wrapped{err: err, msg: err.Error() + ": " + detail}
+}
+
+// Context returns err preceded by context ("context: err"), wrapping err:
+// fmt.Errorf("…: %w", err) for the pure packages.
+func Context(context string, err error) error {
+	return &wrapped{err: err, msg: context + ": " + err.Error()}
+}
+
+// wrapped is an error with a message of its own around the error it wraps.
+type wrapped struct {
+	err error
+	msg string
+}
+
+func (w *wrapped) Error() string { return w.msg }
+func (w *wrapped) Unwrap() error { return w.err }

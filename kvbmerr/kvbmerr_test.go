@@ -81,3 +81,15 @@ func TestKindNames(t *testing.T) {
 	require.Equal(t, "unknown", kvbmerr.Unknown.String())
 	require.Equal(t, "Kind(200)", kvbmerr.Kind(200).String())
 }
+
+func TestDetailAndContext(t *testing.T) {
+	d := kvbmerr.Detail(errNotFound, "key 7")
+	require.Equal(t, "not found: key 7", d.Error())
+	require.ErrorIs(t, d, errNotFound)
+	require.Equal(t, kvbmerr.NotFound, kvbmerr.KindOf(d))
+	c := kvbmerr.Context("keys[3]", d)
+	require.Equal(t, "keys[3]: not found: key 7", c.Error())
+	require.ErrorIs(t, c, errNotFound)
+	require.ErrorIs(t, c, kvbmerr.ErrNotFound)
+	require.Equal(t, fmt.Errorf("%w: key 7", errNotFound).Error(), d.Error(), "reads as fmt's")
+}

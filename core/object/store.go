@@ -70,7 +70,7 @@ var (
 	// ErrInvalidArgument: the batch itself is malformed (lengths differ,
 	// block ids out of range or repeated, invalid key); every block of the
 	// batch fails with it and nothing is read or written.
-	ErrInvalidArgument = kvbmerr.New(kvbmerr.InvalidArgument, "invalid argument")
+	ErrInvalidArgument = kvbmerr.ErrInvalidArgument
 	// ErrIO: the store could not be read or written: an S3 server that
 	// does not answer, refuses the credentials or fails the request. The
 	// filesystem store's errors are the operating system's own.

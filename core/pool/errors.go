@@ -7,7 +7,7 @@ import "github.com/kvbm/kvbm/kvbmerr"
 var (
 	// ErrInvalidArgument: the call's input is malformed (lengths differ,
 	// a zero key, a key or id repeated in one call).
-	ErrInvalidArgument = kvbmerr.New(kvbmerr.InvalidArgument, "invalid argument")
+	ErrInvalidArgument = kvbmerr.ErrInvalidArgument
 	// ErrOutOfRange: a block id outside [0, Blocks).
 	ErrOutOfRange = kvbmerr.New(kvbmerr.OutOfRange, "block id out of range")
 	// ErrAlreadyExists: a key registered that the pool already holds.

@@ -1,8 +1,9 @@
 package pool
 
 import (
-	"encoding/hex"
-	"fmt"
+	"strconv"
+
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // MaxKeyLen is the longest key, in bytes: a SHA-256 written as hex
@@ -27,7 +28,7 @@ func KeyOf(s string) (Key, error) { return keyOf(s) }
 
 func keyOf[T string | []byte](b T) (Key, error) {
 	if len(b) < 1 || len(b) > MaxKeyLen {
-		return Key{}, fmt.Errorf("%w: key is %d bytes, want 1 to %d", ErrInvalidArgument, len(b), MaxKeyLen)
+		return Key{}, kvbmerr.Detail(ErrInvalidArgument, "key is "+strconv.Itoa(len(b))+" bytes, want 1 to "+strconv.Itoa(MaxKeyLen))
 	}
 	var k Key
 	k.n = uint8(len(b))
@@ -41,7 +42,7 @@ func Keys(bs [][]byte) ([]Key, error) {
 	for i, b := range bs {
 		k, err := NewKey(b)
 		if err != nil {
-			return nil, fmt.Errorf("keys[%d]: %w", i, err)
+			return nil, kvbmerr.Context("keys["+strconv.Itoa(i)+"]", err)
 		}
 		ks[i] = k
 	}
@@ -58,7 +59,14 @@ func (k Key) Len() int { return int(k.n) }
 func (k Key) IsZero() bool { return k.n == 0 }
 
 // String is the key as lowercase hex.
-func (k Key) String() string { return hex.EncodeToString(k.b[:k.n]) }
+func (k Key) String() string {
+	const digits = "0123456789abcdef"
+	var s [2 * MaxKeyLen]byte
+	for i, c := range k.b[:k.n] {
+		s[2*i], s[2*i+1] = digits[c>>4], digits[c&0xf]
+	}
+	return string(s[:2*k.n])
+}
 
 // equal compares the key's bytes only, not the unused tail of the array.
 func (k *Key) equal(o *Key) bool {

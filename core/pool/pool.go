@@ -1,9 +1,11 @@
 package pool
 
 import (
-	"fmt"
 	"math"
 	"math/bits"
+	"strconv"
+
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Config configures a Pool.
@@ -85,10 +87,10 @@ type Pool struct {
 // New makes a pool of cfg.Blocks free blocks.
 func New(cfg Config) (*Pool, error) {
 	if cfg.Blocks < 1 || cfg.Blocks >= math.MaxInt32 {
-		return nil, fmt.Errorf("%w: pool of %d blocks, want 1 to %d", ErrInvalidArgument, cfg.Blocks, math.MaxInt32-1)
+		return nil, kvbmerr.Detail(ErrInvalidArgument, "pool of "+strconv.Itoa(cfg.Blocks)+" blocks, want 1 to "+strconv.Itoa(math.MaxInt32-1))
 	}
 	if cfg.AdmitAfter < 0 {
-		return nil, fmt.Errorf("%w: AdmitAfter %d is negative", ErrInvalidArgument, cfg.AdmitAfter)
+		return nil, kvbmerr.Detail(ErrInvalidArgument, "AdmitAfter "+strconv.Itoa(cfg.AdmitAfter)+" is negative")
 	}
 	p := &Pool{
 		cfg:       cfg,
@@ -167,10 +169,10 @@ func (p *Pool) Acquire(k Key) (id int, ok bool) {
 // returns ErrNoSpace and changes nothing.
 func (p *Pool) Allocate(n int, dst []int) ([]int, error) {
 	if n < 0 {
-		return dst, fmt.Errorf("%w: allocate %d blocks", ErrInvalidArgument, n)
+		return dst, kvbmerr.Detail(ErrInvalidArgument, "allocate "+strconv.Itoa(n)+" blocks")
 	}
 	if avail := p.Available(); n > avail {
-		return dst, fmt.Errorf("%w: %d blocks wanted, %d free or evictable of %d", ErrNoSpace, n, avail, p.cfg.Blocks)
+		return dst, kvbmerr.Detail(ErrNoSpace, strconv.Itoa(n)+" blocks wanted, "+strconv.Itoa(avail)+" free or evictable of "+strconv.Itoa(p.cfg.Blocks))
 	}
 	for range n {
 		dst = append(dst, int(p.take(stateAllocated, Key{})))
@@ -183,7 +185,7 @@ func (p *Pool) Allocate(n int, dst []int) ([]int, error) {
 // present already. The blocks become evictable, most recently used last.
 func (p *Pool) Register(keys []Key, ids []int) error {
 	if len(keys) != len(ids) {
-		return fmt.Errorf("%w: register %d keys with %d block ids", ErrInvalidArgument, len(keys), len(ids))
+		return kvbmerr.Detail(ErrInvalidArgument, "register "+strconv.Itoa(len(keys))+" keys with "+strconv.Itoa(len(ids))+" block ids")
 	}
 	if err := p.checkIDs("register", ids); err != nil {
 		return err
@@ -196,15 +198,15 @@ func (p *Pool) Register(keys []Key, ids []int) error {
 		switch b.state {
 		case stateAllocated:
 			if p.index.findH(&keys[i], p.hashes[i]) >= 0 {
-				return fmt.Errorf("%w: register keys[%d] %v: the pool holds it already", ErrAlreadyExists, i, keys[i])
+				return kvbmerr.Detail(ErrAlreadyExists, "register keys["+strconv.Itoa(i)+"] "+keys[i].String()+": the pool holds it already")
 			}
 		case stateStoring:
 			if b.key != keys[i] {
-				return fmt.Errorf("%w: register keys[%d] %v in block %d, which is storing key %v",
-					ErrInvalidArgument, i, keys[i], id, b.key)
+				return kvbmerr.Detail(ErrInvalidArgument, "register keys["+strconv.Itoa(i)+"] "+keys[i].String()+
+					" in block "+strconv.Itoa(id)+", which is storing key "+b.key.String())
 			}
 		default:
-			return fmt.Errorf("%w: register in block %d, which is %v, not allocated or storing", ErrState, id, b.state)
+			return kvbmerr.Detail(ErrState, "register in block "+strconv.Itoa(id)+", which is "+b.state.String()+", not allocated or storing")
 		}
 	}
 	for i, id := range ids {
@@ -228,7 +230,7 @@ func (p *Pool) Release(ids []int) error {
 	}
 	for _, id := range ids {
 		if s := p.blocks[id].state; s != stateAllocated && s != stateStoring {
-			return fmt.Errorf("%w: release block %d, which is %v, not allocated or storing", ErrState, id, s)
+			return kvbmerr.Detail(ErrState, "release block "+strconv.Itoa(id)+", which is "+s.String()+", not allocated or storing")
 		}
 	}
 	for _, id := range ids {
@@ -249,7 +251,7 @@ func (p *Pool) Pin(ids []int) error {
 	}
 	for _, id := range ids {
 		if s := p.blocks[id].state; s != stateRegistered {
-			return fmt.Errorf("%w: pin block %d, which is %v, not registered", ErrState, id, s)
+			return kvbmerr.Detail(ErrState, "pin block "+strconv.Itoa(id)+", which is "+s.String()+", not registered")
 		}
 	}
 	for _, id := range ids {
@@ -267,7 +269,7 @@ func (p *Pool) Unpin(ids []int) error {
 	}
 	for _, id := range ids {
 		if b := &p.blocks[id]; b.pins == 0 {
-			return fmt.Errorf("%w: unpin block %d, which is %v and not pinned", ErrState, id, b.state)
+			return kvbmerr.Detail(ErrState, "unpin block "+strconv.Itoa(id)+", which is "+b.state.String()+" and not pinned")
 		}
 	}
 	for _, id := range ids {
@@ -357,7 +359,7 @@ func (d Decision) String() string {
 	if int(d) < len(decisionNames) {
 		return decisionNames[d]
 	}
-	return fmt.Sprintf("Decision(%d)", d)
+	return "Decision(" + strconv.Itoa(int(d)) + ")"
 }
 
 // PrepareStore decides, for each key to offload, whether to store it, and
@@ -522,10 +524,10 @@ func (p *Pool) checkIDs(op string, ids []int) error {
 	}
 	for i, id := range ids {
 		if id < 0 || id >= p.cfg.Blocks {
-			return fmt.Errorf("%w: %s: ids[%d] = %d, the pool has blocks [0, %d)", ErrOutOfRange, op, i, id, p.cfg.Blocks)
+			return kvbmerr.Detail(ErrOutOfRange, op+": ids["+strconv.Itoa(i)+"] = "+strconv.Itoa(id)+", the pool has blocks [0, "+strconv.Itoa(p.cfg.Blocks)+")")
 		}
 		if b := &p.blocks[id]; b.mark == p.epoch {
-			return fmt.Errorf("%w: %s: block id %d repeated (ids[%d])", ErrInvalidArgument, op, id, i)
+			return kvbmerr.Detail(ErrInvalidArgument, op+": block id "+strconv.Itoa(id)+" repeated (ids["+strconv.Itoa(i)+"])")
 		} else {
 			b.mark = p.epoch
 		}
@@ -548,7 +550,7 @@ func (p *Pool) checkKeys(op string, keys []Key) error {
 	for i := range keys {
 		k := &keys[i]
 		if k.IsZero() {
-			return fmt.Errorf("%w: %s: keys[%d] is empty", ErrInvalidArgument, op, i)
+			return kvbmerr.Detail(ErrInvalidArgument, op+": keys["+strconv.Itoa(i)+"] is empty")
 		}
 		h := p.index.hash(k)
 		p.hashes = append(p.hashes, h)
@@ -558,7 +560,7 @@ func (p *Pool) checkKeys(op string, keys []Key) error {
 				break
 			}
 			if o := table[j] - 1; p.hashes[o] == h && keys[o].equal(k) {
-				return fmt.Errorf("%w: %s: key %v repeated (keys[%d])", ErrInvalidArgument, op, *k, i)
+				return kvbmerr.Detail(ErrInvalidArgument, op+": key "+k.String()+" repeated (keys["+strconv.Itoa(i)+"])")
 			}
 		}
 	}
