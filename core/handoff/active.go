@@ -1,6 +1,6 @@
 package handoff
 
-import "fmt"
+import "github.com/kvbm/kvbm/kvbmerr"
 
 // stepActive applies a fact while ownership is moving forward.
 func stepActive(c *Coordinator, f Fact, out []Action) ([]Action, error) {
@@ -21,7 +21,7 @@ func (c *Coordinator) sourceHeld(timing TransferTiming, out []Action) ([]Action,
 		return out, nil
 	}
 	if !c.source.submitted {
-		return out, fmt.Errorf("%w: %s before %s was acknowledged", ErrFactOutOfOrder, FactSourceHeld, ActionSubmitPrefill)
+		return out, kvbmerr.Detail(ErrFactOutOfOrder, FactSourceHeld.String()+" before "+ActionSubmitPrefill.String()+" was acknowledged")
 	}
 	if err := timing.Validate(); err != nil {
 		return out, err
@@ -36,7 +36,7 @@ func (c *Coordinator) destinationReserved(transferableTokens uint64, out []Actio
 		return out, nil
 	}
 	if !c.destination.accepted {
-		return out, fmt.Errorf("%w: %s before %s was accepted", ErrFactOutOfOrder, FactDestinationReserved, ActionReserveDestination)
+		return out, kvbmerr.Detail(ErrFactOutOfOrder, FactDestinationReserved.String()+" before "+ActionReserveDestination.String()+" was accepted")
 	}
 	c.destination.reserved = true
 	c.destination.transferableTokens = transferableTokens
@@ -48,7 +48,7 @@ func (c *Coordinator) transferCompleted(out []Action) ([]Action, error) {
 		return out, nil
 	}
 	if !c.transfer.scheduled {
-		return out, fmt.Errorf("%w: %s before %s was scheduled", ErrFactOutOfOrder, FactTransferCompleted, ActionStartTransfer)
+		return out, kvbmerr.Detail(ErrFactOutOfOrder, FactTransferCompleted.String()+" before "+ActionStartTransfer.String()+" was scheduled")
 	}
 	c.transfer.completed = true
 	return advanceActive(c, out), nil

@@ -1,8 +1,10 @@
 package handoff
 
 import (
-	"fmt"
 	"math"
+	"strconv"
+
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // mode is the coordinator's phase. Each mode has its own step and advance
@@ -24,7 +26,7 @@ func (m mode) String() string {
 	case modeComplete:
 		return "complete"
 	}
-	return fmt.Sprintf("mode(%d)", uint8(m))
+	return "mode(" + strconv.Itoa(int(m)) + ")"
 }
 
 // stepFunc applies a fact in one mode. The fact's handoff and kind are
@@ -100,10 +102,10 @@ func NewCoordinator(id HandoffID, order Order, fallbackDelayMs float64) (*Coordi
 
 func checkConfig(order Order, fallbackDelayMs float64) error {
 	if !order.valid() {
-		return fmt.Errorf("%w: order %s", ErrInvalidConfig, order)
+		return kvbmerr.Detail(ErrInvalidConfig, "order "+order.String())
 	}
 	if math.IsNaN(fallbackDelayMs) || math.IsInf(fallbackDelayMs, 0) || fallbackDelayMs < 0 {
-		return fmt.Errorf("%w: fallback transfer delay %v ms, want finite and >= 0", ErrInvalidConfig, fallbackDelayMs)
+		return kvbmerr.Detail(ErrInvalidConfig, "fallback transfer delay "+formatFloat(fallbackDelayMs)+" ms, want finite and >= 0")
 	}
 	return nil
 }
@@ -157,10 +159,10 @@ func (c *Coordinator) Start(out []Action) []Action {
 // coordinator is unchanged.
 func (c *Coordinator) Step(f Fact, out []Action) ([]Action, error) {
 	if f.Handoff != c.id {
-		return out, fmt.Errorf("%w: %s for %s, coordinator is for %s", ErrForeignHandoff, f.Kind, f.Handoff, c.id)
+		return out, kvbmerr.Detail(ErrForeignHandoff, f.Kind.String()+" for "+f.Handoff.String()+", coordinator is for "+c.id.String())
 	}
 	if !f.Kind.valid() {
-		return out, fmt.Errorf("%w: kind %s", ErrInvalidFact, f.Kind)
+		return out, kvbmerr.Detail(ErrInvalidFact, "kind "+f.Kind.String())
 	}
 	return c.step(c, f, out)
 }
@@ -183,14 +185,14 @@ func (c *Coordinator) Outcome(id ActionID, o Outcome, out []Action) ([]Action, e
 	}
 	e, ok := c.journal.lookup(id)
 	if !ok {
-		return out, fmt.Errorf("%w: id %d", ErrUnknownAction, id)
+		return out, kvbmerr.Detail(ErrUnknownAction, "id "+strconv.FormatUint(uint64(id), 10))
 	}
 	o = o.normalized()
 	if e.reported {
 		if e.outcome == o {
 			return out, nil
 		}
-		return out, fmt.Errorf("%w: action %d (%s) reported %s, now %s", ErrConflictingOutcome, id, e.kind, e.outcome, o)
+		return out, kvbmerr.Detail(ErrConflictingOutcome, "action "+strconv.FormatUint(uint64(id), 10)+" ("+e.kind.String()+") reported "+e.outcome.String()+", now "+o.String())
 	}
 	if err := checkOutcome(id, e.kind, o); err != nil {
 		return out, err
@@ -208,13 +210,13 @@ func (c *Coordinator) Outcome(id ActionID, o Outcome, out []Action) ([]Action, e
 func checkOutcome(id ActionID, k ActionKind, o Outcome) error {
 	switch {
 	case !o.Kind.valid():
-		return fmt.Errorf("%w: kind %s for action %d (%s)", ErrInvalidOutcome, o.Kind, id, k)
+		return kvbmerr.Detail(ErrInvalidOutcome, "kind "+o.Kind.String()+" for action "+strconv.FormatUint(uint64(id), 10)+" ("+k.String()+")")
 	case o.Kind == OutcomeFailed && k.isCancel():
-		return fmt.Errorf("%w: action %d (%s): %q", ErrCleanupFailed, id, k, o.Message)
+		return kvbmerr.Detail(ErrCleanupFailed, "action "+strconv.FormatUint(uint64(id), 10)+" ("+k.String()+"): "+strconv.Quote(o.Message))
 	case o.Kind == OutcomeFailed || k.accepts(o.Kind):
 		return nil
 	}
-	return fmt.Errorf("%w: %s for action %d (%s), want %s", ErrInvalidOutcome, o, id, k, k.wantOutcomes())
+	return kvbmerr.Detail(ErrInvalidOutcome, o.String()+" for action "+strconv.FormatUint(uint64(id), 10)+" ("+k.String()+"), want "+k.wantOutcomes())
 }
 
 // record notes the progress a successful outcome of an action of kind k

@@ -1,7 +1,5 @@
 package handoff
 
-import "encoding/hex"
-
 // HandoffID names one hand-off: 16 bytes, usually a UUID chosen by whoever
 // routes the request. Every Fact carries it so that a fact meant for another
 // hand-off is caught instead of applied.
@@ -9,16 +7,17 @@ type HandoffID [16]byte
 
 // String formats the id as a UUID: 8-4-4-4-12 lowercase hex digits.
 func (id HandoffID) String() string {
+	const digits = "0123456789abcdef"
 	var b [36]byte
-	hex.Encode(b[0:8], id[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], id[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], id[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], id[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:36], id[10:16])
+	j := 0
+	for i, c := range id {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b[j] = '-'
+			j++
+		}
+		b[j], b[j+1] = digits[c>>4], digits[c&0xf]
+		j += 2
+	}
 	return string(b[:])
 }
 

@@ -1,8 +1,9 @@
 package handoff
 
 import (
-	"fmt"
 	"strconv"
+
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Order says which side of a hand-off goes first.
@@ -69,5 +70,5 @@ func OrderFor(engine Engine) (Order, error) {
 	case EngineSGLang:
 		return DestinationFirst, nil
 	}
-	return 0, fmt.Errorf("%w: %s", ErrUnsupportedEngine, engine)
+	return 0, kvbmerr.Detail(ErrUnsupportedEngine, engine.String())
 }

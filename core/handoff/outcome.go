@@ -1,7 +1,6 @@
 package handoff
 
 import (
-	"fmt"
 	"strconv"
 )
 
@@ -63,7 +62,7 @@ type Outcome struct {
 // String returns the kind's name, and for a failure the message: Failed("why").
 func (o Outcome) String() string {
 	if o.Kind == OutcomeFailed {
-		return fmt.Sprintf("Failed(%q)", o.Message)
+		return "Failed(" + strconv.Quote(o.Message) + ")"
 	}
 	return o.Kind.String()
 }

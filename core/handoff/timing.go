@@ -1,9 +1,10 @@
 package handoff
 
 import (
-	"fmt"
 	"math"
 	"strconv"
+
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // TimingMode says which token count a transfer's delay is modelled on.
@@ -100,17 +101,21 @@ func (t TransferTiming) delayFor(tokens uint64) (float64, bool) {
 // no modelled delay.
 func (t TransferTiming) Validate() error {
 	if t.Mode != TimingFullPrompt && t.Mode != TimingDestinationMissing {
-		return fmt.Errorf("%w: mode %s", ErrInvalidTiming, t.Mode)
+		return kvbmerr.Detail(ErrInvalidTiming, "mode "+t.Mode.String())
 	}
 	if t.HasBandwidthGBs {
 		bw := t.BandwidthGBs
 		if math.IsNaN(bw) || math.IsInf(bw, 0) || bw < 0 {
-			return fmt.Errorf("%w: bandwidth %v GB/s, want finite and >= 0", ErrInvalidTiming, bw)
+			return kvbmerr.Detail(ErrInvalidTiming, "bandwidth "+formatFloat(bw)+" GB/s, want finite and >= 0")
 		}
 	}
 	if d, ok := t.delayFor(t.FullPromptTokens); ok && math.IsInf(d, 1) {
-		return fmt.Errorf("%w: full-prompt delay %v ms (%d tokens × %d bytes at %v GB/s)",
-			ErrInvalidTiming, d, t.FullPromptTokens, t.KVBytesPerToken, t.BandwidthGBs)
+		return kvbmerr.Detail(ErrInvalidTiming, "full-prompt delay "+formatFloat(d)+" ms ("+
+			strconv.FormatUint(t.FullPromptTokens, 10)+" tokens × "+strconv.FormatUint(t.KVBytesPerToken, 10)+
+			" bytes at "+formatFloat(t.BandwidthGBs)+" GB/s)")
 	}
 	return nil
 }
+
+// formatFloat writes f as fmt's %v does.
+func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
