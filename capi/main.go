@@ -70,6 +70,7 @@ const (
 	errUnsupported        = C.kvbm_status_t(C.KVBM_ERR_UNSUPPORTED)
 	errDataCorruption     = C.kvbm_status_t(C.KVBM_ERR_DATA_CORRUPTION)
 	errInternal           = C.kvbm_status_t(C.KVBM_ERR_INTERNAL)
+	errDeadlineExceeded   = C.kvbm_status_t(C.KVBM_ERR_DEADLINE_EXCEEDED)
 )
 
 // Handle kinds.
@@ -139,6 +140,7 @@ var statusOfKind = map[kvbmerr.Kind]C.kvbm_status_t{
 	kvbmerr.Timeout:            errTimeout,
 	kvbmerr.Canceled:           errCanceled,
 	kvbmerr.Unsupported:        errUnsupported,
+	kvbmerr.DeadlineExceeded:   errDeadlineExceeded,
 }
 
 // statusOf maps an error to its status through its kind.

@@ -76,6 +76,18 @@ var sentinels = map[string]struct {
 	"cuda.ErrCUDAUnavailable":            {cuda.ErrCUDAUnavailable, errUnsupported},
 	"internal/memavail.ErrInsufficient":  {memavail.ErrInsufficient, errIO},
 	"internal/memfd.ErrUnavailable":      {memfd.ErrUnavailable, errUnsupported},
+	"kvbmerr.ErrAlreadyExists":           {kvbmerr.ErrAlreadyExists, errAlreadyExists},
+	"kvbmerr.ErrCUDA":                    {kvbmerr.ErrCUDA, errCUDA},
+	"kvbmerr.ErrCanceled":                {kvbmerr.ErrCanceled, errCanceled},
+	"kvbmerr.ErrDataCorruption":          {kvbmerr.ErrDataCorruption, errDataCorruption},
+	"kvbmerr.ErrDeadlineExceeded":        {kvbmerr.ErrDeadlineExceeded, errDeadlineExceeded},
+	"kvbmerr.ErrFailedPrecondition":      {kvbmerr.ErrFailedPrecondition, errFailedPrecondition},
+	"kvbmerr.ErrIO":                      {kvbmerr.ErrIO, errIO},
+	"kvbmerr.ErrInvalidArgument":         {kvbmerr.ErrInvalidArgument, errInvalidArgument},
+	"kvbmerr.ErrNotFound":                {kvbmerr.ErrNotFound, errNotFound},
+	"kvbmerr.ErrOutOfRange":              {kvbmerr.ErrOutOfRange, errOutOfRange},
+	"kvbmerr.ErrTimeout":                 {kvbmerr.ErrTimeout, errTimeout},
+	"kvbmerr.ErrUnsupported":             {kvbmerr.ErrUnsupported, errUnsupported},
 }
 
 // Every sentinel reaches C with a status of its own kind, never
@@ -90,11 +102,11 @@ func TestSentinelStatuses(t *testing.T) {
 }
 
 // The list above names every exported Err… variable declared in core,
-// cuda and internal, as read from their source: a new sentinel fails here
+// cuda, internal and kvbmerr, as read from their source: a new sentinel fails here
 // until it is listed with its status.
 func TestSentinelsListed(t *testing.T) {
 	var declared []string
-	for _, dir := range []string{"core", "cuda", "internal"} {
+	for _, dir := range []string{"core", "cuda", "internal", "kvbmerr"} {
 		declared = append(declared, exportedErrVars(t, filepath.Join("..", dir))...)
 	}
 	slices.Sort(declared)

@@ -86,6 +86,7 @@ const char *kvbm_status_string(kvbm_status_t s) {
     case KVBM_ERR_UNSUPPORTED: return "KVBM_ERR_UNSUPPORTED";
     case KVBM_ERR_DATA_CORRUPTION: return "KVBM_ERR_DATA_CORRUPTION";
     case KVBM_ERR_INTERNAL: return "KVBM_ERR_INTERNAL";
+    case KVBM_ERR_DEADLINE_EXCEEDED: return "KVBM_ERR_DEADLINE_EXCEEDED";
     }
     return "KVBM_ERR_UNKNOWN";
 }

@@ -90,7 +90,10 @@ enum {
     KVBM_ERR_CANCELED = -11,         /* the worker was destroyed */
     KVBM_ERR_UNSUPPORTED = -12,      /* no such path between tiers or backend */
     KVBM_ERR_DATA_CORRUPTION = -13,  /* a checksum or format check failed */
-    KVBM_ERR_INTERNAL = -14          /* a bug; the message says where */
+    KVBM_ERR_INTERNAL = -14,         /* a bug; the message says where */
+    /* A transfer's deadline (kvbm_transfer_options_t.deadline_ms) passed
+     * and stopped it; unlike KVBM_ERR_TIMEOUT, the work is over. */
+    KVBM_ERR_DEADLINE_EXCEEDED = -15
 };
 
 /* A static, never-NULL name for a status ("KVBM_ERR_INVALID_HANDLE"); an
@@ -386,8 +389,8 @@ typedef struct kvbm_transfer_options {
     /* Bound on the transfer's operations on a peer's memory as a whole, in
      * ms; 0: none beyond the worker's remote_deadline_ms per operation.
      * When it passes, those not complete stop and their blocks fail with
-     * KVBM_ERR_CANCELED, as kvbm_notification_cancel; the peer stays
-     * connected. Read when struct_size covers it. */
+     * KVBM_ERR_DEADLINE_EXCEEDED (otherwise as kvbm_notification_cancel,
+     * whose blocks fail with KVBM_ERR_CANCELED); the peer stays connected. Read when struct_size covers it. */
     uint32_t deadline_ms;
 } kvbm_transfer_options_t;
 #define KVBM_TRANSFER_OPTIONS_INIT {sizeof(kvbm_transfer_options_t), 0, 0, NULL, NULL, 0}

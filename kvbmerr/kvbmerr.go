@@ -40,6 +40,7 @@ const (
 	Timeout                        // a wait or a deadline ended before the work did
 	Canceled                       // the work was canceled, or its owner closed
 	Unsupported                    // no such path, backend or facility here
+	DeadlineExceeded               // a deadline passed and stopped the work
 
 	numKinds // keep last
 )
@@ -57,6 +58,7 @@ var kindNames = [numKinds]string{
 	Timeout:            "timeout",
 	Canceled:           "canceled",
 	Unsupported:        "unsupported",
+	DeadlineExceeded:   "deadline exceeded",
 }
 
 func (k Kind) String() string {
@@ -101,6 +103,10 @@ var (
 	ErrCanceled = &Error{kind: Canceled, msg: "canceled"}
 	// ErrUnsupported: no such path, backend or facility here.
 	ErrUnsupported = &Error{kind: Unsupported, msg: "unsupported"}
+	// ErrDeadlineExceeded: the work's deadline passed and stopped it (a
+	// Timeout says a wait ended while the work goes on; this, that the work
+	// is over).
+	ErrDeadlineExceeded = &Error{kind: DeadlineExceeded, msg: "deadline exceeded"}
 )
 
 var sentinels = [numKinds]*Error{
@@ -115,6 +121,7 @@ var sentinels = [numKinds]*Error{
 	Timeout:            ErrTimeout,
 	Canceled:           ErrCanceled,
 	Unsupported:        ErrUnsupported,
+	DeadlineExceeded:   ErrDeadlineExceeded,
 }
 
 // Sentinel is kind k's sentinel error; nil for Unknown.

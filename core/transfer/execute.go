@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // inlineCopyBytes is the most a host copy moves on the caller's goroutine.
@@ -77,7 +79,10 @@ func (m *Manager) ExecuteTransfer(src LayoutHandle, srcIDs []int, dst LayoutHand
 		p.ctx, n.cancel = ctx, cancel
 		if opts.Deadline > 0 {
 			t := time.AfterFunc(opts.Deadline, func() {
-				cancel(fmt.Errorf("%w: its deadline of %v passed", ErrCanceled, opts.Deadline))
+				// Its kind is DeadlineExceeded (a status of its own at the
+				// ABI), so that a caller tells a deadline from a cancel
+				// without a clock; the operations were canceled all the same.
+				cancel(fmt.Errorf("%w (%v): %w", kvbmerr.ErrDeadlineExceeded, opts.Deadline, ErrCanceled))
 			})
 			release0 := release
 			release = func() { t.Stop(); release0() }

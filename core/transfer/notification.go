@@ -24,7 +24,9 @@ type Notification struct {
 }
 
 // ErrCanceled is wrapped by the errors of blocks whose transfer was
-// canceled (Notification.Cancel) or ran past its Options.Deadline.
+// canceled (Notification.Cancel) or ran past its Options.Deadline; past the
+// deadline they also wrap kvbmerr.ErrDeadlineExceeded, which gives them
+// their kind.
 var ErrCanceled = kvbmerr.New(kvbmerr.Canceled, "transfer canceled")
 
 // Cancel stops the transfer's operations on a peer's memory that have not

@@ -29,7 +29,9 @@ type Options struct {
 	Precondition cuda.Event
 	// Deadline, when set, bounds the transfer's operations on a peer's
 	// memory as a whole: when it passes, those not complete stop and their
-	// blocks fail (as Notification.Cancel), the peer staying connected.
+	// blocks fail (as Notification.Cancel, with an error that is also
+	// kvbmerr.ErrDeadlineExceeded and of its kind), the peer staying
+	// connected.
 	// Each operation also has the manager's RemoteDeadline.
 	Deadline time.Duration
 }

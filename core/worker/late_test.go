@@ -12,6 +12,7 @@ import (
 	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/stretchr/testify/require"
 )
 
@@ -138,6 +139,7 @@ func TestNoByteOfAFailedPullLandsAfterItCompletes(t *testing.T) {
 					require.NoError(t, err)
 					err = n.WaitTimeout(-1)
 					require.ErrorIs(t, err, transfer.ErrCanceled, "%v -> %v: its deadline passed", src, dst)
+					require.Equal(t, kvbmerr.DeadlineExceeded, kvbmerr.KindOf(err), "a deadline, not a cancel: %v", err)
 					require.Equal(t, []int{1, 4, 9, 12}, n.FailedBlocks())
 					// The engine reuses the failed blocks at once.
 					for _, b := range dstIDs {
@@ -198,6 +200,7 @@ func TestAFailedPushIsNotAppliedLate(t *testing.T) {
 					require.NoError(t, err)
 					err = n.WaitTimeout(-1)
 					require.ErrorIs(t, err, transfer.ErrCanceled, "%v -> %v: its deadline passed", src, dst)
+					require.Equal(t, kvbmerr.DeadlineExceeded, kvbmerr.KindOf(err), "a deadline, not a cancel: %v", err)
 					require.Equal(t, []int{6, 11}, n.FailedBlocks())
 					for _, b := range srcIDs { // the engine reuses its source blocks at once
 						dec.write(t, src, b, pattern(size, 0xBEEF))

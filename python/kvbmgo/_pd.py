@@ -42,7 +42,7 @@ from ._handoff import (Action, ActionKind, Completion, FactKind, HandoffCoordina
                        OutcomeKind)
 from ._layout import Tier
 from ._notification import Notification
-from .errors import CanceledError, KvbmError
+from .errors import DeadlineExceededError, KvbmError
 
 __all__ = ["Handoff", "HandoffSide", "HandoffRefused"]
 
@@ -55,8 +55,6 @@ _GRACE_S = 1.0
 #: The deadline given to a pull started when the hand-off's has passed
 #: (the library takes none shorter than a millisecond).
 _PAST_DEADLINE_S = 0.001
-#: The lateness a deadline's CanceledError may show against our clock.
-_DEADLINE_SLACK_S = 0.05
 
 
 class HandoffRefused(Exception):
@@ -294,8 +292,7 @@ class Handoff:
                 return FactKind.TRANSFER_COMPLETED, None
         except KvbmError as e:
             self._note_failed_blocks(n)
-            if isinstance(e, CanceledError) and \
-                    time.monotonic() >= self._deadline - _DEADLINE_SLACK_S:
+            if isinstance(e, DeadlineExceededError):  # the library's word, not our clock
                 return FactKind.TIMED_OUT, e
             return FactKind.FAILED, e
         except ValueError:  # closed under us: the hand-off is over

@@ -21,6 +21,7 @@ says (the table is the decision; tests/test_errors.py checks it)::
     UnsupportedError         KVBM_ERR_UNSUPPORTED         -12  -
     DataCorruptionError      KVBM_ERR_DATA_CORRUPTION     -13  -
     InternalError            KVBM_ERR_INTERNAL            -14  -
+    DeadlineExceededError    KVBM_ERR_DEADLINE_EXCEEDED   -15  CanceledError, TimeoutError
     UnknownStatusError       a status this package lacks       -
 
     not statuses, so not KvbmErrors:
@@ -61,6 +62,7 @@ __all__ = [
     "CudaError",
     "KvbmTimeoutError",
     "CanceledError",
+    "DeadlineExceededError",
     "UnsupportedError",
     "DataCorruptionError",
     "InternalError",
@@ -168,6 +170,13 @@ class InternalError(KvbmError):
     status, status_name = -14, "KVBM_ERR_INTERNAL"
 
 
+class DeadlineExceededError(CanceledError, TimeoutError):
+    """KVBM_ERR_DEADLINE_EXCEEDED: a transfer's deadline passed and stopped
+    it (its operations were canceled, hence a CanceledError; unlike
+    KvbmTimeoutError, the work is over)."""
+    status, status_name = -15, "KVBM_ERR_DEADLINE_EXCEEDED"
+
+
 class UnknownStatusError(KvbmError):
     """A negative status this package does not know (a newer library)."""
 
@@ -185,7 +194,7 @@ _BY_STATUS: Dict[int, Type[KvbmError]] = {
     for cls in (InvalidArgumentError, InvalidHandleError, NotFoundError, AlreadyExistsError,
                 FailedPreconditionError, OutOfRangeError, BufferTooSmallError, KvbmIOError,
                 CudaError, KvbmTimeoutError, CanceledError, UnsupportedError,
-                DataCorruptionError, InternalError)
+                DataCorruptionError, InternalError, DeadlineExceededError)
 }
 
 

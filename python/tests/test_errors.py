@@ -22,9 +22,9 @@ IDS = list(range(NUM_BLOCKS))
 
 
 def test_one_class_per_status():
-    classes = {errors.error_class(s) for s in range(-14, 0)}
-    assert len(classes) == 14
-    for s in range(-14, 0):
+    classes = {errors.error_class(s) for s in range(-15, 0)}
+    assert len(classes) == 15
+    for s in range(-15, 0):
         cls = errors.error_class(s)
         assert issubclass(cls, errors.KvbmError) and cls.status == s
         assert cls.status_name == kvbmgo.status_string(s)
@@ -47,6 +47,12 @@ def test_hierarchy():
     for cls, base in builtins.items():
         assert issubclass(cls, E.KvbmError) and issubclass(cls, base), cls
     assert not issubclass(E.NotFoundError, KeyError)  # str() of a KeyError quotes its text
+    # A deadline that passed stopped the work: its operations were canceled
+    # (a CanceledError), and it is a TimeoutError, but not a wait's
+    # KvbmTimeoutError (the work does not go on).
+    assert issubclass(E.DeadlineExceededError, E.CanceledError)
+    assert issubclass(E.DeadlineExceededError, TimeoutError)
+    assert not issubclass(E.DeadlineExceededError, E.KvbmTimeoutError)
     plain = [E.AlreadyExistsError, E.FailedPreconditionError, E.BufferTooSmallError,
              E.CudaError, E.CanceledError, E.UnsupportedError, E.DataCorruptionError,
              E.InternalError, E.UnknownStatusError]
@@ -70,14 +76,14 @@ def test_every_status_maps_to_a_kvbm_error():
     """Every status of the table, and every name the library gives, has its
     class; the classes errors.py exports are the table's and the rest."""
     table = errors._BY_STATUS
-    assert sorted(table) == list(range(-14, 0))
+    assert sorted(table) == list(range(-15, 0))
     for status, cls in table.items():
         assert issubclass(cls, errors.KvbmError) and cls.status == status
         assert errors.error_class(status) is cls
         assert cls.__name__ in errors.__all__
         assert kvbmgo.status_string(status) == cls.status_name
-    assert kvbmgo.status_string(-15) == "KVBM_ERR_UNKNOWN"  # no status past the table
-    assert errors.error_class(-15) is errors.UnknownStatusError
+    assert kvbmgo.status_string(-16) == "KVBM_ERR_UNKNOWN"  # no status past the table
+    assert errors.error_class(-16) is errors.UnknownStatusError
     exported = {n for n in errors.__all__ if n.endswith("Error")}
     assert exported == {c.__name__ for c in table.values()} | {
         "KvbmError", "UnknownStatusError", "KvbmClosedError", "AbiMismatchError"}

@@ -218,7 +218,7 @@ def test_remote_deadline_is_checked():
 
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
 def test_cancel_or_deadline_stops_a_pull_and_keeps_the_peer(prefill, how):
-    from kvbmgo.errors import CanceledError
+    from kvbmgo.errors import CanceledError, DeadlineExceededError
     w, g1 = decode_worker(10.0)
     with w:
         w.connect_remote(PREFILL, prefill.metadata)
@@ -230,8 +230,10 @@ def test_cancel_or_deadline_stops_a_pull_and_keeps_the_peer(prefill, how):
             time.sleep(0.1)
             n.cancel()
         with n:
-            with pytest.raises(CanceledError):
+            with pytest.raises(CanceledError) as raised:
                 n.wait(30.0)
+            # A deadline is told from a cancel by its status, not a clock.
+            assert isinstance(raised.value, DeadlineExceededError) == (how == "deadline")
             assert n.failed_blocks() == IDS
         assert time.monotonic() - start < 5.0, "well before the 10 s remote deadline"
         prefill.proc.send_signal(signal.SIGCONT)

@@ -57,7 +57,7 @@ static size_t take(input_t *in, uint8_t *dst, size_t max) {
 }
 
 static void check(kvbm_status_t st, const char *what) {
-    if (st > KVBM_IN_PROGRESS || st < KVBM_ERR_INTERNAL) {
+    if (st > KVBM_IN_PROGRESS || st < KVBM_ERR_DEADLINE_EXCEEDED) {
         fprintf(stderr, "%s: unknown status %d\n", what, st);
         abort();
     }
