@@ -37,6 +37,7 @@ vet: deps
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run ./scripts/floors
 
 # The C toolchain for the C examples (present on our machines; installed
 # from Debian's packages where it is not).

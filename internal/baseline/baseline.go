@@ -12,14 +12,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/internal/hugepage"
+	"github.com/kvbm/kvbm/internal/memavail"
 )
 
 // Copy is the limit of memory-to-memory paths: a plain Go copy between
-// two buffers outside the Go heap, every page written before the first
-// timing, so that neither side takes page faults inside a measurement.
+// two buffers outside the Go heap (mapped as kvbm maps system memory),
+// every page written before the first timing, so that neither side takes
+// page faults inside a measurement.
 type Copy struct {
-	src, dst   *storage.Memory
 	srcB, dstB []byte
 }
 
@@ -31,14 +32,15 @@ func NewCopy(chunk int) (*Copy, error) {
 	}
 	c := &Copy{}
 	var err error
-	if c.src, err = storage.AllocSystem(uint64(chunk)); err != nil {
+	if err = memavail.Check(2 * uint64(chunk)); err != nil {
 		return nil, fmt.Errorf("baseline copy: %w", err)
 	}
-	if c.dst, err = storage.AllocSystem(uint64(chunk)); err != nil {
-		return nil, errors.Join(fmt.Errorf("baseline copy: %w", err), c.src.Close())
+	if c.srcB, err = hugepage.Map(uint64(chunk), -1); err != nil {
+		return nil, fmt.Errorf("baseline copy: %w", err)
 	}
-	c.srcB, _ = c.src.Bytes()
-	c.dstB, _ = c.dst.Bytes()
+	if c.dstB, err = hugepage.Map(uint64(chunk), -1); err != nil {
+		return nil, errors.Join(fmt.Errorf("baseline copy: %w", err), hugepage.Unmap(c.srcB))
+	}
 	for i := range c.srcB {
 		c.srcB[i] = byte(i*7 + i>>13)
 	}
@@ -83,4 +85,4 @@ func (c *Copy) GBs(total int64, workers int) float64 {
 func (c *Copy) LimitGBs(total int64) float64 { return c.GBs(total, runtime.GOMAXPROCS(0)) }
 
 // Close unmaps the buffers.
-func (c *Copy) Close() error { return errors.Join(c.src.Close(), c.dst.Close()) }
+func (c *Copy) Close() error { return errors.Join(hugepage.Unmap(c.srcB), hugepage.Unmap(c.dstB)) }

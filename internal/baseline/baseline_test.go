@@ -6,10 +6,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/kvbm/kvbm/internal/hugepage"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	"github.com/kvbm/kvbm/core/storage"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -33,10 +32,9 @@ func TestDirectFileRoundTrip(t *testing.T) {
 	require.ErrorContains(t, err, "request of 1000 bytes")
 	f, err := CreateDirectFile(filepath.Join(t.TempDir(), "plain"), size, req)
 	require.NoError(t, err)
-	mem, err := storage.AllocSystem(2 * size)
+	b, err := hugepage.Map(2*size, -1)
 	require.NoError(t, err)
-	defer mem.Close()
-	b, _ := mem.Bytes()
+	defer func() { require.NoError(t, hugepage.Unmap(b)) }()
 	w, r := b[:size], b[size:]
 	for i := range w {
 		w[i] = byte(i * 13)
