@@ -18,6 +18,7 @@ import (
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/memavail"
 	"github.com/kvbm/kvbm/kvbmerr"
+	"github.com/kvbm/kvbm/kvbmerr/stdkind"
 )
 
 const gib = 1 << 30
@@ -141,7 +142,7 @@ func TestOnlyOutOfMemoryIsReportedAsOutOfMemory(t *testing.T) {
 			continue
 		}
 		require.Falsef(t, cuda.IsCode(err, cuda.ErrCodeOutOfMemory), "%v is not out of memory", errno)
-		require.Equal(t, kvbmerr.IO, kvbmerr.KindOf(err), "%v", err)
+		require.Equal(t, kvbmerr.IO, stdkind.KindOf(err), "%v: the kind the C ABI reads", err)
 		require.ErrorContains(t, err, errno.Error())
 	}
 	populate = populateResident
