@@ -69,9 +69,9 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzUpdate -fuzztime $(FUZZTIME) ./internal/crc32c
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzTCPEndpoint -fuzztime $(FUZZTIME) ./core/remote/tcp
-	$(GO) test -run '^$$' -fuzz FuzzParseHello -fuzztime $(FUZZTIME) ./core/remote/tcp
+	$(GO) test -run '^$$' -fuzz FuzzParseHello -fuzztime $(FUZZTIME) ./core/remote/capability
 	$(GO) test -run '^$$' -fuzz FuzzParseRegions -fuzztime $(FUZZTIME) ./core/remote/tcp
-	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime $(FUZZTIME) ./core/remote/tcp
+	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime $(FUZZTIME) ./core/remote/capability
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 
 # Benchmarks: every figure beside the limit measured in the same run.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // stageBytes is the pinned staging buffer a transport server moves device
@@ -49,15 +50,15 @@ func (m *Manager) servable(h LayoutHandle, ops []RemoteOp) (*entry, error) {
 		return nil, err
 	}
 	if e.owner != nil || e.remote != nil {
-		return nil, fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", ErrInvalidArgument, h)
+		return nil, fmt.Errorf("%w: layout %v is imported here; a worker serves only its own", kvbmerr.ErrInvalidArgument, h)
 	}
 	if !e.kind.IsHost() && e.kind != storage.Device {
 		return nil, fmt.Errorf("%w: layout %v is %v; peers reach host and device memory only (stage disk blocks in G2 first)",
-			ErrUnsupported, h, e.kind)
+			kvbmerr.ErrUnsupported, h, e.kind)
 	}
 	for _, o := range ops {
 		if !e.layout.Contains(o.Remote, o.Size) {
-			return nil, fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", ErrOutOfRange, o.Remote, o.Size, h)
+			return nil, fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", kvbmerr.ErrOutOfRange, o.Remote, o.Size, h)
 		}
 	}
 	return e, nil
@@ -80,116 +81,46 @@ func (m *Manager) serveDevice(ops []RemoteOp, write bool, fn func([][]byte) erro
 	if err != nil {
 		return err
 	}
-	kind := cuda.DeviceToHost
+	s := &stagedServe{m: m, kind: cuda.DeviceToHost, write: write, fn: fn, addr: stage.Addr(), buf: buf}
 	if write {
-		kind = cuda.HostToDevice
+		s.kind = cuda.HostToDevice
 	}
-	const half = stageBytes / 2
-	var halves [2]stageHalf
-	for i := range halves {
-		if halves[i].stream, err = m.streamsFor(kind).next(); err != nil {
+	for i := range s.halves {
+		if s.halves[i].stream, err = m.streamsFor(s.kind).next(); err != nil {
 			return err
 		}
 	}
-	defer func() { // nothing of the stage may still be in flight when it is put back
-		for i := range halves {
-			if halves[i].pending {
-				_ = m.drv.StreamSynchronize(halves[i].stream)
-			}
-		}
-	}()
-	wait := func(h *stageHalf) error {
-		if !h.pending {
-			return nil
-		}
-		h.pending = false
-		if err := m.drv.StreamSynchronize(h.stream); err != nil {
-			m.streamsFor(kind).replace(h.stream)
-			return fmt.Errorf("%v copies: %w", kind, err)
-		}
-		return nil
-	}
-	enqueue := func(h *stageHalf) error {
-		if err := m.enqueueCopies(nil, h.copies, kind, h.stream, 0); err != nil {
-			return err
-		}
-		h.pending = true
-		return nil
-	}
-	var queued []*stageHalf // a read's halves copied out (or being), not yet handed to fn
-	// flush hands a filled half on: a read's is copied out, then handed to
-	// fn once the other half before it has been; a write's is handed to fn,
-	// then copied in.
-	flush := func(h *stageHalf) error {
-		if len(h.copies) == 0 {
-			return nil
-		}
-		if write {
-			if err := fn(h.pieces); err != nil {
-				return err
-			}
-			return enqueue(h)
-		}
-		if err := enqueue(h); err != nil {
-			return err
-		}
-		queued = append(queued, h)
-		return nil
-	}
-	hand := func(h *stageHalf) error { // a read's half, copied out, to fn
-		if err := wait(h); err != nil {
-			return err
-		}
-		return fn(h.pieces)
-	}
-	cur, used := 0, uint64(0)
+	defer s.settle() // nothing of the stage may still be in flight when it is put back
 	for _, o := range ops {
 		for off := uint64(0); off < o.Size; {
-			if used == half {
-				if err := flush(&halves[cur]); err != nil {
+			if s.used == stageHalfBytes {
+				if err := s.turn(); err != nil {
 					return err
 				}
-				cur, used = 1-cur, 0
-				h := &halves[cur]
-				if len(queued) == 2 { // the half to fill next goes to fn first
-					if err := hand(queued[0]); err != nil {
-						return err
-					}
-					queued = queued[1:]
-				}
-				if err := wait(h); err != nil { // a write's copy in of it is done
-					return err
-				}
-				h.copies, h.pieces = h.copies[:0], h.pieces[:0]
 			}
-			h := &halves[cur]
-			n := min(half-used, o.Size-off)
-			base := uint64(cur) * half
-			dev, host := o.Remote+off, stage.Addr()+base+used
-			if write {
-				h.copies = append(h.copies, copyOp{src: host, dst: dev, size: n})
-			} else {
-				h.copies = append(h.copies, copyOp{src: dev, dst: host, size: n})
-			}
-			h.pieces = append(h.pieces, buf[base+used:base+used+n])
-			used += n
-			off += n
+			off += s.add(o.Remote+off, o.Size-off)
 		}
 	}
-	if err := flush(&halves[cur]); err != nil {
-		return err
-	}
-	for _, h := range queued {
-		if err := hand(h); err != nil {
-			return err
-		}
-	}
-	for i := range halves {
-		if err := wait(&halves[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.finish()
+}
+
+// stageHalfBytes is the size of each half of a staging buffer.
+const stageHalfBytes = stageBytes / 2
+
+// stagedServe is one request's device memory on its way through a
+// staging buffer (serveDevice): the half being filled, and a read's
+// halves copied out (or being) that fn has not had yet.
+type stagedServe struct {
+	m      *Manager
+	kind   cuda.CopyKind
+	write  bool
+	fn     func([][]byte) error
+	addr   uint64 // the staging buffer's address
+	buf    []byte // and its bytes
+	halves [2]stageHalf
+	cur    int    // the half being filled
+	used   uint64 // its bytes filled so far
+	queued []*stageHalf
 }
 
 // stageHalf is half of a staging buffer: its copies and pieces, and the
@@ -199,6 +130,120 @@ type stageHalf struct {
 	pieces  [][]byte
 	stream  cuda.Stream
 	pending bool
+}
+
+// add puts up to n bytes at device address dev in the half being filled,
+// as much as it has room for, and returns how many.
+func (s *stagedServe) add(dev, n uint64) uint64 {
+	h := &s.halves[s.cur]
+	n = min(stageHalfBytes-s.used, n)
+	at := uint64(s.cur)*stageHalfBytes + s.used
+	if host := s.addr + at; s.write {
+		h.copies = append(h.copies, copyOp{src: host, dst: dev, size: n})
+	} else {
+		h.copies = append(h.copies, copyOp{src: dev, dst: host, size: n})
+	}
+	h.pieces = append(h.pieces, s.buf[at:at+n])
+	s.used += n
+	return n
+}
+
+// turn hands the filled half on and makes the other the one to fill,
+// once what it held is done with.
+func (s *stagedServe) turn() error {
+	if err := s.flush(&s.halves[s.cur]); err != nil {
+		return err
+	}
+	s.cur, s.used = 1-s.cur, 0
+	h := &s.halves[s.cur]
+	if len(s.queued) == 2 { // the half to fill next goes to fn first
+		if err := s.hand(s.queued[0]); err != nil {
+			return err
+		}
+		s.queued = s.queued[1:]
+	}
+	if err := s.wait(h); err != nil { // a write's copy in of it is done
+		return err
+	}
+	h.copies, h.pieces = h.copies[:0], h.pieces[:0]
+	return nil
+}
+
+// finish hands the last half on, then a read's halves still queued to
+// fn, and waits for every copy.
+func (s *stagedServe) finish() error {
+	if err := s.flush(&s.halves[s.cur]); err != nil {
+		return err
+	}
+	for _, h := range s.queued {
+		if err := s.hand(h); err != nil {
+			return err
+		}
+	}
+	for i := range s.halves {
+		if err := s.wait(&s.halves[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flush hands a filled half on: a read's is copied out, then handed to fn
+// once the other half before it has been; a write's is handed to fn, then
+// copied in.
+func (s *stagedServe) flush(h *stageHalf) error {
+	if len(h.copies) == 0 {
+		return nil
+	}
+	if s.write {
+		if err := s.fn(h.pieces); err != nil {
+			return err
+		}
+		return s.enqueue(h)
+	}
+	if err := s.enqueue(h); err != nil {
+		return err
+	}
+	s.queued = append(s.queued, h)
+	return nil
+}
+
+// hand gives fn a read's half, once it is copied out.
+func (s *stagedServe) hand(h *stageHalf) error {
+	if err := s.wait(h); err != nil {
+		return err
+	}
+	return s.fn(h.pieces)
+}
+
+func (s *stagedServe) enqueue(h *stageHalf) error {
+	if err := s.m.enqueueCopies(nil, h.copies, s.kind, h.stream, 0); err != nil {
+		return err
+	}
+	h.pending = true
+	return nil
+}
+
+// wait waits for a half's copies, if they are in flight.
+func (s *stagedServe) wait(h *stageHalf) error {
+	if !h.pending {
+		return nil
+	}
+	h.pending = false
+	if err := s.m.drv.StreamSynchronize(h.stream); err != nil {
+		s.m.streamsFor(s.kind).replace(h.stream)
+		return fmt.Errorf("%v copies: %w", s.kind, err)
+	}
+	return nil
+}
+
+// settle waits for what is still in flight, after an error.
+func (s *stagedServe) settle() {
+	for i := range s.halves {
+		if s.halves[i].pending {
+			_ = s.m.drv.StreamSynchronize(s.halves[i].stream)
+		}
+	}
 }
 
 // syncCopies runs device copies on a pool stream and waits for them.

@@ -98,97 +98,127 @@ func (md Metadata) Encode() ([]byte, error) {
 // DecodeMetadata parses and checks the binary form. Truncated, corrupt or
 // inconsistent input returns an error wrapping ErrBadMetadata, never panics.
 func DecodeMetadata(b []byte) (Metadata, error) {
-	bad := func(format string, args ...any) (Metadata, error) {
-		return Metadata{}, fmt.Errorf("%w: %s", ErrBadMetadata, fmt.Sprintf(format, args...))
-	}
-	if len(b) < headerLen+4 {
-		return bad("%d bytes is shorter than the %d-byte header and checksum", len(b), headerLen+4)
-	}
-	if string(b[:4]) != metadataMagic {
-		return bad("magic %q, want %q", b[:4], metadataMagic)
-	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != metadataVersion {
-		return bad("version %d, this library reads version %d (both instances must run kvbm with the same metadata version)",
-			v, metadataVersion)
-	}
-	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
-	if got := crc32c.Checksum(body); got != sum {
-		return bad("checksum %08x, computed %08x", sum, got)
+	body, err := checkMetadataHeader(b)
+	if err != nil {
+		return Metadata{}, err
 	}
 	count := int(binary.LittleEndian.Uint16(b[6:]))
 	md := Metadata{WorkerID: binary.LittleEndian.Uint64(b[8:]), Layouts: make([]LogicalDescriptor, 0, min(count, 16))}
 	r := body[headerLen:]
 	for i := range count {
-		if len(r) < fixedLayoutLen {
-			return bad("layout %d: truncated (%d bytes left, need %d)", i, len(r), fixedLayoutLen)
-		}
 		var l LogicalDescriptor
-		l.Tier = Tier(r[0])
-		l.Kind = storage.Kind(r[1])
-		l.Shape = transfer.Shape{Kind: layout.Kind(r[2]), BlockDim: layout.BlockDim(r[3])}
-		l.Device = int(int32(binary.LittleEndian.Uint32(r[4:])))
-		l.Handle = transfer.LayoutHandle{Worker: binary.LittleEndian.Uint64(r[8:]), Layout: binary.LittleEndian.Uint16(r[16:])}
-		var v [7]int
-		for j := range v {
-			x := binary.LittleEndian.Uint64(r[18+8*j:])
-			if x > 1<<40 {
-				return bad("layout %d: config field %d is %d, out of range", i, j, x)
-			}
-			v[j] = int(x)
-		}
-		l.Config = layout.Config{NumBlocks: v[0], NumLayers: v[1], OuterDim: v[2], PageSize: v[3], InnerDim: v[4], DtypeWidth: v[5], Alignment: v[6]}
-		n := int(binary.LittleEndian.Uint16(r[fixedLayoutLen-2:]))
-		r = r[fixedLayoutLen:]
-		if n > maxRegions || len(r) < 8*n {
-			return bad("layout %d: %d region bases do not fit in the %d bytes left", i, n, len(r))
-		}
-		l.Bases = make([]uint64, n)
-		for j := range l.Bases {
-			l.Bases[j] = binary.LittleEndian.Uint64(r[8*j:])
-		}
-		r = r[8*n:]
-		if !l.Tier.valid() {
-			return bad("layout %d: tier %d is not G1, G2 or G3", i, l.Tier)
-		}
-		if l.Kind < storage.System || l.Kind > storage.Disk {
-			return bad("layout %d: storage kind %d is unknown", i, l.Kind)
-		}
-		if _, err := layout.New(l.Config, l.Shape.Kind, l.Shape.BlockDim, l.Bases); err != nil {
-			return bad("layout %d: %v", i, err)
+		if l, r, err = decodeLayout(i, r); err != nil {
+			return Metadata{}, err
 		}
 		md.Layouts = append(md.Layouts, l)
 	}
+	if md.Endpoints, r, err = decodeEndpoints(r); err != nil {
+		return Metadata{}, err
+	}
+	if len(r) != 0 {
+		return Metadata{}, badMetadata("%d bytes after the last endpoint", len(r))
+	}
+	return md, nil
+}
+
+// badMetadata is a decoding error.
+func badMetadata(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadMetadata, fmt.Sprintf(format, args...))
+}
+
+// checkMetadataHeader checks the magic, the version and the checksum, and
+// returns the bytes the checksum covers.
+func checkMetadataHeader(b []byte) (body []byte, err error) {
+	if len(b) < headerLen+4 {
+		return nil, badMetadata("%d bytes is shorter than the %d-byte header and checksum", len(b), headerLen+4)
+	}
+	if string(b[:4]) != metadataMagic {
+		return nil, badMetadata("magic %q, want %q", b[:4], metadataMagic)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != metadataVersion {
+		return nil, badMetadata("version %d, this library reads version %d (both instances must run kvbm with the same metadata version)",
+			v, metadataVersion)
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if got := crc32c.Checksum(body); got != sum {
+		return nil, badMetadata("checksum %08x, computed %08x", sum, got)
+	}
+	return body, nil
+}
+
+// decodeLayout decodes and checks layout i at the start of r, returning
+// it and what follows it.
+func decodeLayout(i int, r []byte) (l LogicalDescriptor, rest []byte, err error) {
+	if len(r) < fixedLayoutLen {
+		return l, nil, badMetadata("layout %d: truncated (%d bytes left, need %d)", i, len(r), fixedLayoutLen)
+	}
+	l.Tier = Tier(r[0])
+	l.Kind = storage.Kind(r[1])
+	l.Shape = transfer.Shape{Kind: layout.Kind(r[2]), BlockDim: layout.BlockDim(r[3])}
+	l.Device = int(int32(binary.LittleEndian.Uint32(r[4:])))
+	l.Handle = transfer.LayoutHandle{Worker: binary.LittleEndian.Uint64(r[8:]), Layout: binary.LittleEndian.Uint16(r[16:])}
+	var v [7]int
+	for j := range v {
+		x := binary.LittleEndian.Uint64(r[18+8*j:])
+		if x > 1<<40 {
+			return l, nil, badMetadata("layout %d: config field %d is %d, out of range", i, j, x)
+		}
+		v[j] = int(x)
+	}
+	l.Config = layout.Config{NumBlocks: v[0], NumLayers: v[1], OuterDim: v[2], PageSize: v[3], InnerDim: v[4], DtypeWidth: v[5], Alignment: v[6]}
+	n := int(binary.LittleEndian.Uint16(r[fixedLayoutLen-2:]))
+	r = r[fixedLayoutLen:]
+	if n > maxRegions || len(r) < 8*n {
+		return l, nil, badMetadata("layout %d: %d region bases do not fit in the %d bytes left", i, n, len(r))
+	}
+	l.Bases = make([]uint64, n)
+	for j := range l.Bases {
+		l.Bases[j] = binary.LittleEndian.Uint64(r[8*j:])
+	}
+	r = r[8*n:]
+	if !l.Tier.valid() {
+		return l, nil, badMetadata("layout %d: tier %d is not G1, G2 or G3", i, l.Tier)
+	}
+	if l.Kind < storage.System || l.Kind > storage.Disk {
+		return l, nil, badMetadata("layout %d: storage kind %d is unknown", i, l.Kind)
+	}
+	if _, err := layout.New(l.Config, l.Shape.Kind, l.Shape.BlockDim, l.Bases); err != nil {
+		return l, nil, badMetadata("layout %d: %v", i, err)
+	}
+	return l, r, nil
+}
+
+// decodeEndpoints decodes the endpoint count and the endpoints at the
+// start of r, returning them and what follows them.
+func decodeEndpoints(r []byte) (eps []Endpoint, rest []byte, err error) {
 	if len(r) < 1 {
-		return bad("truncated before the endpoint count")
+		return nil, nil, badMetadata("truncated before the endpoint count")
 	}
 	ne := int(r[0])
 	r = r[1:]
 	if ne > maxEndpoints {
-		return bad("%d endpoints, at most %d", ne, maxEndpoints)
+		return nil, nil, badMetadata("%d endpoints, at most %d", ne, maxEndpoints)
 	}
 	for i := range ne {
 		if len(r) < 1 || len(r) < 1+int(r[0])+2 {
-			return bad("endpoint %d: truncated", i)
+			return nil, nil, badMetadata("endpoint %d: truncated", i)
 		}
 		n := int(r[0])
 		if n == 0 {
-			return bad("endpoint %d: empty transport name", i)
+			return nil, nil, badMetadata("endpoint %d: empty transport name", i)
 		}
 		ep := Endpoint{Transport: string(r[1 : 1+n])}
 		r = r[1+n:]
 		a := int(binary.LittleEndian.Uint16(r))
 		r = r[2:]
 		if len(r) < a {
-			return bad("endpoint %d (%s): address of %d bytes, %d left", i, ep.Transport, a, len(r))
+			return nil, nil, badMetadata("endpoint %d (%s): address of %d bytes, %d left", i, ep.Transport, a, len(r))
 		}
 		ep.Address = append([]byte(nil), r[:a]...)
 		r = r[a:]
-		md.Endpoints = append(md.Endpoints, ep)
+		eps = append(eps, ep)
 	}
-	if len(r) != 0 {
-		return bad("%d bytes after the last endpoint", len(r))
-	}
-	return md, nil
+	return eps, r, nil
 }
 
 // descriptors returns the transfer descriptors, without tiers.

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 )
@@ -28,6 +29,16 @@ func routes(t *testing.T, p *tcpPair) (tcpEndpoint, map[string]string) {
 		out["unix"] = e.unix
 	}
 	return e, out
+}
+
+// helloUnder is a client's hello proved under k, with no deployment key.
+func helloUnder(k capability.Key, sn, cn []byte, server, client uint64, desc []byte) []byte {
+	return k.HelloKey(capability.Deployment{}).AppendHello(nil, capability.Transcript{SN: sn, CN: cn, Server: server, Client: client}, desc)
+}
+
+// serverProofUnder is a server's proof under k, with no deployment key.
+func serverProofUnder(k capability.Key, sn, cn []byte, server, client uint64) []byte {
+	return k.HelloKey(capability.Deployment{}).ServerProof(capability.Transcript{SN: sn, CN: cn, Server: server, Client: client})
 }
 
 // readAll reads what the server sends until it closes.
@@ -72,13 +83,13 @@ func TestAClientWithOnlyThePortLearnsNothingAndMovesNothing(t *testing.T) {
 		before := p.expTCP.Refused()
 		c, err := net.Dial(network, addr)
 		require.NoError(t, err)
-		sn := make([]byte, nonceLen)
+		sn := make([]byte, capability.NonceLen)
 		_, err = io.ReadFull(c, sn)
 		require.NoError(t, err, network)
-		var guess [keyLen]byte
+		var guess [capability.KeyLen]byte
 		rand.Read(guess[:])
-		cn := make([]byte, nonceLen)
-		hello := appendHello(nil, guess[:], sn, cn, e.worker, 0, nil)
+		cn := make([]byte, capability.NonceLen)
+		hello := helloUnder(capability.KeyFromRaw32(guess), sn, cn, e.worker, 0, nil)
 		// A write of block 1 straight after, as if the hello had passed.
 		bs := uint64(p.cfg.BlockSize())
 		req := appendRequest(nil, opWrite, p.remote["g2"], []transfer.RemoteOp{{Remote: d.Bases[0] + bs, Size: bs}})
@@ -95,7 +106,7 @@ func TestAClientWithOnlyThePortLearnsNothingAndMovesNothing(t *testing.T) {
 	require.NoError(t, err)
 	c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
 	c.(*net.TCPConn).CloseWrite()
-	require.Len(t, readAll(t, c), nonceLen, "the challenge, then nothing")
+	require.Len(t, readAll(t, c), capability.NonceLen, "the challenge, then nothing")
 	c.Close()
 }
 
@@ -107,23 +118,23 @@ func TestAReplayedHelloIsRefused(t *testing.T) {
 	for network, addr := range nets {
 		c, err := net.Dial(network, addr)
 		require.NoError(t, err)
-		sn := make([]byte, nonceLen)
+		sn := make([]byte, capability.NonceLen)
 		_, err = io.ReadFull(c, sn)
 		require.NoError(t, err)
-		cn := make([]byte, nonceLen)
+		cn := make([]byte, capability.NonceLen)
 		rand.Read(cn)
-		recorded := appendHello(nil, e.key[:], sn, cn, e.worker, 0x11, nil)
+		recorded := helloUnder(e.key, sn, cn, e.worker, 0x11, nil)
 		_, err = c.Write(recorded)
 		require.NoError(t, err)
-		got := make([]byte, proofLen)
+		got := make([]byte, capability.ProofLen)
 		_, err = io.ReadFull(c, got)
 		require.NoError(t, err, "%s: the genuine hello is answered", network)
-		require.Equal(t, proof(e.key[:], serverLabel, sn, cn, e.worker, 0x11), got)
+		require.Equal(t, serverProofUnder(e.key, sn, cn, e.worker, 0x11), got)
 		c.Close()
 
 		again, err := net.Dial(network, addr)
 		require.NoError(t, err)
-		_, err = io.ReadFull(again, make([]byte, nonceLen))
+		_, err = io.ReadFull(again, make([]byte, capability.NonceLen))
 		require.NoError(t, err)
 		_, err = again.Write(recorded)
 		require.NoError(t, err)
@@ -180,21 +191,21 @@ func TestAServerWithoutTheKeyIsNotBelieved(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
-				sn := make([]byte, nonceLen)
+				sn := make([]byte, capability.NonceLen)
 				c.Write(sn)
-				b := make([]byte, helloLen)
+				b := make([]byte, capability.HelloLen)
 				if _, err := io.ReadFull(c, b); err != nil {
 					return
 				}
-				h, _ := parseHello(b)
-				c.Write(proof(make([]byte, keyLen), serverLabel, sn, h.cn, 0xE1, h.client)) // a guessed key
+				h, _ := capability.ParseHello(b)
+				c.Write(serverProofUnder(capability.Key{}, sn, h.CN, 0xE1, h.Client)) // a guessed key
 				io.Copy(io.Discard, c)
 			}()
 		}
 	}()
 	tr := New(Config{NoSameHost: true})
 	defer tr.Close()
-	_, err = tr.Connect(context.Background(), tcpEndpoint{worker: 0xE1, key: [keyLen]byte{1}, addr: ln.Addr().String()}.append(nil))
+	_, err = tr.Connect(context.Background(), tcpEndpoint{worker: 0xE1, key: capability.KeyFromRaw32([capability.KeyLen]byte{1}), addr: ln.Addr().String()}.append(nil))
 	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
 	require.ErrorContains(t, err, "the peer's proof does not verify")
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 )
@@ -121,12 +122,12 @@ func TestAClientWithTheMetadataButNotTheKeyLearnsNothing(t *testing.T) {
 	for network, addr := range nets {
 		c, err := net.Dial(network, addr)
 		require.NoError(t, err)
-		sn := make([]byte, nonceLen)
+		sn := make([]byte, capability.NonceLen)
 		_, err = io.ReadFull(c, sn)
 		require.NoError(t, err)
-		cn := make([]byte, nonceLen)
+		cn := make([]byte, capability.NonceLen)
 		rand.Read(cn)
-		_, err = c.Write(appendHello(nil, e.key[:], sn, cn, e.worker, 0x11, nil))
+		_, err = c.Write(helloUnder(e.key, sn, cn, e.worker, 0x11, nil))
 		require.NoError(t, err)
 		require.Empty(t, readAll(t, c), "%s: no proof, no reason", network)
 		c.Close()
@@ -207,7 +208,7 @@ func TestNothingIsAllocatedForAConnectionBeforeItsHello(t *testing.T) {
 	c, err := net.Dial("tcp", nets["tcp"])
 	require.NoError(t, err)
 	defer c.Close()
-	_, err = io.ReadFull(c, make([]byte, nonceLen))
+	_, err = io.ReadFull(c, make([]byte, capability.NonceLen))
 	require.NoError(t, err)
 	sizes := rcvbuf()
 	require.Len(t, sizes, big+1)

@@ -3,8 +3,6 @@ package tcp
 import (
 	"bufio"
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -13,8 +11,10 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // tcpPeer is a connected TCP peer: a pool of up to Conns connections, each
@@ -25,10 +25,10 @@ import (
 type tcpPeer struct {
 	t       *Transport
 	worker  uint64
-	key     []byte // the key the hello is proved under: the capability's, or derived with the deployment key (auth.go)
-	scope   byte   // the key's scope: a read-only peer is not mapped
-	desc    []byte // a block scope's descriptor, sent in the hello
-	network string // "tcp", or "unix" for a peer on this host
+	key     capability.HelloKey // the key the hello is proved under: the capability's, or derived with the deployment key
+	scope   capability.Scope    // the key's scope: a read-only peer is not mapped
+	desc    []byte              // a block scope's descriptor, sent in the hello
+	network string              // "tcp", or "unix" for a peer on this host
 	addr    string
 	slots   chan struct{} // one token per connection that may be open
 	idle    chan *tcpConn
@@ -51,7 +51,7 @@ type tcpConn struct {
 }
 
 func newTCPPeer(t *Transport, ep tcpEndpoint, network, addr string) *tcpPeer {
-	return &tcpPeer{t: t, worker: ep.worker, key: helloKey(t.authKey, ep.key[:]), scope: ep.scope, desc: ep.desc, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
+	return &tcpPeer{t: t, worker: ep.worker, key: ep.key.HelloKey(t.authKey), scope: ep.scope, desc: ep.desc, network: network, addr: addr, slots: make(chan struct{}, t.cfg.Conns),
 		idle: make(chan *tcpConn, t.cfg.Conns), open: map[*tcpConn]struct{}{}}
 }
 
@@ -61,9 +61,9 @@ func newTCPPeer(t *Transport, ep tcpEndpoint, network, addr string) *tcpPeer {
 func (p *tcpPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 	if d.Handle.Worker != p.worker {
 		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
-			transfer.ErrInvalidArgument, d.Handle, p.worker)
+			kvbmerr.ErrInvalidArgument, d.Handle, p.worker)
 	}
-	if p.network == "unix" && p.scope == scopeReadWrite && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
+	if p.network == "unix" && p.scope == capability.ScopeReadWrite && (d.Kind.IsHost() || (d.Kind == storage.Device && p.t.m != nil)) {
 		if err := p.mapLayout(d); err != nil {
 			return transfer.Attachment{}, err
 		}
@@ -202,7 +202,7 @@ func (p *tcpPeer) fail(c *tcpConn, ctx context.Context, cause error) error {
 	var ne net.Error
 	switch {
 	case ctx.Err() == context.DeadlineExceeded || (errors.As(cause, &ne) && ne.Timeout()):
-		err = fmt.Errorf("%w: %w: peer %x at %s did not answer within the deadline", remote.ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+		err = fmt.Errorf("%w: %w: peer %x at %s did not answer within the deadline", remote.ErrPeerUnavailable, kvbmerr.ErrTimeout, p.worker, p.addr)
 	case errors.Is(cause, io.EOF) || errors.Is(cause, io.ErrUnexpectedEOF):
 		err = fmt.Errorf("%w: peer %x at %s closed the connection mid-operation (it exited, or refused the stream)",
 			remote.ErrPeerUnavailable, p.worker, p.addr)
@@ -246,7 +246,7 @@ func (p *tcpPeer) get(ctx context.Context) (*tcpConn, error) {
 				return nil, fmt.Errorf("peer %x: %w", p.worker, context.Cause(ctx))
 			}
 			return nil, fmt.Errorf("%w: %w: no connection to peer %x at %s within the deadline",
-				remote.ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+				remote.ErrPeerUnavailable, kvbmerr.ErrTimeout, p.worker, p.addr)
 		}
 	}
 }
@@ -262,7 +262,7 @@ func (p *tcpPeer) dial(ctx context.Context) (*tcpConn, error) {
 }
 
 // dialConn connects, runs the TLS handshake where the transport has TLS
-// (tls.go), and proves the key both ways (auth.go).
+// (tls.go), and proves the key both ways (package capability).
 func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, p.network, p.addr)
@@ -290,7 +290,7 @@ func (p *tcpPeer) dialConn(ctx context.Context) (*tcpConn, error) {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			return nil, fmt.Errorf("%w: %w: peer %x at %s accepted but did not answer the hello within the deadline",
-				remote.ErrPeerUnavailable, transfer.ErrTimeout, p.worker, p.addr)
+				remote.ErrPeerUnavailable, kvbmerr.ErrTimeout, p.worker, p.addr)
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fmt.Errorf("%w: peer %x at %s closed the connection at the hello: it is not the worker this metadata names "+
@@ -317,22 +317,23 @@ func (p *tcpPeer) handshake(c net.Conn) error {
 	if p.t.m != nil {
 		self = p.t.m.WorkerID()
 	}
-	sn := make([]byte, nonceLen)
+	sn := make([]byte, capability.NonceLen)
 	if _, err := io.ReadFull(c, sn); err != nil {
 		return err
 	}
-	cn := make([]byte, nonceLen)
-	if _, err := rand.Read(cn); err != nil {
+	cn, err := capability.NewNonce()
+	if err != nil {
 		return err
 	}
-	if _, err := c.Write(appendHello(nil, p.key, sn, cn, p.worker, self, p.desc)); err != nil {
+	tr := capability.Transcript{SN: sn, CN: cn, Server: p.worker, Client: self}
+	if _, err := c.Write(p.key.AppendHello(nil, tr, p.desc)); err != nil {
 		return err
 	}
-	got := make([]byte, proofLen)
+	got := make([]byte, capability.ProofLen)
 	if _, err := io.ReadFull(c, got); err != nil {
 		return err
 	}
-	if !hmac.Equal(got, proof(p.key, serverLabel, sn, cn, p.worker, self)) {
+	if !p.key.CheckServerProof(tr, got) {
 		return fmt.Errorf("the peer's proof does not verify: the process at %s is not worker %x", p.addr, p.worker)
 	}
 	return nil

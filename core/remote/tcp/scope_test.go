@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 )
@@ -139,22 +140,22 @@ func TestABlockScopeCannotBeWidenedOrOutlived(t *testing.T) {
 	require.NoError(t, err)
 	e, err := parseTCPEndpoint(ep)
 	require.NoError(t, err)
-	bs, err := parseScope(e.desc)
+	bs, err := capability.ParseBlockScope(e.desc)
 	require.NoError(t, err)
 	wider := bs
-	wider.layouts = []scopeLayout{{layout: bs.layouts[0].layout, ranges: []blockRange{{0, 8}}}}
+	wider.Layouts = []capability.LayoutRanges{{Layout: bs.Layouts[0].Layout, Ranges: capability.Ranges{{First: 0, Count: 8}}}}
 	widened := e
-	widened.desc = wider.append(nil)
+	widened.desc = wider.AppendTo(nil)
 	before := p.expTCP.Refused()
 	_, err = p.impTCP.Connect(context.Background(), widened.append(nil))
 	require.ErrorContains(t, err, "closed the connection at the hello", "widened")
 	require.Equal(t, before+1, p.expTCP.Refused())
 
 	stale := bs
-	stale.expires = uint64(time.Now().Unix() - 1)
+	stale.Expires = uint64(time.Now().Unix() - 1)
 	expired := e
-	expired.desc = stale.append(nil)
-	expired.key = blockScopeKey(p.expTCP.secret, expired.desc) // as if exported then
+	expired.desc = stale.AppendTo(nil)
+	expired.key = p.expTCP.secret.Blocks(expired.desc) // as if exported then
 	_, err = p.impTCP.Connect(context.Background(), expired.append(nil))
 	require.ErrorContains(t, err, "closed the connection at the hello", "expired")
 
@@ -204,56 +205,6 @@ func TestScopedPeersOfOneServerJoin(t *testing.T) {
 	_, err = scopedRead(t, p, a, "g2", bs, bs)
 	require.NoError(t, err, "a's own still reads")
 	require.True(t, a.Leave(a), "empty")
-}
-
-// FuzzParseScope: a scope descriptor comes in a hello, from whoever
-// reaches the port. What parses is canonical: it encodes back to the same
-// bytes.
-func FuzzParseScope(f *testing.F) {
-	good, _ := encodeScope(7, remote.Scope{Layouts: []remote.ScopedLayout{
-		{Layout: transfer.LayoutHandle{Worker: 7, Layout: 1}, Blocks: []int{1, 2, 3, 9}},
-		{Layout: transfer.LayoutHandle{Worker: 7, Layout: 4}, Blocks: []int{0}},
-	}, Expires: time.Now().Add(time.Hour)})
-	f.Add(good)
-	f.Add([]byte{scopeVersion})
-	f.Add(make([]byte, scopeHeadLen+12))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		s, err := parseScope(b)
-		if err != nil {
-			require.ErrorIs(t, err, remote.ErrBadEndpoint)
-			return
-		}
-		require.Equal(t, b, s.append(nil))
-	})
-}
-
-// encodeScope merges and sorts blocks into canonical ranges.
-func TestEncodeScopeMergesBlocksIntoRanges(t *testing.T) {
-	h := func(l uint16) transfer.LayoutHandle { return transfer.LayoutHandle{Worker: 7, Layout: l} }
-	b, err := encodeScope(7, remote.Scope{Layouts: []remote.ScopedLayout{{Layout: h(3), Blocks: []int{5, 1, 2, 2, 3, 9}}, {Layout: h(1), Blocks: []int{0}}}})
-	require.NoError(t, err)
-	s, err := parseScope(b)
-	require.NoError(t, err)
-	require.Equal(t, blockScope{layouts: []scopeLayout{{1, []blockRange{{0, 1}}}, {3, []blockRange{{1, 3}, {5, 1}, {9, 1}}}}}, s)
-	for name, bad := range map[string]remote.Scope{
-		"no layouts":      {},
-		"no blocks":       {Layouts: []remote.ScopedLayout{{Layout: h(1)}}},
-		"negative":        {Layouts: []remote.ScopedLayout{{Layout: h(1), Blocks: []int{-1}}}},
-		"another worker":  {Layouts: []remote.ScopedLayout{{Layout: transfer.LayoutHandle{Worker: 8, Layout: 1}, Blocks: []int{1}}}},
-		"a layout twice":  {Layouts: []remote.ScopedLayout{{Layout: h(1), Blocks: []int{1}}, {Layout: h(1), Blocks: []int{2}}}},
-		"too many ranges": {Layouts: []remote.ScopedLayout{{Layout: h(1), Blocks: everyOther(maxScopeLen / 8)}}},
-	} {
-		_, err := encodeScope(7, bad)
-		require.Error(t, err, name)
-	}
-}
-
-func everyOther(n int) []int {
-	out := make([]int, n)
-	for i := range out {
-		out[i] = 2 * i
-	}
-	return out
 }
 
 // A read of one G2 block through a block-scoped capability, beside the

@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"bufio"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvbm/kvbm/core/remote/capability"
 )
 
 // accept serves the connections of a listener until the transport closes.
@@ -112,43 +113,43 @@ func (t *Transport) serveConn(raw net.Conn) {
 	}
 }
 
-// handshake challenges the client and checks its hello (auth.go); a
-// client that fails it is closed on with nothing said but the challenge.
-// The hello is read straight from the connection (no buffered reader
-// yet), its scope descriptor bounded by maxScopeLen.
-func (t *Transport) handshake(c net.Conn) (g grant, ok bool) {
-	sn := make([]byte, nonceLen)
-	if _, err := rand.Read(sn); err != nil {
-		return grant{}, false
+// handshake challenges the client and checks its hello (package
+// capability); a client that fails it is closed on with nothing said but
+// the challenge. The hello is read straight from the connection (no
+// buffered reader yet), its scope descriptor bounded by
+// capability.MaxScopeLen.
+func (t *Transport) handshake(c net.Conn) (g capability.Grant, ok bool) {
+	sn, err := capability.NewNonce()
+	if err != nil {
+		return capability.Grant{}, false
 	}
 	if _, err := c.Write(sn); err != nil {
-		return grant{}, false
+		return capability.Grant{}, false
 	}
-	b := make([]byte, helloLen)
+	b := make([]byte, capability.HelloLen)
 	if _, err := io.ReadFull(c, b); err != nil {
 		t.refuseHello(c, fmt.Sprintf("no hello: %v", err))
-		return grant{}, false
+		return capability.Grant{}, false
 	}
-	h, err := parseHello(b)
+	h, err := capability.ParseHello(b)
 	if err != nil {
 		t.refuseHello(c, err.Error())
-		return grant{}, false
+		return capability.Grant{}, false
 	}
-	var desc []byte
-	if h.scopeLen > 0 {
-		desc = make([]byte, h.scopeLen)
-		if _, err := io.ReadFull(c, desc); err != nil {
+	if h.ScopeLen > 0 {
+		h.Scope = make([]byte, h.ScopeLen)
+		if _, err := io.ReadFull(c, h.Scope); err != nil {
 			t.refuseHello(c, fmt.Sprintf("no scope descriptor: %v", err))
-			return grant{}, false
+			return capability.Grant{}, false
 		}
 	}
-	g, key, why := t.verify(h, desc, sn)
-	if key == nil {
+	g, answer, why := t.verifier.Verify(h, sn, t.m.WorkerID(), time.Now())
+	if answer == nil {
 		t.refuseHello(c, why)
-		return grant{}, false
+		return capability.Grant{}, false
 	}
-	if _, err := c.Write(proof(key, serverLabel, sn, h.cn, t.m.WorkerID(), h.client)); err != nil {
-		return grant{}, false
+	if _, err := c.Write(answer); err != nil {
+		return capability.Grant{}, false
 	}
 	return g, true
 }

@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/kvbm/kvbm/core/remote"
-	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/kvbmerr"
 )
 
@@ -19,10 +18,10 @@ import (
 // every TCP connection of the transport, served or dialed, is TLS 1.3
 // with certificates both ways: the server requires a client certificate
 // that chains to the CA, the client checks the server's chain against
-// the CA and the server's name (below). The hello (auth.go) runs inside
+// the CA and the server's name (below). The hello (package capability) runs inside
 // TLS unchanged: TLS encrypts and proves membership of the deployment
 // (a certificate of its CA), the hello proves the capability (the
-// metadata). The same-host route (samehost.go) stays a Unix socket
+// metadata). The same-host route (samehost_*.go) stays a Unix socket
 // without TLS: its bytes never reach a network.
 //
 // The server's name: the client asks for a certificate of the host the
@@ -133,10 +132,10 @@ func (t *Transport) checkTLSMatch(ep tcpEndpoint) error {
 	switch serverTLS := ep.flags&flagTLS != 0; {
 	case serverTLS && t.tls == nil:
 		return fmt.Errorf("%w: worker %x at %s serves TLS and this transport does not: set %s, %s and %s here (PEM files of a certificate of the same CA)",
-			transfer.ErrInvalidArgument, ep.worker, ep.addr, envTLSCert, envTLSKey, envTLSCA)
+			kvbmerr.ErrInvalidArgument, ep.worker, ep.addr, envTLSCert, envTLSKey, envTLSCA)
 	case !serverTLS && t.tls != nil:
 		return fmt.Errorf("%w: worker %x at %s serves plain TCP and this transport requires TLS: set %s, %s and %s there too, or unset them here",
-			transfer.ErrInvalidArgument, ep.worker, ep.addr, envTLSCert, envTLSKey, envTLSCA)
+			kvbmerr.ErrInvalidArgument, ep.worker, ep.addr, envTLSCert, envTLSKey, envTLSCA)
 	}
 	return nil
 }

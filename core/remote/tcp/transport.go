@@ -11,7 +11,9 @@ import (
 	"sync/atomic"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // Config configures the TCP transport.
@@ -35,7 +37,7 @@ type Config struct {
 	Conns int
 	// NoSameHost turns off the same-host path (default: on, unless
 	// KVBM_SAME_HOST=0): a peer on this host otherwise connects over a Unix
-	// socket and maps the shared memory of host layouts (samehost.go).
+	// socket and maps the shared memory of host layouts (samehost_*.go).
 	NoSameHost bool
 	// MaxConns bounds the connections the server holds (default
 	// DefaultMaxConns); one more is closed at accept.
@@ -66,18 +68,18 @@ type Transport struct {
 	ln   net.Listener
 	unix net.Listener // the same-host socket; nil when off
 	ep   tcpEndpoint  // set when listening (key zero: the scope is chosen at Endpoint)
-	// keyRW and keyRO are the scopes' keys, derived from the secret drawn
-	// when the transport starts listening (auth.go).
-	keyRW, keyRO  [keyLen]byte
-	secret        [32]byte      // block scopes' keys are derived from it per hello (scope.go)
+	// keyRW and keyRO are the fixed scopes' keys, derived from the secret
+	// drawn when the transport starts listening; verifier checks hellos
+	// against the keys derived from it (package capability).
+	keyRW, keyRO  capability.Key
+	secret        capability.Secret // block scopes' keys are derived from it (ScopedEndpoint)
+	verifier      *capability.Verifier
 	refusedHellos atomic.Uint64 // connections refused at the hello
 	refusedScope  atomic.Uint64 // requests refused for being outside their block scope
 	// authKey is Config.AuthKey, or the environment's (authErr: why that
-	// could not be read, returned by Serve and Connect); helloRW and
-	// helloRO the keys hellos of the fixed scopes are proved under.
-	authKey          []byte
-	authErr          error
-	helloRW, helloRO []byte
+	// could not be read, returned by Serve and Connect).
+	authKey capability.Deployment
+	authErr error
 
 	mu     sync.Mutex
 	closed bool
@@ -117,10 +119,11 @@ func New(cfg Config) *Transport {
 		cfg.TLS = tlsFilesFromEnv()
 	}
 	t := &Transport{cfg: cfg, conns: map[net.Conn]struct{}{}, peers: map[*tcpPeer]struct{}{}, stop: make(chan struct{})}
-	t.authKey = cfg.AuthKey
-	if t.authKey == nil {
-		t.authKey, t.authErr = AuthKeyFromEnv()
+	authKey := cfg.AuthKey
+	if authKey == nil {
+		authKey, t.authErr = AuthKeyFromEnv()
 	}
+	t.authKey = capability.NewDeployment(authKey)
 	if !cfg.NoTLS {
 		t.tls, t.tlsErr = loadTLS(cfg.TLS)
 	}
@@ -148,7 +151,7 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.m != nil {
-		return fmt.Errorf("%w: tcp transport already serves worker %x", transfer.ErrAlreadyExists, t.m.WorkerID())
+		return fmt.Errorf("%w: tcp transport already serves worker %x", kvbmerr.ErrAlreadyExists, t.m.WorkerID())
 	}
 	if t.closed {
 		return fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
@@ -189,14 +192,13 @@ func (t *Transport) listen() error {
 		return err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	secret, err := newSecret()
+	secret, err := capability.NewSecret()
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	t.secret = secret
-	t.keyRW, t.keyRO = scopeKeys(secret)
-	t.helloRW, t.helloRO = helloKey(t.authKey, t.keyRW[:]), helloKey(t.authKey, t.keyRO[:])
+	t.secret, t.keyRW, t.keyRO = secret, secret.ReadWrite(), secret.ReadOnly()
+	t.verifier = capability.NewVerifier(secret, t.authKey)
 	ep := tcpEndpoint{worker: t.m.WorkerID(), addr: net.JoinHostPort(host, fmt.Sprint(port))}
 	if t.tls != nil {
 		ep.flags |= flagTLS
@@ -220,7 +222,8 @@ func (t *Transport) listen() error {
 // (scope 2) descriptor length u16 | descriptor | host id [16] | Unix
 // socket name length u8 | name | flags u8 (flagTLS: the server speaks
 // TLS, tls.go) | "host:port". The key is the read-write scope's: whoever
-// holds the endpoint may read and write the worker's layouts (auth.go); a
+// holds the endpoint may read and write the worker's layouts (package
+// capability); a
 // block scope's endpoint (ScopedEndpoint) carries its descriptor. The host
 // id and socket name are zero and
 // empty when the same-host path is off. The first call listens, unless
@@ -232,14 +235,14 @@ func (t *Transport) Endpoint() ([]byte, error) {
 	case t.closed:
 		return nil, fmt.Errorf("%w: tcp transport closed", transfer.ErrClosed)
 	case t.m == nil:
-		return nil, fmt.Errorf("%w: tcp transport is not serving", transfer.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: tcp transport is not serving", kvbmerr.ErrInvalidArgument)
 	case t.ln == nil:
 		if err := t.listen(); err != nil {
 			return nil, err
 		}
 	}
 	ep := t.ep
-	ep.scope, ep.key = scopeReadWrite, t.keyRW
+	ep.scope, ep.key = capability.ScopeReadWrite, t.keyRW
 	return ep.append(nil), nil
 }
 
@@ -252,7 +255,7 @@ func (t *Transport) ReadOnlyEndpoint() ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ep := t.ep
-	ep.scope, ep.key = scopeReadOnly, t.keyRO
+	ep.scope, ep.key = capability.ScopeReadOnly, t.keyRO
 	return ep.append(nil), nil
 }
 
@@ -260,19 +263,19 @@ const endpointVersion = 3 // 3: the scope and its key
 
 type tcpEndpoint struct {
 	worker uint64
-	scope  byte         // scopeReadWrite, scopeReadOnly or scopeBlocks
-	key    [keyLen]byte // the scope's key: the capability
-	desc   []byte       // scopeBlocks: the scope's descriptor (scope.go)
-	host   [16]byte     // the boot id of the server's host
-	unix   string       // its same-host socket (abstract, "@...")
-	flags  byte         // flagTLS
-	addr   string       // host:port
+	scope  capability.Scope
+	key    capability.Key // the scope's key: the capability
+	desc   []byte         // ScopeBlocks: the scope's descriptor (capability.BlockScope)
+	host   [16]byte       // the boot id of the server's host
+	unix   string         // its same-host socket (abstract, "@...")
+	flags  byte           // flagTLS
+	addr   string         // host:port
 }
 
 func (e tcpEndpoint) append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(append(b, endpointVersion), e.worker)
-	b = append(append(b, e.scope), e.key[:]...)
-	if e.scope == scopeBlocks {
+	b = e.key.AppendTo(append(b, byte(e.scope)))
+	if e.scope == capability.ScopeBlocks {
 		b = append(binary.LittleEndian.AppendUint16(b, uint16(len(e.desc))), e.desc...)
 	}
 	b = append(append(b, e.host[:]...), byte(len(e.unix)))
@@ -284,16 +287,17 @@ func parseTCPEndpoint(ep []byte) (tcpEndpoint, error) {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint version %d, this library reads version %d (metadata of an older kvbm: both instances must run the same kvbm)",
 			remote.ErrBadEndpoint, ep[0], endpointVersion)
 	}
+	const keyLen = capability.KeyLen
 	const head = 1 + 8 + 1 + keyLen + 16 + 1
 	if len(ep) < head+3 {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint of %d bytes, at least %d", remote.ErrBadEndpoint, len(ep), head+3)
 	}
-	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), scope: ep[9]}
-	if e.scope != scopeReadWrite && e.scope != scopeReadOnly && e.scope != scopeBlocks {
+	e := tcpEndpoint{worker: binary.LittleEndian.Uint64(ep[1:]), scope: capability.Scope(ep[9])}
+	if !e.scope.Valid() {
 		return tcpEndpoint{}, fmt.Errorf("%w: tcp endpoint scope %d", remote.ErrBadEndpoint, e.scope)
 	}
-	copy(e.key[:], ep[10:10+keyLen])
-	if e.scope == scopeBlocks {
+	e.key = capability.KeyFromRaw32([keyLen]byte(ep[10 : 10+keyLen]))
+	if e.scope == capability.ScopeBlocks {
 		var err error
 		if e.desc, ep, err = cutScope(ep, 10+keyLen); err != nil {
 			return tcpEndpoint{}, err
@@ -353,7 +357,7 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	}
 	p.put(c)
 	var watch *tcpConn
-	if ep.scope != scopeBlocks { // a request's capability lives for one transfer, whose deadline sees a death
+	if ep.scope != capability.ScopeBlocks { // a request's capability lives for one transfer, whose deadline sees a death
 		watch, _ = p.dialConn(ctx) // best effort: without it a death is seen at the next operation
 	}
 	t.mu.Lock()
@@ -368,7 +372,7 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 		go p.watch(watch)
 	}
 	t.mu.Unlock()
-	if ep.scope == scopeBlocks {
+	if ep.scope == capability.ScopeBlocks {
 		return newScopedPeer(p, ep.desc)
 	}
 	return p, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
@@ -290,10 +291,7 @@ func TestTCPEndpointAndHelloAreChecked(t *testing.T) {
 	require.ErrorContains(t, err, "tcp endpoint version 2, this library reads version 3", "an older kvbm's endpoint names both versions")
 	_, err = parseTCPEndpoint(v1)
 	require.ErrorContains(t, err, "version 1, this library reads version 3")
-	_, err = parseHello(append([]byte("KVBX"), make([]byte, helloLen-4)...))
-	require.ErrorContains(t, err, "not a kvbm TCP transport")
-	_, err = parseHello(appendHello(nil, nil, nil, make([]byte, nonceLen), 1, 2, nil)[:5])
-	require.ErrorIs(t, err, remote.ErrBadEndpoint)
+	// The hello's checks are package capability's (TestTheHelloIsChecked).
 }
 
 // Cancel and a transfer deadline stop a pull the exporter is slow to
@@ -463,7 +461,7 @@ func TestSameHostSocketRefusesOtherUsers(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		if uid == 0 {
-			require.Contains(t, string(out), fmt.Sprintf("answered %d bytes, <nil>", nonceLen), "this user is challenged")
+			require.Contains(t, string(out), fmt.Sprintf("answered %d bytes, <nil>", capability.NonceLen), "this user is challenged")
 		} else {
 			require.Contains(t, string(out), "answered 0 bytes, ", "another user is closed on")
 			require.NotContains(t, string(out), "<nil>", "closed on (EOF, or reset: its hello was never read)")
@@ -519,9 +517,9 @@ func TestConnectRacingCloseReturns(t *testing.T) {
 			}
 			go func(i int, c net.Conn) {
 				defer c.Close()
-				sn := make([]byte, nonceLen)
+				sn := make([]byte, capability.NonceLen)
 				c.Write(sn)
-				b := make([]byte, helloLen)
+				b := make([]byte, capability.HelloLen)
 				if _, err := io.ReadFull(c, b); err != nil {
 					return
 				}
@@ -529,8 +527,8 @@ func TestConnectRacingCloseReturns(t *testing.T) {
 					close(second)
 					<-release
 				}
-				h, _ := parseHello(b)
-				c.Write(proof(make([]byte, keyLen), serverLabel, sn, h.cn, worker, h.client))
+				h, _ := capability.ParseHello(b)
+				c.Write(serverProofUnder(capability.Key{}, sn, h.CN, worker, h.Client))
 				io.Copy(io.Discard, c)
 			}(i, c)
 		}

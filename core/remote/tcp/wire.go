@@ -9,11 +9,13 @@ import (
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // The TCP transport's wire format, little endian. A connection starts with
 // the server's challenge, the client's hello and the server's proof
-// (auth.go), then carries one request at a time:
+// (package capability: magic "KVBT", version 3), then carries one request
+// at a time:
 //
 //	request:  op u8 | handle worker u64 | handle layout u16 | count u32 |
 //	          count × { address u64 | size u64 } | (write) the bytes
@@ -23,7 +25,7 @@ import (
 // peer restarted under another id (stale metadata) is refused at once.
 //
 // A peer on the same host connects over a Unix socket instead and may also
-// send (samehost.go):
+// send (samehost_server.go answers them, samehost_peer.go sends them):
 //
 //	map:      op 3 | handle | count 0
 //	  reply:  status | message | (ok) length u16 | regions u16 |
@@ -32,11 +34,8 @@ import (
 //	lend:     op 4 (the peer reads) or 5 (it writes) | handle | count | ops
 //	  reply:  status | message; (ok) the peer copies, then sends done u8 (1)
 const (
-	wireMagic   = "KVBT"
-	wireVersion = 3                                   // 2: authenticated hello; 3: its scope descriptor
-	helloLen    = 4 + 2 + 8 + nonceLen + proofLen + 2 // the fixed part, up to the scope's length
-	reqHeadLen  = 1 + 8 + 2 + 4
-	opLen       = 16
+	reqHeadLen = 1 + 8 + 2 + 4
+	opLen      = 16
 	// maxOps and maxRequestBytes bound what a server reads for one request.
 	maxOps          = 1 << 16
 	maxRequestBytes = 1 << 32
@@ -94,10 +93,10 @@ var statusErrs = []struct {
 	status byte
 	err    error
 }{
-	{statusOutOfRange, transfer.ErrOutOfRange}, // before ErrInvalidArgument, which it wraps
-	{statusInvalid, transfer.ErrInvalidArgument},
+	{statusOutOfRange, kvbmerr.ErrOutOfRange}, // before ErrInvalidArgument, which it wraps
+	{statusInvalid, kvbmerr.ErrInvalidArgument},
 	{statusNotFound, transfer.ErrNotFound},
-	{statusUnsupported, transfer.ErrUnsupported},
+	{statusUnsupported, kvbmerr.ErrUnsupported},
 	{statusClosed, transfer.ErrClosed},
 }
 

@@ -3,15 +3,12 @@ package tcp
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -21,148 +18,17 @@ import (
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/internal/memcopy"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
-// The same-host path of the TCP transport. Two workers on one host talk
-// over a Unix socket instead of TCP, and a host layout the exporter
-// allocated in shared memory (transfer.Manager.Shared) is mapped by the
-// importer, which then copies its bytes itself: one memcpy, the speed of
-// an in-process copy, where a socket costs a copy into the kernel and one
-// out. Each copy is still a request the exporter answers: it checks the
-// ranges, holds its manager until the importer says it is done, and a
-// peer that died or froze fails the operation within the deadline as on
-// TCP. Memory it does not share (host memory the engine registered, the
-// emulated device's registered memory) is copied with
-// process_vm_readv/writev where the kernel allows it (processvm.go); the
-// rest (real device memory it cannot export) goes through the socket.
+// The importer's side of the same-host path (samehost_server.go): a
+// layout the peer shares is mapped here and copied with one memcpy, each
+// copy a lend request the peer answers; host memory it does not share is
+// copied process to process (processvm.go).
 
 // errCannotMap marks a layout the peer shares that this process cannot
 // map (its device memory here, say): it is reached through the socket.
 var errCannotMap = errors.New("cannot map the peer's memory here")
-
-// hostID is this host's boot id (zero when unknown): two workers with the
-// same one run on one kernel, where shared memory files can be passed.
-var hostID = sync.OnceValue(func() [16]byte {
-	var id [16]byte
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return id
-	}
-	raw, err := hex.DecodeString(strings.ReplaceAll(strings.TrimSpace(string(b)), "-", ""))
-	if err == nil && len(raw) == len(id) {
-		copy(id[:], raw)
-	}
-	return id
-})
-
-// listenSameHost listens on a fresh abstract Unix socket for peers on this
-// host; nil when the host id is unknown or the socket cannot be made.
-func listenSameHost(worker uint64) ([16]byte, string, net.Listener) {
-	host := hostID()
-	if host == ([16]byte{}) {
-		return host, "", nil
-	}
-	var r [8]byte
-	_, _ = rand.Read(r[:])
-	name := fmt.Sprintf("@kvbm-%x-%d-%x", worker, os.Getpid(), r)
-	ln, err := net.Listen("unix", name)
-	if err != nil {
-		return host, "", nil
-	}
-	return host, name, ln
-}
-
-// admitPeer decides whether a connection is served (a variable for tests).
-var admitPeer = samePeerUser
-
-// samePeerUser admits a same-host connection only from a process of this
-// user (or root): an abstract socket has no file permissions, and a peer
-// maps our memory through it. TCP connections are not checked here.
-func samePeerUser(c net.Conn) bool {
-	if _, ok := c.(*net.UnixConn); !ok {
-		return true
-	}
-	cred := peerCred(c)
-	return cred != nil && (cred.Uid == uint32(os.Getuid()) || cred.Uid == 0)
-}
-
-// peerCred is the process at the other end of a Unix socket (nil when
-// unknown): the server's process as it listened, for a client.
-func peerCred(c net.Conn) *unix.Ucred {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return nil
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
-		return nil
-	}
-	return cred
-}
-
-// answerMap hands a same-host peer the shared memory files of a layout.
-func (t *Transport) answerMap(c net.Conn, q request) error {
-	uc, ok := c.(*net.UnixConn)
-	var regions []transfer.SharedRegion
-	err := fmt.Errorf("%w: shared memory is mapped by peers on this host only, over the Unix socket", transfer.ErrUnsupported)
-	if ok {
-		regions, err = t.m.Shared(q.handle)
-	}
-	defer transfer.CloseRegions(regions)
-	if err == nil && len(regions) > maxRegions {
-		err = fmt.Errorf("%w: layout %v has %d shared regions, more than %d", transfer.ErrUnsupported, q.handle, len(regions), maxRegions)
-	}
-	if err != nil {
-		_, werr := c.Write(appendStatus(nil, statusOf(err), err.Error()))
-		return werr
-	}
-	var fds []int
-	for _, r := range regions {
-		if r.File != nil {
-			fds = append(fds, int(r.File.Fd()))
-		}
-	}
-	payload := appendRegions(nil, regions)
-	reply := binary.LittleEndian.AppendUint16(appendStatus(nil, statusOK, ""), uint16(len(payload)))
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	reply = append(reply, payload...)
-	n, _, err := uc.WriteMsgUnix(reply, oob, nil)
-	if err == nil && n < len(reply) {
-		_, err = c.Write(reply[n:]) // the files went with the first bytes
-	}
-	return err
-}
-
-// lend answers a lend request: the ranges are checked and the manager held
-// while the peer copies, until its done arrives (within the connection's
-// deadline).
-func (t *Transport) lend(c net.Conn, r io.Reader, q request, started *bool) error {
-	if _, ok := c.(*net.UnixConn); !ok {
-		return fmt.Errorf("%w: memory is lent to peers on this host only, over the Unix socket", transfer.ErrUnsupported)
-	}
-	return t.m.Lend(q.handle, q.ops, func() error {
-		*started = true
-		if _, err := c.Write(appendStatus(nil, statusOK, "")); err != nil {
-			return err
-		}
-		var done [1]byte
-		if _, err := io.ReadFull(r, done[:]); err != nil {
-			return err
-		}
-		if done[0] != lendDone {
-			return fmt.Errorf("%w: lend ended with %d, want %d", remote.ErrBadEndpoint, done[0], lendDone)
-		}
-		return nil
-	})
-}
 
 // sharedMaps are a peer's layouts mapped here, by handle. Copies hold the
 // read lock, so that unmapping waits for them.
@@ -302,7 +168,7 @@ func (p *tcpPeer) mapLayout(d transfer.Descriptor) error {
 		if errors.As(err, &se) {
 			pid := c.pid
 			p.put(c)
-			if errors.Is(err, transfer.ErrUnsupported) {
+			if errors.Is(err, kvbmerr.ErrUnsupported) {
 				p.shared.set(h, processMaps(pid, d))
 				return nil // not shared: copied process to process, or through the socket
 			}
@@ -319,40 +185,82 @@ func (p *tcpPeer) mapLayout(d transfer.Descriptor) error {
 func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, error) {
 	uc, ok := c.c.(*net.UnixConn)
 	if !ok || c.r.Buffered() != 0 {
-		return nil, fmt.Errorf("%w: a map request needs an idle Unix socket", transfer.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: a map request needs an idle Unix socket", kvbmerr.ErrInvalidArgument)
 	}
 	if _, err := uc.Write(appendRequest(nil, opMap, h, nil)); err != nil {
 		return nil, err
 	}
-	// The files come with the reply's first bytes, so the reply is read
-	// here, not through the connection's buffered reader.
-	buf := make([]byte, 3+maxMessage+2+maxRegionsBytes)
-	oob := make([]byte, unix.CmsgSpace(4*maxRegions))
-	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return nil, err
-	}
-	var files []*os.File
-	defer func() {
+	ranges, files, err := readMapReply(uc)
+	defer func() { // all of them, also on success: a mapping outlives its file
 		for _, f := range files {
 			f.Close()
 		}
 	}()
-	if oobn > 0 {
-		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-		if err != nil {
-			return nil, fmt.Errorf("%w: map reply's control message: %w", remote.ErrBadEndpoint, err)
-		}
-		for _, m := range msgs {
-			fds, err := unix.ParseUnixRights(&m)
-			if err != nil {
-				continue
-			}
-			for _, fd := range fds {
-				files = append(files, os.NewFile(uintptr(fd), "kvbm-peer-memfd"))
-			}
+	if err != nil {
+		return nil, err
+	}
+	return p.mapRegions(h, ranges, files)
+}
+
+// readMapReply reads a map reply whole: its regions, and the files of its
+// file regions, which the caller closes (those received, also on error).
+// The files come with the reply's first bytes, so the reply is read here,
+// not through the connection's buffered reader.
+func readMapReply(uc *net.UnixConn) (ranges []sharedRange, files []*os.File, err error) {
+	buf := make([]byte, 3+maxMessage+2+maxRegionsBytes)
+	oob := make([]byte, unix.CmsgSpace(4*maxRegions))
+	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, nil, err
+	}
+	if files, err = receivedFiles(oob[:oobn]); err != nil {
+		return nil, files, err
+	}
+	payload, err := readMapPayload(uc, buf, n)
+	if err != nil {
+		return nil, files, err
+	}
+	if ranges, err = parseRegions(payload); err != nil {
+		return nil, files, err
+	}
+	nfiles := 0
+	for _, r := range ranges {
+		if r.ipc == nil {
+			nfiles++
 		}
 	}
+	if len(files) != nfiles {
+		return nil, files, fmt.Errorf("%w: map reply of %d file regions came with %d files", remote.ErrBadEndpoint, nfiles, len(files))
+	}
+	return ranges, files, nil
+}
+
+// receivedFiles are the files the control message oob passed (SCM_RIGHTS).
+func receivedFiles(oob []byte) ([]*os.File, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: map reply's control message: %w", remote.ErrBadEndpoint, err)
+	}
+	var files []*os.File
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "kvbm-peer-memfd"))
+		}
+	}
+	return files, nil
+}
+
+// readMapPayload reads the rest of a map reply whose first n bytes are in
+// buf, and returns its regions' bytes, or the peer's refusal (a
+// *serverError).
+func readMapPayload(uc *net.UnixConn, buf []byte, n int) ([]byte, error) {
 	need := func(k int) error { // the first k bytes of the reply are in buf
 		if n >= k {
 			return nil
@@ -387,50 +295,51 @@ func (p *tcpPeer) fetchMaps(c *tcpConn, h transfer.LayoutHandle) ([]sharedMap, e
 	if n > end {
 		return nil, fmt.Errorf("%w: %d bytes after the map reply", remote.ErrBadEndpoint, n-end)
 	}
-	ranges, err := parseRegions(buf[msgLen+2 : end])
-	if err != nil {
-		return nil, err
-	}
-	nfiles := 0
-	for _, r := range ranges {
-		if r.ipc == nil {
-			nfiles++
-		}
-	}
-	if len(files) != nfiles {
-		return nil, fmt.Errorf("%w: map reply of %d file regions came with %d files", remote.ErrBadEndpoint, nfiles, len(files))
-	}
+	return buf[msgLen+2 : end], nil
+}
+
+// mapRegions maps a map reply's regions: each file region's file, in
+// order, and each device region's CUDA IPC handle; on an error nothing
+// stays mapped.
+func (p *tcpPeer) mapRegions(h transfer.LayoutHandle, ranges []sharedRange, files []*os.File) ([]sharedMap, error) {
 	maps := make([]sharedMap, 0, len(ranges))
-	next := 0 // the next file; all of them are closed on return (a mapping outlives its file)
+	next := 0 // the next file
 	for _, r := range ranges {
+		var m sharedMap
+		var err error
 		if r.ipc != nil {
-			if p.t.m == nil {
-				unmap(maps)
-				return nil, fmt.Errorf("%w: no device here to open the peer's device memory", errCannotMap)
+			m, err = p.openDevice(h, r)
+		} else {
+			m = sharedMap{addr: r.addr, size: r.size}
+			if m.m, err = storage.MapShared(files[next], r.size); err != nil {
+				err = fmt.Errorf("peer %x, layout %v: %w", p.worker, h, err)
 			}
-			dev, opened, closeDev, err := p.t.m.OpenPeerDevice(*r.ipc)
-			if err != nil {
-				unmap(maps)
-				return nil, fmt.Errorf("%w: peer %x, layout %v: %w", errCannotMap, p.worker, h, err)
-			}
-			if r.size > opened { // the copies are checked against r.size: it must be what was opened
-				closeDev()
-				unmap(maps)
-				return nil, fmt.Errorf("%w: peer %x says layout %v's allocation is %d bytes; %d were opened",
-					remote.ErrBadEndpoint, p.worker, h, r.size, opened)
-			}
-			maps = append(maps, sharedMap{addr: r.addr, size: r.size, dev: dev, closeDev: closeDev})
-			continue
+			next++
 		}
-		m, err := storage.MapShared(files[next], r.size)
-		next++
 		if err != nil {
 			unmap(maps)
-			return nil, fmt.Errorf("peer %x, layout %v: %w", p.worker, h, err)
+			return nil, err
 		}
-		maps = append(maps, sharedMap{addr: r.addr, size: r.size, m: m})
+		maps = append(maps, m)
 	}
 	return maps, nil
+}
+
+// openDevice opens a device region of the peer's layout h here.
+func (p *tcpPeer) openDevice(h transfer.LayoutHandle, r sharedRange) (sharedMap, error) {
+	if p.t.m == nil {
+		return sharedMap{}, fmt.Errorf("%w: no device here to open the peer's device memory", errCannotMap)
+	}
+	dev, opened, closeDev, err := p.t.m.OpenPeerDevice(*r.ipc)
+	if err != nil {
+		return sharedMap{}, fmt.Errorf("%w: peer %x, layout %v: %w", errCannotMap, p.worker, h, err)
+	}
+	if r.size > opened { // the copies are checked against r.size: it must be what was opened
+		closeDev()
+		return sharedMap{}, fmt.Errorf("%w: peer %x says layout %v's allocation is %d bytes; %d were opened",
+			remote.ErrBadEndpoint, p.worker, h, r.size, opened)
+	}
+	return sharedMap{addr: r.addr, size: r.size, dev: dev, closeDev: closeDev}, nil
 }
 
 // borrow sends a lend request and, once the peer holds the memory, copies
@@ -448,7 +357,7 @@ func (p *tcpPeer) borrow(c *tcpConn, head []byte, h transfer.LayoutHandle, ops [
 	switch {
 	case errors.As(err, &se) && errors.Is(err, transfer.ErrNotFound):
 		p.shared.set(h, nil) // gone there: unmap it here
-	case errors.As(err, &se) && errors.Is(err, transfer.ErrUnsupported) && len(views) > 0 && views[0].proc:
+	case errors.As(err, &se) && errors.Is(err, kvbmerr.ErrUnsupported) && len(views) > 0 && views[0].proc:
 		// An older kvbm lends only the memory it shares: the socket from
 		// now on (Read and Write retry there).
 		p.shared.set(h, nil)
@@ -533,16 +442,4 @@ func SameHost(p remote.Peer) bool {
 func Mapped(p remote.Peer, h transfer.LayoutHandle) bool {
 	tp, ok := p.(*tcpPeer)
 	return ok && tp.shared.has(h)
-}
-
-// SameHostStatus says whether the TCP transport's same-host route is on
-// in this process (nil), or why not: what the info command reports.
-func SameHostStatus() error {
-	if os.Getenv("KVBM_SAME_HOST") == "0" {
-		return errors.New("off (KVBM_SAME_HOST=0)")
-	}
-	if hostID() == ([16]byte{}) {
-		return errors.New("off: this host's boot id is unknown, so peers cannot tell they share it")
-	}
-	return nil
 }

@@ -1,0 +1,128 @@
+package tcp
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
+)
+
+// scopedPeer is a connection made with a block-scoped endpoint (own), and
+// the set of those of one server it carries (members: itself, and those
+// it joined, remote.Joiner): an imported layout reaches the server through
+// the member whose scope covers a transfer's blocks, so that a worker
+// pulling many requests of one server imports its layouts once per
+// request's scope, not once per worker, and never re-points a pull in
+// flight.
+type scopedPeer struct {
+	own   *tcpPeer
+	scope capability.BlockScope
+
+	mu      sync.Mutex
+	members []*scopedPeer
+	layouts map[transfer.LayoutHandle]*layout.Layout // attached, to route by
+}
+
+func newScopedPeer(p *tcpPeer, desc []byte) (*scopedPeer, error) {
+	bs, err := capability.ParseBlockScope(desc)
+	if err != nil { // parsed already with the endpoint
+		p.Close()
+		return nil, badEndpoint(err)
+	}
+	s := &scopedPeer{own: p, scope: bs, layouts: map[transfer.LayoutHandle]*layout.Layout{}}
+	s.members = []*scopedPeer{s}
+	return s, nil
+}
+
+// Join takes other over when it is a block-scoped peer of the same
+// server (worker, route and address).
+func (s *scopedPeer) Join(other remote.Peer) bool {
+	o, ok := other.(*scopedPeer)
+	if !ok || o == s || o.own.worker != s.own.worker || o.own.network != s.own.network || o.own.addr != s.own.addr {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.members = append(s.members, o)
+	return true
+}
+
+// Leave closes other's connections (a member, or s itself) and reports
+// whether no member is left.
+func (s *scopedPeer) Leave(other remote.Peer) bool {
+	s.mu.Lock()
+	i := slices.IndexFunc(s.members, func(m *scopedPeer) bool { return m == other })
+	var gone *scopedPeer
+	if i >= 0 {
+		gone = s.members[i]
+		s.members = slices.Delete(s.members, i, i+1)
+	}
+	empty := len(s.members) == 0
+	s.mu.Unlock()
+	if gone != nil {
+		gone.own.Close()
+	}
+	return empty
+}
+
+// Attach remembers the layout, to route transfers on it by block.
+func (s *scopedPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
+	if d.Handle.Worker != s.own.worker {
+		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
+			kvbmerr.ErrInvalidArgument, d.Handle, s.own.worker)
+	}
+	l, err := layout.New(d.Config, d.Shape.Kind, d.Shape.BlockDim, d.Bases)
+	if err != nil {
+		return transfer.Attachment{}, fmt.Errorf("%w: layout %v: %w", kvbmerr.ErrInvalidArgument, d.Handle, err)
+	}
+	s.mu.Lock()
+	s.layouts[d.Handle] = l
+	s.mu.Unlock()
+	return transfer.Attachment{Memory: s}, nil
+}
+
+// Read reads through the first member whose scope covers ops (one that
+// is not broken, if there is one).
+func (s *scopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
+	s.mu.Lock()
+	l := s.layouts[h]
+	var pick *tcpPeer
+	for _, m := range s.members {
+		if l != nil && allows(&m.scope, h, l, ops) == nil {
+			if pick = m.own; pick.brokenErr() == nil {
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	if pick == nil {
+		return fmt.Errorf("%w: no request-scoped capability held for worker %x covers these blocks of layout %v (import the metadata the request was given)",
+			kvbmerr.ErrUnsupported, s.own.worker, h)
+	}
+	return pick.Read(ctx, h, ops)
+}
+
+// Write is refused: a block scope reads only.
+func (s *scopedPeer) Write(_ context.Context, h transfer.LayoutHandle, _ []transfer.RemoteOp) error {
+	return fmt.Errorf("%w: worker %x's layout %v is reached with request-scoped capabilities, which read only", kvbmerr.ErrUnsupported, s.own.worker, h)
+}
+
+// Close closes every member's connections.
+func (s *scopedPeer) Close() error {
+	s.mu.Lock()
+	members := s.members
+	s.members = nil
+	s.mu.Unlock()
+	for _, m := range members {
+		m.own.Close()
+	}
+	return nil
+}
+
+var _ remote.Joiner = (*scopedPeer)(nil)
