@@ -37,16 +37,6 @@ _workers: "weakref.WeakValueDictionary[int, Worker]" = weakref.WeakValueDictiona
 #: so it is kept for the life of the process.
 _stranded: List[Any] = []
 
-def _exporter_id(md: bytes) -> Optional[int]:
-    """The id of the worker that exported metadata bytes md, or None for
-    bytes that are not well-formed metadata (the import then says why)."""
-    wid = ctypes.c_uint64()
-    try:
-        lib.kvbm_metadata_worker_id(md, len(md), byref(wid))
-    except InvalidArgumentError:
-        return None
-    return wid.value
-
 
 class Worker(Handle):
     """A worker with its own transfer manager on the active device backend.
@@ -376,6 +366,20 @@ class Worker(Handle):
             except BufferTooSmallError:
                 continue
 
+    @staticmethod
+    def exporter_id(metadata: bytes) -> Optional[int]:
+        """The worker_id of the worker that exported metadata (bytes from
+        export_metadata, in any process), or None for bytes that are not
+        well-formed metadata (importing them says why). Read without
+        importing anything: what a P/D decode checks a prefill's answer
+        against (the worker it asked for) before it connects."""
+        wid = ctypes.c_uint64()
+        try:
+            lib.kvbm_metadata_worker_id(metadata, len(metadata), byref(wid))
+        except InvalidArgumentError:
+            return None
+        return wid.value
+
     def _metadata(self, source: "Union[bytes, Worker]") -> Tuple[Any, int]:
         if isinstance(source, Worker):
             self._remotes.append(source)  # the exporter must outlive our use
@@ -389,7 +393,7 @@ class Worker(Handle):
         """Keeps the G1 memory of md's exporter (a live Worker of this process)
         alive while this worker lives, even past the exporter's close(): a
         transfer of ours may still read or write it."""
-        wid = _exporter_id(md)
+        wid = Worker.exporter_id(md)
         exporter = _workers.get(wid) if wid is not None else None
         if exporter is not None and exporter is not self and not exporter.closed:
             g1 = exporter._g1

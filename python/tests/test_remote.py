@@ -158,11 +158,11 @@ def test_closing_an_exporter_during_a_pull():
 def test_exporter_id_read_through_the_library():
     """Whose metadata bytes are is asked of the library (kvbm_metadata_worker_id),
     not parsed by hand: a forged or truncated header names no worker."""
-    from kvbmgo._worker import _exporter_id
+    exporter_id = Worker.exporter_id
     a, _ = make_worker()
     with a:
         md = a.export_metadata()
-        assert _exporter_id(md) == a.worker_id
-        assert _exporter_id(md[:16]) is None  # a header alone: not metadata
-        assert _exporter_id(b"") is None
-        assert _exporter_id(b"junk" * 8) is None
+        assert exporter_id(md) == a.worker_id
+        assert exporter_id(md[:16]) is None  # a header alone: not metadata
+        assert exporter_id(b"") is None
+        assert exporter_id(b"junk" * 8) is None

@@ -160,7 +160,7 @@ def test_block_scoped_export_refuses_bad_scopes():
     with Worker(new_worker_id()) as w:
         w.allocate_g2(CFG)
         md = w.export_metadata(blocks={Tier.G2: np.array([1, 2], dtype=np.uint32)})
-        assert kvbmgo._worker._exporter_id(md) == w.worker_id
+        assert kvbmgo.Worker.exporter_id(md) == w.worker_id
         with pytest.raises(kvbmgo.errors.InvalidArgumentError):
             w.export_metadata(blocks={})
         with pytest.raises(kvbmgo.errors.InvalidArgumentError):

@@ -51,7 +51,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import secrets
 import threading
 import uuid
 from typing import Any, List, Optional, Tuple, Union
@@ -64,12 +63,12 @@ from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.environ import envs
 from sglang.srt.utils.network import NetworkAddress
 
+from .. import _control
 from .._info import backend
 from .._memory import Buffer
 from .._worker import Worker
 from ..errors import KvbmError
 from . import pd_wire as wire
-from .pd_auth import Auth, load_key, warn_if_exposed
 from .pd_decode import DecodeSide, KvbmKVReceiver
 from .pd_prefill import KvbmKVSender, PrefillSide
 from .pd_wire import KvbmKVBootstrapServer, kv_groups
@@ -80,11 +79,6 @@ __all__ = ["KvbmKVManager", "KvbmKVSender", "KvbmKVReceiver", "KvbmKVBootstrapSe
 logger = logging.getLogger(__name__)
 
 _worker_ids = itertools.count(1)
-
-# The largest control message a manager reads (a frame over it is refused
-# by libzmq as it arrives, never read whole): page indices of a request of
-# 16M pages, with room for the metadata of many workers.
-CONTROL_MAX = 64 << 20
 
 
 def _next_worker_id() -> int:
@@ -109,7 +103,7 @@ class KvbmKVManager(CommonKVManager):
 
     @_zmq_ctx.setter
     def _zmq_ctx(self, ctx: Any) -> None:
-        ctx.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX)
+        _control.cap_frames(ctx, wire.CONTROL_MAX)
         self.__dict__["_zmq_ctx"] = ctx
 
     def __init__(self, args: KVArgs, disaggregation_mode: DisaggregationMode,
@@ -120,11 +114,11 @@ class KvbmKVManager(CommonKVManager):
         self.workers: List[Worker] = []
         # The deployment key (KVBM_AUTH_KEY / KVBM_AUTH_KEY_FILE), read before
         # any socket is made: a bad one refuses the manager.
-        self.auth = Auth(load_key(), self.token,
-                         "prefill" if disaggregation_mode == DisaggregationMode.PREFILL
-                         else "decode")
+        self.auth = wire.Auth(_control.load_key(wire.LABEL), self.token,
+                              "prefill" if disaggregation_mode == DisaggregationMode.PREFILL
+                              else "decode")
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
-        warn_if_exposed(str(self.local_ip), self.auth.key)
+        _control.warn_if_exposed(str(self.local_ip), self.auth.key, wire.LABEL)
         if self.defer_decode_allocation:
             self.server_socket.close(linger=0)
             raise ValueError("kvbm transfer backend: --disaggregation-decode-allocation-policy "
@@ -187,7 +181,7 @@ class KvbmKVManager(CommonKVManager):
                     len(self.aux))
 
     def _message_loop(self, handle: Any) -> None:
-        """Hands every message received, authenticated (pd_auth), to
+        """Hands every message received, authenticated (wire.Auth), to
         handle(frames, sender token or None) until the socket closes."""
         while True:
             msg = self._recv()
@@ -306,7 +300,7 @@ class KvbmKVManager(CommonKVManager):
     def build_receiver_registration_message(self) -> List[bytes]:
         # A fresh nonce per registration: the decode takes a KVBM_META only
         # as the answer to one it sent.
-        nonce = secrets.token_hex(16)
+        nonce = _control.new_token()
         self.side.expect_layouts(nonce)
         return wire.registration(self.local_ip, self.rank_port, self.token, self.signature,
                                  nonce)

@@ -167,9 +167,7 @@ class DecodeSide:
     def _on_layouts(self, msg: List[bytes], sender: Optional[str]) -> None:
         mgr = self.mgr
         token, sig, endpoint, nonce, mds = wire.parse_layouts(msg)
-        if sender is not None and sender != token:
-            mgr.auth.refuse(msg, "not its sender", f"it names prefill {token[:8]}, its "
-                            f"authentication {sender[:8]}", f"token {sender[:8]}")
+        if not mgr.auth.from_sender(msg, sender, token, "prefill"):
             return
         with self._nonces_lock:
             expected = nonce in self._nonces
@@ -204,9 +202,7 @@ class DecodeSide:
 
     def _on_pull(self, msg: List[bytes], sender: Optional[str]) -> None:
         room, token, start, src, last, aux_rows = wire.parse_pull(msg)
-        if sender is not None and sender != token:
-            self.mgr.auth.refuse(msg, "not its sender", f"it names prefill {token[:8]}, its "
-                                 f"authentication {sender[:8]}", f"token {sender[:8]}")
+        if not self.mgr.auth.from_sender(msg, sender, token, "prefill"):
             return
         r = self.rooms.get(room)
         if r is None:

@@ -48,9 +48,7 @@ class PrefillSide:
         tag = msg[0]
         if tag == wire.TAG_REG:
             ip, port, peer, sig, nonce = wire.parse_registration(msg)
-            if sender is not None and sender != peer:
-                self._refuse(msg, "not its sender", f"it names decode {peer[:8]}, its "
-                             f"authentication {sender[:8]}", f"{ip}:{port}")
+            if not mgr.auth.from_sender(msg, sender, peer, "decode", f"{ip}:{port}"):
                 return
             known = mgr.decode_kv_args_table.get(peer)
             if known is not None and (known["endpoint"], known["port"]) != (ip, port):
@@ -72,9 +70,7 @@ class PrefillSide:
             info = wire.TransferInfo.parse(msg)
             room = info.room
             where = f"{info.endpoint}:{info.dst_port}"
-            if sender is not None and sender != info.peer:
-                self._refuse(msg, "not its sender", f"it names decode {info.peer[:8]}, its "
-                             f"authentication {sender[:8]}", where)
+            if not mgr.auth.from_sender(msg, sender, info.peer, "decode", where):
                 return
             reg = mgr.decode_kv_args_table.get(info.peer)
             if reg is None or (reg["endpoint"], reg["port"]) != (info.endpoint, info.dst_port):
@@ -95,9 +91,7 @@ class PrefillSide:
                 mgr.update_status(room, KVPoll.WaitingForInput)
         elif tag == wire.TAG_DONE:
             room, peer, status, reason = wire.parse_done(msg)
-            if sender is not None and sender != peer:
-                self._refuse(msg, "not its sender", f"it names decode {peer[:8]}, its "
-                             f"authentication {sender[:8]}", f"token {sender[:8]}")
+            if not mgr.auth.from_sender(msg, sender, peer, "decode"):
                 return
             if room not in mgr.request_status:
                 return

@@ -3,7 +3,8 @@ layout both must agree on, the control messages, and the bootstrap server.
 
 Control messages (ZMQ multipart, on the managers' own sockets; ASCII
 integers, nothing unpickled; with KVBM_AUTH_KEY set, each followed by the
-authentication frames of ``pd_auth``)::
+authentication frames of ``kvbmgo._control``, under this channel's domain:
+``Auth``)::
 
     decode -> prefill  KVBM_REG   once per prefill rank: who the decode is
     prefill -> decode  KVBM_META  reply: the prefill workers' kvbm metadata
@@ -12,7 +13,8 @@ authentication frames of ``pd_auth``)::
     decode -> prefill  KVBM_DONE  the decode owns the KV (or gave up): release
     prefill -> decode  KVBM_STATUS  the prefill failed the request (reason)
 
-(KVBM_STATUS is SGLang's status message under kvbm's tag.)
+(KVBM_STATUS is SGLang's status message under kvbm's tag.) A frame over
+CONTROL_MAX is refused as it arrives, never read whole.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import numpy as np
 
 from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
 
+from .. import _control
 from .._layout import LayoutConfig
 
 __all__ = ["KVGroup", "kv_groups", "signature", "TransferInfo", "KvbmKVBootstrapServer",
-           "TAG_REG", "TAG_META", "TAG_ROOM", "TAG_PULL", "TAG_DONE", "TAG_STATUS"]
+           "TAG_REG", "TAG_META", "TAG_ROOM", "TAG_PULL", "TAG_DONE", "TAG_STATUS",
+           "CONTROL_MAX", "AUTH_DOMAIN", "LABEL", "Auth"]
 
 TAG_REG = b"KVBM_REG"
 TAG_META = b"KVBM_META"
@@ -37,6 +41,17 @@ TAG_ROOM = b"KVBM_ROOM"
 TAG_PULL = b"KVBM_PULL"
 TAG_DONE = b"KVBM_DONE"
 TAG_STATUS = b"KVBM_STATUS"
+
+# The largest control message a manager reads (_control.cap_frames): page
+# indices of a request of 16M pages, with room for the metadata of many
+# workers.
+CONTROL_MAX = 64 << 20
+
+#: The domain of this channel's MACs (_control.mac): a message signed for
+#: another channel never verifies here.
+AUTH_DOMAIN = b"kvbm sglang pd v1\0"
+#: What the backend's log lines and errors start with.
+LABEL = "kvbm transfer backend"
 
 
 def _a(x: Any) -> bytes:
@@ -163,6 +178,31 @@ def parse_pull(msg: List[bytes]) -> Tuple[int, str, int, np.ndarray, bool, List[
     """(room, prefill token, start, source pages, last, aux rows) of a KVBM_PULL."""
     return (int(msg[1]), msg[2].decode(), int(msg[4]), np.frombuffer(msg[5], dtype=np.int32),
             msg[6] == b"1", list(msg[7:]))
+
+
+# ---- authentication (KVBM_AUTH_KEY)
+
+class Auth(_control.Auth):
+    """A manager's signing and checking of control messages
+    (kvbmgo._control.Auth) under this channel's domain."""
+
+    def __init__(self, key: Optional[bytes], token: str, side: str) -> None:
+        super().__init__(key, token, side, domain=AUTH_DOMAIN, label=LABEL)
+
+    def claimed_peer(self, msg: Sequence[bytes]) -> str:
+        """Who a message says it is from (unchecked), for the logs."""
+        try:
+            tag = bytes(msg[0])
+            if tag == TAG_REG:
+                return f"{bytes(msg[1]).decode('ascii')}:{int(msg[2])} (claimed)"
+            if tag == TAG_ROOM:
+                return f"{bytes(msg[2]).decode('ascii')}:{int(msg[3])} (claimed)"
+            if tag in (TAG_DONE, TAG_PULL, TAG_META):
+                name = bytes(msg[1] if tag == TAG_META else msg[2]).decode("ascii")
+                return f"token {name[:8]} (claimed)"
+        except (IndexError, ValueError, UnicodeDecodeError):
+            pass
+        return super().claimed_peer(msg)
 
 
 # ---- the bootstrap server

@@ -1,6 +1,6 @@
 """kvbmgo.vllm: the vLLM (0.32, 0.33; SUPPORTED_VLLM) KV connector over kvbm's prefix cache, and
 disaggregated prefill->decode (kv_role kv_producer / kv_consumer / kv_both,
-NixlConnector's kv_transfer_params; see disagg.py).
+NixlConnector's kv_transfer_params; see pd_wire.py, pd_prefill.py and pd_decode.py).
 
 vLLM loads it with::
 

@@ -115,9 +115,9 @@ class KvbmConfig:
 
 
 def _allow_hosts(v: Any) -> Tuple[str, ...]:
-    """pd_allow_hosts, checked: each entry an address, a CIDR or a host name."""
-    import ipaddress
-    import re
+    """pd_allow_hosts, checked: each entry an address, a CIDR or a host name
+    (_control.allow_entry)."""
+    from .._control import allow_entry
     items = v.split(",") if isinstance(v, str) else v
     if not isinstance(items, (list, tuple)):
         raise ValueError(f"kv_connector_extra_config['pd_allow_hosts']: expected a list of "
@@ -128,12 +128,9 @@ def _allow_hosts(v: Any) -> Tuple[str, ...]:
         if not h:
             raise ValueError(f"kv_connector_extra_config['pd_allow_hosts']: {item!r} is not "
                              f"a host, an address or a CIDR")
-        try:
-            ipaddress.ip_network(h, strict=False)
-        except ValueError:
-            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", h):
-                raise ValueError(f"kv_connector_extra_config['pd_allow_hosts']: {h!r} is not "
-                                 f"a host, an address or a CIDR") from None
+        if not allow_entry(h):
+            raise ValueError(f"kv_connector_extra_config['pd_allow_hosts']: {h!r} is not "
+                             f"a host, an address or a CIDR")
         out.append(h)
     return tuple(out)
 

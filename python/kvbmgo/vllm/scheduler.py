@@ -15,7 +15,6 @@ meanwhile fails its load and is reported (and recomputed or failed, by
 from __future__ import annotations
 
 import logging
-import secrets
 from itertools import islice
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.request import RequestStatus
 
+from .._control import new_token
 from .config import KvbmConfig
 from .stats import KvbmConnectorStats
 from .metadata import (SYNC_FAILURE_STEPS, BlockLoad, BlockStore, KvbmConnectorMetadata,
@@ -308,7 +308,7 @@ class KvbmScheduler:
         if self.producer and params.get("do_remote_decode") and block_ids \
                 and request.status in (RequestStatus.FINISHED_LENGTH_CAPPED,
                                        RequestStatus.FINISHED_STOPPED):
-            token = secrets.token_hex(16)  # the decode's proof (disagg.py)
+            token = new_token()  # the decode's proof (pd_prefill.py)
             self._sends.append(RemoteSend(req_id, list(block_ids), token))
             out = dict(do_remote_prefill=True, do_remote_decode=False,
                        remote_block_ids=list(block_ids), remote_engine_id=self.engine_id,

@@ -579,7 +579,7 @@ class Attacker:
     def __init__(self, key=None):
         import uuid
         import zmq
-        from kvbmgo.sglang.pd_auth import Auth
+        from kvbmgo.sglang.pd_wire import Auth
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
         self.port = self.inbox.bind_to_random_port("tcp://127.0.0.1")
@@ -664,7 +664,7 @@ def test_auth_key_genuine_handoff_every_byte(pair, monkeypatch):
 def test_auth_key_file(pair, monkeypatch, tmp_path):
     """The key from KVBM_AUTH_KEY_FILE works as KVBM_AUTH_KEY; a short key
     or both variables refuse the manager."""
-    from kvbmgo.sglang.pd_auth import load_key
+    from kvbmgo._control import load_key
     f = tmp_path / "key"
     f.write_text(KEY + "\n")
     f.chmod(0o600)
@@ -696,7 +696,7 @@ def test_forged_frames_without_the_key_change_nothing(pair, monkeypatch, caplog,
     try:
         src, dst = [3, 7, 1], [10, 2, 5]
         sender, recv = started(p, 2200, dst, 6)
-        with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.pd_auth"):
+        with caplog.at_level(logging.WARNING, logger="kvbmgo._control"):
             for _ in range(2):  # twice: logged once
                 for port, frames in forged(p, a, 2200):
                     a.push(port, frames)
@@ -806,10 +806,10 @@ def test_key_on_one_side_only_is_refused_with_a_clear_line(pair, monkeypatch, ca
     monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2")
     p = pair()  # no key in the decode: made first, under the prefill's key below
     pm_auth = p.pm.auth
-    from kvbmgo.sglang.pd_auth import Auth
+    from kvbmgo.sglang.pd_wire import Auth
     p.pm.auth = Auth(KEY.encode(), p.pm.token, "prefill")
     del pm_auth
-    with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.pd_auth"):
+    with caplog.at_level(logging.WARNING, logger="kvbmgo._control"):
         sender = p.sender(2500)
         recv = p.receiver(2500)
         recv.send_metadata(np.array([1, 2], np.int32), 0, [], decode_prefix_len=0)
@@ -825,21 +825,23 @@ def test_key_on_one_side_only_is_refused_with_a_clear_line(pair, monkeypatch, ca
 def test_auth_replay_stale_and_tamper():
     """A frame seen before, one stamped outside the window, one altered:
     refused; a fresh one taken, its sender named."""
-    from kvbmgo.sglang import pd_auth
-    a = pd_auth.Auth(KEY.encode(), "sender", "prefill")
-    b = pd_auth.Auth(KEY.encode(), "me", "decode")
+    from kvbmgo import _control
+    from kvbmgo.sglang import pd_wire as wire
+    a = wire.Auth(KEY.encode(), "sender", "prefill")
+    b = wire.Auth(KEY.encode(), "me", "decode")
     msg = a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""])
     assert b.open(list(msg)) == (msg[:-3], "sender")
     assert b.open(list(msg)) is None and b.refused == {"replay": 1}
     bad = list(a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""]))
     bad[1] = b"2"
     assert b.open(bad) is None and b.refused["bad mac"] == 1
-    old = time.time_ns() - int(2 * pd_auth.WINDOW_S * 1e9)
+    old = time.time_ns() - int(2 * _control.WINDOW_S * 1e9)
     stamp = f"sender:{old}:00".encode()
     frames = [b"KVBM_DONE", b"1"]
-    stale = frames + [pd_auth.AUTH_TAG, stamp, pd_auth._mac(KEY.encode(), frames, stamp)]
+    stale = frames + [_control.AUTH_TAG, stamp,
+                      _control.mac(KEY.encode(), wire.AUTH_DOMAIN, frames, stamp)]
     assert b.open(stale) is None and b.refused["stale"] == 1
-    assert pd_auth.Auth(None, "x", "decode").open(a.sign(frames)) is None
+    assert wire.Auth(None, "x", "decode").open(a.sign(frames)) is None
 
 
 def test_no_key_on_a_non_loopback_address_warns_once(server_args, monkeypatch, caplog):
@@ -847,11 +849,11 @@ def test_no_key_on_a_non_loopback_address_warns_once(server_args, monkeypatch, c
     non-loopback address logs one warning naming KVBM_AUTH_KEY (once per
     process); with a key, or on loopback, none."""
     import logging
-    from kvbmgo.sglang import pd_auth
-    monkeypatch.setattr(pd_auth, "_warned_exposed", False)
-    with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.pd_auth"):
-        assert not pd_auth.warn_if_exposed("127.0.0.1", None)
-        assert not pd_auth.warn_if_exposed("10.1.2.3", b"k" * 16)
+    from kvbmgo import _control
+    monkeypatch.setattr(_control, "_warned_exposed", False)
+    with caplog.at_level(logging.WARNING, logger="kvbmgo._control"):
+        assert not _control.warn_if_exposed("127.0.0.1", None)
+        assert not _control.warn_if_exposed("10.1.2.3", b"k" * 16)
         monkeypatch.setenv("SGLANG_HOST_IP", "0.0.0.0")
         sides = [Side(4), Side(4)]  # alive while their managers are
         made = [h.manager(x, "decode", server_args) for x in sides]
@@ -865,13 +867,12 @@ def test_no_key_on_a_non_loopback_address_warns_once(server_args, monkeypatch, c
 
 
 def test_an_oversized_control_frame_is_refused_unread(pair, monkeypatch):
-    """A control message over the cap (pd.CONTROL_MAX) is dropped by libzmq
+    """A control message over the cap (pd_wire.CONTROL_MAX) is dropped by libzmq
     as it arrives: the prefill's handler never sees it, and a small forged
     one sent after it is refused as usual."""
     import zmq
-    from kvbmgo.sglang import pd as pd_mod
     from kvbmgo.sglang import pd_wire as wire
-    monkeypatch.setattr(pd_mod, "CONTROL_MAX", 1 << 20)
+    monkeypatch.setattr(wire, "CONTROL_MAX", 1 << 20)
     p = pair()
     pm = p.pm
     assert pm.server_socket.getsockopt(zmq.MAXMSGSIZE) == 1 << 20

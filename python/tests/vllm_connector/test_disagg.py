@@ -356,7 +356,7 @@ def test_the_prefill_keeps_blocks_while_any_pull_is_leased():
     engine's as an unknown one."""
     import json
     import zmq
-    from kvbmgo.vllm.disagg import PrefillServer
+    from kvbmgo.vllm.pd_prefill import PrefillServer
     port = free_port()
     srv = PrefillServer(b"metadata", "E", "127.0.0.1", port, hold_s=60)
     ctx = zmq.Context()

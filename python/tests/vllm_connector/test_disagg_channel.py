@@ -1,4 +1,4 @@
-"""The vLLM P/D side channel's thread (disagg.PrefillServer): it answers
+"""The vLLM P/D side channel's thread (pd_prefill.PrefillServer): it answers
 whatever a message does to it, says when it was kept from running, and a
 decode's failed ask says whether the channel was silent or had answered
 "not held yet"."""
@@ -58,7 +58,7 @@ def test_an_error_in_the_channel_thread_drops_the_message_not_the_channel(pd, zc
             raise RuntimeError("a bug in the answer")
         return answer(h)
     monkeypatch.setattr(srv, "_answer", broken)
-    with caplog.at_level(logging.WARNING, logger="kvbmgo.vllm.disagg"):
+    with caplog.at_level(logging.WARNING, logger="kvbmgo.vllm.pd_prefill"):
         assert ask(zctx, port_of(p), {"op": "pull", "req": "R"}, timeout_ms=500) is None
         assert srv._thread.is_alive()
         pulls_byte_for_byte(p, d, params, want)
@@ -73,7 +73,7 @@ def test_a_channel_kept_from_running_says_so(pd, zctx, caplog):
     held_R(p)
     srv = server(p)
     got = []
-    with caplog.at_level(logging.WARNING, logger="kvbmgo.vllm.disagg"):
+    with caplog.at_level(logging.WARNING, logger="kvbmgo.vllm.pd_prefill"):
         with srv._lock:
             t = threading.Thread(target=lambda: got.append(
                 ask(zctx, port_of(p), {"op": "pull", "req": "R"}, timeout_ms=5000)))

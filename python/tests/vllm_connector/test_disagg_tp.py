@@ -145,10 +145,10 @@ def test_a_pair_that_cannot_be_mapped_is_refused(tmp_path, caplog):
     try:
         params, _ = prefill(pe)
         de.add("R-decode", PROMPT, max_tokens=2, kv_transfer_params=params)
-        with caplog.at_level(logging.ERROR, logger="kvbmgo.vllm.disagg"):
+        with caplog.at_level(logging.ERROR, logger="kvbmgo.vllm.pd_decode"):
             run_both(pe, de)
         assert de.finished["R-decode"].finish_reason.name == "ERROR"
-        msgs = [r.getMessage() for r in caplog.records if r.name == "kvbmgo.vllm.disagg"]
+        msgs = [r.getMessage() for r in caplog.records if r.name == "kvbmgo.vllm.pd_decode"]
         assert any("tensor-parallel size 2, this decode 3" in m and "divides" in m
                    for m in msgs), msgs
         for r in range(de.tp):
@@ -285,7 +285,7 @@ def test_a_prefill_rank_read_by_k_decode_ranks_lets_go_after_all_k():
     lets go at once; the pull's answer carries the rank's KV description."""
     import json
     import zmq
-    from kvbmgo.vllm.disagg import PrefillServer
+    from kvbmgo.vllm.pd_prefill import PrefillServer
     port = free_port()
     kv = {"tp_size": 1, "tp_rank": 0, "heads": 2}
     srv = PrefillServer(b"metadata", "E", "127.0.0.1", port, 60.0, kv)

@@ -327,7 +327,7 @@ def test_metadata_of_another_worker_is_refused(pd, zctx):
 def test_a_forged_reply_for_the_genuine_worker_does_not_re_point_a_pull_in_flight():
     """Two metadata blobs claim one worker id: the second waits while a pull
     uses the first, so a transfer always runs against the metadata it got."""
-    from kvbmgo.vllm.disagg import _Connections
+    from kvbmgo.vllm.pd_connections import Connections as _Connections
 
     class FakeWorker:
         def __init__(self):
@@ -359,7 +359,7 @@ def test_a_forged_reply_for_the_genuine_worker_does_not_re_point_a_pull_in_fligh
     # and it gives up at its deadline when the genuine one stays in use
     conns.release(got["c"], False)
     g2 = conns.acquire(7, b"genuine", time.monotonic() + 5, stop)
-    from kvbmgo.vllm.disagg import _Unanswered
+    from kvbmgo.vllm.pd_wire import Unanswered as _Unanswered
     with pytest.raises(_Unanswered):
         conns.acquire(7, b"forged", time.monotonic() + 0.2, stop)
     conns.release(g2, False)
