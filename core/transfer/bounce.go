@@ -118,7 +118,8 @@ func (m *Manager) callerBounce(p *plan, b *Bounce) (*entry, []int, error) {
 }
 
 // twoHop moves a plan through a bounce buffer, as many blocks at a time as
-// the buffer holds: source → bounce, then bounce → destination.
+// the buffer holds: source → bounce, then bounce → destination. The bounce
+// is shaped as the source, so a head slice is taken on the second hop.
 func (m *Manager) twoHop(p *plan, opts Options) error {
 	b, ids, release, err := m.bounceFor(p)
 	if err != nil {
@@ -140,7 +141,7 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
 		}
 		hop1Opts.Precondition = 0
-		hop2 := subPlan(b, p.dst, staged, p.dstIDs[lo:hi], p.layers)
+		hop2 := subPlanHeads(b, p.dst, staged, p.dstIDs[lo:hi], p.layers, p.heads)
 		hop2.ctx = p.ctx
 		if err := m.runHop(hop2, Options{}); err != nil {
 			failed.addPlanRange(lo, hi, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/cuda"
 )
 
@@ -34,6 +35,12 @@ type Options struct {
 	// connected.
 	// Each operation also has the manager's RemoteDeadline.
 	Deadline time.Duration
+	// Heads, when set, moves a slice of each fragment's KV heads instead
+	// of whole fragments (heterogeneous tensor parallelism: the two
+	// layouts' fragments hold different numbers of heads of one size).
+	// Between memory layouts only (host, device, a peer's): disk blocks
+	// are checksummed whole.
+	Heads *layout.HeadSlice
 }
 
 // Bounce names blocks of a registered pinned layout used as staging space.

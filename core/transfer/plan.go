@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
 )
 
 // copyOp is one contiguous copy between two layouts' address spaces.
@@ -19,7 +22,9 @@ type plan struct {
 	src, dst       *entry
 	srcIDs, dstIDs []int
 	layers         LayerRange
-	ops            []copyOp
+	// heads, when set, moves a slice of each fragment's heads.
+	heads *layout.HeadSlice
+	ops   []copyOp
 	// blockOps[i] is the index in ops of block i's first copy; block i's
 	// copies are ops[blockOps[i]:blockOps[i+1]].
 	blockOps []int
@@ -61,7 +66,15 @@ func (m *Manager) prepareInto(p *plan, src, dst LayoutHandle, srcIDs, dstIDs []i
 		return fmt.Errorf("%w: %d source block ids but %d destination block ids", ErrInvalidArgument, len(srcIDs), len(dstIDs))
 	}
 	sc, dc := se.layout.Config(), de.layout.Config()
-	if err := sc.Compatible(dc); err != nil {
+	if opts.Heads != nil {
+		if err := opts.Heads.Check(sc, dc); err != nil {
+			return fmt.Errorf("%w: %v -> %v: %w", ErrInvalidArgument, src, dst, err)
+		}
+		if se.kind == storage.Disk || de.kind == storage.Disk {
+			return fmt.Errorf("%w: %v -> %v: a head slice moves between memory layouts only (a disk block's checksum covers all its heads)",
+				ErrUnsupported, src, dst)
+		}
+	} else if err := sc.Compatible(dc); err != nil {
 		return fmt.Errorf("%w: %v -> %v: %w", ErrInvalidArgument, src, dst, err)
 	}
 	layers, err := opts.Layers.resolve(sc.NumLayers)
@@ -88,6 +101,7 @@ func (m *Manager) prepareInto(p *plan, src, dst LayoutHandle, srcIDs, dstIDs []i
 	// Field by field: p is new and zero, and a struct copy would pay the
 	// garbage collector's bulk write barrier.
 	p.src, p.dst, p.srcIDs, p.dstIDs, p.layers, p.ctx = se, de, srcIDs, dstIDs, layers, context.Background()
+	p.heads = opts.Heads
 	p.build()
 	return nil
 }
@@ -123,10 +137,15 @@ const smallIDs = 32
 
 // build lists the copies: whole blocks when both layouts are fully
 // contiguous and every layer moves, otherwise one copy per (block, layer,
-// outer) fragment, merged where both sides are adjacent.
+// outer) fragment (or per piece of a head slice), merged where both sides
+// are adjacent.
 func (p *plan) build() {
 	sl, dl := p.src.layout, p.dst.layout
 	cfg := sl.Config()
+	if p.heads != nil {
+		p.buildHeads()
+		return
+	}
 	whole := sl.IsBlockContiguous() && dl.IsBlockContiguous() && p.layers.Start == 0 && p.layers.End == cfg.NumLayers
 	perBlock := 1
 	if !whole {
@@ -155,18 +174,48 @@ func (p *plan) build() {
 			for outer := 0; outer < cfg.OuterDim; outer++ {
 				s := sl.Fragment(p.srcIDs[i], layer, outer)
 				d := dl.Fragment(p.dstIDs[i], layer, outer)
-				if n := len(p.ops); n > first {
-					last := &p.ops[n-1]
-					if last.src+last.size == s.Addr && last.dst+last.size == d.Addr {
-						last.size += s.Size
-						continue
-					}
-				}
-				p.ops = append(p.ops, copyOp{src: s.Addr, dst: d.Addr, size: s.Size})
+				p.ops = appendMerged(p.ops, first, copyOp{src: s.Addr, dst: d.Addr, size: s.Size})
 			}
 		}
 	}
 	p.blockOps[len(p.srcIDs)] = len(p.ops)
+}
+
+// buildHeads is build for a head slice: the slice's pieces of every
+// (block, layer, outer) fragment.
+func (p *plan) buildHeads() {
+	sl, dl := p.src.layout, p.dst.layout
+	sc, dc := sl.Config(), dl.Config()
+	var pieces []copyOp // of one fragment, relative to its start on each side
+	p.heads.Pieces(sc, dc, func(so, do, size uint64) { pieces = append(pieces, copyOp{src: so, dst: do, size: size}) })
+	p.ops = make([]copyOp, 0, len(p.srcIDs)*(p.layers.End-p.layers.Start)*sc.OuterDim*len(pieces))
+	p.blockOps = make([]int, len(p.srcIDs)+1)
+	for i := range p.srcIDs {
+		p.blockOps[i] = len(p.ops)
+		first := len(p.ops)
+		for layer := p.layers.Start; layer < p.layers.End; layer++ {
+			for outer := 0; outer < sc.OuterDim; outer++ {
+				s := sl.Fragment(p.srcIDs[i], layer, outer)
+				d := dl.Fragment(p.dstIDs[i], layer, outer)
+				for _, pc := range pieces {
+					p.ops = appendMerged(p.ops, first, copyOp{src: s.Addr + pc.src, dst: d.Addr + pc.dst, size: pc.size})
+				}
+			}
+		}
+	}
+	p.blockOps[len(p.srcIDs)] = len(p.ops)
+}
+
+// appendMerged appends op to ops, merged into the last copy when both
+// sides continue it and that copy is one of this block's (from first on).
+func appendMerged(ops []copyOp, first int, op copyOp) []copyOp {
+	if n := len(ops); n > first {
+		if last := &ops[n-1]; last.src+last.size == op.src && last.dst+last.size == op.dst {
+			last.size += op.size
+			return ops
+		}
+	}
+	return append(ops, op)
 }
 
 // blockCopies returns block i's copies.
@@ -202,7 +251,12 @@ func (p *plan) result(err error) error {
 // subPlan plans one hop of a two-hop transfer, between entries the caller
 // has already validated.
 func subPlan(src, dst *entry, srcIDs, dstIDs []int, layers LayerRange) *plan {
-	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers, ctx: context.Background()}
+	return subPlanHeads(src, dst, srcIDs, dstIDs, layers, nil)
+}
+
+// subPlanHeads is subPlan moving a head slice (nil: whole fragments).
+func subPlanHeads(src, dst *entry, srcIDs, dstIDs []int, layers LayerRange, heads *layout.HeadSlice) *plan {
+	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers, heads: heads, ctx: context.Background()}
 	p.build()
 	return p
 }
