@@ -64,9 +64,14 @@ func layoutConfig(what string, c *C.kvbm_layout_config_t) (layout.Config, transf
 	return cfg, shape, statusOK
 }
 
-// transferOptionsV1Size is kvbm_transfer_options_t before deadline_ms:
-// callers built against it keep working.
-var transferOptionsV1Size = C.size_t(unsafe.Offsetof(C.kvbm_transfer_options_t{}.deadline_ms))
+// The sizes of kvbm_transfer_options_t's versions, so that callers built
+// against an older one keep working: V1 before deadline_ms, V2 through
+// it, and the head slice's fields read only when all seven are covered.
+var (
+	transferOptionsV1Size = C.size_t(unsafe.Offsetof(C.kvbm_transfer_options_t{}.deadline_ms))
+	transferOptionsV2Size = transferOptionsV1Size + C.size_t(unsafe.Sizeof(C.uint32_t(0)))
+	transferOptionsV3Size = C.size_t(unsafe.Offsetof(C.kvbm_transfer_options_t{}.dst_head_order) + unsafe.Sizeof(C.uint32_t(0)))
+)
 
 // transferOptions reads a kvbm_transfer_options_t (NULL: defaults).
 func transferOptions(what string, o *C.kvbm_transfer_options_t) (transfer.Options, C.kvbm_status_t) {
@@ -78,8 +83,21 @@ func transferOptions(what string, o *C.kvbm_transfer_options_t) (transfer.Option
 		return opts, fail(errInvalidArgument, "%s: options struct_size %d is less than %d (use KVBM_TRANSFER_OPTIONS_INIT)",
 			what, o.struct_size, transferOptionsV1Size)
 	}
-	if o.struct_size >= C.sizeof_kvbm_transfer_options_t {
+	if o.struct_size >= transferOptionsV2Size {
 		opts.Deadline = time.Duration(o.deadline_ms) * time.Millisecond
+	}
+	if o.struct_size >= transferOptionsV3Size && o.head_count > 0 {
+		for _, order := range []C.uint32_t{o.src_head_order, o.dst_head_order} {
+			if order != C.KVBM_HEADS_OUTER && order != C.KVBM_TOKENS_OUTER {
+				return opts, fail(errInvalidArgument, "%s: head order %d is neither KVBM_HEADS_OUTER (1) nor KVBM_TOKENS_OUTER (2)",
+					what, order)
+			}
+		}
+		opts.Heads = &layout.HeadSlice{
+			Src:      layout.Heads{Total: int(o.src_heads), Order: layout.HeadOrder(o.src_head_order)},
+			Dst:      layout.Heads{Total: int(o.dst_heads), Order: layout.HeadOrder(o.dst_head_order)},
+			SrcFirst: int(o.src_head_first), DstFirst: int(o.dst_head_first), Count: int(o.head_count),
+		}
 	}
 	if o.layer_start != 0 || o.layer_end != 0 {
 		opts.Layers = transfer.Layers(int(o.layer_start), int(o.layer_end))

@@ -390,10 +390,36 @@ typedef struct kvbm_transfer_options {
      * ms; 0: none beyond the worker's remote_deadline_ms per operation.
      * When it passes, those not complete stop and their blocks fail with
      * KVBM_ERR_DEADLINE_EXCEEDED (otherwise as kvbm_notification_cancel,
-     * whose blocks fail with KVBM_ERR_CANCELED); the peer stays connected. Read when struct_size covers it. */
+     * whose blocks fail with KVBM_ERR_CANCELED); the peer stays
+     * connected. Read when struct_size covers it. */
     uint32_t deadline_ms;
+    /* A slice of KV heads, for tensor-parallel sizes that differ: with
+     * head_count > 0, heads [src_head_first, src_head_first + head_count)
+     * of every source fragment fill heads [dst_head_first, dst_head_first
+     * + head_count) of the destination's, every token; the destination's
+     * other heads are not written. A fragment (page_size tokens of one
+     * layer and outer index) holds src_heads (dst_heads) heads, in
+     * src_head_order (dst_head_order): a kvbm_head_order_t. The layouts
+     * must agree in layers, outer_dim, page_size and the bytes of one head
+     * (a fragment's bytes / (page_size * heads)); memory tiers and peers'
+     * memory only (KVBM_ERR_UNSUPPORTED with a disk: its checksum covers
+     * the whole block). head_count 0: whole fragments. Read when
+     * struct_size covers all seven fields. */
+    uint32_t head_count;
+    uint32_t src_heads;
+    uint32_t src_head_first;
+    uint32_t src_head_order;
+    uint32_t dst_heads;
+    uint32_t dst_head_first;
+    uint32_t dst_head_order;
 } kvbm_transfer_options_t;
-#define KVBM_TRANSFER_OPTIONS_INIT {sizeof(kvbm_transfer_options_t), 0, 0, NULL, NULL, 0}
+#define KVBM_TRANSFER_OPTIONS_INIT {sizeof(kvbm_transfer_options_t), 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* How a fragment orders its page's tokens and KV heads. */
+typedef enum kvbm_head_order {
+    KVBM_HEADS_OUTER = 1,  /* [head][token][bytes]: vLLM's HND */
+    KVBM_TOKENS_OUTER = 2  /* [token][head][bytes]: vLLM's NHD */
+} kvbm_head_order_t;
 
 /* Copies blocks src_ids of tier src into blocks dst_ids of tier dst (both
  * arrays num_blocks long). The request is validated before any byte moves;

@@ -80,23 +80,26 @@ func (s HeadSlice) Check(src, dst Config) error {
 		return incompatible("OuterDim ", src.OuterDim, dst.OuterDim, "")
 	case src.PageSize != dst.PageSize:
 		return incompatible("PageSize ", src.PageSize, dst.PageSize, "")
-	case s.headBytes(src, s.Src) != s.headBytes(dst, s.Dst):
-		return incompatible("head size ", s.headBytes(src, s.Src), s.headBytes(dst, s.Dst), " bytes per token")
+	case s.Src.HeadBytes(src) != s.Dst.HeadBytes(dst):
+		return incompatible("head size ", s.Src.HeadBytes(src), s.Dst.HeadBytes(dst), " bytes per token")
 	}
 	return nil
 }
 
-// headBytes is the bytes of one head of one token in fragments of c.
-func (HeadSlice) headBytes(c Config, h Heads) int { return c.FragmentSize() / (c.PageSize * h.Total) }
+// HeadBytes is the bytes of one head of one token in fragments of c that
+// hold h.
+func (h Heads) HeadBytes(c Config) int { return c.FragmentSize() / (c.PageSize * h.Total) }
 
 // Pieces calls fn with the byte ranges, relative to the start of a
-// fragment on each side, that move the slice's heads of one fragment: in
-// destination order, a range merged with the one before where both sides
-// continue it (one range per fragment when both sides are HeadsOuter, one
-// per token when both are TokensOuter). s must have passed Check.
-func (s HeadSlice) Pieces(src, dst Config, fn func(srcOff, dstOff, size uint64)) {
-	hb := uint64(s.headBytes(src, s.Src))
-	page := src.PageSize
+// fragment on each side, that move the slice's heads of one fragment of
+// page tokens of headBytes a head: in destination order, a range merged
+// with the one before where both sides continue it (one range per fragment
+// when both sides are HeadsOuter, one per token when both are
+// TokensOuter). The geometry is the source's (Check: the destination's is
+// the same but for the number of heads), passed as numbers because a
+// bounce buffer holds the source's fragments under a shape of its own.
+func (s HeadSlice) Pieces(page, headBytes int, fn func(srcOff, dstOff, size uint64)) {
+	hb := uint64(headBytes)
 	var run struct{ src, dst, size uint64 }
 	emit := func(so, do, size uint64) {
 		if run.size > 0 && run.src+run.size == so && run.dst+run.size == do {

@@ -62,7 +62,7 @@ func checkPieces(t *testing.T, s HeadSlice, page, hb int) {
 		}
 	}
 	pieces := 0
-	s.Pieces(sc, dc, func(so, do, size uint64) {
+	s.Pieces(page, s.Src.HeadBytes(sc), func(so, do, size uint64) {
 		pieces++
 		require.LessOrEqual(t, so+size, uint64(len(src)), "%v", s)
 		require.LessOrEqual(t, do+size, uint64(len(got)), "%v", s)

@@ -141,7 +141,7 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
 		}
 		hop1Opts.Precondition = 0
-		hop2 := subPlanHeads(b, p.dst, staged, p.dstIDs[lo:hi], p.layers, p.heads)
+		hop2 := headHop(p, b, p.dst, staged, p.dstIDs[lo:hi])
 		hop2.ctx = p.ctx
 		if err := m.runHop(hop2, Options{}); err != nil {
 			failed.addPlanRange(lo, hi, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -125,4 +126,53 @@ func TestHeadSliceRefusals(t *testing.T) {
 	_, err = f.m.ExecuteTransfer(src, []int{0}, disk, []int{0}, Options{Heads: &ok})
 	require.ErrorIs(t, err, ErrUnsupported)
 	require.ErrorContains(t, err, "memory layouts only")
+}
+
+// hostPeer reaches another manager's host layouts by address, as a
+// transport's peer does (its memory in another process).
+type hostPeer struct{}
+
+func (hostPeer) Attach(Descriptor) (Attachment, error) { return Attachment{Memory: hostPeer{}}, nil }
+
+func (hostPeer) Read(_ context.Context, _ LayoutHandle, ops []RemoteOp) error {
+	for _, o := range ops {
+		copy(storage.HostBytes(o.Local, o.Size), storage.HostBytes(o.Remote, o.Size))
+	}
+	return nil
+}
+
+func (hostPeer) Write(_ context.Context, _ LayoutHandle, ops []RemoteOp) error {
+	for _, o := range ops {
+		copy(storage.HostBytes(o.Remote, o.Size), storage.HostBytes(o.Local, o.Size))
+	}
+	return nil
+}
+
+// A pull of a slice of a peer's heads into device memory goes in two hops,
+// through a bounce buffer shaped as the peer's blocks in a shape of its
+// own: the slice is taken on the second hop in the peer's geometry. Pulls
+// into host memory take it in their one hop.
+func TestHeadSliceFromAPeer(t *testing.T) {
+	exp, dec := newFixture(t), newFixture(t)
+	dec.m.cfg.WorkerID = 0xD1 // another worker than exp's
+	sc, dc := headConfig(3, 4), headConfig(3, 2)
+	src := exp.alloc(storage.Pinned, sc, shapes["ls-first"])
+	exp.fill(src, 40)
+	d, err := exp.m.Describe(src)
+	require.NoError(t, err)
+	hs, err := dec.m.Import(hostPeer{}, []Descriptor{d})
+	require.NoError(t, err)
+	s := layout.HeadSlice{Src: layout.Heads{Total: 4, Order: layout.TokensOuter}, Dst: layout.Heads{Total: 2, Order: layout.HeadsOuter},
+		SrcFirst: 1, DstFirst: 0, Count: 2}
+	for _, kind := range []storage.Kind{storage.Device, storage.Pinned, storage.System} {
+		dst := dec.alloc(kind, dc, FullyContiguous)
+		dec.fill(dst, 70)
+		require.NoError(t, dec.transfer(hs[0], []int{2, 0}, dst, []int{0, 1}, Options{Heads: &s}), "%v", kind)
+		want := sliceInto(s, sc, dc, pattern(sc.BlockSize(), 42), pattern(dc.BlockSize(), 70))
+		require.Equal(t, want, dec.readBlock(dst, 0), "%v", kind)
+		want = sliceInto(s, sc, dc, pattern(sc.BlockSize(), 40), pattern(dc.BlockSize(), 71))
+		require.Equal(t, want, dec.readBlock(dst, 1), "%v", kind)
+		require.Equal(t, pattern(dc.BlockSize(), 72), dec.readBlock(dst, 2), "%v: untouched", kind)
+		require.NoError(t, dec.m.Unregister(dst))
+	}
 }

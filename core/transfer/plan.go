@@ -22,9 +22,12 @@ type plan struct {
 	src, dst       *entry
 	srcIDs, dstIDs []int
 	layers         LayerRange
-	// heads, when set, moves a slice of each fragment's heads.
-	heads *layout.HeadSlice
-	ops   []copyOp
+	// heads, when set, moves a slice of each fragment's heads, of
+	// headPage tokens of headBytes a head (the source's geometry, which a
+	// bounce buffer's own shape need not show).
+	heads               *layout.HeadSlice
+	headPage, headBytes int
+	ops                 []copyOp
 	// blockOps[i] is the index in ops of block i's first copy; block i's
 	// copies are ops[blockOps[i]:blockOps[i+1]].
 	blockOps []int
@@ -101,7 +104,9 @@ func (m *Manager) prepareInto(p *plan, src, dst LayoutHandle, srcIDs, dstIDs []i
 	// Field by field: p is new and zero, and a struct copy would pay the
 	// garbage collector's bulk write barrier.
 	p.src, p.dst, p.srcIDs, p.dstIDs, p.layers, p.ctx = se, de, srcIDs, dstIDs, layers, context.Background()
-	p.heads = opts.Heads
+	if p.heads = opts.Heads; p.heads != nil {
+		p.headPage, p.headBytes = sc.PageSize, p.heads.Src.HeadBytes(sc)
+	}
 	p.build()
 	return nil
 }
@@ -185,9 +190,11 @@ func (p *plan) build() {
 // (block, layer, outer) fragment.
 func (p *plan) buildHeads() {
 	sl, dl := p.src.layout, p.dst.layout
-	sc, dc := sl.Config(), dl.Config()
+	sc := sl.Config()
 	var pieces []copyOp // of one fragment, relative to its start on each side
-	p.heads.Pieces(sc, dc, func(so, do, size uint64) { pieces = append(pieces, copyOp{src: so, dst: do, size: size}) })
+	p.heads.Pieces(p.headPage, p.headBytes, func(so, do, size uint64) {
+		pieces = append(pieces, copyOp{src: so, dst: do, size: size})
+	})
 	p.ops = make([]copyOp, 0, len(p.srcIDs)*(p.layers.End-p.layers.Start)*sc.OuterDim*len(pieces))
 	p.blockOps = make([]int, len(p.srcIDs)+1)
 	for i := range p.srcIDs {
@@ -251,12 +258,16 @@ func (p *plan) result(err error) error {
 // subPlan plans one hop of a two-hop transfer, between entries the caller
 // has already validated.
 func subPlan(src, dst *entry, srcIDs, dstIDs []int, layers LayerRange) *plan {
-	return subPlanHeads(src, dst, srcIDs, dstIDs, layers, nil)
+	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers, ctx: context.Background()}
+	p.build()
+	return p
 }
 
-// subPlanHeads is subPlan moving a head slice (nil: whole fragments).
-func subPlanHeads(src, dst *entry, srcIDs, dstIDs []int, layers LayerRange, heads *layout.HeadSlice) *plan {
-	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: layers, heads: heads, ctx: context.Background()}
+// headHop plans the hop of a two-hop transfer that takes of's head slice,
+// in of's geometry (src holds of's source fragments under its own shape).
+func headHop(of *plan, src, dst *entry, srcIDs, dstIDs []int) *plan {
+	p := &plan{src: src, dst: dst, srcIDs: srcIDs, dstIDs: dstIDs, layers: of.layers, ctx: context.Background(),
+		heads: of.heads, headPage: of.headPage, headBytes: of.headBytes}
 	p.build()
 	return p
 }

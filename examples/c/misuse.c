@@ -145,6 +145,18 @@ static void handles(void) {
     opts.struct_size = 1;
     EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, ids, 2, &opts, &n),
                   KVBM_ERR_INVALID_ARGUMENT);
+    /* Head slices: an order that is none, heads beyond the fragment's. */
+    kvbm_transfer_options_t heads = KVBM_TRANSFER_OPTIONS_INIT;
+    heads.head_count = 1;
+    heads.src_heads = heads.dst_heads = 1;
+    heads.src_head_order = KVBM_HEADS_OUTER;
+    heads.dst_head_order = 7;
+    EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, far, 2, &heads, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
+    heads.dst_head_order = KVBM_TOKENS_OUTER;
+    heads.src_head_first = 1;
+    EXPECT_STATUS(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G2, far, 2, &heads, &n),
+                  KVBM_ERR_INVALID_ARGUMENT);
     kvbm_event_t evs[1] = {0};
     EXPECT_STATUS(kvbm_worker_onboard_layerwise(w, ids, ids, 2, evs, 0, NULL, &n),
                   KVBM_ERR_INVALID_ARGUMENT);

@@ -21,6 +21,7 @@ from ._info import Info, handle_count, info, status_string, version
 from ._layout import BlockDim, LayoutConfig, LayoutHandle, LayoutKind, Tier
 from ._memory import Buffer, dense_span
 from ._notification import Notification
+from ._options import HeadSlice
 from ._worker import Worker
 from ._cache import (CacheEvent, CacheEventKind, CacheStats, CacheTierStats, Decision, PrefixCache,
                      WriteMode)
@@ -38,5 +39,5 @@ __all__ = [
     "LayoutHandle", "Notification", "OutcomeKind", "TransferPath", "PathCounters", "Stream", "Tier", "TimingMode", "Worker",
     "handle_count", "info", "status_string", "version", "BlockDim", "LayoutConfig",
     "LayoutKind", "__version__", "CacheEvent", "CacheEventKind", "CacheStats", "CacheTierStats",
-    "Decision", "PrefixCache", "WriteMode", "Buffer", "dense_span",
+    "Decision", "PrefixCache", "WriteMode", "Buffer", "dense_span", "HeadSlice",
 ] + list(errors.__all__)

@@ -63,7 +63,10 @@ class BlockScopeC(Structure):
 
 class TransferOptionsC(Structure):
     _fields_ = [("struct_size", c_size_t), ("layer_start", c_uint32), ("layer_end", c_uint32),
-                ("stream", c_void_p), ("precondition", c_void_p), ("deadline_ms", c_uint32)]
+                ("stream", c_void_p), ("precondition", c_void_p), ("deadline_ms", c_uint32),
+                ("head_count", c_uint32), ("src_heads", c_uint32), ("src_head_first", c_uint32),
+                ("src_head_order", c_uint32), ("dst_heads", c_uint32), ("dst_head_first", c_uint32),
+                ("dst_head_order", c_uint32)]
 
 
 class HandoffFactC(Structure):

@@ -152,15 +152,17 @@ class Handoff:
         log.warning("%s", why)
         self.fact(FactKind.FAILED, why)
 
-    def pull(self, worker: Any, instance: int, src_ids: Any, dst_ids: Any) -> Notification:
+    def pull(self, worker: Any, instance: int, src_ids: Any, dst_ids: Any, *,
+             heads: Any = None) -> Notification:
         """Starts pulling blocks src_ids of connected instance's G1 into
-        worker's G1 blocks dst_ids, bounded by the hand-off's deadline. Its
+        worker's G1 blocks dst_ids (heads: a kvbmgo.HeadSlice of each block,
+        or None for whole blocks), bounded by the hand-off's deadline. Its
         end is awaited at StartTransfer (a pull started earlier overlaps the
         prefill's next chunks); CancelDestination cancels it. Raises as
         Worker.transfer_from_instance."""
         left = max(self._deadline - time.monotonic(), _PAST_DEADLINE_S)
         n = worker.transfer_from_instance(instance, Tier.G1, src_ids, Tier.G1, dst_ids,
-                                          deadline=left)
+                                          deadline=left, heads=heads)
         with self.lock:
             self._pulls.append(n)
             self._unawaited.append(n)

@@ -20,7 +20,7 @@ from ._layout import LayoutConfig, LayoutHandle, LayoutKind, handle_of
 from ._lib import lib
 from ._memory import buffer_of
 from ._notification import Notification
-from ._options import options
+from ._options import HeadSlice, options
 from .errors import (BufferTooSmallError, FailedPreconditionError, InvalidArgumentError,
                      InvalidHandleError, KvbmClosedError, KvbmError)
 
@@ -430,34 +430,38 @@ class Worker(Handle):
                                dst_ids: Ids, *, layers: Optional[Tuple[int, int]] = None,
                                stream: "Union[Stream, int, None]" = None,
                                precondition: "Union[Event, int, None]" = None,
-                               deadline: Optional[float] = None) -> Notification:
+                               deadline: Optional[float] = None,
+                               heads: Optional[HeadSlice] = None) -> Notification:
         """Pulls blocks of a connected instance's tier src into local tier dst.
         deadline (seconds) bounds the pull as a whole (its blocks then fail with
-        CanceledError, as after Notification.cancel()). Raises as transfer(),
+        DeadlineExceededError, a CanceledError as after Notification.cancel());
+        heads pulls a slice of each block's KV heads. Raises as transfer(),
         NotFoundError for an unknown instance or tier, InvalidArgumentError for
-        a deadline not within (0, 2**32) ms."""
+        a deadline not within (0, 2**32) ms or a head slice that does not fit
+        the layouts."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         out = c_void_p()
         lib.kvbm_worker_transfer_from_instance(self.handle, uint64(instance, "instance"),
                                                int32(src, "src"), sa, int32(dst, "dst"), da, n,
-                                               options(layers, stream, precondition, deadline),
-                                               byref(out))
+                                               options(layers, stream, precondition, deadline,
+                                                       heads), byref(out))
         return Notification(out.value)
 
     def transfer_from_remote(self, remote: LayoutHandle, src_ids: Ids, dst: int, dst_ids: Ids,
                              *, layers: Optional[Tuple[int, int]] = None,
                              stream: "Union[Stream, int, None]" = None,
                              precondition: "Union[Event, int, None]" = None,
-                             deadline: Optional[float] = None) -> Notification:
+                             deadline: Optional[float] = None,
+                             heads: Optional[HeadSlice] = None) -> Notification:
         """Pulls blocks src_ids of another worker's layout remote (imported with
-        import_metadata) into local tier dst. Raises as
+        import_metadata) into local tier dst (heads: as transfer_from_instance). Raises as
         transfer_from_instance(), NotFoundError when remote was not imported,
         InvalidArgumentError or TypeError for a remote whose fields are not
         uint64s."""
         s, sa, d, da, n = transfer_ids(src_ids, dst_ids)
         r, out = LayoutHandle(*remote).to_c("remote"), c_void_p()
         lib.kvbm_worker_transfer_from_remote(self.handle, byref(r), sa, int32(dst, "dst"), da, n,
-                                             options(layers, stream, precondition, deadline),
+                                             options(layers, stream, precondition, deadline, heads),
                                              byref(out))
         return Notification(out.value)
 

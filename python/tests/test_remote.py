@@ -5,8 +5,9 @@ import weakref
 import numpy as np
 import pytest
 
-from kvbmgo import CoordinatedWorker, LayoutConfig, LayoutHandle, Tier, TransferPath, Worker
-from kvbmgo.errors import AlreadyExistsError, CanceledError, NotFoundError
+from kvbmgo import (CoordinatedWorker, HeadSlice, LayoutConfig, LayoutHandle, Tier, TransferPath,
+                    Worker)
+from kvbmgo.errors import AlreadyExistsError, CanceledError, InvalidArgumentError, NotFoundError
 
 from conftest import new_worker_id, wait_ok
 
@@ -166,3 +167,49 @@ def test_exporter_id_read_through_the_library():
         assert exporter_id(md[:16]) is None  # a header alone: not metadata
         assert exporter_id(b"") is None
         assert exporter_id(b"junk" * 8) is None
+
+
+def test_head_slice_pull_fills_this_workers_heads():
+    """A decode of half the heads takes heads [2, 4) of a prefill's blocks,
+    tokens-outer (NHD) there, heads-outer (HND) here; then heads [0, 2) of
+    another, so a block fills from two: every byte as numpy slices it."""
+    page, hb, layers = 4, 8, 2  # bytes of one head of one token
+
+    def worker(heads):
+        cfg = LayoutConfig(num_blocks=NB, num_layers=layers, outer_dim=1, page_size=page,
+                           inner_dim=heads * hb, dtype_width=1, layout="fully_contiguous")
+        g1 = np.zeros(cfg.total_bytes, dtype=np.uint8)
+        w = Worker(new_worker_id())
+        w.register_g1(cfg, g1)
+        return w, g1
+
+    a, g1a = worker(4)  # the prefill: [block][layer][token][head][hb] (NHD)
+    d, g1d = worker(2)  # the decode: [block][layer][head][token][hb] (HND)
+    with a, d:
+        g1a[:] = np.random.default_rng(5).integers(0, 256, g1a.size, dtype=np.uint8)
+        d.connect_remote(7, a.export_metadata())
+        src = g1a.reshape(NB, layers, page, 4, hb)
+        dst = g1d.reshape(NB, layers, 2, page, hb)
+        want = dst.copy()
+        s = HeadSlice(count=2, src_heads=4, src_first=2, src_order="NHD",
+                      dst_heads=2, dst_first=0, dst_order="HND")
+        wait_ok(d.transfer_from_instance(7, Tier.G1, [1, 4], Tier.G1, [3, 0], heads=s))
+        for sb, db in ((1, 3), (4, 0)):
+            want[db] = src[sb, :, :, 2:4].transpose(0, 2, 1, 3)
+        np.testing.assert_array_equal(dst, want)
+        one = HeadSlice(count=1, src_heads=4, src_first=0, src_order="NHD",
+                        dst_heads=2, dst_first=1, dst_order="HND")
+        wait_ok(d.transfer_from_instance(7, Tier.G1, [5], Tier.G1, [3], heads=one))
+        want[3, :, 1] = src[5, :, :, 0]
+        np.testing.assert_array_equal(dst, want)
+        with pytest.raises(InvalidArgumentError, match=r"source heads \[3, 5\)"):
+            d.transfer_from_instance(7, Tier.G1, [0], Tier.G1, [0], heads=HeadSlice(
+                count=2, src_heads=4, src_first=3, src_order="NHD",
+                dst_heads=2, dst_first=0, dst_order="HND"))
+        with pytest.raises(ValueError, match="'HND' or 'NHD'"):
+            d.transfer_from_instance(7, Tier.G1, [0], Tier.G1, [0], heads=HeadSlice(
+                count=1, src_heads=4, src_first=0, src_order="BHND",
+                dst_heads=2, dst_first=0, dst_order="HND"))
+        # Without a slice, blocks of 4 heads do not fit blocks of 2.
+        with pytest.raises(InvalidArgumentError, match="incompatible"):
+            d.transfer_from_instance(7, Tier.G1, [0], Tier.G1, [0])

@@ -131,6 +131,15 @@ static void op_transfer(input_t *in) {
     kvbm_transfer_options_t o = KVBM_TRANSFER_OPTIONS_INIT;
     o.layer_start = u8(in) % 4;
     o.layer_end = u8(in) % 4;
+    if (u8(in) & 1) { /* a head slice, sometimes one that does not fit */
+        o.head_count = u8(in) % 4;
+        o.src_heads = u8(in) % 5;
+        o.src_head_first = u8(in) % 4;
+        o.src_head_order = u8(in) % 4;
+        o.dst_heads = u8(in) % 5;
+        o.dst_head_first = u8(in) % 4;
+        o.dst_head_order = u8(in) % 4;
+    }
     if (u8(in) & 1) o.struct_size = u8(in);
     kvbm_notification_t note = NULL;
     kvbm_status_t called = kvbm_worker_transfer(worker, s, src, d, dst, n, (u8(in) & 1) ? &o : NULL, &note);

@@ -1,15 +1,19 @@
 """vLLM's per-layer KV views as kvbm sees them: how they register as a
 worker's G1 without a copy (g1_layout), and which heads of the model's KV
-this rank holds, for P/D between tensor-parallel sizes (local_kv)."""
+this rank holds and in which order, for P/D between tensor-parallel sizes
+(LocalKv, local_kv): a decode pulls the heads it takes from a prefill rank
+with a head slice (kvbmgo.HeadSlice), which the library plans as byte
+ranges of each (block, layer), heads- or tokens-outer on either side."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import LayoutConfig, dense_span
+from .. import HeadSlice, LayoutConfig, dense_span
+from .tp_mapping import Read, kv_heads
 
-__all__ = ["g1_layout", "local_kv"]
+__all__ = ["g1_layout", "local_kv", "LocalKv"]
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +89,11 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
 
 def local_kv(kv_caches: Dict[str, Any], index: Dict[str, int], rank: int, tp_size: int,
              kv_heads: int, mla: bool) -> Optional[Any]:
-    """The worker's KV as P/D across TP sizes sees it (staging.LocalKv), or
+    """The worker's KV as P/D across TP sizes sees it (LocalKv), or
     None when the model's KV heads are unknown or the views' strides are
     not heads- or tokens-outer (then a decode pulls rank to rank only)."""
     if kv_heads <= 0 and not mla:
         return None
-    from .staging import LocalKv
     views: Dict[int, Any] = {}
     for name, i in index.items():
         views.setdefault(i, kv_caches[name])
@@ -99,3 +102,69 @@ def local_kv(kv_caches: Dict[str, Any], index: Dict[str, int], rank: int, tp_siz
     except ValueError as e:
         log.warning("kvbm: P/D between tensor-parallel sizes is off: %s", e)
         return None
+
+
+def _order(v: Any) -> str:
+    """HND (heads outermost in a block) or NHD (tokens outermost) for a
+    ``[block, head, token, content]`` view; HND when it makes no difference."""
+    _, h, n, _ = (int(s) for s in v.shape)
+    if h == 1 or int(v.stride(1)) == n * int(v.stride(2)):
+        return "HND"
+    if int(v.stride(2)) == h * int(v.stride(1)):
+        return "NHD"
+    raise ValueError(f"KV view strides {tuple(v.stride())} are neither heads-outer nor "
+                     f"tokens-outer within a block")
+
+
+class LocalKv:
+    """A worker's G1 views (one per kvbm layer, ``[block, head, token,
+    content]``) and where they sit among the engine's KV heads."""
+
+    def __init__(self, views: Sequence[Any], rank: int, tp_size: int, total_heads: int,
+                 mla: bool) -> None:
+        self.views = list(views)
+        v = self.views[0]
+        _, self.heads, self.page, content = (int(s) for s in v.shape)
+        self.head_bytes = content * int(v.element_size())
+        self.order = _order(v)
+        self.rank, self.tp_size, self.total_heads, self.mla = rank, tp_size, total_heads, mla
+
+    def describe(self) -> Dict[str, Any]:
+        """What a prefill rank tells a decode about its blocks (in the pull
+        reply: NixlConnector's handshake carries the same)."""
+        return {"tp_size": self.tp_size, "tp_rank": self.rank, "kv_heads": self.total_heads,
+                "mla": self.mla, "heads": self.heads, "page": self.page,
+                "head_bytes": self.head_bytes, "layers": len(self.views), "order": self.order}
+
+    def mismatch(self, kv: Dict[str, Any], tp_size: int, rank: int) -> Optional[str]:
+        """Why a prefill rank's description kv does not fit this decode's
+        blocks (or is not what rank of a prefill of tp_size holds); None
+        when it does."""
+        want = {"tp_size": tp_size, "tp_rank": rank, "kv_heads": self.total_heads,
+                "mla": self.mla, "page": self.page, "head_bytes": self.head_bytes,
+                "layers": len(self.views)}
+        a, b = kv_heads(rank, tp_size, self.total_heads, self.mla)
+        want["heads"] = b - a
+        for k, v in want.items():
+            if kv.get(k) != v:
+                return f"its {k} is {kv.get(k)!r}, this decode expects {v!r}"
+        if kv.get("order") not in ("HND", "NHD"):
+            return f"its order is {kv.get('order')!r}"
+        return None
+
+    def own_mismatch(self) -> Optional[str]:
+        """Why this worker's own views do not hold what its rank should."""
+        a, b = kv_heads(self.rank, self.tp_size, self.total_heads, self.mla)
+        if self.heads != b - a:
+            return (f"its KV views hold {self.heads} heads, rank {self.rank} of tensor-parallel "
+                    f"size {self.tp_size} of a model with {self.total_heads} KV heads holds "
+                    f"{b - a}")
+        return None
+
+    def head_slice(self, read: Read, kv: Dict[str, Any]) -> HeadSlice:
+        """The head slice of read: heads read.src of the prefill rank's
+        blocks (described by kv, checked by mismatch) into heads read.dst
+        of this worker's."""
+        return HeadSlice(count=read.src[1] - read.src[0], src_heads=int(kv["heads"]),
+                         src_first=read.src[0], src_order=str(kv["order"]),
+                         dst_heads=self.heads, dst_first=read.dst[0], dst_order=self.order)

@@ -1,7 +1,8 @@
 """The decode worker's side of KvbmConnector's P/D side channel
 (pd_wire.py): each request's pull from the prefill ranks that hold its KV,
 between equal tensor-parallel sizes rank to rank, between different ones
-as tp_mapping.plan routes them (a head slice lands through staging.py).
+as tp_mapping.plan routes them (the heads a read takes of a prefill rank's
+blocks pulled as a head slice, kv_views.LocalKv.head_slice).
 
 The decode side drives each pull with kvbmgo's P/D driver
 (``kvbmgo._pd.Handoff``, in vLLM's order: source first) and bounds it by
@@ -30,9 +31,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import _control
 from .._handoff import Completion, FactKind, HandoffOrder, OutcomeKind
-from .._pd import _GRACE_S, Handoff, HandoffSide
+from .._pd import Handoff, HandoffSide
 from .._worker import Worker
-from ..errors import CanceledError, KvbmError
 from . import pd_wire as wire
 from .metadata import RemotePull
 from .pd_connections import Conn, Connections
@@ -63,21 +63,20 @@ def _expected_worker(p: RemotePull, rank: int, wid: Optional[int]) -> bool:
 
 class _Source:
     """One prefill rank of a pull: its side channel, the lease it granted,
-    and the connection (on the decode worker or a staging one) its transfer
+    and the connection (on the decode worker's connections) its transfer
     runs against."""
     __slots__ = ("rank", "addr", "lease", "conns", "conn")
 
-    def __init__(self, rank: int, addr: str) -> None:
+    def __init__(self, rank: int, addr: str, conns: Connections) -> None:
         self.rank, self.addr = rank, addr
         self.lease: Dict[str, Any] = {}
-        self.conns: Optional[Connections] = None
+        self.conns = conns
         self.conn: Optional[Conn] = None
 
     def connect(self, wid: int, md: bytes, deadline: float, stop: threading.Event) -> Conn:
         """Connects to the metadata its lease carried, on self.conns: a
         request's own (scoped) instance when the lease says the metadata
         covers that request's blocks only."""
-        assert self.conns is not None
         if self.lease.get("scoped") is True:
             return self.conns.acquire_scoped(wid, md, deadline, stop)
         return self.conns.acquire(wid, md, deadline, stop)
@@ -99,62 +98,14 @@ class _Pull(HandoffSide):
 
     def start_transfer(self, h: Handoff) -> None:
         puller, p = self.puller, self.p
-        staged: List[Tuple[Read, _Source, Dict[str, Any]]] = []
         for read in self.plan.reads:
             src = self.sources[read.rank]
             wid, md, kv = puller._lease(p, src, self.deadline)
-            if puller._direct(p, read, kv):
-                src.conns = puller._conns
-                src.conn = src.connect(wid, md, self.deadline, puller._stop)
-                h.pull(puller._worker, src.conn.inst, p.remote_block_ids, p.block_ids)
-                continue
-            assert kv is not None  # _direct is True without a description
-            stage = puller._staging(kv, len(self.plan.reads))
-            src.conns = stage.conns
             src.conn = src.connect(wid, md, self.deadline, puller._stop)
-            staged.append((read, src, kv))
-        if staged:
-            self._staged(h, staged)
-
-    def _staged(self, h: Handoff, staged: List[Tuple[Read, _Source, Dict[str, Any]]]) -> None:
-        """Pulls the staged reads' whole blocks into a staging slot, a chunk
-        at a time, and copies their heads into this decode's blocks: the
-        chunk's pulls are waited for here, each copy runs once its bytes
-        landed (see staging.py for why this route)."""
-        puller, p = self.puller, self.p
-        stage = puller._stagings[_stage_key(staged[0][2])]
-        per = stage.slot_blocks // len(staged)
-        if per < 1:
-            raise Refused(f"a staging slot of {stage.slot_blocks} blocks for {len(staged)} "
-                           f"prefill ranks")
-        with stage.slot() as base:
-            for i in range(0, len(p.block_ids), per):
-                remote, local = p.remote_block_ids[i:i + per], p.block_ids[i:i + per]
-                notes = []
-                for j, (_, src, _) in enumerate(staged):
-                    at = list(range(base + j * per, base + j * per + len(local)))
-                    notes.append((h.pull(stage.worker, src.conn.inst, remote, at), at))
-                try:
-                    for n, _ in notes:
-                        try:
-                            ok = n.wait(max(0.0, self.deadline - time.monotonic()) + _GRACE_S)
-                        except KvbmError as e:
-                            if not isinstance(e, CanceledError):
-                                h.transfer_error = e
-                            raise
-                        if not ok:
-                            raise Unanswered(f"the pull did not finish within its "
-                                              f"{puller.timeout_s:.1f} s deadline")
-                except BaseException:
-                    # The slot goes back to other pulls: nothing may write it then.
-                    _end(n for n, _ in notes)
-                    raise
-                for (read, _, _), (_, at) in zip(staged, notes):
-                    try:
-                        puller._local.copy_heads(stage, at, read.src, local, read.dst)
-                    except RuntimeError as e:  # torch's
-                        raise Refused(f"copying heads {read.src} of prefill rank {read.rank} "
-                                       f"into heads {read.dst}: {e}") from e
+            # Straight into G1: whole blocks, or the heads this rank takes
+            # of the prefill rank's (the library plans the slice's ranges).
+            heads = None if puller._direct(p, read, kv) else puller._local.head_slice(read, kv)
+            h.pull(puller._worker, src.conn.inst, p.remote_block_ids, p.block_ids, heads=heads)
 
     def release_source(self, h: Handoff) -> OutcomeKind:
         return self.puller._release_all(self.p, self.plan, self.sources,
@@ -166,23 +117,6 @@ class _Pull(HandoffSide):
         return OutcomeKind.APPLIED
 
 
-def _end(notes: Any) -> None:
-    """Cancels pulls and waits until they ended."""
-    for n in notes:
-        try:
-            n.cancel()
-            while not n.wait(1.0):
-                log.warning("kvbm: waiting for a canceled pull to end before its staging "
-                            "slot is reused")
-        except KvbmError:
-            pass
-
-
-def _stage_key(kv: Dict[str, Any]) -> Tuple[int, str]:
-    """Staging areas are per shape of the prefill rank's blocks."""
-    return int(kv["heads"]), str(kv["order"])
-
-
 class DecodePuller:
     """The decode worker's side: runs each request's pull in a small thread
     pool, as a hand-off (kvbmgo._pd.Handoff) bounded by timeout_s.
@@ -191,7 +125,7 @@ class DecodePuller:
     def __init__(self, worker: Any, rank: int, tp_size: int, timeout_s: float,
                  max_pulls: int, allow_hosts: Optional[Tuple[str, ...]] = None, *,
                  local: Any = None, engine_id: str = "") -> None:
-        """local: this worker's KV (staging.LocalKv; None: pulls rank to rank
+        """local: this worker's KV (kv_views.LocalKv; None: pulls rank to rank
         only, as before heterogeneous TP); engine_id: this decode's (its
         done messages say which decode rank they are from)."""
         import zmq
@@ -200,9 +134,6 @@ class DecodePuller:
         self._local = local
         self._me = f"{engine_id}/{rank}"
         self._max_pulls = max_pulls
-        # Staging areas for pulls that take part of a prefill rank's blocks,
-        # by the blocks' shape (_stage_key); made at the first such pull.
-        self._stagings: Dict[Tuple[int, str], Any] = {}
         self._refused_pairs: Set[Tuple[str, int]] = set()  # (engine, tp): logged once each
         self._ctx = zmq.Context()
         self._pool = ThreadPoolExecutor(max_pulls, thread_name_prefix="kvbm-pd-pull")
@@ -242,9 +173,6 @@ class DecodePuller:
         self._stop.set()
         self._pool.shutdown(wait=True)
         self._ctx.term()
-        for stage in self._stagings.values():
-            stage.close()
-        self._stagings.clear()
 
     # ---- one pull, in a pool thread
 
@@ -256,7 +184,7 @@ class DecodePuller:
             addr = self._address(p, q)
             if addr is None:
                 return list(p.block_ids)
-            sources[q] = _Source(q, addr)
+            sources[q] = _Source(q, addr, self._conns)
         if not p.token:
             log.error("kvbm: request %s: its kv_transfer_params carry no kvbm_token (a prefill "
                       "that is not kvbm's, or older): nothing is pulled", p.req_id)
@@ -363,32 +291,12 @@ class DecodePuller:
 
     def _direct(self, p: RemotePull, read: Read, kv: Optional[Dict[str, Any]]) -> bool:
         """Whether read's source blocks hold exactly this decode's blocks
-        (straight into G1), or only part of them or another part (staged)."""
+        (whole blocks), or only part of them or another part (a head slice)."""
         local = self._local
         if kv is None or local is None:
             return True  # equal TP, from a prefill that does not describe its KV
         return (read.src == (0, kv["heads"]) and read.dst == (0, local.heads)
                 and (local.heads == 1 or kv["order"] == local.order))
-
-    def _staging(self, kv: Dict[str, Any], reads: int) -> Any:
-        """The staging area for blocks shaped as kv (made at its first use)."""
-        key = _stage_key(kv)
-        with self._lock:
-            stage = self._stagings.get(key)
-            if stage is None:
-                if len(self._stagings) >= 4:
-                    raise Refused(f"blocks of {len(self._stagings)} other shapes are staged "
-                                   f"already (prefills of several tensor-parallel sizes)")
-                from .staging import Staging
-                w = self._worker
-                stage = Staging((w.worker_id | 1 << 62) + 0x1000 * len(self._stagings),
-                                w.device_id, self._local, kv["heads"], kv["order"],
-                                self._max_pulls, reads)
-                stage.conns = Connections(stage.worker)
-                self._stagings[key] = stage
-                log.info("kvbm: staging for pulls of blocks of %d KV heads (%s), %d slots of %d "
-                         "blocks", kv["heads"], kv["order"], self._max_pulls, stage.slot_blocks)
-            return stage
 
     def _release_all(self, p: RemotePull, plan: Plan, sources: Dict[int, _Source],
                      deadline: float) -> OutcomeKind:

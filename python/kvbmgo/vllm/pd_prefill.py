@@ -95,7 +95,7 @@ class PrefillServer:
         self.engine_id = engine_id
         self.address = f"tcp://{host}:{port}"
         self._md = metadata
-        # This rank's KV as the pull reply describes it (staging.LocalKv.describe).
+        # This rank's KV as the pull reply describes it (kv_views.LocalKv.describe).
         self._kv = kv
         # scoped(block_ids, expires_s) -> the metadata of a request's blocks
         # only (pd_request_metadata); None: metadata for every request.

@@ -9,7 +9,7 @@ over pyzmq (a vLLM dependency), one request and one reply each:
 
 - ``pull``: a decode worker asks a prefill worker for a request's blocks:
   the one of its own tensor-parallel rank, or, between TP sizes, each rank
-  tp_mapping.plan names (a head slice then lands through staging.py). The
+  tp_mapping.plan names (a head slice of each block, pulled by the library). The
   reply describes that rank's KV (``kv``) and carries the prefill worker's
   exported metadata, scoped to that request's G1 blocks (read only, expiring
   with the lease: ``pd_prefill.pd_request_metadata``; the decode side

@@ -87,7 +87,7 @@ class KvbmWorker:
         decode maps heads from a prefill of another tensor-parallel size."""
         self.config = config
         self.kv_heads, self.mla = kv_heads, mla
-        self._local: Optional[Any] = None  # staging.LocalKv, from register_kv_caches
+        self._local: Optional[Any] = None  # kv_views.LocalKv, from register_kv_caches
         self.rank = rank
         self.role = role
         self.engine_id = engine_id

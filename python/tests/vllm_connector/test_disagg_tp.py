@@ -16,7 +16,6 @@ require_vllm()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import kvbmgo.vllm.staging as staging  # noqa: E402
 from harness import BLOCK, LAYERS  # noqa: E402
 from kvbmgo.vllm.metadata import KvbmConnectorMetadata, RemotePull  # noqa: E402
 from tp_engine import TpEngine, kv_views, model_dir, rank_heads, run_both  # noqa: E402
@@ -102,17 +101,14 @@ def hand_over(pe, de, params, want):
     assert not pe.sched.requests and not de.sched.requests
 
 
-@pytest.mark.parametrize("kv_heads,p,d,p_layout,d_layout,small_slots", [
-    (2, 2, 1, "LBNHC", "LBNHC", False),   # gather: 2 prefill ranks fill 1 decode rank
-    (2, 2, 1, "LBHNC", "BLNHC", True),    # ... other orders; staging in 1-block chunks
-    (2, 1, 2, "LBNHC", "LBNHC", False),   # slice: 2 decode ranks read 1 prefill rank
-    (4, 4, 2, "LBHNC", "LBNHC", False),   # gather, 4 heads
-    (2, 4, 2, "LBNHC", "LBNHC", False),   # 2 heads over 4 prefill ranks: replicated
-], ids=["p2-d1", "p2-d1-orders-chunked", "p1-d2", "p4-d2", "p4-d2-replicated"])
-def test_heterogeneous_tp_byte_for_byte(tmp_path, monkeypatch, kv_heads, p, d, p_layout,
-                                        d_layout, small_slots):
-    if small_slots:
-        monkeypatch.setattr(staging, "SLOT_BYTES", 1)  # a slot of as few blocks as can be
+@pytest.mark.parametrize("kv_heads,p,d,p_layout,d_layout", [
+    (2, 2, 1, "LBNHC", "LBNHC"),   # gather: 2 prefill ranks fill 1 decode rank
+    (2, 2, 1, "LBHNC", "BLNHC"),   # ... other orders (HND into NHD)
+    (2, 1, 2, "LBNHC", "LBNHC"),   # slice: 2 decode ranks read 1 prefill rank
+    (4, 4, 2, "LBHNC", "LBNHC"),   # gather, 4 heads
+    (2, 4, 2, "LBNHC", "LBNHC"),   # 2 heads over 4 prefill ranks: replicated
+], ids=["p2-d1", "p2-d1-orders", "p1-d2", "p4-d2", "p4-d2-replicated"])
+def test_heterogeneous_tp_byte_for_byte(tmp_path, kv_heads, p, d, p_layout, d_layout):
     pe, de = engines(model_dir(tmp_path, kv_heads), p, d, p_layout=p_layout,
                      d_layout=d_layout)
     try:
