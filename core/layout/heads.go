@@ -37,6 +37,12 @@ type Heads struct {
 	Order HeadOrder
 }
 
+// MaxSlicePieces bounds the ranges a head slice plans for one fragment
+// (heads × tokens, the most it can take): a real KV block of 16 to 256
+// tokens of up to 128 heads stays far below it, and a request above it is
+// refused instead of planned for minutes.
+const MaxSlicePieces = 1 << 16
+
 // HeadSlice moves part of the heads of each fragment: heads [SrcFirst,
 // SrcFirst+Count) of the source's fragments fill heads [DstFirst,
 // DstFirst+Count) of the destination's, every token of the page; the
@@ -65,13 +71,20 @@ func (s HeadSlice) Check(src, dst Config) error {
 		case side.h.Order != HeadsOuter && side.h.Order != TokensOuter:
 			return errors.New("head slice: " + side.name + " head order must be 1 (HeadsOuter) or 2 (TokensOuter), got " +
 				strconv.Itoa(int(side.h.Order)))
-		case side.h.Total <= 0 || side.cfg.PageSize*side.h.Total <= 0 || side.cfg.FragmentSize()%(side.cfg.PageSize*side.h.Total) != 0:
+		// Total is bounded by division first, so that the product cannot
+		// wrap (Total comes from the ABI as any uint32).
+		case side.h.Total <= 0 || side.h.Total > side.cfg.FragmentSize()/side.cfg.PageSize ||
+			side.cfg.FragmentSize()%(side.cfg.PageSize*side.h.Total) != 0:
 			return errors.New("head slice: " + side.name + " fragments of " + strconv.Itoa(side.cfg.FragmentSize()) +
 				" bytes do not hold " + strconv.Itoa(side.h.Total) + " heads of " + strconv.Itoa(side.cfg.PageSize) + " tokens")
 		case s.Count <= 0 || side.first < 0 || side.first > side.h.Total-s.Count:
 			return errors.New("head slice: " + side.name + " heads [" + strconv.Itoa(side.first) + ", " +
 				strconv.Itoa(side.first+s.Count) + ") are not within its " + strconv.Itoa(side.h.Total) + " heads")
 		}
+	}
+	if src.PageSize > MaxSlicePieces/s.Count {
+		return errors.New("head slice: " + strconv.Itoa(s.Count) + " heads of " + strconv.Itoa(src.PageSize) +
+			" tokens are more than " + strconv.Itoa(MaxSlicePieces) + " ranges a fragment")
 	}
 	switch {
 	case src.NumLayers != dst.NumLayers:

@@ -96,8 +96,50 @@ func TestHeadSliceCheck(t *testing.T) {
 		{"head size", ok, src, fragmentConfig(2, 16, 128), "head size 256 vs 128 bytes per token"},
 		{"page", ok, src, Config{NumBlocks: 1, NumLayers: 2, OuterDim: 1, PageSize: 32, InnerDim: 256, DtypeWidth: 1}, "PageSize 16 vs 32"},
 		{"layers", ok, src, Config{NumBlocks: 1, NumLayers: 3, OuterDim: 1, PageSize: 16, InnerDim: 512, DtypeWidth: 1}, "NumLayers 2 vs 3"},
+		// A page × heads product that would wrap to a divisor of the
+		// fragment: refused, not planned outside it.
+		{"wrapping heads", HeadSlice{Src: Heads{1<<24 + 1, HeadsOuter}, Dst: Heads{1<<24 + 1, HeadsOuter}, SrcFirst: 1, DstFirst: 5, Count: 1},
+			Config{NumBlocks: 1, NumLayers: 1, OuterDim: 1, PageSize: 1 << 40, InnerDim: 1, DtypeWidth: 1},
+			Config{NumBlocks: 1, NumLayers: 1, OuterDim: 1, PageSize: 1 << 40, InnerDim: 1, DtypeWidth: 1}, "do not hold 16777217 heads"},
+		{"too many ranges", HeadSlice{Src: Heads{1, HeadsOuter}, Dst: Heads{1, HeadsOuter}, Count: 1},
+			Config{NumBlocks: 1, NumLayers: 1, OuterDim: 1, PageSize: 1 << 20, InnerDim: 1, DtypeWidth: 1},
+			Config{NumBlocks: 1, NumLayers: 1, OuterDim: 1, PageSize: 1 << 20, InnerDim: 1, DtypeWidth: 1}, "more than 65536 ranges a fragment"},
 	} {
 		err := c.s.Check(c.src, c.dst)
 		require.ErrorContains(t, err, c.msg, c.name)
 	}
+}
+
+// FuzzHeadSlice: whatever the ABI passes, a slice that Check accepts plans
+// ranges inside one fragment on each side, writes each destination byte of
+// its heads once, and nothing else.
+func FuzzHeadSlice(f *testing.F) {
+	f.Add(uint16(16), uint16(64), uint16(8), uint8(1), uint16(4), uint8(2), uint16(2), uint16(0), uint16(2))
+	f.Fuzz(func(t *testing.T, page, hb, srcTotal uint16, srcOrder uint8, dstTotal uint16, dstOrder uint8, srcFirst, dstFirst, count uint16) {
+		s := HeadSlice{Src: Heads{int(srcTotal), HeadOrder(srcOrder)}, Dst: Heads{int(dstTotal), HeadOrder(dstOrder)},
+			SrcFirst: int(srcFirst), DstFirst: int(dstFirst), Count: int(count)}
+		sc := Config{NumBlocks: 1, NumLayers: 1, OuterDim: 1, PageSize: int(page), InnerDim: int(hb) * 4, DtypeWidth: 1}
+		dc := sc
+		dc.InnerDim = int(hb) * 2
+		if sc.Validate() != nil || dc.Validate() != nil || s.Check(sc, dc) != nil {
+			return
+		}
+		written := make([]bool, dc.FragmentSize())
+		var moved uint64
+		s.Pieces(sc.PageSize, s.Src.HeadBytes(sc), func(so, do, size uint64) {
+			if size == 0 || so+size > uint64(sc.FragmentSize()) || do+size > uint64(dc.FragmentSize()) {
+				t.Fatalf("%v: range src %d dst %d size %d outside fragments of %d and %d", s, so, do, size, sc.FragmentSize(), dc.FragmentSize())
+			}
+			for i := do; i < do+size; i++ {
+				if written[i] {
+					t.Fatalf("%v: destination byte %d written twice", s, i)
+				}
+				written[i] = true
+			}
+			moved += size
+		})
+		if want := uint64(s.Count * sc.PageSize * s.Src.HeadBytes(sc)); moved != want {
+			t.Fatalf("%v: moved %d bytes, want %d", s, moved, want)
+		}
+	})
 }

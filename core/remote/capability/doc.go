@@ -33,5 +33,6 @@
 // Secrets (Secret, Key, HelloKey, Deployment) cannot be compared with ==
 // (== is not constant-time: Key.Equal is), print as redacted whatever the
 // verb, and refuse to be marshalled; a Key's bytes reach an endpoint only
-// through AppendTo.
+// through AppendTo. fmt cannot reach Format through an unexported field, so
+// a struct that holds one must not be printed with %+v or %#v.
 package capability
