@@ -25,8 +25,8 @@ type Kind uint8
 
 // The kinds. The zero Kind, Unknown, is an error nothing classified: a bug
 // (KVBM_ERR_INTERNAL). A new kind is one constant here, its name in
-// kindNames, its sentinel in sentinels and its status in capi's table; the
-// tests fail until all four are there.
+// kindNames (which is also its sentinel's message) and its status in
+// capi's table; the tests fail until all are there.
 const (
 	Unknown            Kind = iota // nothing classified the error: a bug
 	InvalidArgument                // a malformed request: a bad length, id or value
@@ -77,59 +77,54 @@ func Kinds() []Kind {
 	return ks
 }
 
-// The sentinel of each kind. Their messages are those every package used
-// before it had them, so that messages read as they did.
+// sentinels holds each kind's sentinel, named by its kind (the messages
+// every package used before it had them, so that messages read as they
+// did); an out-of-range id reads as the invalid argument it also is.
+var sentinels = func() (s [numKinds]*Error) {
+	for k := Kind(1); k < numKinds; k++ {
+		s[k] = &Error{kind: k, msg: kindNames[k]}
+	}
+	s[OutOfRange].msg = kindNames[InvalidArgument]
+	return s
+}()
+
+// The sentinel of each kind.
 var (
 	// ErrInvalidArgument: the request is malformed (lengths, ids, ranges).
-	ErrInvalidArgument = &Error{kind: InvalidArgument, msg: "invalid argument"}
+	ErrInvalidArgument = sentinels[InvalidArgument]
 	// ErrOutOfRange: an id or index beyond its bound. It is also an
 	// ErrInvalidArgument under errors.Is, and reads as one.
-	ErrOutOfRange = &Error{kind: OutOfRange, msg: "invalid argument"}
+	ErrOutOfRange = sentinels[OutOfRange]
 	// ErrNotFound: no such thing.
-	ErrNotFound = &Error{kind: NotFound, msg: "not found"}
+	ErrNotFound = sentinels[NotFound]
 	// ErrAlreadyExists: something that is set once was set again.
-	ErrAlreadyExists = &Error{kind: AlreadyExists, msg: "already exists"}
+	ErrAlreadyExists = sentinels[AlreadyExists]
 	// ErrFailedPrecondition: the state does not allow the call now.
-	ErrFailedPrecondition = &Error{kind: FailedPrecondition, msg: "failed precondition"}
+	ErrFailedPrecondition = sentinels[FailedPrecondition]
 	// ErrDataCorruption: data read back does not match its checksum.
-	ErrDataCorruption = &Error{kind: DataCorruption, msg: "data corruption"}
+	ErrDataCorruption = sentinels[DataCorruption]
 	// ErrIO: a file system, disk, store or peer failed.
-	ErrIO = &Error{kind: IO, msg: "I/O"}
+	ErrIO = sentinels[IO]
 	// ErrCUDA: the device driver failed.
-	ErrCUDA = &Error{kind: CUDA, msg: "CUDA"}
+	ErrCUDA = sentinels[CUDA]
 	// ErrTimeout: a wait or a deadline ended before the work did.
-	ErrTimeout = &Error{kind: Timeout, msg: "timeout"}
+	ErrTimeout = sentinels[Timeout]
 	// ErrCanceled: the work was canceled, or its owner closed.
-	ErrCanceled = &Error{kind: Canceled, msg: "canceled"}
+	ErrCanceled = sentinels[Canceled]
 	// ErrUnsupported: no such path, backend or facility here.
-	ErrUnsupported = &Error{kind: Unsupported, msg: "unsupported"}
+	ErrUnsupported = sentinels[Unsupported]
 	// ErrDeadlineExceeded: the work's deadline passed and stopped it (a
 	// Timeout says a wait ended while the work goes on; this, that the work
 	// is over).
-	ErrDeadlineExceeded = &Error{kind: DeadlineExceeded, msg: "deadline exceeded"}
+	ErrDeadlineExceeded = sentinels[DeadlineExceeded]
 )
-
-var sentinels = [numKinds]*Error{
-	InvalidArgument:    ErrInvalidArgument,
-	OutOfRange:         ErrOutOfRange,
-	NotFound:           ErrNotFound,
-	AlreadyExists:      ErrAlreadyExists,
-	FailedPrecondition: ErrFailedPrecondition,
-	DataCorruption:     ErrDataCorruption,
-	IO:                 ErrIO,
-	CUDA:               ErrCUDA,
-	Timeout:            ErrTimeout,
-	Canceled:           ErrCanceled,
-	Unsupported:        ErrUnsupported,
-	DeadlineExceeded:   ErrDeadlineExceeded,
-}
 
 // Sentinel is kind k's sentinel error; nil for Unknown.
 func Sentinel(k Kind) error {
-	if k < numKinds && sentinels[k] != nil {
-		return sentinels[k]
+	if k == Unknown || k >= numKinds {
+		return nil
 	}
-	return nil
+	return sentinels[k]
 }
 
 // Error is a sentinel error of a kind; New makes one.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/kvbmerr"
 )
@@ -50,8 +51,10 @@ type Peer interface {
 var ErrPeerUnavailable = kvbmerr.New(kvbmerr.IO, "peer unavailable")
 
 // ErrBadEndpoint is wrapped by errors about an endpoint that does not
-// parse or names another process.
-var ErrBadEndpoint = kvbmerr.New(kvbmerr.InvalidArgument, "bad transport endpoint")
+// parse or names another process. It is the capability package's
+// ErrMalformed (a hello or scope that does not parse), one sentinel for
+// both, so that a capability's refusal leaves a transport as it is.
+var ErrBadEndpoint = capability.ErrMalformed
 
 // Scope is what a request-scoped capability covers: blocks of some of
 // the worker's layouts, read only, until Expires (zero: no end).

@@ -71,36 +71,42 @@ func BenchmarkDevice(b *testing.B) {
 			if !tc.onload {
 				src, dst = g1, g2
 			}
-			bytes := uint64(benchBlocks * cfg.BlockSize())
-			a, err := storage.AllocSystem(bytes)
-			require.NoError(b, err)
-			defer a.Close()
-			c, err := storage.AllocSystem(bytes)
-			require.NoError(b, err)
-			defer c.Close()
-			ab, _ := a.Bytes()
-			cb, _ := c.Bytes()
-			copy(ab, cb) // fault the pages in
-			copy(cb, ab)
-			ids := benchIDs()
-			n, err := m.ExecuteTransfer(src, ids, dst, ids, Options{}) // warm up
-			require.NoError(b, err)
-			require.NoError(b, n.WaitTimeout(-1))
-			var took, limit time.Duration
-			b.ResetTimer()
-			for range b.N {
-				start := time.Now()
-				n, err := m.ExecuteTransfer(src, ids, dst, ids, Options{})
-				require.NoError(b, err)
-				require.NoError(b, n.WaitTimeout(-1))
-				took += time.Since(start)
-				start = time.Now()
-				copy(cb, ab)
-				limit += time.Since(start)
-			}
-			reportRatio(b, bytes, took, limit, "memcpy")
+			timeBesideMemcpy(b, m, src, dst, Options{}, uint64(benchBlocks*cfg.BlockSize()))
 		})
 	}
+}
+
+// timeBesideMemcpy times b.N transfers of every block from src to dst,
+// each followed by a plain memcpy of bytes (what the transfer moves)
+// between two warm buffers, and reports the ratio.
+func timeBesideMemcpy(b *testing.B, m *Manager, src, dst LayoutHandle, opts Options, bytes uint64) {
+	a, err := storage.AllocSystem(bytes)
+	require.NoError(b, err)
+	defer a.Close()
+	c, err := storage.AllocSystem(bytes)
+	require.NoError(b, err)
+	defer c.Close()
+	ab, _ := a.Bytes()
+	cb, _ := c.Bytes()
+	copy(ab, cb) // fault the pages in
+	copy(cb, ab)
+	ids := benchIDs()
+	n, err := m.ExecuteTransfer(src, ids, dst, ids, opts) // warm up
+	require.NoError(b, err)
+	require.NoError(b, n.WaitTimeout(-1))
+	var took, limit time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		n, err := m.ExecuteTransfer(src, ids, dst, ids, opts)
+		require.NoError(b, err)
+		require.NoError(b, n.WaitTimeout(-1))
+		took += time.Since(start)
+		start = time.Now()
+		copy(cb, ab)
+		limit += time.Since(start)
+	}
+	reportRatio(b, bytes, took, limit, "memcpy")
 }
 
 // BenchmarkDisk moves 256 Llama-3-8B blocks between pinned host memory
@@ -299,35 +305,7 @@ func BenchmarkHeadSlice(b *testing.B) {
 			touch(b, emu, m, g2)
 			s := layout.HeadSlice{Src: layout.Heads{Total: 8, Order: order}, Dst: layout.Heads{Total: 4, Order: order},
 				SrcFirst: 4, Count: 4}
-			bytes := uint64(benchBlocks * dst.BlockSize())
-			a, err := storage.AllocSystem(bytes)
-			require.NoError(b, err)
-			defer a.Close()
-			c, err := storage.AllocSystem(bytes)
-			require.NoError(b, err)
-			defer c.Close()
-			ab, _ := a.Bytes()
-			cb, _ := c.Bytes()
-			copy(ab, cb)
-			copy(cb, ab)
-			ids := benchIDs()
-			opts := Options{Heads: &s}
-			n, err := m.ExecuteTransfer(g2, ids, g1, ids, opts) // warm up
-			require.NoError(b, err)
-			require.NoError(b, n.WaitTimeout(-1))
-			var took, limit time.Duration
-			b.ResetTimer()
-			for range b.N {
-				start := time.Now()
-				n, err := m.ExecuteTransfer(g2, ids, g1, ids, opts)
-				require.NoError(b, err)
-				require.NoError(b, n.WaitTimeout(-1))
-				took += time.Since(start)
-				start = time.Now()
-				copy(cb, ab)
-				limit += time.Since(start)
-			}
-			reportRatio(b, bytes, took, limit, "memcpy")
+			timeBesideMemcpy(b, m, g2, g1, Options{Heads: &s}, uint64(benchBlocks*dst.BlockSize()))
 		})
 	}
 }

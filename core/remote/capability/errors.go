@@ -4,7 +4,6 @@ import "github.com/kvbm/kvbm/kvbmerr"
 
 // ErrMalformed is wrapped by every error about a hello or a scope
 // descriptor that does not parse: input from whoever reaches the port.
-// It reads as remote.ErrBadEndpoint does, which the transports add to it
-// where such an error leaves them (this package cannot import
-// core/remote), so that what a peer or a log reads is the same.
+// core/remote names it ErrBadEndpoint (this package stands below it), so
+// a transport passes it on as it is.
 var ErrMalformed = kvbmerr.New(kvbmerr.InvalidArgument, "bad transport endpoint")

@@ -71,20 +71,10 @@ func cutScope(ep []byte, at int) (desc, rest []byte, err error) {
 	}
 	desc = slices.Clone(ep[at+2 : at+2+n])
 	if _, err := capability.ParseBlockScope(desc); err != nil {
-		return nil, nil, badEndpoint(err)
+		return nil, nil, err
 	}
 	return desc, append(slices.Clone(ep[:at]), ep[at+2+n:]...), nil
 }
-
-// badEndpoint is a capability's refusal of malformed input as this
-// transport's: remote.ErrBadEndpoint under errors.Is, its message as is
-// (it reads as that sentinel's already).
-func badEndpoint(err error) error { return &endpointError{err} }
-
-type endpointError struct{ err error }
-
-func (e *endpointError) Error() string   { return e.err.Error() }
-func (e *endpointError) Unwrap() []error { return []error{remote.ErrBadEndpoint, e.err} }
 
 // allows checks that ops of layout h, laid out as l, touch only blocks
 // the scope covers.

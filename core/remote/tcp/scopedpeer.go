@@ -33,7 +33,7 @@ func newScopedPeer(p *tcpPeer, desc []byte) (*scopedPeer, error) {
 	bs, err := capability.ParseBlockScope(desc)
 	if err != nil { // parsed already with the endpoint
 		p.Close()
-		return nil, badEndpoint(err)
+		return nil, err
 	}
 	s := &scopedPeer{own: p, scope: bs, layouts: map[transfer.LayoutHandle]*layout.Layout{}}
 	s.members = []*scopedPeer{s}

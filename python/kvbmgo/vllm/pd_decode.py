@@ -65,21 +65,21 @@ class _Source:
     """One prefill rank of a pull: its side channel, the lease it granted,
     and the connection (on the decode worker's connections) its transfer
     runs against."""
-    __slots__ = ("rank", "addr", "lease", "conns", "conn")
+    __slots__ = ("rank", "addr", "lease", "conn")
 
-    def __init__(self, rank: int, addr: str, conns: Connections) -> None:
+    def __init__(self, rank: int, addr: str) -> None:
         self.rank, self.addr = rank, addr
         self.lease: Dict[str, Any] = {}
-        self.conns = conns
         self.conn: Optional[Conn] = None
 
-    def connect(self, wid: int, md: bytes, deadline: float, stop: threading.Event) -> Conn:
-        """Connects to the metadata its lease carried, on self.conns: a
-        request's own (scoped) instance when the lease says the metadata
-        covers that request's blocks only."""
+    def connect(self, conns: Connections, wid: int, md: bytes, deadline: float,
+                stop: threading.Event) -> Conn:
+        """Connects to the metadata its lease carried, on conns: a request's
+        own (scoped) instance when the lease says the metadata covers that
+        request's blocks only."""
         if self.lease.get("scoped") is True:
-            return self.conns.acquire_scoped(wid, md, deadline, stop)
-        return self.conns.acquire(wid, md, deadline, stop)
+            return conns.acquire_scoped(wid, md, deadline, stop)
+        return conns.acquire(wid, md, deadline, stop)
 
 
 class _Pull(HandoffSide):
@@ -101,7 +101,7 @@ class _Pull(HandoffSide):
         for read in self.plan.reads:
             src = self.sources[read.rank]
             wid, md, kv = puller._lease(p, src, self.deadline)
-            src.conn = src.connect(wid, md, self.deadline, puller._stop)
+            src.conn = src.connect(puller._conns, wid, md, self.deadline, puller._stop)
             # Straight into G1: whole blocks, or the heads this rank takes
             # of the prefill rank's (the library plans the slice's ranges).
             heads = None if puller._direct(p, read, kv) else puller._local.head_slice(read, kv)
@@ -184,7 +184,7 @@ class DecodePuller:
             addr = self._address(p, q)
             if addr is None:
                 return list(p.block_ids)
-            sources[q] = _Source(q, addr, self._conns)
+            sources[q] = _Source(q, addr)
         if not p.token:
             log.error("kvbm: request %s: its kv_transfer_params carry no kvbm_token (a prefill "
                       "that is not kvbm's, or older): nothing is pulled", p.req_id)
@@ -206,7 +206,7 @@ class DecodePuller:
             h.close()
             for src in sources.values():
                 if src.conn is not None:  # connect again next time after a failure
-                    src.conns.release(src.conn, h.transfer_error is not None)
+                    self._conns.release(src.conn, h.transfer_error is not None)
         return [] if h.completion == Completion.SUCCESS else list(p.block_ids)
 
     def _plan(self, p: RemotePull) -> Tuple[Plan, Optional[str]]:
