@@ -88,17 +88,17 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
 
 
 def local_kv(kv_caches: Dict[str, Any], index: Dict[str, int], rank: int, tp_size: int,
-             kv_heads: int, mla: bool) -> Optional[Any]:
+             total_heads: int, mla: bool) -> Optional["LocalKv"]:
     """The worker's KV as P/D across TP sizes sees it (LocalKv), or
     None when the model's KV heads are unknown or the views' strides are
     not heads- or tokens-outer (then a decode pulls rank to rank only)."""
-    if kv_heads <= 0 and not mla:
+    if total_heads <= 0 and not mla:
         return None
     views: Dict[int, Any] = {}
     for name, i in index.items():
         views.setdefault(i, kv_caches[name])
     try:
-        return LocalKv([views[i] for i in sorted(views)], rank, tp_size, kv_heads, mla)
+        return LocalKv([views[i] for i in sorted(views)], rank, tp_size, total_heads, mla)
     except ValueError as e:
         log.warning("kvbm: P/D between tensor-parallel sizes is off: %s", e)
         return None
