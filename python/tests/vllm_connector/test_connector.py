@@ -83,7 +83,9 @@ def test_a_block_the_cache_lost_is_reported_and_recomputed(engine):
     lost_id = loads[0].block_ids[2]
     reported = set().union(*(o.invalid_block_ids for o in e.outputs))
     assert reported == {lost_id}
-    # Recomputed: B's third block was written by the forward and stored.
+    # Recomputed: B's third block was written by the forward and stored
+    # (B's stores are ordered before its blocks' reuse, not awaited by run()).
+    e.idle()
     cache = e.worker._worker.worker.cache
     assert cache.match([bytes(h) for h in b.block_hashes[:3]])[0] == 3
     st = cache.stats()
