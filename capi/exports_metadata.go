@@ -47,28 +47,56 @@ func kvbmgo_worker_export_metadata_blocks(h C.uintptr_t, scope *C.kvbm_block_sco
 		return st
 	}
 	const what = "worker_export_metadata_blocks"
-	switch {
-	case scope == nil:
-		return fail(errInvalidArgument, "%s: scope is NULL", what)
-	case scope.struct_size < C.sizeof_kvbm_block_scope_t:
-		return fail(errInvalidArgument, "%s: struct_size %d is less than %d (use KVBM_BLOCK_SCOPE_INIT)", what, scope.struct_size, C.sizeof_kvbm_block_scope_t)
-	case scope.tiers == nil || scope.block_ids == nil || scope.num_blocks == 0:
-		return fail(errInvalidArgument, "%s: tiers or block_ids is NULL, or num_blocks is 0", what)
+	blocks, st := scopeBlocks(what, scope)
+	if st != statusOK {
+		return st
 	}
-	ids := blockIDs(scope.block_ids, scope.num_blocks)
-	tiers := unsafe.Slice(scope.tiers, len(ids))
-	s := worker.BlockScope{Blocks: map[worker.Tier][]int{}}
-	for i, id := range ids {
-		t, ok := tier(tiers[i])
-		if !ok {
-			return fail(errInvalidArgument, "%s: tiers[%d] is %d: want KVBM_TIER_G1..G3", what, i, tiers[i])
-		}
-		s.Blocks[t] = append(s.Blocks[t], id)
-	}
+	s := worker.BlockScope{Blocks: blocks}
 	if scope.expires_ms > 0 {
 		s.Expires = time.Now().Add(time.Duration(scope.expires_ms) * time.Millisecond)
 	}
 	return writeMetadata(what, func() ([]byte, error) { return e.Worker().ExportBlockScopedMetadata(s) }, buf, capacity, size)
+}
+
+// scopeBlocks reads a block scope's blocks by tier, checking the struct
+// and its tiers (the block ids are the worker's to check).
+func scopeBlocks(what string, scope *C.kvbm_block_scope_t) (map[worker.Tier][]int, C.kvbm_status_t) {
+	switch {
+	case scope == nil:
+		return nil, fail(errInvalidArgument, "%s: scope is NULL", what)
+	case scope.struct_size < C.sizeof_kvbm_block_scope_t:
+		return nil, fail(errInvalidArgument, "%s: struct_size %d is less than %d (use KVBM_BLOCK_SCOPE_INIT)", what, scope.struct_size, C.sizeof_kvbm_block_scope_t)
+	case scope.tiers == nil || scope.block_ids == nil || scope.num_blocks == 0:
+		return nil, fail(errInvalidArgument, "%s: tiers or block_ids is NULL, or num_blocks is 0", what)
+	}
+	ids := blockIDs(scope.block_ids, scope.num_blocks)
+	tiers := unsafe.Slice(scope.tiers, len(ids))
+	blocks := map[worker.Tier][]int{}
+	for i, id := range ids {
+		t, ok := tier(tiers[i])
+		if !ok {
+			return nil, fail(errInvalidArgument, "%s: tiers[%d] is %d: want KVBM_TIER_G1..G3", what, i, tiers[i])
+		}
+		blocks[t] = append(blocks[t], id)
+	}
+	return blocks, statusOK
+}
+
+//export kvbmgo_worker_revoke_blocks
+func kvbmgo_worker_revoke_blocks(h C.uintptr_t, scope *C.kvbm_block_scope_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	e, st := getWorker(h)
+	if st != statusOK {
+		return st
+	}
+	blocks, st := scopeBlocks("worker_revoke_blocks", scope)
+	if st != statusOK {
+		return st
+	}
+	if err := e.Worker().RevokeBlocks(blocks); err != nil {
+		return failErr(err)
+	}
+	return statusOK
 }
 
 // writeMetadata exports metadata into the caller's buffer, or says how

@@ -171,6 +171,9 @@ kvbm_status_t kvbm_worker_export_metadata_blocks(kvbm_worker_t w, const kvbm_blo
                                                  uint8_t *buf, size_t capacity, size_t *size) {
     FORWARD(kvbmgo_worker_export_metadata_blocks(H(w), (kvbm_block_scope_t *)scope, buf, capacity, size));
 }
+kvbm_status_t kvbm_worker_revoke_blocks(kvbm_worker_t w, const kvbm_block_scope_t *blocks) {
+    FORWARD(kvbmgo_worker_revoke_blocks(H(w), (kvbm_block_scope_t *)blocks));
+}
 kvbm_status_t kvbm_worker_import_metadata(kvbm_worker_t w, const uint8_t *metadata, size_t len) {
     FORWARD(kvbmgo_worker_import_metadata(H(w), (uint8_t *)metadata, len));
 }

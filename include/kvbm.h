@@ -493,9 +493,10 @@ typedef struct kvbm_block_scope {
 /* kvbm_worker_export_metadata scoped to some blocks, read only: the
  * metadata describes the scope's tiers only, and the worker's server
  * refuses its holder any other block, any write, and any request once the
- * scope expired (KVBM_ERR_UNSUPPORTED at the reader). A prefill hands a
- * decode the metadata of one request's blocks, not of every request's
- * KV. The worker keeps nothing per export. Within one process (workers
+ * scope expired or its blocks were revoked (kvbm_worker_revoke_blocks;
+ * KVBM_ERR_UNSUPPORTED at the reader). A prefill hands a decode the
+ * metadata of one request's blocks, not of every request's KV. The worker
+ * keeps nothing per export (a revocation epoch per block). Within one process (workers
  * reached directly) the scope is not enforced. A block's bytes may be
  * asked in any piece: a request that touches one byte of a block outside
  * the scope is refused whole. Returns as kvbm_worker_export_metadata, and
@@ -507,6 +508,24 @@ typedef struct kvbm_block_scope {
 kvbm_status_t kvbm_worker_export_metadata_blocks(kvbm_worker_t worker,
                                                  const kvbm_block_scope_t *scope, uint8_t *buf,
                                                  size_t capacity, size_t *size);
+
+/* Revokes the block-scoped metadata (kvbm_worker_export_metadata_blocks)
+ * made before this call that covers any of the blocks named (tiers,
+ * block_ids and num_blocks as in kvbm_block_scope_t; expires_ms is not
+ * read): the worker's server refuses its holders those blocks from now on
+ * (KVBM_ERR_UNSUPPORTED at the reader, "revoked"), and the call returns
+ * once no request such metadata allowed is still reading them. Call it
+ * before the blocks go to their next owner (a P/D prefill: when a
+ * request's blocks are released, its lease ends, or it is aborted);
+ * metadata exported afterwards for the same blocks reads them. Metadata
+ * of the whole worker (kvbm_worker_export_metadata, _scoped) is not
+ * revoked. Costs a few atomic loads per request served. Everything is
+ * checked before anything is revoked. Returns KVBM_OK (also on a
+ * transport that cannot scope: nothing to revoke), KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_INVALID_ARGUMENT (blocks NULL, struct_size, NULL arrays,
+ * num_blocks 0, a tier not G1, G2 or G3), KVBM_ERR_OUT_OF_RANGE (a block
+ * id beyond its layout), KVBM_ERR_NOT_FOUND (a tier not registered). */
+kvbm_status_t kvbm_worker_revoke_blocks(kvbm_worker_t worker, const kvbm_block_scope_t *blocks);
 
 /* Imports another worker's metadata so its layouts can be transfer
  * sources and destinations. A worker of this process is reached directly

@@ -76,6 +76,14 @@ type ScopedEndpointer interface {
 	ScopedEndpoint(s Scope) ([]byte, error)
 }
 
+// Revoker is a ScopedEndpointer that can end the request-scoped
+// capabilities it made (RevokeBlocks): those made before the call that
+// cover one of the blocks named stop reading them, and the call returns
+// once no request they allowed is still reading.
+type Revoker interface {
+	RevokeBlocks(layouts []ScopedLayout) error
+}
+
 // Joiner is a Peer that carries the capabilities of other peers of the
 // same server (request-scoped ones, each covering some blocks), so that
 // one imported layout reaches the server through whichever covers a

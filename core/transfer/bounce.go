@@ -137,10 +137,15 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 		}
 		hop1 := subPlan(p.src, b, p.srcIDs[lo:hi], staged, p.layers)
 		hop1.ctx = p.ctx
-		if err := m.runHop(hop1, hop1Opts); err != nil {
-			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
-		}
+		err := m.runHop(hop1, hop1Opts)
 		hop1Opts.Precondition = 0
+		if err != nil {
+			// The bounce holds what an earlier transfer left there (another
+			// request's bytes, perhaps): a failed first hop is never
+			// followed by its second, and the destination keeps its bytes.
+			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
+			continue
+		}
 		hop2 := headHop(p, b, p.dst, staged, p.dstIDs[lo:hi])
 		hop2.ctx = p.ctx
 		if err := m.runHop(hop2, Options{}); err != nil {

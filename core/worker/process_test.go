@@ -134,6 +134,20 @@ func TestExporterProcess(t *testing.T) {
 			fmt.Printf("metadata %s\n", hex.EncodeToString(md))
 			continue
 		}
+		if f[0] == "revoke" { // "revoke TIER B,B,...": those blocks change owner
+			tier, _ := strconv.Atoi(f[1])
+			var blocks []int
+			for _, b := range strings.Split(f[2], ",") {
+				n, _ := strconv.Atoi(b)
+				blocks = append(blocks, n)
+			}
+			if err := w.RevokeBlocks(map[Tier][]int{Tier(tier): blocks}); err != nil {
+				fmt.Printf("error %v\n", err)
+			} else {
+				fmt.Println("revoked")
+			}
+			continue
+		}
 		tier, _ := strconv.Atoi(f[1])
 		block, _ := strconv.Atoi(f[2])
 		tag, _ := strconv.ParseUint(f[3], 10, 64)

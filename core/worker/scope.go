@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -74,6 +75,44 @@ func (w *PhysicalWorker) ExportBlockScopedMetadata(s BlockScope) ([]byte, error)
 		md.Endpoints = append(md.Endpoints, Endpoint{Transport: w.network.Name(), Address: ep})
 	}
 	return md.Encode()
+}
+
+// RevokeBlocks ends every request-scoped capability of this worker made
+// before now that covers one of the blocks named, and returns once no
+// request it allowed is still reading them: the blocks can then go to
+// their next owner. A P/D prefill revokes a request's blocks when it is
+// released (the decode's done, its lease's end, an abort). Capabilities
+// made afterwards, for the blocks' next owner, are not touched; nor are
+// whole-worker ones (ExportMetadata), which are the deployment's.
+// Everything is checked before anything is revoked. A transport that
+// cannot scope has nothing to revoke.
+func (w *PhysicalWorker) RevokeBlocks(blocks map[Tier][]int) error {
+	if len(blocks) == 0 {
+		return fmt.Errorf("%w: revoke: no tier named", kvbmerr.ErrInvalidArgument)
+	}
+	var ls []remote.ScopedLayout
+	for _, t := range slices.Sorted(maps.Keys(blocks)) {
+		if !t.valid() {
+			return fmt.Errorf("%w: revoke: tier %d is not G1, G2 or G3", kvbmerr.ErrInvalidArgument, t)
+		}
+		h, err := w.handle(t, "revoke")
+		if err != nil {
+			return fmt.Errorf("revoke: %w", err)
+		}
+		l, _, err := w.m.Layout(h)
+		if err != nil {
+			return fmt.Errorf("revoke: %v: %w", t, err)
+		}
+		if i := slices.IndexFunc(blocks[t], func(b int) bool { return b < 0 || b >= l.Config().NumBlocks }); i >= 0 {
+			return fmt.Errorf("%w: revoke: block %d of %v, which has %d", kvbmerr.ErrOutOfRange, blocks[t][i], t, l.Config().NumBlocks)
+		}
+		ls = append(ls, remote.ScopedLayout{Layout: h, Blocks: blocks[t]})
+	}
+	r, ok := w.network.(remote.Revoker)
+	if !ok {
+		return nil
+	}
+	return r.RevokeBlocks(ls)
 }
 
 // adopt files a peer that connect made for md's worker: a request-scoped

@@ -95,3 +95,81 @@ func TestRequestScopedMetadataReadsThatRequestsBlocksOnly(t *testing.T) {
 		})
 	}
 }
+
+// revoke asks the exporter process to revoke blocks of tier, returning
+// what it answered.
+func (e *exporter) revoke(t *testing.T, tier Tier, blocks ...int) string {
+	t.Helper()
+	s := make([]string, len(blocks))
+	for i, b := range blocks {
+		s[i] = fmt.Sprint(b)
+	}
+	_, err := fmt.Fprintf(e.stdin, "revoke %d %s\n", tier, strings.Join(s, ","))
+	require.NoError(t, err)
+	require.True(t, e.out.Scan())
+	return e.out.Text()
+}
+
+// Request A's scoped metadata dies with A: once the prefill revokes A's
+// blocks (they go to request B), the decode still connected with A's
+// capability reads none of them, while B's, made afterwards for the same
+// blocks, reads them. Across processes, over TCP and on the same host.
+// A revocation names registered tiers and blocks inside them, or is
+// refused whole.
+func TestRevokedBlocksAreReadByNoEarlierScope(t *testing.T) {
+	for _, route := range []string{"tcp", "same host"} {
+		t.Run(route, func(t *testing.T) {
+			var env []string
+			if route == "tcp" {
+				env = append(env, "KVBM_SAME_HOST=0")
+			}
+			exp := startExporter(t, 0xA, env...)
+			dec := decodeWorker(t, 10*time.Second)
+			size := testConfig(1).BlockSize()
+			const a, b InstanceID = 0xA1, 0xB1
+			pull := func(inst InstanceID, src, dst int) error {
+				n, err := dec.ExecuteRemoteOnboardForInstance(inst, G1, []int{src}, G2, []int{dst}, transfer.Options{})
+				if err != nil {
+					return err
+				}
+				return n.WaitTimeout(-1)
+			}
+			pullTo := func(inst InstanceID, src int, tier Tier, dst int) error {
+				n, err := dec.ExecuteRemoteOnboardForInstance(inst, G1, []int{src}, tier, []int{dst}, transfer.Options{})
+				if err != nil {
+					return err
+				}
+				return n.WaitTimeout(-1)
+			}
+			require.NoError(t, dec.ConnectRemote(a, [][]byte{exp.scoped(t, G1, 3, 4)}))
+			require.NoError(t, pull(a, 3, 0))
+			require.NoError(t, pullTo(a, 3, G1, 6)) // primes the decode's bounce with block 3
+			require.Equal(t, pattern(size, uint64(G1)<<8|3), dec.read(t, G1, 6))
+			require.Equal(t, "revoked", exp.revoke(t, G1, 3))
+			dec.write(t, G2, 1, pattern(size, 0xFFFF))
+			err := pull(a, 3, 1)
+			require.ErrorIs(t, err, transfer.ErrUnsupported, "A's capability no longer reads block 3")
+			require.ErrorContains(t, err, "revoked")
+			require.Equal(t, pattern(size, 0xFFFF), dec.read(t, G2, 1), "nothing landed")
+			// Into G1 (device memory: two hops through a bounce that holds
+			// block 3's bytes from the pull before the revocation): nothing
+			// lands either.
+			dec.write(t, G1, 7, pattern(size, 0xFFFE))
+			require.ErrorContains(t, pullTo(a, 3, G1, 7), "revoked")
+			require.Equal(t, pattern(size, 0xFFFE), dec.read(t, G1, 7), "the bounce's stale bytes did not land")
+			require.NoError(t, pull(a, 4, 1), "block 4 is still A's")
+
+			require.NoError(t, dec.ConnectRemote(b, [][]byte{exp.scoped(t, G1, 3)}))
+			require.NoError(t, pull(b, 3, 2), "B's capability, made after the revocation")
+			require.Equal(t, pattern(size, uint64(G1)<<8|3), dec.read(t, G2, 2))
+
+			for what, answer := range map[string]string{
+				"block past G1": exp.revoke(t, G1, 4, 1<<20),
+				"G3":            exp.revoke(t, G3, 0),
+			} {
+				require.True(t, strings.HasPrefix(answer, "error "), "%s: %s", what, answer)
+			}
+			require.NoError(t, pull(a, 4, 1), "a refused revocation revoked nothing")
+		})
+	}
+}

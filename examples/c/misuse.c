@@ -215,6 +215,14 @@ static void handles(void) {
     CHECK(kvbm_metadata_worker_id(md, len, &exporter));
     EXPECT(exporter == 0x5001);
     free(md);
+    /* Revoking it: the same checks, nothing revoked by a refused call. */
+    EXPECT_STATUS(kvbm_worker_revoke_blocks(w, NULL), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_revoke_blocks(w, &short_scope), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_revoke_blocks(w, &none), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_revoke_blocks(w, &badtier), KVBM_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(kvbm_worker_revoke_blocks(w, &far_scope), KVBM_ERR_OUT_OF_RANGE);
+    EXPECT_STATUS(kvbm_worker_revoke_blocks(NULL, &scope), KVBM_ERR_INVALID_HANDLE);
+    CHECK(kvbm_worker_revoke_blocks(w, &scope));
 
     /* Object store: none configured; bad keys. */
     const uint8_t key[] = "block-0";

@@ -215,6 +215,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
     "kvbm_worker_export_metadata_scoped": (_status, [_p, c_uint32, _p, c_size_t, POINTER(c_size_t)], _S),
     "kvbm_worker_export_metadata_blocks": (_status, [_p, POINTER(BlockScopeC), _p, c_size_t,
                                                      POINTER(c_size_t)], _S),
+    "kvbm_worker_revoke_blocks": (_status, [_p, POINTER(BlockScopeC)], _S),
     "kvbm_worker_import_metadata": (_status, [_p, _p, c_size_t], _S),
     "kvbm_metadata_worker_id": (_status, [_p, c_size_t, POINTER(c_uint64)], _S),
     "kvbm_worker_disconnect_remote": (_status, [_p, c_uint64], _S),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint8, c_void_p, sizeof
+from ctypes import byref, c_int32, c_size_t, c_uint8, c_void_p, sizeof
 from os import PathLike, fspath
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._cint import Ids, block_ids, int32, metadata_bytes, millis, transfer_ids, uint64
@@ -21,6 +21,7 @@ from ._lib import lib
 from ._memory import buffer_of
 from ._notification import Notification
 from ._options import HeadSlice, options
+from ._scope import block_scope
 from .errors import (BufferTooSmallError, FailedPreconditionError, InvalidArgumentError,
                      InvalidHandleError, KvbmClosedError, KvbmError)
 
@@ -331,24 +332,22 @@ class Worker(Handle):
             flags = 1 if read_only else 0  # KVBM_EXPORT_READ_ONLY
             return self._export(lambda buf, cap, size: lib.kvbm_worker_export_metadata_scoped(
                 h, flags, buf, cap, size))
-        tiers: List[int] = []
-        ids: List[int] = []
-        for tier, tier_ids in blocks.items():
-            owner, addr, n = block_ids(tier_ids, "blocks")
-            tiers.extend([int32(tier, "tier")] * n)
-            ids.extend((ctypes.c_uint32 * n).from_address(addr) if n else [])
-            del owner
-        scope = _lib.BlockScopeC()
-        scope.struct_size = sizeof(scope)
-        tier_arr = (c_int32 * len(tiers))(*tiers)
-        id_arr = (ctypes.c_uint32 * len(ids))(*ids)
-        scope.tiers = ctypes.cast(tier_arr, c_void_p) if tiers else None
-        scope.block_ids = ctypes.cast(id_arr, c_void_p) if ids else None
-        scope.num_blocks = len(ids)
-        if expires is not None:
-            scope.expires_ms = millis(expires, "expires")
+        scope = block_scope(blocks, expires)
         return self._export(lambda buf, cap, size: lib.kvbm_worker_export_metadata_blocks(
             h, byref(scope), buf, cap, size))
+
+    def revoke_blocks(self, blocks: Mapping[int, Ids]) -> None:
+        """Ends the block-scoped metadata (export_metadata(blocks=...))
+        made before this call that covers any of blocks ({Tier.G1: ids,
+        ...}): its holders are refused those blocks from now on
+        (UnsupportedError at the reader), and the call returns once no read
+        it allowed is still under way. Call it before the blocks go to
+        their next owner (a P/D prefill: a request released, its lease
+        ended, aborted); metadata exported afterwards reads them. Whole-
+        worker metadata is not revoked. Raises InvalidArgumentError /
+        OutOfRangeError / NotFoundError for a bad tier or block (nothing
+        revoked then)."""
+        lib.kvbm_worker_revoke_blocks(self.handle, byref(block_scope(blocks)))
 
     @staticmethod
     def _export(call: Any) -> bytes:

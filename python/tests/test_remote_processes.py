@@ -43,6 +43,10 @@ PREFILL_SCRIPT = textwrap.dedent("""
         print("metadata", w.export_metadata().hex(), w.export_metadata(read_only=True).hex(),
               w.export_metadata(blocks={Tier.G2: [3, 2]}, expires=600).hex(), flush=True)
         for line in sys.stdin:
+            if line.startswith("revoke "):  # "revoke B,B": G2's blocks change owner
+                w.revoke_blocks({Tier.G2: [int(b) for b in line.split()[1].split(",")]})
+                print("revoked", flush=True)
+                continue
             _, seed, first, last = line.split()
             n = w.transfer(Tier.G2, ids, Tier.G1, ids); n.wait(); n.close()
             lo, hi = int(first) * cfg.block_bytes, int(last) * cfg.block_bytes
@@ -72,6 +76,11 @@ class Prefill:
 
     def check(self, seed, first, last):
         self.proc.stdin.write(f"check {seed} {first} {last}\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def revoke(self, *blocks):
+        self.proc.stdin.write("revoke " + ",".join(map(str, blocks)) + "\n")
         self.proc.stdin.flush()
         return self.proc.stdout.readline().strip()
 
@@ -154,6 +163,42 @@ def test_block_scoped_metadata_reads_its_blocks_only(prefill):
         with pytest.raises(kvbmgo.errors.NotFoundError):
             w.transfer_from_instance(PREFILL, Tier.G1, [2], Tier.G1, [5])
         w.disconnect_remote(PREFILL)
+
+
+def test_revoked_block_scoped_metadata_reads_none_of_those_blocks(prefill):
+    """The prefill revokes G2's block 2 (its request ended, the block goes
+    to another): the decode still connected with the old metadata is
+    refused it, and reads block 3 on."""
+    w, g1 = decode_worker(10.0)
+    with w:
+        w.connect_remote(PREFILL, prefill.blocks_2_3)
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, [2], Tier.G1, [2]))
+        assert prefill.revoke(2) == "revoked"
+        g1[:] = 0
+        with pytest.raises(kvbmgo.errors.UnsupportedError, match="revoked"):
+            wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, [2], Tier.G1, [2]))
+        # (G1 is reached in two hops: the bounce still held block 2 from
+        # the pull before, and a failed first hop is not followed by its
+        # second.)
+        assert not g1.any(), "no byte of the revoked block arrived"
+        wait_ok(w.transfer_from_instance(PREFILL, Tier.G2, [3], Tier.G1, [3]))
+        bb = CFG.block_bytes
+        np.testing.assert_array_equal(g1[3 * bb:4 * bb], pattern(5)[3 * bb:4 * bb])
+        w.disconnect_remote(PREFILL)
+
+
+def test_revoke_blocks_refuses_bad_blocks_whole():
+    with Worker(new_worker_id()) as w:
+        w.allocate_g2(CFG)
+        w.revoke_blocks({Tier.G2: [0, 1]})
+        with pytest.raises(kvbmgo.errors.InvalidArgumentError):
+            w.revoke_blocks({})
+        with pytest.raises(kvbmgo.errors.OutOfRangeError):
+            w.revoke_blocks({Tier.G2: [1, NB]})
+        with pytest.raises(kvbmgo.errors.NotFoundError):
+            w.revoke_blocks({Tier.G1: [0]})
+        with pytest.raises(kvbmgo.errors.InvalidArgumentError):
+            w.revoke_blocks({7: [0]})
 
 
 def test_block_scoped_export_refuses_bad_scopes():

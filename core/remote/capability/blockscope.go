@@ -12,28 +12,32 @@ import (
 
 // Block scopes: a capability that reads some blocks of some layouts and
 // nothing else (a decode pulling one request's blocks from a prefill),
-// until an optional expiry. It is stateless on the server: the scope's
-// descriptor travels in the endpoint and in the hello, and its key is
-// HMAC(secret, "kvbm-tcp block scope" | descriptor) (Secret.Blocks), so
-// the server keeps nothing per export and checks every request of a
-// connection against the descriptor its hello proved. The descriptor,
-// little endian:
+// until an optional expiry, or until its blocks change owner. It is
+// stateless on the server: the scope's descriptor travels in the endpoint
+// and in the hello, and its key is HMAC(secret, "kvbm-tcp block scope" |
+// descriptor) (Secret.Blocks), so the server keeps nothing per export and
+// checks every request of a connection against the descriptor its hello
+// proved. The epoch is the server's revocation epoch when the scope was
+// made: a block revoked since (revoke.go) is no longer the scope's. The
+// descriptor, little endian:
 //
-//	version u8 (1) | expires u64 (Unix seconds; 0: never) | layout count u8 |
+//	version u8 (2) | expires u64 (Unix seconds; 0: never) | epoch u64 |
+//	layout count u8 |
 //	count × { layout u16 | range count u16 | ranges × { first block u32 | blocks u32 } }
 //
 // in canonical form: layouts in increasing order, each with its ranges
 // sorted, none empty, none touching the next (an exporter merges them).
 const (
-	ScopeVersion    = 1
+	ScopeVersion    = 2        // 1 had no epoch: its scopes could not be revoked
 	MaxScopeLen     = 32 << 10 // what a hello may carry: about 4000 ranges
 	MaxScopeLayouts = 16
-	ScopeHeadLen    = 1 + 8 + 1
+	ScopeHeadLen    = 1 + 8 + 8 + 1
 )
 
 // BlockScope is a decoded descriptor.
 type BlockScope struct {
 	Expires uint64 // Unix seconds; 0: never
+	Epoch   uint64 // the server's revocation epoch when it was made (Revocations.Epoch)
 	Layouts []LayoutRanges
 }
 
@@ -67,12 +71,13 @@ type LayoutBlocks struct {
 
 // EncodeBlockScope makes the canonical descriptor of the scope that reads
 // the blocks of layouts, which must be those of worker, until expires
-// (zero: never; rounded up to the second).
-func EncodeBlockScope(worker uint64, layouts []LayoutBlocks, expires time.Time) ([]byte, error) {
+// (zero: never; rounded up to the second) or until they are revoked after
+// epoch (the server's Revocations.Epoch now).
+func EncodeBlockScope(worker uint64, layouts []LayoutBlocks, expires time.Time, epoch uint64) ([]byte, error) {
 	if len(layouts) == 0 || len(layouts) > MaxScopeLayouts {
 		return nil, fmt.Errorf("%w: a block scope names 1 to %d layouts, got %d", kvbmerr.ErrInvalidArgument, MaxScopeLayouts, len(layouts))
 	}
-	var bs BlockScope
+	bs := BlockScope{Epoch: epoch}
 	if !expires.IsZero() {
 		if !expires.After(time.Now()) {
 			return nil, fmt.Errorf("%w: a block scope that expires at %v, in the past", kvbmerr.ErrInvalidArgument, expires)
@@ -109,6 +114,7 @@ func EncodeBlockScope(worker uint64, layouts []LayoutBlocks, expires time.Time) 
 // EncodeBlockScope or ParseBlockScope).
 func (s BlockScope) AppendTo(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(append(b, ScopeVersion), s.Expires)
+	b = binary.LittleEndian.AppendUint64(b, s.Epoch)
 	b = append(b, byte(len(s.Layouts)))
 	for _, l := range s.Layouts {
 		b = binary.LittleEndian.AppendUint16(b, l.Layout)
@@ -157,8 +163,8 @@ func ParseBlockScope(b []byte) (BlockScope, error) {
 	if b[0] != ScopeVersion {
 		return bad("version %d, this library reads %d", b[0], ScopeVersion)
 	}
-	s := BlockScope{Expires: binary.LittleEndian.Uint64(b[1:])}
-	n := int(b[9])
+	s := BlockScope{Expires: binary.LittleEndian.Uint64(b[1:]), Epoch: binary.LittleEndian.Uint64(b[9:])}
+	n := int(b[ScopeHeadLen-1])
 	if n == 0 || n > MaxScopeLayouts {
 		return bad("%d layouts, 1 to %d", n, MaxScopeLayouts)
 	}

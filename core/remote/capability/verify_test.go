@@ -35,7 +35,7 @@ func TestTheVerifierGrantsTheScopeThatProvedItself(t *testing.T) {
 	sn, err := NewNonce()
 	require.NoError(t, err)
 	now := time.Now()
-	desc, err := EncodeBlockScope(0xE1, []LayoutBlocks{{Handle: Handle{0xE1, 1}, Blocks: []int{2}}}, now.Add(time.Minute))
+	desc, err := EncodeBlockScope(0xE1, []LayoutBlocks{{Handle: Handle{0xE1, 1}, Blocks: []int{2}}}, now.Add(time.Minute), 1)
 	require.NoError(t, err)
 	for name, c := range map[string]struct {
 		key   Key
@@ -60,7 +60,7 @@ func TestTheVerifierGrantsTheScopeThatProvedItself(t *testing.T) {
 	_, answer, _ := v.Verify(hello(t, other.ReadWrite().HelloKey(Deployment{}), sn, nil), sn, 0xE1, now)
 	require.Nil(t, answer, "another secret's key")
 
-	wider, err := EncodeBlockScope(0xE1, []LayoutBlocks{{Handle: Handle{0xE1, 1}, Blocks: []int{2, 3}}}, now.Add(time.Minute))
+	wider, err := EncodeBlockScope(0xE1, []LayoutBlocks{{Handle: Handle{0xE1, 1}, Blocks: []int{2, 3}}}, now.Add(time.Minute), 1)
 	require.NoError(t, err)
 	h := hello(t, s.Blocks(desc).HelloKey(Deployment{}), sn, wider)
 	_, answer, why := v.Verify(h, sn, 0xE1, now)

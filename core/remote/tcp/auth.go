@@ -21,6 +21,10 @@ import (
 // map (a mapping could be written).
 func (t *Transport) answerIn(g capability.Grant, c net.Conn, r io.Reader, q request) error {
 	if g.Scope == capability.ScopeBlocks {
+		// Counted from before the check to the last byte sent, so that a
+		// revocation of its blocks waits for it (capability/revoke.go).
+		tk := t.revoked.Enter()
+		defer t.revoked.Exit(tk)
 		if err := t.inScope(g.Blocks, c, q); err != nil {
 			return t.refuseRequest(c, r, q, err)
 		}

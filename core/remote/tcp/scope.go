@@ -38,7 +38,7 @@ func (t *Transport) ScopedEndpoint(s remote.Scope) ([]byte, error) {
 			}
 		}
 	}
-	desc, err := encodeScope(t.m.WorkerID(), s)
+	desc, err := encodeScope(t.m.WorkerID(), s, t.revoked.Epoch())
 	if err != nil {
 		return nil, err
 	}
@@ -50,13 +50,13 @@ func (t *Transport) ScopedEndpoint(s remote.Scope) ([]byte, error) {
 }
 
 // encodeScope makes the canonical descriptor of s, whose layouts must be
-// this worker's.
-func encodeScope(worker uint64, s remote.Scope) ([]byte, error) {
+// this worker's, made at revocation epoch epoch.
+func encodeScope(worker uint64, s remote.Scope, epoch uint64) ([]byte, error) {
 	layouts := make([]capability.LayoutBlocks, len(s.Layouts))
 	for i, l := range s.Layouts {
 		layouts[i] = capability.LayoutBlocks{Handle: capability.Handle(l.Layout), Blocks: l.Blocks}
 	}
-	return capability.EncodeBlockScope(worker, layouts, s.Expires)
+	return capability.EncodeBlockScope(worker, layouts, s.Expires, epoch)
 }
 
 // cutScope takes the length-prefixed descriptor at ep[at:] out of an
@@ -76,9 +76,10 @@ func cutScope(ep []byte, at int) (desc, rest []byte, err error) {
 	return desc, append(slices.Clone(ep[:at]), ep[at+2+n:]...), nil
 }
 
-// allows checks that ops of layout h, laid out as l, touch only blocks
-// the scope covers.
-func allows(s *capability.BlockScope, h transfer.LayoutHandle, l *layout.Layout, ops []transfer.RemoteOp) error {
+// covers checks that ops of layout h, laid out as l, touch only blocks
+// the scope covers (the client routes by it too: scopedpeer.go) and,
+// with revoked (the server's), none revoked since the scope was made.
+func covers(s *capability.BlockScope, revoked *capability.Revocations, h transfer.LayoutHandle, l *layout.Layout, ops []transfer.RemoteOp) error {
 	ranges, ok := s.Ranges(h.Layout)
 	if !ok {
 		return fmt.Errorf("%w: the request-scoped capability does not cover layout %v", kvbmerr.ErrUnsupported, h)
@@ -91,13 +92,17 @@ func allows(s *capability.BlockScope, h transfer.LayoutHandle, l *layout.Layout,
 		if !ranges.Covers(first, last) {
 			return fmt.Errorf("%w: the request-scoped capability does not cover blocks %d to %d of layout %v", kvbmerr.ErrUnsupported, first, last, h)
 		}
+		if revoked != nil && !revoked.Allows(s.Epoch, h.Layout, first, last) {
+			return fmt.Errorf("%w: the request-scoped capability was revoked: blocks %d to %d of layout %v changed owner since it was made", kvbmerr.ErrUnsupported, first, last, h)
+		}
 	}
 	return nil
 }
 
 // inScope checks a request of a connection whose hello proved block
-// scope bs: a read of blocks it covers, before it expires. A refusal is
-// counted and logged as the server's others are.
+// scope bs: a read of blocks it covers, before it expires, none of them
+// revoked since it was made (called between Revocations.Enter and Exit).
+// A refusal is counted and logged as the server's others are.
 func (t *Transport) inScope(bs *capability.BlockScope, c net.Conn, q request) error {
 	var err error
 	switch {
@@ -110,7 +115,7 @@ func (t *Transport) inScope(bs *capability.BlockScope, c net.Conn, q request) er
 	default:
 		var l *layout.Layout
 		if l, _, err = t.m.Layout(q.handle); err == nil {
-			err = allows(bs, q.handle, l, q.ops)
+			err = covers(bs, &t.revoked, q.handle, l, q.ops)
 		}
 	}
 	if err != nil {
@@ -124,3 +129,38 @@ func (t *Transport) inScope(bs *capability.BlockScope, c net.Conn, q request) er
 // RefusedOutOfScope is the number of requests refused for being outside
 // the request-scoped capability their connection proved.
 func (t *Transport) RefusedOutOfScope() uint64 { return t.refusedScope.Load() }
+
+// RevokeBlocks ends every request-scoped capability made before now that
+// covers one of the blocks named, and returns once no request it allowed
+// is still reading them: the blocks can go to their next owner (P/D: a
+// request released, its lease ended, or it was aborted). Capabilities
+// made after it, for the blocks' new owner, are not touched.
+// Whole-worker capabilities are not revoked.
+func (t *Transport) RevokeBlocks(layouts []remote.ScopedLayout) error {
+	type revocation struct {
+		layout    uint16
+		numBlocks int
+		blocks    []int
+	}
+	rs := make([]revocation, 0, len(layouts))
+	for _, sl := range layouts { // all checked before any is revoked
+		l, _, err := t.m.Layout(sl.Layout)
+		if err != nil {
+			return fmt.Errorf("revoke: %w", err)
+		}
+		if sl.Layout.Worker != t.m.WorkerID() {
+			return fmt.Errorf("%w: revoke: layout %v is not worker %x's", kvbmerr.ErrInvalidArgument, sl.Layout, t.m.WorkerID())
+		}
+		n := l.Config().NumBlocks
+		for _, b := range sl.Blocks {
+			if b < 0 || b >= n {
+				return fmt.Errorf("%w: revoke: block %d of layout %v, which has %d", kvbmerr.ErrOutOfRange, b, sl.Layout, n)
+			}
+		}
+		rs = append(rs, revocation{sl.Layout.Layout, n, sl.Blocks})
+	}
+	for _, r := range rs {
+		t.revoked.Revoke(r.layout, r.numBlocks, r.blocks)
+	}
+	return nil
+}

@@ -87,14 +87,15 @@ func (s *scopedPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) 
 	return transfer.Attachment{Memory: s}, nil
 }
 
-// Read reads through the first member whose scope covers ops (one that
-// is not broken, if there is one).
+// Read reads through the newest member whose scope covers ops (one that
+// is not broken, if there is one): blocks given to a newer request are
+// read with its capability, the older one's having been revoked.
 func (s *scopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	s.mu.Lock()
 	l := s.layouts[h]
 	var pick *tcpPeer
-	for _, m := range s.members {
-		if l != nil && allows(&m.scope, h, l, ops) == nil {
+	for _, m := range slices.Backward(s.members) {
+		if l != nil && covers(&m.scope, nil, h, l, ops) == nil {
 			if pick = m.own; pick.brokenErr() == nil {
 				break
 			}

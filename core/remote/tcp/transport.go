@@ -74,8 +74,9 @@ type Transport struct {
 	keyRW, keyRO  capability.Key
 	secret        capability.Secret // block scopes' keys are derived from it (ScopedEndpoint)
 	verifier      *capability.Verifier
-	refusedHellos atomic.Uint64 // connections refused at the hello
-	refusedScope  atomic.Uint64 // requests refused for being outside their block scope
+	refusedHellos atomic.Uint64          // connections refused at the hello
+	refusedScope  atomic.Uint64          // requests refused for being outside their block scope
+	revoked       capability.Revocations // block scopes' blocks that changed owner (RevokeBlocks)
 	// authKey is Config.AuthKey, or the environment's (authErr: why that
 	// could not be read, returned by Serve and Connect).
 	authKey capability.Deployment

@@ -168,8 +168,9 @@ static void op_import(input_t *in) {
     if (kvbm_coordinated_destroy(c) != KVBM_OK) abort();
 }
 
-/* A block-scoped export: tiers and ids sometimes invalid or out of range,
- * struct_size sometimes short, the buffer sometimes too small. */
+/* A block-scoped export, and sometimes a revocation of the same blocks:
+ * tiers and ids sometimes invalid or out of range, struct_size sometimes
+ * short, the buffer sometimes too small. */
 static void op_scope(input_t *in) {
     int32_t tiers[MAX_IDS];
     uint32_t ids[MAX_IDS];
@@ -189,6 +190,8 @@ static void op_scope(input_t *in) {
     size_t cap = (u8(in) & 1) ? sizeof buf : u8(in);
     check(kvbm_worker_export_metadata_blocks(worker, (u8(in) % 16) ? &scope : NULL, buf, cap, &len),
           "worker_export_metadata_blocks");
+    if (u8(in) & 1)
+        check(kvbm_worker_revoke_blocks(worker, (u8(in) % 16) ? &scope : NULL), "worker_revoke_blocks");
 }
 
 static void op_objects(input_t *in) {
