@@ -12,7 +12,11 @@ not hold, so an asker without the token learns nothing (neither the
 metadata, nor the engine id, nor whether the request exists) and releases
 nothing, not even a request held later. A pull is answered with metadata
 that reads that request's G1 blocks only, until its lease ends
-(``pd_request_metadata``). The socket caps a frame at pd_wire.REQUEST_MAX.
+(``pd_request_metadata``), and no longer once the request is let go: its
+blocks are revoked (``pd_revoke``, kvbm_worker_revoke_blocks) before they
+are reported released, so metadata a decode (or anyone it leaked to)
+still holds never reads the blocks' next request. The socket caps a frame
+at pd_wire.REQUEST_MAX.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .. import _control
 from .._layout import Tier
 from . import pd_wire as wire
 
-__all__ = ["PrefillServer", "pd_metadata", "pd_request_metadata"]
+__all__ = ["PrefillServer", "pd_metadata", "pd_request_metadata", "pd_revoke"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,13 @@ def pd_request_metadata(worker: Any, block_ids: List[int], expires_s: float) -> 
     a request's token: a capability that reads that request's G1 blocks and
     nothing else (not G2, not another request's KV), for expires_s seconds."""
     return worker.export_metadata(blocks={Tier.G1: list(block_ids)}, expires=expires_s)
+
+
+def pd_revoke(worker: Any, block_ids: List[int]) -> None:
+    """Ends every request's metadata (pd_request_metadata) that reads one of
+    block_ids, once no read it allowed is under way: called before the
+    blocks go back to vLLM for another request."""
+    worker.revoke_blocks({Tier.G1: list(block_ids)})
 
 
 class _Hold:
@@ -90,7 +101,8 @@ class PrefillServer:
 
     def __init__(self, metadata: bytes, engine_id: str, host: str, port: int,
                  hold_s: float, kv: Optional[Dict[str, Any]] = None,
-                 scoped: Optional[Any] = None) -> None:
+                 scoped: Optional[Any] = None,
+                 revoke: Optional[Callable[[List[int]], None]] = None) -> None:
         import zmq
         self.engine_id = engine_id
         self.address = f"tcp://{host}:{port}"
@@ -100,6 +112,9 @@ class PrefillServer:
         # scoped(block_ids, expires_s) -> the metadata of a request's blocks
         # only (pd_request_metadata); None: metadata for every request.
         self._scoped = scoped
+        # revoke(block_ids): ends the scoped metadata of blocks let go (pd_revoke)
+        self._revoke = revoke
+        self._revoke_pending: List[int] = []       # blocks let go, not yet revoked
         self._hold_s = hold_s
         self._lock = threading.Lock()
         self._held: Dict[str, _Hold] = {}
@@ -147,7 +162,7 @@ class PrefillServer:
             if early is not None:
                 h.done_by, h.consumers = early
                 if h.done:
-                    self._let_go(req_id, token)
+                    self._let_go(req_id, token, h.blocks)
                     return
             self._held[req_id] = h
         log.debug("kvbm: P/D: request %s held for a decode instance", req_id)
@@ -170,15 +185,27 @@ class PrefillServer:
                 if not h.done:
                     expired.append(req_id)
                 del self._held[req_id]
-                self._let_go(req_id, h.token)
+                self._let_go(req_id, h.token, h.blocks)
             out, self._released = self._released, set()
+            revoke, self._revoke_pending = self._revoke_pending, []
+        # Revoked before vLLM hears they are released (and may give them to
+        # another request); outside the lock: the revocation waits for reads
+        # of them under way, and the channel keeps answering meanwhile.
+        if revoke and self._revoke is not None:
+            try:
+                self._revoke(sorted(set(revoke)))
+            except Exception as e:  # noqa: BLE001 - the blocks must go back all the same
+                log.error("kvbm: P/D: the metadata of %d released blocks could not be "
+                          "revoked (%s); they are released all the same", len(revoke), e)
         # Logged outside the lock: a slow log handler never holds up the channel.
         for req_id in expired:
             log.warning("kvbm: no decode instance was done with request %s within its hold; "
                         "its blocks are freed", req_id)
         return out
 
-    def _let_go(self, req_id: str, token: str) -> None:
+    def _let_go(self, req_id: str, token: str, blocks: Optional[List[int]] = None) -> None:
+        if blocks:
+            self._revoke_pending.extend(blocks)
         self._released.add(req_id)
         self._gone[req_id] = token
         while len(self._gone) > _GONE_KEPT:
@@ -288,7 +315,7 @@ class PrefillServer:
                 hold.done_by.add(who)
                 if hold.done and not hold.leased(time.monotonic()):
                     del self._held[req_id]
-                    self._let_go(req_id, hold.token)
+                    self._let_go(req_id, hold.token, hold.blocks)
                 return wire.accepted()
             if gone is not None:
                 return wire.refusal("released")
@@ -317,8 +344,10 @@ class PrefillServer:
         blocks only). A request's metadata that cannot be scoped is not
         handed (logged): the decode fails its blocks, and nothing wider
         goes out."""
-        if self._scoped is None or not hold.blocks:
+        if self._scoped is None:
             return self._md, False
+        if not hold.blocks:  # nothing to read: nothing wider goes out either
+            return None, False
         try:
             return self._scoped(hold.blocks, expires_s), True
         except Exception as e:  # noqa: BLE001 - a closed worker too: the channel keeps serving

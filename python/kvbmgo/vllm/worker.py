@@ -183,13 +183,14 @@ class KvbmWorker:
         """The side channel decode workers pull through (kv_both: started by
         the first request held for a decode instance)."""
         if self._server is None:
-            from .pd_prefill import PrefillServer, pd_metadata, pd_request_metadata
+            from .pd_prefill import PrefillServer, pd_metadata, pd_request_metadata, pd_revoke
             w = self.worker
             self._server = PrefillServer(pd_metadata(w), self.engine_id,
                                          self.config.pd_host, self.pd_port,
                                          self.config.pd_hold_s,
                                          None if self._local is None else self._local.describe(),
-                                         scoped=lambda ids, s: pd_request_metadata(w, ids, s))
+                                         scoped=lambda ids, s: pd_request_metadata(w, ids, s),
+                                         revoke=lambda ids: pd_revoke(w, ids))
         return self._server
 
     def _decode_puller(self) -> Any:

@@ -412,3 +412,59 @@ def test_a_decode_holding_one_requests_metadata_reads_that_requests_blocks_only(
     finally:
         proc.kill()
         d.close()
+
+
+def test_a_requests_metadata_dies_with_the_request(zctx):
+    """Attack 1 of the second trust round: whoever holds R0's metadata (its
+    decode, or anyone it reached) pulls R0 and says done; the prefill lets
+    R0 go and its blocks may go to another request, so the old metadata no
+    longer reads them (revoked by the prefill before vLLM got them back),
+    while R1's, made for other blocks, reads on."""
+    from kvbmgo import Tier
+    from kvbmgo.errors import UnsupportedError
+    from test_disagg import PrefillProcess, _transport
+    if _transport() == "loopback":
+        pytest.skip("cross-process transport not available")
+    prompts = {"R0": [1] + PROMPT, "R1": [2] + PROMPT}
+    port = free_port()
+    d = decode_engine()
+    proc = PrefillProcess(port, prompts)
+    try:
+        first = proc.next()
+        p0 = first["params"]["R0"]
+
+        def pull_md(params):
+            frames = ask(zctx, port, {"op": "pull", "req": params["remote_request_id"],
+                                      "engine": params["remote_engine_id"],
+                                      "token": params["kvbm_token"], "lease_s": 30},
+                         timeout_ms=10000)
+            head = json.loads(frames[0])
+            assert head["ok"] and head["scoped"] is True, head
+            return head, frames[1]
+
+        head, md = pull_md(p0)
+        w = d.worker._worker.worker
+        w.connect_remote(0xA0, md)
+        n = len(p0["remote_block_ids"])
+        local = list(range(1, 1 + n))
+        pull = w.transfer_from_instance(0xA0, Tier.G1, p0["remote_block_ids"], Tier.G1, local)
+        pull.wait(10)
+        pull.close()
+        done = ask(zctx, port, {"op": "done", "req": p0["remote_request_id"],
+                                "engine": p0["remote_engine_id"], "token": p0["kvbm_token"],
+                                "lease": head["lease"]}, timeout_ms=10000)
+        assert json.loads(done[0])["ok"], done
+        while "R0" not in proc.next(timeout=60).get("finished_sending", []):
+            pass
+        d.raw.zero_()
+        again = w.transfer_from_instance(0xA0, Tier.G1, p0["remote_block_ids"], Tier.G1, local)
+        with pytest.raises(UnsupportedError, match="revoked"):
+            again.wait(10)
+        again.close()
+        for b in local:  # no byte of the blocks' next owner arrived
+            for layer in range(len(LAYERS)):
+                assert not d.read(b, layer).any(), f"block {b} layer {layer}"
+        w.disconnect_remote(0xA0)
+    finally:
+        proc.kill()
+        d.close()
