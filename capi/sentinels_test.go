@@ -27,6 +27,7 @@ import (
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/memavail"
 	"github.com/kvbm/kvbm/internal/memfd"
+	"github.com/kvbm/kvbm/internal/privdir"
 	"github.com/kvbm/kvbm/kvbmerr"
 )
 
@@ -78,6 +79,7 @@ var sentinels = map[string]struct {
 	"cuda.ErrCUDAUnavailable":             {cuda.ErrCUDAUnavailable, errUnsupported},
 	"internal/memavail.ErrInsufficient":   {memavail.ErrInsufficient, errIO},
 	"internal/memfd.ErrUnavailable":       {memfd.ErrUnavailable, errUnsupported},
+	"internal/privdir.ErrNotPrivate":      {privdir.ErrNotPrivate, errFailedPrecondition},
 	"kvbmerr.ErrAlreadyExists":            {kvbmerr.ErrAlreadyExists, errAlreadyExists},
 	"kvbmerr.ErrCUDA":                     {kvbmerr.ErrCUDA, errCUDA},
 	"kvbmerr.ErrCanceled":                 {kvbmerr.ErrCanceled, errCanceled},

@@ -244,9 +244,13 @@ typedef struct kvbm_worker_config {
                                kvbm_info_t.device_count - 1 */
     int32_t rank;           /* rank under its leader; prefixes object keys */
     uint64_t worker_id;     /* unique in the process and across instances */
-    const char *disk_dir;   /* directory for G3 files; NULL or "": no G3 */
+    const char *disk_dir;   /* directory for G3 files; NULL or "": no G3.
+                             * It must exist, be owned by this process's
+                             * user and be writable by no group or other
+                             * user (see kvbm_worker_allocate_g3) */
     const char *object_dir; /* G4 object store location; NULL or "": none.
-                             * "/path" or "file:///path": a filesystem store;
+                             * "/path" or "file:///path": a filesystem store,
+                             * private to this user (see kvbm_worker_create);
                              * "s3://bucket/prefix[?endpoint=URL&region=R]":
                              * an S3 store (see kvbm_worker_create) */
     uint32_t remote_deadline_ms; /* bound on each operation on a peer's
@@ -281,10 +285,18 @@ typedef struct kvbm_worker_config {
  * KVBM_ERR_IO (object_dir cannot be created; an S3 server refuses the
  * credentials, lacks the bucket or does not answer), KVBM_ERR_TIMEOUT (an
  * S3 server silent for 30 s), KVBM_ERR_UNSUPPORTED /
- * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork()).
+ * KVBM_ERR_CUDA (backend), KVBM_ERR_FAILED_PRECONDITION (after fork();
+ * also: a filesystem object_dir, or its rank directory, that is not owned
+ * by this process's effective user or that its group or other users can
+ * write, the message naming its path, mode and owner: chmod 700 it, chown
+ * it, or name another).
  *
  * object_dir: a directory (created if missing) or file:///path names a
- * filesystem store; s3://bucket/prefix an S3 store holding objects
+ * filesystem store holding objects "{dir}/{rank}/{hex key}". The
+ * directories kvbm makes there are 0700 and the objects 0600, whatever the
+ * umask; an existing directory is never chmod'ed, and one others may read
+ * (0755) is used with a warning logged, since they can list the objects'
+ * names (prefix hashes). s3://bucket/prefix an S3 store holding objects
  * "prefix/{rank}/{hex key}" in bucket, which must exist (it is never
  * created); put the deployment and model in prefix. The endpoint and region
  * come from the location's query (endpoint=http://host:port, region=…),
@@ -367,10 +379,15 @@ kvbm_status_t kvbm_worker_allocate_g2(kvbm_worker_t worker, const kvbm_layout_co
 /* Allocates G3 (one file in the worker's disk_dir, owned by the worker; the
  * file has no name, O_TMPFILE or unlinked as it is opened, so its space
  * goes back when the worker is destroyed or the process dies, SIGKILL
- * included). handle may be NULL. Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (also: no
+ * included). The file is 0600, whatever the umask. handle may be NULL.
+ * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (also: no
  * disk_dir), KVBM_ERR_ALREADY_EXISTS, KVBM_ERR_IO (also: larger than the
  * filesystem's free space, the message naming the bytes requested and
- * free), KVBM_ERR_INVALID_HANDLE, KVBM_ERR_FAILED_PRECONDITION. */
+ * free; disk_dir missing), KVBM_ERR_INVALID_HANDLE,
+ * KVBM_ERR_FAILED_PRECONDITION (after fork(); also: a disk_dir not owned
+ * by this process's effective user or that its group or other users can
+ * write, the message naming its path, mode and owner: chmod 700 it, chown
+ * it, or name another; nothing is created in it). */
 kvbm_status_t kvbm_worker_allocate_g3(kvbm_worker_t worker, const kvbm_layout_config_t *config,
                                       kvbm_layout_handle_t *handle);
 

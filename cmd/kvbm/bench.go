@@ -200,7 +200,7 @@ func median(v []float64) float64 {
 // subdirectory of cfg.dir removed at the end.
 func runBench(cfg benchConfig) (rep *benchReport, err error) {
 	start := time.Now()
-	if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("-dir %q: %w", cfg.dir, err)
 	}
 	root, err := os.MkdirTemp(cfg.dir, "kvbm-bench-")

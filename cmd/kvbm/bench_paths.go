@@ -32,7 +32,7 @@ type benchPath struct {
 // own (G1 as vLLM has it, layer-separate, plus a fully contiguous G1 for
 // whole blocks; G2; G3 and G4 under dir).
 func benchGrid(drv cuda.Driver, cfg benchConfig, p *progress, dir string, tokens, blocks, conc int) (_ []benchResult, err error) {
-	if err := os.MkdirAll(filepath.Join(dir, "g3"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, "g3"), 0o700); err != nil {
 		return nil, fmt.Errorf("bench directory: %w", err)
 	}
 	w, err := newTierWorker(drv, tierSpec{name: "bench", id: 0xBE, g1: blocks, g2: blocks, g3: blocks, tokens: tokens,

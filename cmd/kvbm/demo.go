@@ -131,7 +131,7 @@ func makeWorkDir(dir string) (string, func() error, error) {
 		}
 		created = parent
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return "", nil, fmt.Errorf("-dir %q: %w", dir, err)
 	}
 	return abs, func() error { return removeDir(created) }, nil
@@ -174,7 +174,7 @@ func (d *demo) setup(root string) (err error) {
 	}
 	d.loop = remote.NewLoopback()
 	g3, g4 := filepath.Join(root, "g3"), filepath.Join(root, "g4")
-	if err := os.MkdirAll(g3, 0o755); err != nil {
+	if err := os.MkdirAll(g3, 0o700); err != nil {
 		return fmt.Errorf("G3 directory: %w", err)
 	}
 	if d.media, err = newMediaLimits(g3, filepath.Join(root, "limits"), d.blockSize); err != nil {

@@ -54,7 +54,7 @@ func newMediaLimits(diskDir, fileDir string, blockSize int) (l *mediaLimits, err
 	if l.direct, err = baseline.CreateDirectFile(filepath.Join(diskDir, "limit-odirect"), uint64(bytes), blockSize); err != nil {
 		return nil, err
 	}
-	if err = os.MkdirAll(fileDir, 0o755); err != nil {
+	if err = os.MkdirAll(fileDir, 0o700); err != nil {
 		return nil, fmt.Errorf("file limit directory: %w", err)
 	}
 	if l.files, err = baseline.NewFiles(filepath.Join(fileDir, "limit-files"), limitChunk); err != nil {

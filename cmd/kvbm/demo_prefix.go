@@ -95,7 +95,7 @@ func runPrefix(drv cuda.Driver, root string, lim func(map[worker.Tier]int) (limi
 	// G1: A's blocks (reused by the other request once offloaded), then B's.
 	g1A, g1B := seq(0, prefixPromptA), seq(prefixPromptA, promptB)
 	g3 := filepath.Join(root, "g3-prefix")
-	if err := os.MkdirAll(g3, 0o755); err != nil {
+	if err := os.MkdirAll(g3, 0o700); err != nil {
 		return nil, fmt.Errorf("prefix: G3 directory: %w", err)
 	}
 	w, err := newTierWorker(drv, tierSpec{name: "prefix", id: 0xC, g1: prefixPromptA + promptB, g2: prefixG2, g3: prefixG3,

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+
+	"github.com/kvbm/kvbm/internal/privdir"
 )
 
 // DefaultConcurrency is the number of blocks an FSStore moves at once when
@@ -25,7 +27,10 @@ const tempPrefix = ".tmp-"
 type FSConfig struct {
 	// Dir is the store's root directory, local or a shared mount. It is
 	// created if missing, and created again by a put that finds it (or
-	// the rank directory) gone.
+	// the rank directory) gone. The directories the store makes are 0700
+	// and its objects 0600; it refuses (privdir.ErrNotPrivate) a root or
+	// rank directory that is not the user's own or that its group or
+	// other users can write (package privdir).
 	Dir string
 	// HasRank and Rank prefix every object with the worker's rank
 	// ("{Dir}/{Rank}/{hex key}"), so SPMD workers sharing Dir never
@@ -42,6 +47,7 @@ type FSConfig struct {
 // the directory) so that readers on any host sharing the directory see an
 // object whole or not at all.
 type FSStore struct {
+	root        string // Dir
 	dir         string // where objects live: Dir, or Dir/{rank}
 	concurrency int
 	faults      fsFaults
@@ -58,7 +64,8 @@ type fsFaults struct {
 var _ Store = (*FSStore)(nil)
 
 // NewFSStore opens (creating if needed) a filesystem store. It fails, naming
-// the directory, when the directory cannot be created or written.
+// the directory, when the directory cannot be created or written, or is
+// open to other users (privdir.Check: nothing is made in such a directory).
 func NewFSStore(cfg FSConfig) (*FSStore, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("fs object store: empty directory")
@@ -69,11 +76,12 @@ func NewFSStore(cfg FSConfig) (*FSStore, error) {
 	if cfg.Concurrency < 0 {
 		return nil, fmt.Errorf("fs object store %q: invalid concurrency %d", cfg.Dir, cfg.Concurrency)
 	}
-	dir := filepath.Clean(cfg.Dir)
+	root := filepath.Clean(cfg.Dir)
+	dir := root
 	if cfg.HasRank {
-		dir = filepath.Join(dir, strconv.Itoa(cfg.Rank))
+		dir = filepath.Join(root, strconv.Itoa(cfg.Rank))
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := makeDirs(root, dir); err != nil {
 		return nil, fmt.Errorf("fs object store %q: %w", dir, err)
 	}
 	// Probe with a real temporary file: a read-only mount or a directory
@@ -90,7 +98,20 @@ func NewFSStore(cfg FSConfig) (*FSStore, error) {
 	if c == 0 {
 		c = DefaultConcurrency
 	}
-	return &FSStore{dir: dir, concurrency: c}, nil
+	return &FSStore{root: root, dir: dir, concurrency: c}, nil
+}
+
+// makeDirs makes (privdir.Make) the store's root, then its rank directory
+// dir if that is another: the root is checked before anything is made in
+// it.
+func makeDirs(root, dir string) error {
+	if err := privdir.Make(root); err != nil {
+		return err
+	}
+	if dir == root {
+		return nil
+	}
+	return privdir.Make(dir)
 }
 
 // Dir returns the directory holding the store's objects: FSConfig.Dir, or
@@ -198,15 +219,15 @@ func (s *FSStore) putOne(key Key, src BlockIO, id int, buf []byte) (err error) {
 
 // createTemp creates the temporary file an object is written to. A store
 // directory that has vanished (a wiped or remounted shared directory) is
-// created again, as NewFSStore would, so that puts recover without a new
-// store.
+// created again, as NewFSStore would and checked as it was, so that puts
+// recover without a new store.
 func (s *FSStore) createTemp(key Key) (*os.File, error) {
 	pattern := tempPrefix + key.String() + "-*"
 	f, err := os.CreateTemp(s.dir, pattern)
 	if !errors.Is(err, fs.ErrNotExist) {
 		return f, err
 	}
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+	if err := makeDirs(s.root, s.dir); err != nil {
 		return nil, fmt.Errorf("recreate missing store directory: %w", err)
 	}
 	// The new directory's own entry must survive a crash like the objects

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvbm/kvbm/internal/memavail"
+	"github.com/kvbm/kvbm/internal/privdir"
 )
 
 // DirectIOAlignment is the alignment O_DIRECT needs of buffer addresses, file
@@ -45,13 +46,18 @@ type DiskFile struct {
 
 // CreateDiskFile creates a new file of size bytes in dir (which must exist)
 // and reserves its space with fallocate, falling back to writing zeros
-// where the filesystem does not support it.
+// where the filesystem does not support it. The file is 0600; dir must be
+// the user's own and writable by no other (privdir.Check), else it is
+// refused, wrapping privdir.ErrNotPrivate, and nothing is made in it.
 func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("create disk layout: directory must be set")
 	}
 	if size == 0 {
 		return nil, fmt.Errorf("create disk layout: size must be > 0")
+	}
+	if err := privdir.Check(dir); err != nil {
+		return nil, fmt.Errorf("create disk layout: %w", err)
 	}
 	release, err := checkSpace(dir, size)
 	if err != nil {
@@ -82,7 +88,7 @@ func CreateDiskFile(dir string, size uint64) (*DiskFile, error) {
 // file). The O_DIRECT descriptor is a second open of the same file (through
 // /proc/self/fd for O_TMPFILE); it is nil where O_DIRECT is refused.
 func openUnnamed(dir string) (buffered, direct *os.File, err error) {
-	fd, err := syscall.Open(dir, unix.O_TMPFILE|syscall.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	fd, err := syscall.Open(dir, unix.O_TMPFILE|syscall.O_RDWR|syscall.O_CLOEXEC, uint32(privdir.FileMode))
 	if err == nil && noTmpfile {
 		syscall.Close(fd)
 		err = syscall.EOPNOTSUPP
@@ -101,6 +107,7 @@ func openUnnamed(dir string) (buffered, direct *os.File, err error) {
 		return nil, nil, err
 	}
 	// No O_TMPFILE here (ENOENT: a missing dir, reported by CreateTemp below).
+	// CreateTemp makes the file 0600, as privdir.FileMode.
 	f, err := os.CreateTemp(dir, "kvbm-layout-*.g3")
 	if err != nil {
 		return nil, nil, err

@@ -72,7 +72,10 @@ class Worker(Handle):
         AlreadyExistsError (worker_id in use), KvbmIOError (object_dir cannot
         be created; an S3 server that refuses the credentials, lacks the
         bucket or does not answer), KvbmTimeoutError (an S3 server silent for
-        30 s), UnsupportedError / CudaError (device backend)."""
+        30 s), FailedPreconditionError (an object_dir directory not owned by
+        this user, or writable by its group or others: kvbm makes its
+        directories 0700 and its files 0600), UnsupportedError / CudaError
+        (device backend)."""
         worker_id = uint64(worker_id, "worker_id")
         device_id = int32(device_id, "device_id")
         c = _lib.WorkerConfigC()
@@ -252,8 +255,9 @@ class Worker(Handle):
         on disk after the process ends, even by SIGKILL). Raises
         InvalidArgumentError (no disk_dir, the config), AlreadyExistsError
         (G3 allocated), KvbmIOError (the file; also larger than the free disk
-        space, the message naming the bytes requested and free), and what
-        config.to_c() raises."""
+        space, the message naming the bytes requested and free),
+        FailedPreconditionError (disk_dir not owned by this user, or writable
+        by its group or others), and what config.to_c() raises."""
         out = _lib.LayoutHandleC()
         cfg = config.to_c()
         lib.kvbm_worker_allocate_g3(self.handle, byref(cfg), byref(out))

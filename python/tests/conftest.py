@@ -42,7 +42,7 @@ def worker(tmp_path, g1_config):
     """A worker with G1 (numpy, layer separate), G2 and G3; yields (worker, layers)."""
     layers = [np.zeros((NUM_BLOCKS, OUTER, PAGE, INNER), dtype=np.uint16)
               for _ in range(NUM_LAYERS)]
-    (tmp_path / "disk").mkdir()
+    (tmp_path / "disk").mkdir(mode=0o700)
     with Worker(new_worker_id(), disk_dir=tmp_path / "disk",
                 object_dir=tmp_path / "objects") as w:
         w.register_g1(g1_config, layers)

@@ -38,7 +38,7 @@ def cached(tmp_path):
     layers = [np.zeros((BLOCKS, OUTER, PAGE, INNER), dtype=np.uint16) for _ in range(LAYERS)]
     cfg = LayoutConfig(num_blocks=BLOCKS, num_layers=LAYERS, outer_dim=OUTER, page_size=PAGE,
                        inner_dim=INNER, dtype_width=2, layout="layer_separate", block_dim="first")
-    (tmp_path / "disk").mkdir()
+    (tmp_path / "disk").mkdir(mode=0o700)
     with Worker(new_worker_id(), disk_dir=tmp_path / "disk", object_dir=tmp_path / "g4") as w:
         w.register_g1(cfg, layers)
         host = cfg.replace(layout="fully_contiguous")
@@ -171,7 +171,7 @@ def test_write_modes_by_name(tmp_path):
     layers = [np.zeros((4, OUTER, PAGE, INNER), dtype=np.uint16) for _ in range(LAYERS)]
     cfg = LayoutConfig(num_blocks=4, num_layers=LAYERS, outer_dim=OUTER, page_size=PAGE,
                        inner_dim=INNER, dtype_width=2, layout="layer_separate", block_dim="first")
-    (tmp_path / "d").mkdir()
+    (tmp_path / "d").mkdir(mode=0o700)
     with Worker(new_worker_id(), disk_dir=tmp_path / "d") as w:
         w.register_g1(cfg, layers)
         w.allocate_g2(cfg.replace(layout="fully_contiguous"))

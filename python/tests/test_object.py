@@ -1,9 +1,13 @@
 """The G4 object store through a worker."""
+import os
+import stat
+
 import numpy as np
 import pytest
 
 from kvbmgo import LayoutConfig, Tier, Worker
-from kvbmgo.errors import InvalidArgumentError, KvbmError, NotFoundError, UnsupportedError
+from kvbmgo.errors import (FailedPreconditionError, InvalidArgumentError, KvbmError,
+                           NotFoundError, UnsupportedError)
 
 from conftest import NUM_BLOCKS, clear, fill, new_worker_id, verify
 
@@ -85,3 +89,32 @@ def test_done_is_true_after_a_failed_transfer(worker):
     with w.transfer(Tier.G1, IDS, Tier.G2, IDS) as n:
         assert n.wait(10)
         assert n.done() is True and n.poll() is True
+
+
+def test_g3_and_g4_directories_are_private(worker, tmp_path):
+    """What kvbm makes for G4 is 0700 (directories) and 0600 (objects)."""
+    w, layers = worker
+    fill(layers)
+    w.object_put([b"private-%d" % i for i in range(2)], Tier.G1, [0, 1])
+    seen = 0
+    for root, dirs, files in os.walk(tmp_path / "objects"):
+        assert stat.S_IMODE(os.stat(root).st_mode) == 0o700, root
+        for f in files:
+            assert stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode) == 0o600, f
+            seen += 1
+    assert seen == 2
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])
+def test_directories_others_can_write_are_refused(tmp_path, g1_config, mode):
+    """KVBM_ERR_FAILED_PRECONDITION, naming the directory; nothing made in it."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, mode)
+    with pytest.raises(FailedPreconditionError, match="chmod 700") as e:
+        Worker(new_worker_id(), object_dir=open_dir)
+    assert str(open_dir) in str(e.value)
+    with Worker(new_worker_id(), disk_dir=open_dir) as w:
+        with pytest.raises(FailedPreconditionError, match=str(open_dir)):
+            w.allocate_g3(g1_config.replace(layout="fully_contiguous"))
+    assert list(open_dir.iterdir()) == []

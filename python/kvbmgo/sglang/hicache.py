@@ -128,7 +128,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
         self._namespace = namespace_of(sc, layout.layout, layout.config.page_size,
                                        layout.config.dtype_width)
         if c.disk_dir:
-            os.makedirs(c.disk_dir, exist_ok=True)
+            os.makedirs(c.disk_dir, mode=0o700, exist_ok=True)
         wid = c.worker_id or ((os.getpid() & 0xFFFFFFFF) << 24 | next(_worker_ids))
         # The worker's rank prefixes its object (G4) keys: MLA tensor ranks
         # hold the same KV (one shard per decode-context rank) and share

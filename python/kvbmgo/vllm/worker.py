@@ -134,7 +134,7 @@ class KvbmWorker:
         g2, g3 = c.tier_blocks(cfg.block_bytes)
         g4_dir = os.path.join(c.g4_dir, f"rank{self.rank}") if c.g4_dir else None
         if c.g3_dir is not None:
-            os.makedirs(c.g3_dir, exist_ok=True)
+            os.makedirs(c.g3_dir, mode=0o700, exist_ok=True)
             sweep_g3_dirs(c.g3_dir)
             self._g3_dir = tempfile.mkdtemp(prefix=f"kvbm-rank{self.rank}-pid{os.getpid()}-",
                                             dir=c.g3_dir)
