@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/remote/tcp"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -46,9 +47,10 @@ func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult
 	connName := map[string]string{"tcp": "remote connect + hello (tcp)", "tls": "remote connect + TLS + hello (tls)"}
 	wantsAny := func(names ...string) bool { return slices.ContainsFunc(names, cfg.wants) }
 	tlsVsTCP := []string{pullName("tls, vs tcp"), pushName("tls, vs tcp")}
+	scopedVsTCP := pullName("tcp, request-scoped, vs tcp")
 	needs := map[string]bool{
 		"same host": wantsAny(pullName("same host"), pushName("same host")),
-		"tcp":       wantsAny(pullName("tcp"), pushName("tcp"), connName["tcp"], connName["tls"], tlsVsTCP[0], tlsVsTCP[1]),
+		"tcp":       wantsAny(pullName("tcp"), pushName("tcp"), connName["tcp"], connName["tls"], tlsVsTCP[0], tlsVsTCP[1], scopedVsTCP),
 		"tls":       wantsAny(pullName("tls"), pushName("tls"), connName["tls"], tlsVsTCP[0], tlsVsTCP[1]),
 	}
 	pairs := map[string]*remoteBench{}
@@ -98,7 +100,8 @@ func benchRemote(drv cuda.Driver, cfg benchConfig, p *progress) (_ []benchResult
 		paths = append(paths, benchPath{pullName("same host"), copyName, sh.pull, copyBase}, benchPath{pushName("same host"), copyName, sh.push, copyBase})
 	}
 	if tp := pairs["tcp"]; tp != nil {
-		paths = append(paths, benchPath{pullName("tcp"), streamName, tp.pull, streamBase}, benchPath{pushName("tcp"), streamName, tp.push, streamBase})
+		paths = append(paths, benchPath{pullName("tcp"), streamName, tp.pull, streamBase}, benchPath{pushName("tcp"), streamName, tp.push, streamBase},
+			benchPath{scopedVsTCP, pullName("tcp"), tp.scopedPull, tp.pull})
 	}
 	if tl := pairs["tls"]; tl != nil {
 		paths = append(paths, benchPath{pullName("tls"), streamName, tl.pull, streamBase}, benchPath{pushName("tls"), streamName, tl.push, streamBase})
@@ -141,7 +144,11 @@ const connects = 200
 // remoteBench is a pull and a push of all the blocks of another worker's
 // G2, and connects one after another to it (connect, TLS where
 // configured, and the hello; then close).
-type remoteBench struct{ pull, push, connect func() (time.Duration, error) }
+// scopedPull (plain TCP only) pulls them with a request-scoped
+// capability covering them all, every block revoked once before it was
+// made: the server checks each request's blocks against the scope and
+// their revocation epochs (docs/data-plane.md).
+type remoteBench struct{ pull, push, connect, scopedPull func() (time.Duration, error) }
 
 // remotePair makes an exporter and an importer, each a manager with its
 // own TCP transport of configuration tc, the exporter's G2 imported.
@@ -209,6 +216,15 @@ func remotePair(drv cuda.Driver, lc layout.Config, tc tcp.Config) (_ *remoteBenc
 			return imp.ExecuteTransfer(localG2, ids, remoteG2, ids, transfer.Options{})
 		})
 	}
+	if tc.NoSameHost && tc.NoTLS {
+		imp2, imp2TCP, local2, err := side(0x11)
+		if err != nil {
+			return nil, closeAll, err
+		}
+		if rb.scopedPull, err = scopedPuller(expTCP, d, imp2, imp2TCP, local2, ids); err != nil {
+			return nil, closeAll, err
+		}
+	}
 	rb.connect = func() (time.Duration, error) {
 		t0 := time.Now()
 		for range connects {
@@ -219,6 +235,33 @@ func remotePair(drv cuda.Driver, lc layout.Config, tc tcp.Config) (_ *remoteBenc
 		return time.Since(t0), nil
 	}
 	return rb, closeAll, nil
+}
+
+// scopedPuller imports the exporter's layout d into imp through a
+// request-scoped capability of all of ids, made after each was revoked
+// once, and returns a pull of them into local.
+func scopedPuller(expTCP *tcp.Transport, d transfer.Descriptor, imp *transfer.Manager, impTCP *tcp.Transport,
+	local transfer.LayoutHandle, ids []int) (func() (time.Duration, error), error) {
+	scope := []remote.ScopedLayout{{Layout: d.Handle, Blocks: ids}}
+	if err := expTCP.RevokeBlocks(scope); err != nil {
+		return nil, err
+	}
+	ep, err := expTCP.ScopedEndpoint(remote.Scope{Layouts: scope})
+	if err != nil {
+		return nil, err
+	}
+	peer, err := impTCP.Connect(context.Background(), ep)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := imp.Import(peer, []transfer.Descriptor{d}); err != nil {
+		return nil, err
+	}
+	return func() (time.Duration, error) {
+		return timed("scoped remote pull", func() (*transfer.Notification, error) {
+			return imp.ExecuteTransfer(d.Handle, ids, local, ids, transfer.Options{})
+		})
+	}, nil
 }
 
 // throwawayTLS makes a CA and one certificate of it for 127.0.0.1 in dir,
