@@ -11,10 +11,11 @@ import (
 	"github.com/kvbm/kvbm/core/remote"
 )
 
-// Default bounds on the server's connections (Config.MaxConns,
-// Config.MaxConnsPerAddr). A peer worker holds Conns (4) connections and
-// one more that watches for its death, so one address holds a dozen
-// workers' worth at the default.
+// Default bounds on the server's authenticated connections
+// (Config.MaxConns, Config.MaxConnsPerAddr). A peer worker holds Conns (4)
+// connections and one more that watches for its death, so one address
+// holds a dozen workers' worth at the default. Connections still at their
+// hello have a budget of their own (admission.go).
 const (
 	DefaultMaxConns        = 1024
 	DefaultMaxConnsPerAddr = 64
@@ -43,9 +44,16 @@ var listenWrap func(net.Listener) net.Listener
 type LimitCounts struct {
 	// AcceptErrors are failed accepts (the listener retried after a pause).
 	AcceptErrors uint64
-	// OverMaxConns and OverMaxConnsPerAddr are connections closed at
-	// accept because the server held MaxConns connections, or
-	// MaxConnsPerAddr from the connection's address.
+	// OverMaxPendingConnsPerAddr are connections closed at accept because
+	// the server held MaxPendingConnsPerAddr connections from their
+	// address that had not passed the hello; EvictedPending those that had
+	// not passed it, closed to take a newer one when the server held
+	// MaxPendingConns; SlowHellos those that did not pass it (the TLS
+	// handshake included) within HelloDeadline (admission.go).
+	OverMaxPendingConnsPerAddr, EvictedPending, SlowHellos uint64
+	// OverMaxConns and OverMaxConnsPerAddr are connections closed once
+	// their hello passed because the server held MaxConns authenticated
+	// connections, or MaxConnsPerAddr from the connection's address.
 	OverMaxConns, OverMaxConnsPerAddr uint64
 	// SlowHeaders are connections closed because a request header did not
 	// arrive whole within the remote deadline of its first byte;
@@ -56,15 +64,23 @@ type LimitCounts struct {
 // Limits reports the server's refusals and accept errors.
 func (t *Transport) Limits() LimitCounts {
 	l := &t.lim
-	return LimitCounts{AcceptErrors: l.acceptErrors.Load(), OverMaxConns: l.overConns.Load(),
-		OverMaxConnsPerAddr: l.overPerAddr.Load(), SlowHeaders: l.slowHeaders.Load(), BadRequests: l.badRequests.Load()}
+	return LimitCounts{AcceptErrors: l.acceptErrors.Load(),
+		OverMaxPendingConnsPerAddr: l.overPendingPerAddr.Load(), EvictedPending: l.evictedPending.Load(), SlowHellos: l.slowHellos.Load(),
+		OverMaxConns: l.overConns.Load(), OverMaxConnsPerAddr: l.overPerAddr.Load(),
+		SlowHeaders: l.slowHeaders.Load(), BadRequests: l.badRequests.Load()}
 }
 
 // limits is the server's connection accounting and refusal counters.
 type limits struct {
-	perAddr map[string]int // open server connections by remote IP (TCP only); under Transport.mu
+	// Under Transport.mu: the connections that have not passed the hello
+	// (admission.go), and those that have: in all, and by remote IP (TCP
+	// only).
+	pending pendingConns
+	authed  int
+	perAddr map[string]int
 
-	acceptErrors, overConns, overPerAddr, slowHeaders, badRequests atomic.Uint64
+	acceptErrors, overPendingPerAddr, evictedPending, slowHellos atomic.Uint64
+	overConns, overPerAddr, slowHeaders, badRequests             atomic.Uint64
 
 	logMu  sync.Mutex
 	logged map[refusalKey]time.Time
@@ -73,8 +89,9 @@ type limits struct {
 type refusalKey struct{ peer, what string }
 
 // connAddr is the address a connection is counted under for
-// MaxConnsPerAddr: its remote IP; "" (not counted) for the same-host
-// socket, whose peers are this user's processes.
+// MaxConnsPerAddr and MaxPendingConnsPerAddr: its remote IP; "" (not
+// counted) for the same-host socket, whose peers are this user's
+// processes.
 func connAddr(c net.Conn) string {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		return a.IP.String()
@@ -82,15 +99,16 @@ func connAddr(c net.Conn) string {
 	return ""
 }
 
-// admitConn counts c against the caps, or reports why it must be closed;
-// t.mu held.
+// admitConn counts c, whose hello passed, against the caps of
+// authenticated connections, or reports why it must be closed; t.mu held.
 func (t *Transport) admitConn(c net.Conn) (refused string) {
-	if len(t.conns) >= t.cfg.MaxConns {
+	if t.lim.authed >= t.cfg.MaxConns {
 		t.lim.overConns.Add(1)
 		return "the server holds MaxConns connections"
 	}
 	addr := connAddr(c)
 	if addr == "" {
+		t.lim.authed++
 		return ""
 	}
 	if t.lim.perAddr == nil {
@@ -101,11 +119,19 @@ func (t *Transport) admitConn(c net.Conn) (refused string) {
 		return "the server holds MaxConnsPerAddr connections from this address"
 	}
 	t.lim.perAddr[addr]++
+	t.lim.authed++
 	return ""
 }
 
-// releaseConn uncounts a connection admitConn admitted; t.mu held.
-func (t *Transport) releaseConn(c net.Conn) {
+// releaseConn uncounts a closed connection: from the authenticated caps
+// when admitConn admitted it (authed), else from the pending budget (where
+// an evicted one is no longer); t.mu held.
+func (t *Transport) releaseConn(c net.Conn, authed bool) {
+	if !authed {
+		t.lim.pending.remove(c)
+		return
+	}
+	t.lim.authed--
 	addr := connAddr(c)
 	if addr == "" {
 		return

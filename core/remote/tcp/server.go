@@ -3,7 +3,6 @@ package tcp
 import (
 	"bufio"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -17,8 +16,9 @@ import (
 
 // accept serves the connections of a listener until the transport closes.
 // A failed accept (EMFILE, ...) is retried after a pause (limits.go); a
-// connection beyond MaxConns or MaxConnsPerAddr is closed at once, before
-// anything is read from it or allocated for it.
+// connection beyond MaxPendingConnsPerAddr is closed at once, before
+// anything is read from it or allocated for it, and one beyond
+// MaxPendingConns takes the place of an older one (admission.go).
 func (t *Transport) accept(ln net.Listener) {
 	defer t.wg.Done()
 	var pause time.Duration
@@ -46,16 +46,20 @@ func (t *Transport) accept(ln net.Listener) {
 			c.Close() // another user of this host: it may not map our memory
 			continue
 		}
-		if refused := t.admitConn(c); refused != "" {
+		evicted, refused := t.admitPending(c)
+		if refused != "" {
 			t.mu.Unlock()
 			c.Close()
-			t.logRefusal(c.RemoteAddr().String(), "conns", "tcp transport: closed a connection at accept: "+refused,
-				"max_conns", t.cfg.MaxConns, "max_conns_per_addr", t.cfg.MaxConnsPerAddr)
+			t.logRefusal(c.RemoteAddr().String(), "pending", "tcp transport: closed a connection at accept: "+refused,
+				"max_pending_conns_per_addr", t.cfg.MaxPendingConnsPerAddr)
 			continue
 		}
 		t.conns[c] = struct{}{}
 		t.wg.Add(1)
 		t.mu.Unlock()
+		if evicted != nil {
+			t.evict(evicted)
+		}
 		go t.serveConn(c)
 	}
 }
@@ -65,26 +69,23 @@ func (t *Transport) accept(ln net.Listener) {
 // remote deadline, so that a frozen or slow peer (one byte of a header,
 // then nothing) cannot hold the connection or the manager for ever;
 // between requests it waits without one. The TLS handshake, where there
-// is one, and the hello run within the deadline of one header.
+// is one, and the hello run within the hello deadline instead, in the
+// pending budget (admission.go).
 func (t *Transport) serveConn(raw net.Conn) {
 	defer t.wg.Done()
+	authed := false
 	defer func() {
 		raw.Close()
 		t.mu.Lock()
 		delete(t.conns, raw)
-		t.releaseConn(raw)
+		t.releaseConn(raw, authed)
 		t.mu.Unlock()
 	}()
+	c, g, ok := t.hello(raw, &authed)
+	if !ok {
+		return
+	}
 	deadline := t.m.RemoteDeadline()
-	raw.SetDeadline(time.Now().Add(deadline))
-	c, ok := t.serverTLS(raw) // raw itself without TLS; closed with raw
-	if !ok {
-		return
-	}
-	g, ok := t.handshake(c)
-	if !ok {
-		return
-	}
 	// Only now, once the peer proved a capability, does the connection get
 	// anything of its own: a peer that cannot is closed on having cost
 	// the hello's few bytes, never a buffer.
@@ -117,41 +118,39 @@ func (t *Transport) serveConn(raw net.Conn) {
 // capability); a client that fails it is closed on with nothing said but
 // the challenge. The hello is read straight from the connection (no
 // buffered reader yet), its scope descriptor bounded by
-// capability.MaxScopeLen.
-func (t *Transport) handshake(c net.Conn) (g capability.Grant, ok bool) {
+// capability.MaxScopeLen. The server's proof, answer, is the caller's to
+// send.
+func (t *Transport) handshake(c net.Conn) (g capability.Grant, answer []byte, ok bool) {
 	sn, err := capability.NewNonce()
 	if err != nil {
-		return capability.Grant{}, false
+		return capability.Grant{}, nil, false
 	}
 	if _, err := c.Write(sn); err != nil {
-		return capability.Grant{}, false
+		return capability.Grant{}, nil, false
 	}
 	b := make([]byte, capability.HelloLen)
 	if _, err := io.ReadFull(c, b); err != nil {
-		t.refuseHello(c, fmt.Sprintf("no hello: %v", err))
-		return capability.Grant{}, false
+		t.helloFailed(c, "no hello", err)
+		return capability.Grant{}, nil, false
 	}
 	h, err := capability.ParseHello(b)
 	if err != nil {
 		t.refuseHello(c, err.Error())
-		return capability.Grant{}, false
+		return capability.Grant{}, nil, false
 	}
 	if h.ScopeLen > 0 {
 		h.Scope = make([]byte, h.ScopeLen)
 		if _, err := io.ReadFull(c, h.Scope); err != nil {
-			t.refuseHello(c, fmt.Sprintf("no scope descriptor: %v", err))
-			return capability.Grant{}, false
+			t.helloFailed(c, "no scope descriptor", err)
+			return capability.Grant{}, nil, false
 		}
 	}
 	g, answer, why := t.verifier.Verify(h, sn, t.m.WorkerID(), time.Now())
 	if answer == nil {
 		t.refuseHello(c, why)
-		return capability.Grant{}, false
+		return capability.Grant{}, nil, false
 	}
-	if _, err := c.Write(answer); err != nil {
-		return capability.Grant{}, false
-	}
-	return g, true
+	return g, answer, true
 }
 
 // answer serves one request; an error means the connection must close.

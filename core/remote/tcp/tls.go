@@ -141,18 +141,18 @@ func (t *Transport) checkTLSMatch(ep tcpEndpoint) error {
 }
 
 // serverTLS runs the server's TLS handshake on a TCP connection, within
-// the deadline already set on it (that of a request header: a slow
-// handshake holds its connection slot no longer than a slow header
-// would); c itself when TLS is off or c is the same-host socket. A
-// client that fails it (no certificate, one of another CA, expired, or
-// a plain client) is refused as a failed hello is.
+// the hello deadline already set on it (a slow handshake holds its slot
+// of the pending budget no longer than a slow hello would, admission.go);
+// c itself when TLS is off or c is the same-host socket. A client that
+// fails it (no certificate, one of another CA, expired, or a plain
+// client) is refused as a failed hello is.
 func (t *Transport) serverTLS(c net.Conn) (net.Conn, bool) {
 	if t.tls == nil || c.LocalAddr().Network() != "tcp" {
 		return c, true
 	}
 	tc := tls.Server(c, t.tls.server)
 	if err := tc.Handshake(); err != nil {
-		t.refuseHello(c, "TLS handshake: "+err.Error())
+		t.helloFailed(c, "TLS handshake", err)
 		return nil, false
 	}
 	return tc, true

@@ -243,8 +243,9 @@ func TestTLSRefusesWhatTheCAdoesNotVouchFor(t *testing.T) {
 
 // TLS on one end only is refused at Connect, before a byte is sent, with
 // the variables to set; a plain client that connects anyway learns
-// nothing (not even the challenge) and is closed by the header deadline
-// (its slot freed), the refusal counted and logged.
+// nothing (not even the challenge) and is closed by the hello deadline
+// (its slot freed), counted as a slow hello; one that says something that
+// is not TLS is refused, counted and logged.
 func TestTLSOnOneEndOnlyIsRefusedClearly(t *testing.T) {
 	const deadline = 300 * time.Millisecond
 	k := newPKI(t)
@@ -258,7 +259,9 @@ func TestTLSOnOneEndOnlyIsRefusedClearly(t *testing.T) {
 		require.NoError(t, err)
 		return tr, ep
 	}
-	tlsSrv, tlsEP := mk(tlsCfg(k.good(t, "server")))
+	srvCfg := tlsCfg(k.good(t, "server"))
+	srvCfg.HelloDeadline = deadline
+	tlsSrv, tlsEP := mk(srvCfg)
 	_, plainEP := mk(Config{Listen: "127.0.0.1:0", NoSameHost: true})
 
 	plainCli := New(Config{NoSameHost: true})
@@ -281,7 +284,8 @@ func TestTLSOnOneEndOnlyIsRefusedClearly(t *testing.T) {
 	_, err = plainCli.Connect(ctx, e.append(nil))
 	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
 	require.ErrorContains(t, err, "closed the connection at the hello")
-	require.Equal(t, uint64(1), tlsSrv.Refused())
+	require.Equal(t, uint64(1), tlsSrv.Limits().SlowHellos)
+	require.Zero(t, tlsSrv.Refused())
 
 	// A raw client that says something that is not TLS, or nothing.
 	for _, say := range []string{"KVBT hello", ""} {
@@ -291,7 +295,8 @@ func TestTLSOnOneEndOnlyIsRefusedClearly(t *testing.T) {
 		require.Empty(t, readAll(t, c), "%q: no challenge, nothing", say)
 		c.Close()
 	}
-	require.Eventually(t, func() bool { return tlsSrv.Refused() == 3 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return tlsSrv.Refused() == 1 && tlsSrv.Limits().SlowHellos == 2 }, 5*time.Second, time.Millisecond,
+		"not TLS: refused; nothing: slow")
 	require.Eventually(t, func() bool {
 		tlsSrv.mu.Lock()
 		defer tlsSrv.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/remote/capability"
@@ -39,13 +40,27 @@ type Config struct {
 	// KVBM_SAME_HOST=0): a peer on this host otherwise connects over a Unix
 	// socket and maps the shared memory of host layouts (samehost_*.go).
 	NoSameHost bool
-	// MaxConns bounds the connections the server holds (default
-	// DefaultMaxConns); one more is closed at accept.
+	// MaxConns bounds the connections the server holds once their hello
+	// passed (default DefaultMaxConns); one more is closed then.
 	MaxConns int
 	// MaxConnsPerAddr bounds the server's TCP connections from one remote
-	// IP address (default DefaultMaxConnsPerAddr); one more is closed at
-	// accept.
+	// IP address once their hello passed (default DefaultMaxConnsPerAddr);
+	// one more is closed then.
 	MaxConnsPerAddr int
+	// MaxPendingConns bounds the connections the server holds that have
+	// not passed the hello (default DefaultMaxPendingConns); one more
+	// takes the place of one of them, the oldest of the address holding
+	// the most, which is closed (admission.go).
+	MaxPendingConns int
+	// MaxPendingConnsPerAddr bounds the server's TCP connections from one
+	// remote IP address that have not passed the hello (default
+	// DefaultMaxPendingConnsPerAddr); one more is closed at accept.
+	MaxPendingConnsPerAddr int
+	// HelloDeadline is the time a connection has, once accepted, to pass
+	// the TLS handshake, where there is one, and the hello (default
+	// DefaultHelloDeadline); one that does not is closed. Its requests have
+	// the manager's remote deadline.
+	HelloDeadline time.Duration
 	// TLS names the PEM files that make every TCP connection TLS 1.3 with
 	// certificates both ways (tls.go); when all three are empty, they are
 	// KVBM_TLS_CERT, KVBM_TLS_KEY and KVBM_TLS_CA, unless NoTLS.
@@ -115,6 +130,15 @@ func New(cfg Config) *Transport {
 	}
 	if cfg.MaxConnsPerAddr <= 0 {
 		cfg.MaxConnsPerAddr = DefaultMaxConnsPerAddr
+	}
+	if cfg.MaxPendingConns <= 0 {
+		cfg.MaxPendingConns = DefaultMaxPendingConns
+	}
+	if cfg.MaxPendingConnsPerAddr <= 0 {
+		cfg.MaxPendingConnsPerAddr = DefaultMaxPendingConnsPerAddr
+	}
+	if cfg.HelloDeadline <= 0 {
+		cfg.HelloDeadline = DefaultHelloDeadline
 	}
 	if cfg.TLS == (TLSFiles{}) && !cfg.NoTLS {
 		cfg.TLS = tlsFilesFromEnv()

@@ -37,6 +37,15 @@ type tcpPair struct {
 
 func newTCPPair(t testing.TB, deadline time.Duration, cfgs ...Config) *tcpPair {
 	t.Helper()
+	p := newUnconnectedPair(t, deadline, smallConfig(8), cfgs...)
+	p.connect(t)
+	return p
+}
+
+// newUnconnectedPair is a pair whose importer has not connected yet, with
+// layouts of lc.
+func newUnconnectedPair(t testing.TB, deadline time.Duration, lc layout.Config, cfgs ...Config) *tcpPair {
+	t.Helper()
 	tcpCfg := Config{Listen: "127.0.0.1:0"}
 	if len(cfgs) > 0 {
 		tcpCfg = cfgs[0]
@@ -45,7 +54,7 @@ func newTCPPair(t testing.TB, deadline time.Duration, cfgs ...Config) *tcpPair {
 	if len(cfgs) > 1 {
 		impCfg = cfgs[1]
 	}
-	p := &tcpPair{emu: cuda.NewEmulated(1), cfg: smallConfig(8),
+	p := &tcpPair{emu: cuda.NewEmulated(1), cfg: lc,
 		remote: map[string]transfer.LayoutHandle{}, local: map[string]transfer.LayoutHandle{}}
 	var err error
 	p.exp, err = transfer.NewManager(transfer.Config{WorkerID: 0xE1, Driver: p.emu, RemoteDeadline: deadline})
@@ -72,6 +81,12 @@ func newTCPPair(t testing.TB, deadline time.Duration, cfgs ...Config) *tcpPair {
 		p.local[name], err = p.imp.AllocateLayout(s.kind, p.cfg, s.shape)
 		require.NoError(t, err)
 	}
+	return p
+}
+
+// connect connects the importer to the exporter and imports its layouts.
+func (p *tcpPair) connect(t testing.TB) {
+	t.Helper()
 	ep, err := p.expTCP.Endpoint()
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a server that never answers fails the test, not the run
@@ -84,7 +99,6 @@ func newTCPPair(t testing.TB, deadline time.Duration, cfgs ...Config) *tcpPair {
 		_, err = p.imp.Import(p.peer, []transfer.Descriptor{d})
 		require.NoError(t, err)
 	}
-	return p
 }
 
 // fill writes a distinct pattern into every block of a layout.
