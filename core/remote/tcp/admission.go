@@ -37,7 +37,7 @@ import (
 // Config.MaxPendingConnsPerAddr) and its deadline (Config.HelloDeadline).
 const (
 	DefaultMaxPendingConns        = 128
-	DefaultMaxPendingConnsPerAddr = 8
+	DefaultMaxPendingConnsPerAddr = 32 // several workers of one host (TP ranks, each with Conns+1) dial at once
 	DefaultHelloDeadline          = 2 * time.Second
 )
 
