@@ -9,7 +9,8 @@ heartbeat and the timeouts (``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``,
 ``..._WAITING_TIMEOUT``, ``..._HEARTBEAT_INTERVAL``,
 ``..._HEARTBEAT_MAX_FAILURE``) are SGLang's own. What differs is who moves
 the bytes: kvbm's decode worker pulls them (``transfer_from_instance``) from
-the prefill worker's registered KV memory.
+the prefill worker's registered KV memory, with metadata that reads only
+the room's pages and dies with the room (``pd_prefill``).
 
 Memory: each side registers SGLang's KV buffers (``KVArgs.kv_data_ptrs``, the
 raw per-layer K and V buffers; ``kv_item_lens`` is one page of one layer) as
@@ -57,7 +58,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 import zmq
 
-from sglang.srt.disaggregation.base.conn import KVArgs
+from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll
 from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.environ import envs
@@ -294,6 +295,14 @@ class KvbmKVManager(CommonKVManager):
         # thread this runs on.
         timeout = float(getattr(self, "waiting_timeout", 5) or 5)
         return int(min(5.0, max(1.0, timeout)) * 1000)
+
+    def update_status(self, bootstrap_room: int, status: Any) -> None:
+        # A prefill room that ends (Success, Failed) first has its pages'
+        # metadata revoked: SGLang frees the pages once it polls that status.
+        side = getattr(self, "side", None)
+        if isinstance(side, PrefillSide) and status in (KVPoll.Success, KVPoll.Failed):
+            side.revoke(bootstrap_room)
+        super().update_status(bootstrap_room, status)
 
     # ---- messages the common receiver sends (decode -> prefill)
 

@@ -11,7 +11,13 @@ CancelDestination (the pulls canceled and ended, then Failed).
 
 Every pull is bounded by SGLANG_DISAGGREGATION_WAITING_TIMEOUT from
 send_metadata (the library cancels one still running then), as is the
-request (``KvbmKVReceiver._poll``)."""
+request (``KvbmKVReceiver._poll``).
+
+The decode holds no capability of the prefill worker as a whole: each
+KVBM_PULL brings metadata that reads that chunk's pages only (per piece of
+the chunk, pd_wire.scope_pieces); it is connected under an instance of the
+room's own, through which the piece's pages are pulled, and disconnected
+when the room ends. The prefill revokes it then too."""
 
 from __future__ import annotations
 
@@ -50,7 +56,10 @@ class _DecodeRoom(HandoffSide):
         self.targets = targets
         self.submit = submit
         self.submitted = False
-        self.chunks: List[Tuple[int, np.ndarray]] = []  # (dst offset, source pages)
+        # (dst offset, source pages, pieces: (offset in the chunk, pages, instance))
+        self.chunks: List[Tuple[int, np.ndarray, List[Tuple[int, int, int]]]] = []
+        self.instances: List[int] = []  # connected for the room's metadata
+        self.closed = False  # disconnected: connects nothing more
         self.pulled = 0  # chunks whose pull started
         self.token: Optional[str] = None  # the prefill rank the pages come from
         self.aux_rows: Optional[List[bytes]] = None
@@ -75,6 +84,7 @@ class _DecodeRoom(HandoffSide):
         self.side.mgr.update_status(self.room, KVPoll.Success)
 
     def release_source(self, h: Handoff) -> OutcomeKind:
+        self.disconnect()  # every pull ended (TransferCompleted)
         self.side.done(self, KVPoll.Success, "")
         return OutcomeKind.APPLIED
 
@@ -83,6 +93,45 @@ class _DecodeRoom(HandoffSide):
             return OutcomeKind.NOOP
         self.side.done(self, KVPoll.Failed, h.reason or "decode gave up")
         return OutcomeKind.APPLIED
+
+    def connect(self, src: np.ndarray,
+                scopes: List[wire.Scope]) -> List[Tuple[int, int, int]]:
+        """Connects the scoped metadata of a chunk's pages src, each piece under an instance
+        of its own (with the handoff's lock held); the pieces. Raises
+        HandoffRefused."""
+        workers = self.side.mgr.workers
+        if sum(n for n, _ in scopes) != len(src) or any(n <= 0 for n, _ in scopes):
+            raise HandoffRefused(f"the prefill's metadata covers pieces {[n for n, _ in scopes]}"
+                                 f" of a chunk of {len(src)} pages")
+        pieces, off = [], 0
+        for n, mds in scopes:
+            if len(mds) != len(workers):
+                raise HandoffRefused(f"the prefill sent the metadata of {len(mds)} workers, "
+                                     f"this decode has {len(workers)}")
+            inst = next(self.side.next_instance)
+            self.instances.append(inst)  # disconnected with the room, even if half made
+            try:
+                for w, md in zip(workers, mds):
+                    w.connect_remote(inst, md)
+            except KvbmError as e:
+                raise HandoffRefused(f"connecting the metadata of room {self.room}'s pages "
+                                     f"failed: {e}") from e
+            pieces.append((off, n, inst))
+            off += n
+        return pieces
+
+    def disconnect(self) -> None:
+        """Forgets the room's metadata (after its pulls ended or were
+        canceled); nothing is connected for the room afterwards."""
+        with self.handoff.lock:
+            self.closed = True
+            instances, self.instances = self.instances, []
+        for inst in instances:
+            for w in self.side.mgr.workers:
+                try:
+                    w.disconnect_remote(inst)
+                except KvbmError:
+                    pass  # not connected on this worker (a connect that failed)
 
     def cancel_destination(self, h: Handoff) -> None:
         mgr = self.side.mgr
@@ -96,11 +145,12 @@ class DecodeSide:
 
     def __init__(self, mgr: CommonKVManager) -> None:
         self.mgr = mgr  # a KvbmKVManager
-        self.instances: Dict[str, Any] = {}  # prefill token -> instance id or why not
+        # prefill token -> None (its layouts are this decode's) or why not
+        self.layouts: Dict[str, Optional[str]] = {}
         self.prefills: Dict[str, Tuple[str, int]] = {}  # prefill token -> its endpoint
         self._nonces: Dict[str, None] = {}  # of the registrations sent (the newest 1024)
         self._nonces_lock = threading.Lock()
-        self._next_instance = itertools.count(1)
+        self.next_instance = itertools.count(1)  # one per piece of a room's metadata
         self.rooms: Dict[int, _DecodeRoom] = {}
         self._rooms_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvbm-pull")
@@ -111,6 +161,7 @@ class DecodeSide:
             rooms, self.rooms = list(self.rooms.values()), {}
         for r in rooms:
             r.handoff.close()
+            r.disconnect()
         self.pool.shutdown(wait=True)
 
     # ---- messages
@@ -166,7 +217,7 @@ class DecodeSide:
 
     def _on_layouts(self, msg: List[bytes], sender: Optional[str]) -> None:
         mgr = self.mgr
-        token, sig, endpoint, nonce, mds = wire.parse_layouts(msg)
+        token, sig, endpoint, nonce = wire.parse_layouts(msg)
         if not mgr.auth.from_sender(msg, sender, token, "prefill"):
             return
         with self._nonces_lock:
@@ -175,7 +226,7 @@ class DecodeSide:
             mgr.auth.refuse(msg, "unexpected layouts", "it answers no registration this "
                             "decode sent", f"{endpoint[0]}:{endpoint[1]} (claimed)")
             return
-        if isinstance(self.instances.get(token), int):
+        if token in self.layouts and self.layouts[token] is None:
             return  # registered again (another receiver of the same prefill rank)
         known = self.prefills.get(token)
         if known is not None and known != endpoint:
@@ -183,25 +234,11 @@ class DecodeSide:
                             f"{known[0]}:{known[1]}", f"{endpoint[0]}:{endpoint[1]} (claimed)")
             return
         self.prefills[token] = endpoint
-        if sig != mgr.signature:
-            self.instances[token] = (f"the prefill's KV/aux buffers {sig} differ from this "
-                                     f"decode's {mgr.signature}")
-            return
-        if len(mds) != len(mgr.workers):
-            self.instances[token] = f"the prefill sent {len(mds)} layouts, expected " \
-                                    f"{len(mgr.workers)}"
-            return
-        instance = next(self._next_instance)
-        try:
-            for w, md in zip(mgr.workers, mds):
-                w.connect_remote(instance, md)
-        except KvbmError as e:
-            self.instances[token] = f"importing the prefill's kvbm metadata failed: {e}"
-            return
-        self.instances[token] = instance
+        self.layouts[token] = None if sig == mgr.signature else (
+            f"the prefill's KV/aux buffers {sig} differ from this decode's {mgr.signature}")
 
     def _on_pull(self, msg: List[bytes], sender: Optional[str]) -> None:
-        room, token, start, src, last, aux_rows = wire.parse_pull(msg)
+        room, token, start, src, last, scopes, aux_rows = wire.parse_pull(msg)
         if not self.mgr.auth.from_sender(msg, sender, token, "prefill"):
             return
         r = self.rooms.get(room)
@@ -211,16 +248,20 @@ class DecodeSide:
             return  # changes nothing: the room's own prefill still hands it over
         h = r.handoff
         with h.lock:
-            if h.complete:
+            if h.complete or r.closed:
                 return
             if r.token is not None and r.token != token:
                 h.fact(FactKind.FAILED, "pages of one request came from two prefill ranks")
                 return
             r.token = token
-            r.chunks.append((start, src))
+            try:
+                pieces = r.connect(src, scopes) if self.layouts.get(token, "") is None else []
+            except HandoffRefused as e:
+                h.fail(str(e))
+                return
+            r.chunks.append((start, src, pieces))
             self.mgr.update_status(room, KVPoll.Transferring)
-            if not last and r.pulled == len(r.chunks) - 1 and \
-                    isinstance(self.instances.get(token), int):
+            if not last and r.pulled == len(r.chunks) - 1 and self.layouts.get(token, "") is None:
                 # Pipelined with the prefill's next chunks: these pages are
                 # final. The hand-off still completes only after the last.
                 try:
@@ -231,7 +272,7 @@ class DecodeSide:
                 r.pulled = len(r.chunks)
             if last:
                 r.aux_rows = aux_rows
-                pages = sum(len(s) for _, s in r.chunks)
+                pages = sum(len(s) for _, s, _ in r.chunks)
                 page_size = int(self.mgr.kv_args.page_size or 1)
                 h.fact(FactKind.SOURCE_HELD, timing_mode=TimingMode.FULL_PROMPT,
                        full_prompt_tokens=pages * page_size,
@@ -247,13 +288,15 @@ class DecodeSide:
             self.rooms[room] = r
         if old is not None:
             old.handoff.close()
+            old.disconnect()
         r.handoff.start()
 
     def close_room(self, room: int) -> None:
         with self._rooms_lock:
             r = self.rooms.pop(room, None)
         if r is not None:
-            r.handoff.close()
+            r.handoff.close()  # its pulls canceled and ended
+            r.disconnect()
 
     def fact(self, room: int, kind: FactKind, reason: Optional[str]) -> None:
         """Steps fact kind into room's hand-off. reason: why it failed
@@ -262,28 +305,26 @@ class DecodeSide:
         if r is not None:  # else no hand-off (yet): SGLang's own status says what happened
             r.handoff.fact(kind, reason)
 
-    def pull(self, r: _DecodeRoom, chunks: List[Tuple[int, np.ndarray]]) -> None:
+    def pull(self, r: _DecodeRoom, chunks: List[Tuple[int, np.ndarray, List]]) -> None:
         """Starts pulling chunks' pages from r's prefill into r's pages, with
-        every worker. Raises HandoffRefused (why not)."""
-        instance = self.instances.get(r.token)
-        if not isinstance(instance, int):
-            raise HandoffRefused(f"no usable layout of prefill {(r.token or '?')[:8]}: "
-                                 f"{instance or 'its metadata never came'}")
-        src_parts, dst_parts = [], []
-        for start, src in chunks:
+        every worker, each piece through the instance of its metadata.
+        Raises HandoffRefused (why not)."""
+        why = self.layouts.get(r.token or "", "its layouts never came")
+        if why is not None:
+            raise HandoffRefused(f"no usable layout of prefill {(r.token or '?')[:8]}: {why}")
+        for start, src, _ in chunks:
             if start < 0 or start + len(src) > len(r.dst):
                 raise HandoffRefused(f"the prefill sent pages [{start}, {start + len(src)}) "
                                      f"of a request with {len(r.dst)} reserved")
-            src_parts.append(src)
-            dst_parts.append(r.dst[start:start + len(src)])
-        if not src_parts or not sum(len(s) for s in src_parts):
-            return
-        src, dst = np.concatenate(src_parts), np.concatenate(dst_parts)
         try:
-            for w in self.mgr.workers:
-                r.handoff.pull(w, instance, src, dst)
+            for start, src, pieces in chunks:
+                for off, n, inst in pieces:
+                    dst = r.dst[start + off:start + off + n]
+                    for w in self.mgr.workers:
+                        r.handoff.pull(w, inst, src[off:off + n], dst)
         except (KvbmError, ValueError, TypeError) as e:
-            raise HandoffRefused(f"starting the pull of {len(src)} pages failed: {e}") from e
+            raise HandoffRefused(f"starting the pull of room {r.room}'s pages failed: "
+                                 f"{e}") from e
 
     def done(self, r: _DecodeRoom, status: int, reason: str) -> None:
         """Tells the prefill ranks the room is done (or abandoned), from a

@@ -1,12 +1,21 @@
 """The prefill side of kvbm's SGLang PD backend: it tells the decode ranks
-which of its pages hold each chunk, and lets go of a request once every
-decode rank pulled it (KVBM_DONE), or gives up after
-SGLANG_DISAGGREGATION_WAITING_TIMEOUT from its last chunk."""
+which of its pages hold each chunk, with the kvbm metadata that reads those
+pages only (block-scoped, until the waiting timeout), and lets go of a
+request once every decode rank pulled it (KVBM_DONE), or gives up after
+SGLANG_DISAGGREGATION_WAITING_TIMEOUT from its last chunk.
+
+A room's metadata dies with the room: when its status becomes final
+(Success or Failed: done, failed, aborted, timed out; or it is cleared) its
+pages are revoked (Worker.revoke_blocks) before the status is set, so before
+SGLang, which frees the pages once it polls that status, can give them to
+another request; the revocation returns once no read it allowed is under
+way."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -17,6 +26,8 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import (ABORT_TAG, AbortNotification,
                                                    CommonKVManager, CommonKVSender)
 
+from .._layout import Tier
+from ..errors import KvbmError
 from . import pd_wire as wire
 
 __all__ = ["PrefillSide", "KvbmKVSender"]
@@ -24,11 +35,23 @@ __all__ = ["PrefillSide", "KvbmKVSender"]
 logger = logging.getLogger(__name__)
 
 
+#: How long a room's metadata outlasts the waiting timeout (from the chunk
+#: it came with): the decode gives up within that timeout from reserving,
+#: before the first chunk.
+_SCOPE_MARGIN_S = 5.0
+
+
 @dataclass
 class _PrefillRoom:
     sent_pages: int = 0
     last_sent_at: Optional[float] = None
     done: set = field(default_factory=set)
+    # Scoped metadata is exported and revoked under lock: none is made for
+    # the room once it ended (revoked), and an end waits for a revocation
+    # under way.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ended: bool = False
+    scoped: List[np.ndarray] = field(default_factory=list)  # pages given out, not revoked
 
 
 class PrefillSide:
@@ -57,15 +80,15 @@ class PrefillSide:
                              f"{known['endpoint']}:{known['port']} already", f"{ip}:{port}")
                 return
             mgr.decode_kv_args_table[peer] = {"endpoint": ip, "port": port, "signature": sig}
-            mds = [w.export_metadata(read_only=True) for w in mgr.workers]
             if sig != mgr.signature:
+                # The signature tells the decode why its requests fail.
                 logger.error("kvbm transfer backend: decode %s:%s has KV/aux buffers %s, "
-                             "this prefill %s: its requests will fail (it gets no metadata)",
-                             ip, port, sig, mgr.signature)
-                mds = []  # the signature alone: the decode says why its requests fail
+                             "this prefill %s: its requests will fail", ip, port, sig,
+                             mgr.signature)
+            # No capability here: each room's comes with its KVBM_PULLs.
             mgr._send((ip, port), wire.layouts(mgr.token, mgr._prefill_unique_rank(),
                                                mgr.signature, str(mgr.local_ip),
-                                               int(mgr.rank_port), nonce, mds))
+                                               int(mgr.rank_port), nonce))
         elif tag == wire.TAG_ROOM:
             info = wire.TransferInfo.parse(msg)
             room = info.room
@@ -178,9 +201,17 @@ class PrefillSide:
             except ValueError as e:
                 mgr.conclude_failure(bootstrap_room=room, failure_reason=str(e))
                 return
-        frames = wire.pull(room, mgr.token, mgr._prefill_unique_rank(), index_slice.start,
-                           pages, is_last_chunk, aux_rows)
         real = [i for i in infos.values() if not i.is_dummy]
+        try:
+            scopes = self._scopes(pr, pages) if real else []
+        except (KvbmError, ValueError) as e:
+            mgr.conclude_failure(bootstrap_room=room, failure_reason=(
+                f"kvbm transfer backend: the metadata of room {room}'s pages: {e}"))
+            return
+        if scopes is None:
+            return  # the room ended meanwhile
+        frames = wire.pull(room, mgr.token, mgr._prefill_unique_rank(), index_slice.start,
+                           pages, is_last_chunk, scopes, aux_rows)
         for info in real:
             try:
                 mgr._send((info.endpoint, info.dst_port), frames)
@@ -197,6 +228,43 @@ class PrefillSide:
                 mgr.update_status(room, KVPoll.Success)
             else:
                 self._maybe_success(room)
+
+    def _scopes(self, pr: _PrefillRoom, pages: np.ndarray) -> Optional[List[wire.Scope]]:
+        """The metadata that reads pages (this rank's G1 blocks) and nothing
+        else, per piece (wire.scope_pieces) and worker, until the waiting
+        timeout; None once the room ended (its pages revoked)."""
+        expires = float(self.mgr.waiting_timeout) + _SCOPE_MARGIN_S
+        with pr.lock:
+            if pr.ended:
+                return None
+            pr.scoped.append(pages)  # revoked with the room, even if an export fails
+            out = []
+            for off, n in wire.scope_pieces(pages):
+                ids = pages[off:off + n].tolist()
+                out.append((n, [w.export_metadata(blocks={Tier.G1: ids}, expires=expires)
+                                for w in self.mgr.workers]))
+            return out
+
+    def revoke(self, room: int) -> None:
+        """Ends the metadata of every page room's KVBM_PULLs gave out
+        (Worker.revoke_blocks), once no read it allowed is under way; none is
+        given out for the room afterwards. Called before the room's status
+        becomes final and at its clear, before SGLang frees its pages."""
+        pr = self.rooms.get(room)
+        if pr is None:
+            return
+        with pr.lock:
+            pr.ended = True
+            scoped, pr.scoped = pr.scoped, []
+            if not scoped:
+                return
+            ids = np.unique(np.concatenate(scoped)).tolist()
+            for w in self.mgr.workers:
+                try:
+                    w.revoke_blocks({Tier.G1: ids})
+                except KvbmError as e:  # a page beyond the layout: never exported either
+                    logger.error("kvbm transfer backend: revoking room %s's %d pages: %s",
+                                 room, len(ids), e)
 
     def _aux_rows(self, aux_index: Optional[int]) -> List[bytes]:
         """Row aux_index of every aux buffer (host memory), copied."""
@@ -230,8 +298,9 @@ class KvbmKVSender(CommonKVSender):
         return status
 
     def clear(self) -> None:
-        super().clear()
         side: PrefillSide = self.kv_mgr.side
+        side.revoke(self.bootstrap_room)  # before SGLang frees the pages
+        super().clear()
         side.rooms.pop(self.bootstrap_room, None)
 
     def abort(self) -> None:

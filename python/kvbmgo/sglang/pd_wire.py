@@ -7,14 +7,25 @@ authentication frames of ``kvbmgo._control``, under this channel's domain:
 ``Auth``)::
 
     decode -> prefill  KVBM_REG   once per prefill rank: who the decode is
-    prefill -> decode  KVBM_META  reply: the prefill workers' kvbm metadata
+    prefill -> decode  KVBM_META  reply: the prefill's name, endpoint, layouts'
+                                  signature (no capability)
     decode -> prefill  KVBM_ROOM  per request: the decode reserved its pages
-    prefill -> decode  KVBM_PULL  per sent chunk: source pages (+ aux row, last)
+    prefill -> decode  KVBM_PULL  per sent chunk: source pages, the kvbm
+                                  metadata that reads those pages only (+ aux
+                                  row, last)
     decode -> prefill  KVBM_DONE  the decode owns the KV (or gave up): release
     prefill -> decode  KVBM_STATUS  the prefill failed the request (reason)
 
 (KVBM_STATUS is SGLang's status message under kvbm's tag.) A frame over
 CONTROL_MAX is refused as it arrives, never read whole.
+
+The decode never holds a capability of the whole prefill worker: each
+KVBM_PULL carries, per piece of its chunk, block-scoped metadata of every
+prefill worker (``Worker.export_metadata(blocks=...)``) that reads that
+piece's G1 blocks (the pages) only, until the waiting timeout; the prefill
+revokes the room's pages when the room ends, before SGLang frees them. A
+piece covers at most SCOPE_RUNS runs of consecutive pages, so that its
+metadata stays within what kvbm's hello carries (32 KiB of ranges).
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from .._layout import LayoutConfig
 
 __all__ = ["KVGroup", "kv_groups", "signature", "TransferInfo", "KvbmKVBootstrapServer",
            "TAG_REG", "TAG_META", "TAG_ROOM", "TAG_PULL", "TAG_DONE", "TAG_STATUS",
-           "CONTROL_MAX", "AUTH_DOMAIN", "LABEL", "Auth"]
+           "CONTROL_MAX", "SCOPE_RUNS", "AUTH_DOMAIN", "LABEL", "Auth", "scope_pieces"]
 
 TAG_REG = b"KVBM_REG"
 TAG_META = b"KVBM_META"
@@ -46,6 +57,10 @@ TAG_STATUS = b"KVBM_STATUS"
 # indices of a request of 16M pages, with room for the metadata of many
 # workers.
 CONTROL_MAX = 64 << 20
+
+#: The most runs of consecutive pages one piece's scoped metadata covers
+#: (a scope carries at most about 4,000 ranges of blocks).
+SCOPE_RUNS = 2048
 
 #: The domain of this channel's MACs (_control.mac): a message signed for
 #: another channel never verifies here.
@@ -151,33 +166,65 @@ def parse_done(msg: List[bytes]) -> Tuple[int, str, int, str]:
 
 # ---- prefill -> decode
 
-def layouts(token: str, rank: int, sig: str, ip: str, port: int, nonce: str,
-            metadata: List[bytes]) -> List[bytes]:
+def layouts(token: str, rank: int, sig: str, ip: str, port: int, nonce: str) -> List[bytes]:
     """KVBM_META: the prefill's name, rank, signature, endpoint (the one it
-    registered with the bootstrap server), the nonce of the KVBM_REG it
-    answers, and its workers' metadata (none when the signatures differ)."""
+    registered with the bootstrap server) and the nonce of the KVBM_REG it
+    answers. No metadata: each room's comes with its KVBM_PULLs."""
     return [TAG_META, token.encode("ascii"), _a(rank), sig.encode(), ip.encode("ascii"),
-            _a(port), nonce.encode("ascii")] + metadata
+            _a(port), nonce.encode("ascii")]
 
 
-def parse_layouts(msg: List[bytes]) -> Tuple[str, str, Tuple[str, int], str, List[bytes]]:
-    """(prefill token, signature, endpoint, nonce, metadata per worker) of a KVBM_META."""
+def parse_layouts(msg: List[bytes]) -> Tuple[str, str, Tuple[str, int], str]:
+    """(prefill token, signature, endpoint, nonce) of a KVBM_META."""
     return (msg[1].decode("ascii"), msg[3].decode(), (msg[4].decode("ascii"), int(msg[5])),
-            msg[6].decode("ascii"), list(msg[7:]))
+            msg[6].decode("ascii"))
+
+
+def scope_pieces(pages: np.ndarray, runs: int = SCOPE_RUNS) -> List[Tuple[int, int]]:
+    """(offset, count) of consecutive pieces of pages, each made of at most
+    runs runs of consecutive page indices: one block scope each (a set of
+    pages has no more ranges than the runs that list it)."""
+    if len(pages) == 0:
+        return []
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(pages) != 1) + 1))
+    cuts = [int(x) for x in starts[::runs]] + [len(pages)]
+    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
+
+
+#: One piece of a chunk as KVBM_PULL carries it: how many of the chunk's
+#: pages it covers (in order), and each prefill worker's metadata scoped
+#: to them.
+Scope = Tuple[int, List[bytes]]
 
 
 def pull(room: int, token: str, rank: int, start: int, pages: np.ndarray, last: bool,
-         aux_rows: Optional[List[bytes]]) -> List[bytes]:
+         scopes: Sequence[Scope], aux_rows: Optional[List[bytes]]) -> List[bytes]:
     """KVBM_PULL: pages (int32) hold the request's pages from index start;
-    the last one carries the aux rows."""
-    return [TAG_PULL, _a(room), token.encode("ascii"), _a(rank), _a(start), pages.tobytes(),
-            b"1" if last else b"0"] + (aux_rows or [])
+    scopes cover them in order (see Scope); the last one carries the aux rows."""
+    workers = len(scopes[0][1]) if scopes else 0
+    if any(len(mds) != workers for _, mds in scopes):
+        raise ValueError("kvbm transfer backend: scopes with different worker counts")
+    counts = ",".join(str(int(n)) for n, _ in scopes)
+    return ([TAG_PULL, _a(room), token.encode("ascii"), _a(rank), _a(start), pages.tobytes(),
+             b"1" if last else b"0", _a(workers), counts.encode("ascii")]
+            + [md for _, mds in scopes for md in mds] + (aux_rows or []))
 
 
-def parse_pull(msg: List[bytes]) -> Tuple[int, str, int, np.ndarray, bool, List[bytes]]:
-    """(room, prefill token, start, source pages, last, aux rows) of a KVBM_PULL."""
-    return (int(msg[1]), msg[2].decode(), int(msg[4]), np.frombuffer(msg[5], dtype=np.int32),
-            msg[6] == b"1", list(msg[7:]))
+def parse_pull(msg: List[bytes]) -> Tuple[int, str, int, np.ndarray, bool, List[Scope],
+                                          List[bytes]]:
+    """(room, prefill token, start, source pages, last, scopes, aux rows) of a
+    KVBM_PULL (whether the scopes cover the pages is the receiver's check,
+    after the sender's). Raises ValueError for missing frames."""
+    pages = np.frombuffer(msg[5], dtype=np.int32)
+    workers = int(msg[7])
+    counts = [int(x) for x in msg[8].decode("ascii").split(",")] if msg[8] else []
+    if workers < 0 or len(msg) < 9 + len(counts) * workers:
+        raise ValueError(f"kvbm transfer backend: a KVBM_PULL with {len(msg)} frames, "
+                         f"scopes {counts} of {workers} workers")
+    mds = list(msg[9:9 + len(counts) * workers])
+    scopes = [(n, mds[i * workers:(i + 1) * workers]) for i, n in enumerate(counts)]
+    return (int(msg[1]), msg[2].decode(), int(msg[4]), pages, msg[6] == b"1", scopes,
+            list(msg[9 + len(counts) * workers:]))
 
 
 # ---- authentication (KVBM_AUTH_KEY)

@@ -638,7 +638,7 @@ def forged(p, a, room):
                                          decode_prefix_len=0, is_dummy=False).frames()),
         (pm.rank_port, wire.done(room, dm.token, KVPoll.Failed, "forged")),
         (dm.rank_port, wire.pull(room, pm.token, 0, 0, np.array([0, 2, 4], np.int32), True,
-                                 [b"\xee" * n for n in AUX_ITEM_LENS])),
+                                 [], [b"\xee" * n for n in AUX_ITEM_LENS])),
     ]
 
 
@@ -745,10 +745,10 @@ def test_frames_from_another_decode_or_prefill_refused_even_with_the_key(pair, m
                                              decode_prefix_len=0, is_dummy=False).frames()),
             (pm.rank_port, wire.done(room, a.token, KVPoll.Failed, "not yours")),
             (pm.rank_port, wire.done(room, dm.token, KVPoll.Failed, "names the decode")),
-            (dm.rank_port, wire.pull(room, pm.token, 0, 0, np.array([0], np.int32), True, [])),
+            (dm.rank_port, wire.pull(room, pm.token, 0, 0, np.array([0], np.int32), True, [], [])),
             (dm.rank_port, wire.pull(room, a.token, 0, 0, np.array([0], np.int32), True,
-                                     [b"\xee" * n for n in AUX_ITEM_LENS])),
-            (dm.rank_port, wire.layouts(a.token, 0, dm.signature, "127.0.0.1", a.port, "x", [])),
+                                     [], [b"\xee" * n for n in AUX_ITEM_LENS])),
+            (dm.rank_port, wire.layouts(a.token, 0, dm.signature, "127.0.0.1", a.port, "x")),
         ]:
             a.push(port, frames)
         assert a.received() == []
@@ -784,7 +784,7 @@ def test_forged_frames_without_any_key_bound_to_the_room(pair):
                                                required_dst_info_num=1, decode_prefix_len=0,
                                                is_dummy=False).frames())
         a.push(pm.rank_port, wire.done(room, a.token, KVPoll.Failed, "any room by number"))
-        a.push(dm.rank_port, wire.pull(room, a.token, 0, 0, np.array([0], np.int32), True, []))
+        a.push(dm.rank_port, wire.pull(room, a.token, 0, 0, np.array([0], np.int32), True, [], []))
         assert a.received() == []
         t0 = time.monotonic()
         while sum(pm.auth.refused.values()) < 2 or sum(dm.auth.refused.values()) < 1:
@@ -818,7 +818,7 @@ def test_key_on_one_side_only_is_refused_with_a_clear_line(pair, monkeypatch, ca
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert lines and all("KVBM_AUTH_KEY" in m for m in lines), lines
     assert len(lines) == len(set(lines)), lines
-    assert not p.dm.side.instances and not p.D.kv_any()
+    assert not p.dm.side.layouts and not p.D.kv_any()
     assert sender.poll() == KVPoll.Bootstrapping
 
 
