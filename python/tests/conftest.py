@@ -1,5 +1,8 @@
 import gc
 import itertools
+import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -8,6 +11,20 @@ import kvbmgo
 from kvbmgo import LayoutConfig, Tier, Worker
 
 _ids = itertools.count(0x7000)
+
+# The same-host P/D key (kvbmgo._control.same_host_key) of every side
+# channel and engine the suite starts lives in a directory of the suite's
+# own, not the user's: set before any test, so that the processes the tests
+# start share it.
+_RUNTIME_DIR = tempfile.mkdtemp(prefix="kvbm-tests-run-")
+os.environ["XDG_RUNTIME_DIR"] = _RUNTIME_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runtime_dir():
+    """The suite's XDG_RUNTIME_DIR (its same-host P/D key), removed at its end."""
+    yield _RUNTIME_DIR
+    shutil.rmtree(_RUNTIME_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -62,7 +62,7 @@ from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll
 from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.environ import envs
-from sglang.srt.utils.network import NetworkAddress
+from sglang.srt.utils.network import NetworkAddress, get_local_ip_auto
 
 from .. import _control
 from .._info import backend
@@ -113,13 +113,25 @@ class KvbmKVManager(CommonKVManager):
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self.workers: List[Worker] = []
-        # The deployment key (KVBM_AUTH_KEY / KVBM_AUTH_KEY_FILE), read before
-        # any socket is made: a bad one refuses the manager.
-        self.auth = wire.Auth(_control.load_key(wire.LABEL), self.token,
+        # The key (_control.choose_key: KVBM_AUTH_KEY / KVBM_AUTH_KEY_FILE, else
+        # the same-host key), chosen before any socket is made, for the
+        # address SGLang will listen on (and advertise): a bad key, or a
+        # non-loopback address without one, refuses the manager.
+        ip = get_local_ip_auto()
+        self.key_choice = _control.choose_key(wire.LABEL, [ip])
+        self.auth = wire.Auth(self.key_choice.key, self.token,
                               "prefill" if disaggregation_mode == DisaggregationMode.PREFILL
                               else "decode")
         super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
-        _control.warn_if_exposed(str(self.local_ip), self.auth.key, wire.LABEL)
+        if str(self.local_ip) != ip:  # SGLang chose another address after all
+            try:
+                _control.refuse_unkeyed(wire.LABEL, [str(self.local_ip)])
+            except ValueError:
+                self.server_socket.close(linger=0)
+                raise
+        # A message must name this manager's endpoint: one signed for
+        # another instance never verifies here.
+        self.auth.me = _control.endpoint(str(self.local_ip), int(self.rank_port))
         if self.defer_decode_allocation:
             self.server_socket.close(linger=0)
             raise ValueError("kvbm transfer backend: --disaggregation-decode-allocation-policy "
@@ -259,7 +271,7 @@ class KvbmKVManager(CommonKVManager):
         # when shorter); a socket that timed out is dropped, as SGLang drops
         # one its monitor saw disconnect, so that the next message (the
         # failure SGLang reports) does not wait again.
-        frames = self.auth.sign(frames)
+        frames = self.auth.sign(frames, _control.endpoint(endpoint[0], int(endpoint[1])))
         sock = self._connect(tcp, is_ipv6=na.is_ipv6)
         with self._socket_send_locks[tcp]:
             if self._socket_cache.get(tcp) is not sock:
@@ -275,8 +287,12 @@ class KvbmKVManager(CommonKVManager):
 
     def _send_multipart_locked(self, endpoint: str, parts: List[bytes],
                                is_ipv6: bool = False) -> None:
-        # SGLang's own messages (status, abort acknowledgements), signed.
-        super()._send_multipart_locked(endpoint, self.auth.sign(parts), is_ipv6=is_ipv6)
+        # SGLang's own messages (status, abort acknowledgements), signed for
+        # the endpoint ("tcp://host:port") they go to.
+        host, _, port = endpoint.partition("://")[2].rpartition(":")
+        super()._send_multipart_locked(
+            endpoint, self.auth.sign(parts, _control.endpoint(host, int(port))),
+            is_ipv6=is_ipv6)
 
     def _drop_socket(self, endpoint: str, sock: Any) -> None:
         with self._socket_lock:

@@ -34,6 +34,7 @@ import numpy as np
 from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination
 from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
 
+from .._control import endpoint
 from .._handoff import FactKind, HandoffOrder, OutcomeKind, TimingMode
 from .._pd import Handoff, HandoffRefused, HandoffSide
 from ..errors import KvbmError
@@ -369,14 +370,16 @@ class DecodeSide:
 
 class _SigningSocket:
     """SGLang's cached socket to a prefill rank, signing what it sends
-    (KVBM_REG, KVBM_ROOM, ABORT) under the manager's key."""
+    (KVBM_REG, KVBM_ROOM, ABORT) under the manager's key, for that rank's
+    endpoint (to)."""
 
-    def __init__(self, sock: Any, auth: Any) -> None:
+    def __init__(self, sock: Any, auth: Any, to: str) -> None:
         self._sock = sock
         self._auth = auth
+        self._to = to
 
     def send_multipart(self, frames: List[bytes], *args: Any, **kw: Any) -> Any:
-        return self._sock.send_multipart(self._auth.sign(frames), *args, **kw)
+        return self._sock.send_multipart(self._auth.sign(frames, self._to), *args, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
@@ -387,7 +390,8 @@ class KvbmKVReceiver(CommonKVReceiver):
 
     def _connect_to_bootstrap_server(self, bootstrap_info: dict) -> Tuple[Any, Any]:
         sock, lock = super()._connect_to_bootstrap_server(bootstrap_info)
-        return _SigningSocket(sock, self.kv_mgr.auth), lock
+        to = endpoint(str(bootstrap_info["rank_ip"]), int(bootstrap_info["rank_port"]))
+        return _SigningSocket(sock, self.kv_mgr.auth, to), lock
 
     def init(self, prefill_dp_rank: int) -> None:
         super().init(prefill_dp_rank)

@@ -2,9 +2,11 @@
 layout both must agree on, the control messages, and the bootstrap server.
 
 Control messages (ZMQ multipart, on the managers' own sockets; ASCII
-integers, nothing unpickled; with KVBM_AUTH_KEY set, each followed by the
-authentication frames of ``kvbmgo._control``, under this channel's domain:
-``Auth``)::
+integers, nothing unpickled; each followed by the authentication frames of
+``kvbmgo._control`` under the side's key (``_control.choose_key``: the
+deployment key, or the same-host one), this channel's domain, and the
+receiver's endpoint (``_control.endpoint``: the address and port it
+listens on): ``Auth``)::
 
     decode -> prefill  KVBM_REG   once per prefill rank: who the decode is
     prefill -> decode  KVBM_META  reply: the prefill's name, endpoint, layouts'
@@ -227,14 +229,15 @@ def parse_pull(msg: List[bytes]) -> Tuple[int, str, int, np.ndarray, bool, List[
             list(msg[9 + len(counts) * workers:]))
 
 
-# ---- authentication (KVBM_AUTH_KEY)
+# ---- authentication (_control.choose_key)
 
 class Auth(_control.Auth):
     """A manager's signing and checking of control messages
     (kvbmgo._control.Auth) under this channel's domain."""
 
-    def __init__(self, key: Optional[bytes], token: str, side: str) -> None:
-        super().__init__(key, token, side, domain=AUTH_DOMAIN, label=LABEL)
+    def __init__(self, key: Optional[bytes], token: str, side: str,
+                 me: Optional[str] = None) -> None:
+        super().__init__(key, token, side, domain=AUTH_DOMAIN, label=LABEL, me=me)
 
     def claimed_peer(self, msg: Sequence[bytes]) -> str:
         """Who a message says it is from (unchecked), for the logs."""

@@ -54,6 +54,10 @@ class KvbmConfig:
     #: Seconds a prefill instance holds a finished request's blocks for a
     #: decode instance that never pulls them (NixlConnector: 480).
     pd_hold_s: float = 480.0
+    #: The longest lease a prefill grants a decode's pull (with pd_hold_s:
+    #: the shorter), whatever the pull asks: the blocks are the prefill's.
+    #: A decode whose pd_timeout_s is longer needs it raised.
+    pd_max_lease_s: float = 300.0
     #: Pulls a decode worker runs at once.
     pd_max_pulls: int = 8
     #: The prefill hosts a decode worker dials (kv_transfer_params
@@ -78,7 +82,7 @@ class KvbmConfig:
                                      f"non-empty string, got {v!r}")
             elif f.name == "pd_allow_hosts":
                 v = _allow_hosts(v)
-            elif f.name in ("pd_timeout_s", "pd_hold_s"):
+            elif f.name in ("pd_timeout_s", "pd_hold_s", "pd_max_lease_s"):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
                         or v == float("inf"):
                     raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected a "

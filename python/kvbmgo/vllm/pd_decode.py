@@ -18,7 +18,10 @@ Trust (docs/vllm.md, "P/D"): the decode dials only the hosts
 the replies it reads (pd_wire.REPLY_MAX), checks that the metadata it got
 is of the worker of the engine id and rank it asked for
 (``Worker.exporter_id``), and runs each transfer against the metadata that
-pull got (pd_connections.py).
+pull got (pd_connections.py). It signs each ask for the prefill rank it
+dials (pd_wire.Auth, pd_wire.prefill_name) and takes only an answer signed
+for that ask (pd_wire.reply_to); with the same-host key (no
+KVBM_AUTH_KEY), it dials loopback addresses only.
 """
 
 from __future__ import annotations
@@ -124,15 +127,19 @@ class DecodePuller:
 
     def __init__(self, worker: Any, rank: int, tp_size: int, timeout_s: float,
                  max_pulls: int, allow_hosts: Optional[Tuple[str, ...]] = None, *,
-                 local: Any = None, engine_id: str = "") -> None:
+                 local: Any = None, engine_id: str = "",
+                 key: Optional[_control.KeyChoice] = None) -> None:
         """local: this worker's KV (kv_views.LocalKv; None: pulls rank to rank
         only, as before heterogeneous TP); engine_id: this decode's (its
-        done messages say which decode rank they are from)."""
+        done messages say which decode rank they are from); key: the side
+        channel's (_control.choose_key for allow_hosts by default)."""
         import zmq
         self._worker = worker
         self.rank, self.tp_size, self.timeout_s = rank, tp_size, timeout_s
         self._local = local
         self._me = f"{engine_id}/{rank}"
+        self._key = key or _control.choose_key(wire.LABEL, allow_hosts or ())
+        self._auth = wire.Auth(self._key.key, self._me, "decode")
         self._max_pulls = max_pulls
         self._refused_pairs: Set[Tuple[str, int]] = set()  # (engine, tp): logged once each
         self._ctx = zmq.Context()
@@ -249,6 +256,8 @@ class DecodePuller:
                 why = "pd_allow_hosts does not allow it"
             else:
                 host = allowed
+        if not why:
+            why = self._key.may_dial(host) or ""
         if why:
             if (host, why) not in self._refused_hosts and len(self._refused_hosts) < 1024:
                 self._refused_hosts.add((host, why))
@@ -336,14 +345,16 @@ class DecodePuller:
         import zmq
         delay = 0.005
         not_held = 0  # answers "not held yet" before this ask
+        to = wire.prefill_name(p.engine_id, int(addr.rpartition(":")[2]))
         while True:
             s = self._ctx.socket(zmq.REQ)
             s.setsockopt(zmq.LINGER, 0 if deadline > time.monotonic() else 200)
             _control.cap_frames(s, wire.REPLY_MAX)  # a larger reply: never read
             s.setsockopt(zmq.IPV6, 1)
+            nonce = _control.new_token()  # the answer must name this ask
             try:
                 s.connect(addr)
-                s.send(wire.frame(header))
+                s.send_multipart(self._auth.sign([wire.frame(header)], to, nonce))
                 frames = None
                 while not self._stop.is_set():
                     left = deadline - time.monotonic()
@@ -360,6 +371,14 @@ class DecodePuller:
                 raise Unanswered(f"{addr} did not answer within the deadline" + (
                     f" (it had answered {not_held} asks that it did not hold request "
                     f"{p.remote_request_id} yet)" if not_held else " (no answer at all)"))
+            got, why = self._auth.verify(frames, wire.reply_to(nonce))
+            if got is None or not got.frames:
+                # Not taken: its "why" (a prefill refusing the ask, unsigned) is
+                # quoted, nothing else of it is used.
+                said = wire.header(frames[0]).get("why") if frames else None
+                return {"ok": False, "why": f"its answer was refused ({why or 'empty'})" + (
+                    f"; it said {str(said)[:300]!r}" if said else "")}, None
+            frames = got.frames
             head = wire.header(frames[0])
             if retry and head.get("retry"):
                 not_held += 1

@@ -16,7 +16,11 @@ that reads that request's G1 blocks only, until its lease ends
 blocks are revoked (``pd_revoke``, kvbm_worker_revoke_blocks) before they
 are reported released, so metadata a decode (or anyone it leaked to)
 still holds never reads the blocks' next request. The socket caps a frame
-at pd_wire.REQUEST_MAX.
+at pd_wire.REQUEST_MAX. Before any of that, a message must verify under
+the side channel's key (pd_wire.Auth: the deployment key or the same-host
+one) and name this rank; one that does not is answered with why only. A
+lease is the prefill's: at most min(pd_hold_s, pd_max_lease_s), whatever a
+pull asks, and never past the hold plus that bound.
 """
 
 from __future__ import annotations
@@ -102,10 +106,19 @@ class PrefillServer:
     def __init__(self, metadata: bytes, engine_id: str, host: str, port: int,
                  hold_s: float, kv: Optional[Dict[str, Any]] = None,
                  scoped: Optional[Any] = None,
-                 revoke: Optional[Callable[[List[int]], None]] = None) -> None:
+                 revoke: Optional[Callable[[List[int]], None]] = None, *,
+                 key: Optional[_control.KeyChoice] = None,
+                 max_lease_s: Optional[float] = None) -> None:
+        """key: the side channel's (_control.choose_key for host by default);
+        max_lease_s: the longest lease granted (with hold_s: the shorter)."""
         import zmq
         self.engine_id = engine_id
         self.address = f"tcp://{host}:{port}"
+        key = key or _control.choose_key(wire.LABEL, [host])
+        self._auth = wire.Auth(key.key, engine_id, "prefill",
+                               me=wire.prefill_name(engine_id, port))
+        # The longest lease a pull gets, whatever it asks: the holder's bound.
+        self._max_lease_s = min(hold_s, max_lease_s) if max_lease_s else hold_s
         self._md = metadata
         # This rank's KV as the pull reply describes it (kv_views.LocalKv.describe).
         self._kv = kv
@@ -246,11 +259,21 @@ class PrefillServer:
             frames = self._sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return
-        # From a REQ socket: [identity, b"", header]; nothing else is answered.
-        if len(frames) != 3 or frames[1]:
+        # From a REQ socket: [identity, b"", header, authentication frames];
+        # nothing else is answered.
+        if len(frames) < 3 or frames[1]:
             return
-        h = wire.header(frames[-1])
-        reply = self._answer(h)
+        got, why = self._auth.verify(frames[2:])
+        if got is None:  # not acted on: answered why, nothing else
+            reply = wire.unauthenticated(why)
+            h: Dict[str, Any] = {"op": "refused"}
+        elif len(got.frames) != 1:
+            return
+        else:
+            h = wire.header(got.frames[0])
+            reply = self._answer(h)
+            if got.nonce is not None:
+                reply = self._auth.sign(reply, wire.reply_to(got.nonce))
         try:
             self._sock.send_multipart(frames[:2] + reply, zmq.NOBLOCK)
         except zmq.ZMQError as e:  # the asker went away
@@ -292,6 +315,7 @@ class PrefillServer:
                 if lease is None:
                     return wire.refusal("malformed lease")
                 if hold is not None:
+                    lease = self._bound(lease, hold)
                     md, scoped = self._pull_metadata(req_id, hold, lease + _LEASE_MARGIN_S)
                     if md is None:
                         return wire.refusal("no metadata")
@@ -299,6 +323,7 @@ class PrefillServer:
                     hold.leases[lease_id] = time.monotonic() + lease + _LEASE_MARGIN_S
                     head = self._pull_head(lease_id)
                     head["scoped"] = scoped
+                    head["lease_s"] = lease
                     return wire.answer(head, md)
                 if gone is not None:
                     return wire.refusal("released")
@@ -329,6 +354,13 @@ class PrefillServer:
                 while len(self._early) > _GONE_KEPT:
                     self._early.popitem(last=False)
             return wire.accepted()
+
+    def _bound(self, asked: float, hold: _Hold) -> float:
+        """The lease a pull of hold gets for asked seconds: at most the
+        prefill's bound, and never ending past the hold plus that bound (a
+        pull asked again and again does not keep the blocks for ever)."""
+        left = hold.until + self._max_lease_s - time.monotonic()
+        return max(0.0, min(asked, self._max_lease_s, left))
 
     def _pull_head(self, lease_id: str) -> Dict[str, Any]:
         """The header of a pull's answer: the lease, and this rank's KV

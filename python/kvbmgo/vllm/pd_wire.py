@@ -31,6 +31,15 @@ are a JSON header frame and, for the pull reply, the metadata bytes;
 nothing is unpickled. The sockets cap a frame (REQUEST_MAX, REPLY_MAX;
 ``_control.cap_frames``): a larger one is refused as it arrives, never read
 whole.
+
+Every message, and every answer, carries the authentication frames of
+``kvbmgo._control`` (``Auth``) under the side's key
+(``_control.choose_key``: the deployment key, or the same-host one), in
+this channel's domain: a request names the prefill rank it is for
+(``prefill_name``: its engine id and side-channel port), an answer the
+request it answers (``reply_to``: the request's nonce), so neither
+verifies anywhere else. A request that does not verify is answered only
+with why (``unauthenticated``), unsigned, and acted on in nothing.
 """
 
 from __future__ import annotations
@@ -38,12 +47,14 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import _control
 from .._pd import HandoffRefused
 from .metadata import RemotePull
 
 __all__ = ["REQUEST_MAX", "REPLY_MAX", "MAX_CONSUMERS", "NOTHING", "frame", "header", "pull",
            "done", "answer", "refusal", "accepted", "lease_s", "done_by", "Unanswered",
-           "Refused"]
+           "Refused", "AUTH_DOMAIN", "LABEL", "Auth", "prefill_name", "reply_to",
+           "unauthenticated"]
 
 #: The largest frame the prefill reads (a request is a small JSON header).
 REQUEST_MAX = 64 << 10
@@ -52,6 +63,33 @@ REQUEST_MAX = 64 << 10
 REPLY_MAX = 16 << 20
 #: The most decode ranks a done may say read one prefill rank.
 MAX_CONSUMERS = 4096
+#: The domain of this channel's MACs (_control.mac): a message signed for
+#: another channel (SGLang's) never verifies here.
+AUTH_DOMAIN = b"kvbm vllm pd v1\0"
+#: What the channel's log lines and errors start with.
+LABEL = "kvbm P/D side channel"
+
+
+class Auth(_control.Auth):
+    """A side's signing and checking of the channel's messages
+    (kvbmgo._control.Auth) under this channel's domain; name: the side's
+    (a prefill's engine id, a decode's "engine/rank"), me: the receiver a
+    message must name (a prefill's prefill_name)."""
+
+    def __init__(self, key: Optional[bytes], name: str, side: str,
+                 me: Optional[str] = None) -> None:
+        super().__init__(key, name, side, domain=AUTH_DOMAIN, label=LABEL, me=me)
+
+
+def prefill_name(engine_id: str, port: int) -> str:
+    """A prefill rank as the receiver of a request: its engine id and its
+    side channel's port (what a decode dials: remote_port + rank)."""
+    return f"prefill {engine_id} port {int(port)}"
+
+
+def reply_to(nonce: str) -> str:
+    """The receiver an answer names: the request (its stamp's nonce)."""
+    return f"reply {nonce}"
 
 
 def frame(head: Dict[str, Any]) -> bytes:
@@ -113,6 +151,14 @@ def answer(head: Dict[str, Any], *metadata: bytes) -> List[bytes]:
 def refusal(why: str) -> List[bytes]:
     """A reply that says no, and why."""
     return answer({"ok": False, "why": why})
+
+
+def unauthenticated(reason: str) -> List[bytes]:
+    """The answer to a request that did not verify (unsigned: it says why,
+    nothing else)."""
+    return refusal(f"not authenticated ({reason}): every prefill and decode needs the same "
+                   f"{_control.ENV_KEY} (or {_control.ENV_KEY_FILE}), or all on one host "
+                   f"as one user")
 
 
 def accepted() -> List[bytes]:

@@ -17,11 +17,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
-from .. import Event, Worker
+from .. import Event, Worker, _control
 from ..errors import AlreadyExistsError, KvbmError
 from .config import KvbmConfig, engine_worker_id
 from .kv_views import g1_layout, local_kv
 from .metadata import SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
+from .pd_wire import LABEL
 
 __all__ = ["KvbmWorker"]
 
@@ -96,6 +97,7 @@ class KvbmWorker:
         self.pd_port = config.pd_port + dp_index * tp_size + rank
         self._server: Optional[Any] = None
         self._puller: Optional[Any] = None
+        self._key: Optional[Any] = None  # the side channel's (_control.KeyChoice)
         self.worker: Optional[Worker] = None
         self._g3_dir: Optional[str] = None
         self._layer_index: Dict[str, int] = {}
@@ -125,6 +127,13 @@ class KvbmWorker:
     # ---- setup and teardown
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+        # P/D across hosts without a key is refused before anything is made;
+        # a P/D role's key is chosen now (kv_both: at its first P/D request,
+        # which an offloading-only engine never has).
+        if self.role in ("kv_producer", "kv_consumer"):
+            self._pd_key()
+        elif self.role == "kv_both":
+            _control.refuse_unkeyed(LABEL, self._pd_hosts())
         cfg, buffers, self._layer_index = g1_layout(kv_caches)
         self._local = local_kv(kv_caches, self._layer_index, self.rank, self.tp_size,
                                self.kv_heads, self.mla)
@@ -179,6 +188,19 @@ class KvbmWorker:
             # A prefill instance's side channel is up before its first request.
             self._prefill_server()
 
+    def _pd_hosts(self) -> List[str]:
+        """The addresses this rank's side channel listens on (a prefill's
+        pd_host) or may dial (a decode's pd_allow_hosts)."""
+        c = self.config
+        hosts = [c.pd_host] if self.role != "kv_consumer" else []
+        return hosts + (list(c.pd_allow_hosts or ()) if self.role != "kv_producer" else [])
+
+    def _pd_key(self) -> Any:
+        """The side channel's key (_control.choose_key), chosen once."""
+        if self._key is None:
+            self._key = _control.choose_key(LABEL, self._pd_hosts())
+        return self._key
+
     def _prefill_server(self) -> Any:
         """The side channel decode workers pull through (kv_both: started by
         the first request held for a decode instance)."""
@@ -190,7 +212,9 @@ class KvbmWorker:
                                          self.config.pd_hold_s,
                                          None if self._local is None else self._local.describe(),
                                          scoped=lambda ids, s: pd_request_metadata(w, ids, s),
-                                         revoke=lambda ids: pd_revoke(w, ids))
+                                         revoke=lambda ids: pd_revoke(w, ids),
+                                         key=self._pd_key(),
+                                         max_lease_s=self.config.pd_max_lease_s)
         return self._server
 
     def _decode_puller(self) -> Any:
@@ -199,7 +223,7 @@ class KvbmWorker:
             c = self.config
             self._puller = DecodePuller(self.worker, self.rank, self.tp_size, c.pd_timeout_s,
                                         c.pd_max_pulls, c.pd_allow_hosts, local=self._local,
-                                        engine_id=self.engine_id)
+                                        engine_id=self.engine_id, key=self._pd_key())
         return self._puller
 
     def shutdown(self) -> None:
@@ -269,9 +293,9 @@ class KvbmWorker:
         for send in md.sends:
             try:
                 self._prefill_server().hold(send.req_id, send.token, send.block_ids)
-            except OSError as e:
-                # No side channel (kv_both: its port is taken): nobody can
-                # pull, so the blocks go back to vLLM with the stores' hold.
+            except (OSError, ValueError) as e:
+                # No side channel (kv_both: its port is taken, or no key): nobody
+                # can pull, so the blocks go back to vLLM with the stores' hold.
                 log.error("kvbm: request %s cannot be held for a decode instance: %s",
                           send.req_id, e)
                 self._held.add(send.req_id)

@@ -28,6 +28,11 @@ class Engine(EngineProcess):
         env["PYTHONPATH"] = os.pathsep.join(
             [STANDINS, HERE, PYTHON_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["KVBM_E2E_RECORDS"] = records_dir
+        if pd:
+            # One host: the PD control sockets on loopback, where the
+            # same-host key is enough (SGLang's default is the host's
+            # address, which without KVBM_AUTH_KEY refuses to start).
+            env.setdefault("SGLANG_HOST_IP", "127.0.0.1")
         super().__init__(os.path.join(HERE, "engine.py"), cfg, env, name,
                          f"kvbm-e2e-sglang-{name}", log_tail=6000, new_session=True)
 

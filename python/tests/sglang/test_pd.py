@@ -584,17 +584,20 @@ class Attacker:
         self.inbox = self.ctx.socket(zmq.PULL)
         self.port = self.inbox.bind_to_random_port("tcp://127.0.0.1")
         self.token = uuid.uuid4().hex
-        self.auth = Auth(key.encode() if key else None, self.token, "attacker")
+        self.auth = Auth(key.encode() if isinstance(key, str) else key, self.token, "attacker")
         self.socks = {}
 
     def push(self, port, frames, sign=True):
+        """Pushes frames to the manager at port, signed for it (with a key)."""
         import zmq
+        from kvbmgo._control import endpoint
         s = self.socks.get(port)
         if s is None:
             s = self.socks[port] = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             s.connect(f"tcp://127.0.0.1:{port}")
-        s.send_multipart(self.auth.sign(frames) if sign else list(frames))
+        s.send_multipart(self.auth.sign(frames, endpoint("127.0.0.1", port)) if sign
+                         else list(frames))
 
     def received(self, wait=0.3):
         import zmq
@@ -766,13 +769,15 @@ def test_frames_from_another_decode_or_prefill_refused_even_with_the_key(pair, m
         a.close()
 
 
-def test_forged_frames_without_any_key_bound_to_the_room(pair):
-    """No key anywhere (the default): a KVBM_DONE naming a token that is
-    not the room's decode, a KVBM_ROOM from a decode that never registered
-    and a KVBM_PULL naming an unknown prefill are refused; the genuine
-    request completes."""
+def test_forged_frames_without_any_key_bound_to_the_room(pair, monkeypatch):
+    """No key anywhere (opted out: KVBM_PD_ALLOW_UNAUTHENTICATED=1): a
+    KVBM_DONE naming a token that is not the room's decode, a KVBM_ROOM from
+    a decode that never registered and a KVBM_PULL naming an unknown
+    prefill are refused; the genuine request completes."""
     from kvbmgo.sglang import pd_wire as wire
+    monkeypatch.setenv("KVBM_PD_ALLOW_UNAUTHENTICATED", "1")
     p = pair()
+    assert not p.pm.auth.enabled and not p.dm.auth.enabled
     a = Attacker(None)
     try:
         src, dst = [5, 9], [7, 8]
@@ -804,11 +809,10 @@ def test_key_on_one_side_only_is_refused_with_a_clear_line(pair, monkeypatch, ca
     on the decode; nothing is written."""
     import logging
     monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2")
+    monkeypatch.setenv("KVBM_PD_ALLOW_UNAUTHENTICATED", "1")
     p = pair()  # no key in the decode: made first, under the prefill's key below
-    pm_auth = p.pm.auth
     from kvbmgo.sglang.pd_wire import Auth
-    p.pm.auth = Auth(KEY.encode(), p.pm.token, "prefill")
-    del pm_auth
+    p.pm.auth = Auth(KEY.encode(), p.pm.token, "prefill", me=p.pm.auth.me)
     with caplog.at_level(logging.WARNING, logger="kvbmgo._control"):
         sender = p.sender(2500)
         recv = p.receiver(2500)
@@ -828,42 +832,20 @@ def test_auth_replay_stale_and_tamper():
     from kvbmgo import _control
     from kvbmgo.sglang import pd_wire as wire
     a = wire.Auth(KEY.encode(), "sender", "prefill")
-    b = wire.Auth(KEY.encode(), "me", "decode")
-    msg = a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""])
+    b = wire.Auth(KEY.encode(), "me", "decode", me="127.0.0.1:1")
+    msg = a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""], "127.0.0.1:1")
     assert b.open(list(msg)) == (msg[:-3], "sender")
     assert b.open(list(msg)) is None and b.refused == {"replay": 1}
-    bad = list(a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""]))
+    bad = list(a.sign([b"KVBM_DONE", b"1", b"sender", b"4", b""], "127.0.0.1:1"))
     bad[1] = b"2"
     assert b.open(bad) is None and b.refused["bad mac"] == 1
     old = time.time_ns() - int(2 * _control.WINDOW_S * 1e9)
-    stamp = f"sender:{old}:00".encode()
+    stamp = f"sender\n127.0.0.1:1\n{old}\n00".encode()
     frames = [b"KVBM_DONE", b"1"]
     stale = frames + [_control.AUTH_TAG, stamp,
                       _control.mac(KEY.encode(), wire.AUTH_DOMAIN, frames, stamp)]
     assert b.open(stale) is None and b.refused["stale"] == 1
-    assert wire.Auth(None, "x", "decode").open(a.sign(frames)) is None
-
-
-def test_no_key_on_a_non_loopback_address_warns_once(server_args, monkeypatch, caplog):
-    """Without a key, a manager whose control socket listens on a
-    non-loopback address logs one warning naming KVBM_AUTH_KEY (once per
-    process); with a key, or on loopback, none."""
-    import logging
-    from kvbmgo import _control
-    monkeypatch.setattr(_control, "_warned_exposed", False)
-    with caplog.at_level(logging.WARNING, logger="kvbmgo._control"):
-        assert not _control.warn_if_exposed("127.0.0.1", None)
-        assert not _control.warn_if_exposed("10.1.2.3", b"k" * 16)
-        monkeypatch.setenv("SGLANG_HOST_IP", "0.0.0.0")
-        sides = [Side(4), Side(4)]  # alive while their managers are
-        made = [h.manager(x, "decode", server_args) for x in sides]
-        try:
-            assert made[0].local_ip == "0.0.0.0"
-        finally:
-            for m in made:
-                m.close()
-    lines = [r.getMessage() for r in caplog.records if "without authentication" in r.getMessage()]
-    assert len(lines) == 1 and "KVBM_AUTH_KEY" in lines[0] and "0.0.0.0" in lines[0], lines
+    assert wire.Auth(None, "x", "decode").open(a.sign(frames, "127.0.0.1:1")) is None
 
 
 def test_an_oversized_control_frame_is_refused_unread(pair, monkeypatch):
@@ -876,7 +858,9 @@ def test_an_oversized_control_frame_is_refused_unread(pair, monkeypatch):
     p = pair()
     pm = p.pm
     assert pm.server_socket.getsockopt(zmq.MAXMSGSIZE) == 1 << 20
-    big, small = Attacker(None), Attacker(None)
+    # The small one under the key (the same-host one): it reaches the handler.
+    from kvbmgo._control import same_host_key
+    big, small = Attacker(None), Attacker(same_host_key()[0])
     try:
         def room(a, endpoint):
             return wire.TransferInfo(room=2500, endpoint=endpoint, dst_port=a.port, peer=a.token,

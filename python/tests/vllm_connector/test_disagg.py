@@ -356,6 +356,7 @@ def test_the_prefill_keeps_blocks_while_any_pull_is_leased():
     engine's as an unknown one."""
     import json
     import zmq
+    import side_channel
     from kvbmgo.vllm.pd_prefill import PrefillServer
     port = free_port()
     srv = PrefillServer(b"metadata", "E", "127.0.0.1", port, hold_s=60)
@@ -363,13 +364,9 @@ def test_the_prefill_keeps_blocks_while_any_pull_is_leased():
     T, U = "a" * 32, "b" * 32
 
     def ask(**h):
-        s = ctx.socket(zmq.REQ)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(f"tcp://127.0.0.1:{port}")
-        s.send(json.dumps(dict(h, engine=h.get("engine", "E"))).encode())
-        assert s.poll(5000), "no answer"
-        frames = s.recv_multipart()
-        s.close()
+        frames = side_channel.ask(ctx, port, dict(h, engine=h.get("engine", "E")), 5000,
+                                  engine="E")
+        assert frames is not None, "no answer"
         return json.loads(frames[0]), frames[1:]
     try:
         assert ask(op="pull", req="R", token=T, lease_s=10)[0] == {"ok": False, "retry": True}

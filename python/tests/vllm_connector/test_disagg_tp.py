@@ -281,6 +281,7 @@ def test_a_prefill_rank_read_by_k_decode_ranks_lets_go_after_all_k():
     lets go at once; the pull's answer carries the rank's KV description."""
     import json
     import zmq
+    import side_channel
     from kvbmgo.vllm.pd_prefill import PrefillServer
     port = free_port()
     kv = {"tp_size": 1, "tp_rank": 0, "heads": 2}
@@ -288,13 +289,9 @@ def test_a_prefill_rank_read_by_k_decode_ranks_lets_go_after_all_k():
     ctx = zmq.Context()
 
     def ask(header):
-        s = ctx.socket(zmq.REQ)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(f"tcp://127.0.0.1:{port}")
-        s.send(json.dumps(dict(header, engine="E", token="T")).encode())
-        assert s.poll(5000)
-        frames = s.recv_multipart()
-        s.close()
+        frames = side_channel.ask(ctx, port, dict(header, engine="E", token="T"), 5000,
+                                  engine="E")
+        assert frames is not None
         return json.loads(frames[0])
 
     try:

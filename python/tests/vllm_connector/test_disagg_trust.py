@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
+import side_channel  # noqa: E402
 from harness import LAYERS, Engine  # noqa: E402
 from test_disagg import (PROMPT, decode_engine, free_port, prefill, prefill_engine,  # noqa: E402
                          run_both, snapshot)
@@ -46,15 +47,12 @@ def server(p):
     return p.worker._worker._server
 
 
-def ask(ctx, port, header, timeout_ms=3000):
-    """One REQ/REP exchange with the side channel; the reply's frames (None: no answer)."""
-    s = ctx.socket(zmq.REQ)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(f"tcp://127.0.0.1:{port}")
-    s.send(header if isinstance(header, bytes) else json.dumps(header).encode())
-    frames = s.recv_multipart() if s.poll(timeout_ms) else None
-    s.close()
-    return frames
+def ask(ctx, port, header, timeout_ms=3000, engine="prefill-engine"):
+    """One REQ/REP exchange with the side channel, signed under the engines'
+    key (a member of the deployment without the request's token: what the
+    token guards against) for engine's rank at port; the reply's frames
+    (None: no answer)."""
+    return side_channel.ask(ctx, port, header, timeout_ms, engine=engine)
 
 
 def held_R(p):
@@ -223,9 +221,17 @@ def test_an_oversized_frame_is_refused_without_being_read(pd, zctx):
 
 class Attacker:
     """A ROUTER that answers every pull with the given metadata (and records
-    what reached it)."""
+    what reached it); key: the key it signs its answers with (by default the
+    engines': a member of the deployment; None: unsigned)."""
 
-    def __init__(self, ctx, host, port, metadata):
+    def __init__(self, ctx, host, port, metadata, key=side_channel.MEMBER):
+        from kvbmgo import _control
+        from kvbmgo.vllm import pd_wire as wire
+        if key == side_channel.MEMBER:
+            key = _control.same_host_key()[0]
+        self.auth = wire.Auth(key, "prefill-engine", "prefill",
+                              me=wire.prefill_name("prefill-engine", port))
+        self.wire = wire
         self.seen = []
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -240,11 +246,14 @@ class Attacker:
             if not self.sock.poll(50):
                 continue
             frames = self.sock.recv_multipart()
-            h = json.loads(frames[-1])
+            h = json.loads(frames[2])  # [identity, b"", header, authentication frames]
             self.seen.append(h)
             reply = [json.dumps({"ok": True, "lease": "x"}).encode()]
             if h.get("op") == "pull":
                 reply.append(self.metadata)
+            if self.auth.key is not None:
+                got, _ = self.auth.verify(frames[2:])
+                reply = self.auth.sign(reply, self.wire.reply_to(got.nonce))
             self.sock.send_multipart(frames[:2] + reply)
 
     def close(self):
@@ -385,7 +394,8 @@ def test_a_decode_holding_one_requests_metadata_reads_that_requests_blocks_only(
         assert set(p0["remote_block_ids"]).isdisjoint(p1["remote_block_ids"])
         frames = ask(zctx, port, {"op": "pull", "req": p0["remote_request_id"],
                                   "engine": p0["remote_engine_id"], "token": p0["kvbm_token"],
-                                  "lease_s": 30}, timeout_ms=10000)
+                                  "lease_s": 30}, timeout_ms=10000,
+                     engine=p0["remote_engine_id"])
         head = json.loads(frames[0])
         assert head["ok"] and head["scoped"] is True, head
         w = d.worker._worker.worker
