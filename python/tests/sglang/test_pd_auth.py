@@ -121,7 +121,7 @@ def test_a_forged_pull_naming_the_prefills_token_is_refused(pair, key):
         dst, src = [1, 3, 4], [6, 2, 8]
         sender, recv = started(p, room, dst, 2)
         a.push(p.dm.rank_port, wire.pull(room, p.pm.token, 0, 0, np.array([0, 2, 4], np.int32),
-                                         True, [b"\xee" * n for n in AUX_ITEM_LENS]))
+                                         True, [], [b"\xee" * n for n in AUX_ITEM_LENS]))
         settle(p, decode=1)
         time.sleep(0.3)
         assert recv.poll() == KVPoll.WaitingForInput

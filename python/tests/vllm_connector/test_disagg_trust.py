@@ -447,7 +447,7 @@ def test_a_requests_metadata_dies_with_the_request(zctx):
             frames = ask(zctx, port, {"op": "pull", "req": params["remote_request_id"],
                                       "engine": params["remote_engine_id"],
                                       "token": params["kvbm_token"], "lease_s": 30},
-                         timeout_ms=10000)
+                         timeout_ms=10000, engine=params["remote_engine_id"])
             head = json.loads(frames[0])
             assert head["ok"] and head["scoped"] is True, head
             return head, frames[1]
@@ -462,7 +462,8 @@ def test_a_requests_metadata_dies_with_the_request(zctx):
         pull.close()
         done = ask(zctx, port, {"op": "done", "req": p0["remote_request_id"],
                                 "engine": p0["remote_engine_id"], "token": p0["kvbm_token"],
-                                "lease": head["lease"]}, timeout_ms=10000)
+                                "lease": head["lease"]}, timeout_ms=10000,
+                   engine=p0["remote_engine_id"])
         assert json.loads(done[0])["ok"], done
         while "R0" not in proc.next(timeout=60).get("finished_sending", []):
             pass
