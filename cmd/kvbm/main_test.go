@@ -83,13 +83,13 @@ func TestBench(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &r))
 	// The grid twice (with the S3 get beside an S3 server: make test runs
 	// under scripts/with-s3.sh), small transfers, remote (same host, tcp,
-	// tls, tls vs tcp; two connects).
+	// tls, tls vs tcp, request-scoped vs tcp; two connects).
 	grid := 16
 	withS3 := os.Getenv("KVBM_S3_BUCKET") != "" && os.Getenv("AWS_ENDPOINT_URL_S3") != ""
 	if withS3 {
 		grid++
 	}
-	require.Len(t, r.Results, 2*grid+2*len(smallBlockSizes)+10)
+	require.Len(t, r.Results, 2*grid+2*len(smallBlockSizes)+11)
 	if withS3 {
 		require.Contains(t, stderr, "kvbm bench: "+s3GetPath+", 2 MiB blocks ×4, concurrency 2")
 	}

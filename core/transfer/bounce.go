@@ -140,16 +140,19 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 		err := m.runHop(hop1, hop1Opts)
 		hop1Opts.Precondition = 0
 		if err != nil {
-			// The bounce holds what an earlier transfer left there (another
-			// request's bytes, perhaps): a failed first hop is never
-			// followed by its second, and the destination keeps its bytes.
 			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
+		}
+		// The bounce holds what an earlier transfer left there (another
+		// request's bytes, perhaps): a block whose first hop failed is not
+		// taken on its second, and its destination keeps its bytes.
+		keep := hopSurvivors(err, hi-lo)
+		if len(keep) == 0 {
 			continue
 		}
-		hop2 := headHop(p, b, p.dst, staged, p.dstIDs[lo:hi])
+		hop2 := headHop(p, b, p.dst, pick(staged, keep), pick(p.dstIDs[lo:hi], keep))
 		hop2.ctx = p.ctx
 		if err := m.runHop(hop2, Options{}); err != nil {
-			failed.addPlanRange(lo, hi, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
+			failed.addPlanPicked(lo, keep, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
 		}
 	}
 	return failed.err()

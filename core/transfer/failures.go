@@ -86,3 +86,62 @@ func (f *Failures) err() error {
 	}
 	return &blockFailure{indices: f.Blocks(), err: first}
 }
+
+// addPlanPicked records err of a hop that moved the blocks picked (indices
+// of the plan's blocks from lo): those the hop names, or all of them.
+func (f *Failures) addPlanPicked(lo int, picked []int, err error) {
+	var bf *blockFailure
+	if !errors.As(err, &bf) {
+		for _, i := range picked {
+			f.Add(err, lo+i)
+		}
+		return
+	}
+	for _, i := range bf.indices {
+		if i >= 0 && i < len(picked) {
+			f.Add(err, lo+picked[i])
+		}
+	}
+}
+
+// hopSurvivors is the indices of a hop of n blocks that err (the hop's)
+// does not name as failed: all for nil, none for an error of the whole hop.
+func hopSurvivors(err error, n int) []int {
+	if err == nil {
+		return seqInts(n)
+	}
+	var bf *blockFailure
+	if !errors.As(err, &bf) {
+		return nil
+	}
+	failed := make([]bool, n)
+	for _, i := range bf.indices {
+		if i >= 0 && i < n {
+			failed[i] = true
+		}
+	}
+	var keep []int
+	for i, f := range failed {
+		if !f {
+			keep = append(keep, i)
+		}
+	}
+	return keep
+}
+
+func seqInts(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// pick is ids[i] for each i of idx.
+func pick(ids []int, idx []int) []int {
+	out := make([]int, len(idx))
+	for j, i := range idx {
+		out[j] = ids[i]
+	}
+	return out
+}

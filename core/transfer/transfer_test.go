@@ -230,6 +230,7 @@ func TestDiskCorruptionDetected(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, fh.Close())
 
+			f.fill(dst, 9) // what the failed block's destination must keep
 			n, err := f.m.ExecuteTransfer(disk, []int{0, 1, 2, 3}, dst, []int{3, 2, 1, 0}, Options{})
 			require.NoError(t, err)
 			err = n.WaitTimeout(-1)
@@ -239,6 +240,9 @@ func TestDiskCorruptionDetected(t *testing.T) {
 			for _, c := range [][2]int{{0, 3}, {1, 2}, {3, 0}} {
 				require.Equal(t, pattern(cfg.BlockSize(), 3+uint64(c[0])), f.readBlock(dst, c[1]))
 			}
+			// Its first hop failed: the bounce's bytes for it (corrupt, or an
+			// earlier transfer's) were not taken on to the destination.
+			require.Equal(t, pattern(cfg.BlockSize(), 9+1), f.readBlock(dst, 1))
 		})
 	}
 }
