@@ -46,10 +46,8 @@ class _PrefillRoom:
     sent_pages: int = 0
     last_sent_at: Optional[float] = None
     done: set = field(default_factory=set)
-    # Scoped metadata is exported and revoked under lock: none is made for
-    # the room once it ended (revoked), and an end waits for a revocation
-    # under way.
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Scoped metadata is exported and revoked under PrefillSide's scope
+    # lock: none is made for the room once it ended (revoked).
     ended: bool = False
     scoped: List[np.ndarray] = field(default_factory=list)  # pages given out, not revoked
 
@@ -60,6 +58,7 @@ class PrefillSide:
     def __init__(self, mgr: CommonKVManager) -> None:
         self.mgr = mgr  # a KvbmKVManager
         self.rooms: Dict[int, _PrefillRoom] = {}
+        self._scope_lock = threading.Lock()  # rooms' scoped metadata: exports, revocations
 
     def _refuse(self, msg: List[bytes], reason: str, why: str, peer: str) -> None:
         self.mgr.auth.refuse(msg, reason, why, peer)
@@ -234,15 +233,19 @@ class PrefillSide:
         else, per piece (wire.scope_pieces) and worker, until the waiting
         timeout; None once the room ended (its pages revoked)."""
         expires = float(self.mgr.waiting_timeout) + _SCOPE_MARGIN_S
-        with pr.lock:
+        with self._scope_lock:
             if pr.ended:
                 return None
-            pr.scoped.append(pages)  # revoked with the room, even if an export fails
             out = []
             for off, n in wire.scope_pieces(pages):
-                ids = pages[off:off + n].tolist()
-                out.append((n, [w.export_metadata(blocks={Tier.G1: ids}, expires=expires)
-                                for w in self.mgr.workers]))
+                piece = pages[off:off + n]
+                ids = piece.tolist()
+                mds = []
+                for w in self.mgr.workers:
+                    mds.append(w.export_metadata(blocks={Tier.G1: ids}, expires=expires))
+                    if len(mds) == 1:
+                        pr.scoped.append(piece)  # given out: revoked with the room
+                out.append((n, mds))
             return out
 
     def revoke(self, room: int) -> None:
@@ -253,16 +256,25 @@ class PrefillSide:
         pr = self.rooms.get(room)
         if pr is None:
             return
-        with pr.lock:
+        # Under the scope lock to the end: an export of another room that
+        # shares a page (the radix cache's prefix) waits for the revocation,
+        # so its metadata is made after it and reads on.
+        with self._scope_lock:
             pr.ended = True
             scoped, pr.scoped = pr.scoped, []
             if not scoped:
                 return
-            ids = np.unique(np.concatenate(scoped)).tolist()
+            # A page another room still gives out (a shared prefix) keeps its
+            # bytes until that room ends too: revoked then.
+            live = {int(b) for other in list(self.rooms.values())
+                    if other is not pr and not other.ended for p in other.scoped for b in p}
+            ids = sorted(set(np.unique(np.concatenate(scoped)).tolist()) - live)
+            if not ids:
+                return
             for w in self.mgr.workers:
                 try:
                     w.revoke_blocks({Tier.G1: ids})
-                except KvbmError as e:  # a page beyond the layout: never exported either
+                except (KvbmError, ValueError) as e:  # a closed worker too
                     logger.error("kvbm transfer backend: revoking room %s's %d pages: %s",
                                  room, len(ids), e)
 

@@ -201,12 +201,16 @@ class PrefillServer:
                 self._let_go(req_id, h.token, h.blocks)
             out, self._released = self._released, set()
             revoke, self._revoke_pending = self._revoke_pending, []
+            # A block another held request shares (vLLM's prefix cache) keeps
+            # its bytes while that one is held: revoked when it is let go.
+            live = {b for h in self._held.values() for b in (h.blocks or ())}
+            revoke = sorted(set(revoke) - live)
         # Revoked before vLLM hears they are released (and may give them to
         # another request); outside the lock: the revocation waits for reads
         # of them under way, and the channel keeps answering meanwhile.
         if revoke and self._revoke is not None:
             try:
-                self._revoke(sorted(set(revoke)))
+                self._revoke(revoke)
             except Exception as e:  # noqa: BLE001 - the blocks must go back all the same
                 log.error("kvbm: P/D: the metadata of %d released blocks could not be "
                           "revoked (%s); they are released all the same", len(revoke), e)

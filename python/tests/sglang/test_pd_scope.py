@@ -121,6 +121,42 @@ def test_revoked_before_the_status_is_final(server_args, spied, monkeypatch, end
         p.close()
 
 
+def test_a_page_two_rooms_share_is_revoked_when_the_last_ends(server_args, spied, monkeypatch):
+    """The radix cache gives rooms A and B the same prefix pages: A ends,
+    and only its own pages are revoked (B's decode still reads the shared
+    ones, whose bytes stay while B runs); B ends: the rest."""
+    p = Pair(server_args)
+    try:
+        revoked = []
+        real = Worker.revoke_blocks
+
+        def spy(w, blocks):
+            if w in p.pm.workers:
+                revoked.append(sorted(blocks[Tier.G1]))
+            real(w, blocks)
+        monkeypatch.setattr(Worker, "revoke_blocks", spy)
+        a, b = 4200, 4201
+        src = {a: [6, 7, 8, 2], b: [6, 7, 9, 3]}
+        sa, ra = started(p, a, [1, 2, 3, 4], 1)
+        sb, rb = started(p, b, [5, 6, 7, 8], 2)
+        spied.hold.add(b)  # B's pages are given out, its decode does not pull yet
+        prefill_send(sb, src[b], 2)
+        t0 = time.monotonic()
+        while len(spied.held.get(b, [])) < 2:
+            assert time.monotonic() - t0 < 5
+            time.sleep(0.01)
+        prefill_send(sa, src[a], 1)
+        wait_for(ra.poll, KVPoll.Success, 10, "decode A")
+        wait_for(sa.poll, KVPoll.Success, 10, "prefill A")
+        assert revoked == [[2, 8]] * len(p.pm.workers), revoked
+        spied.release(b)
+        wait_for(rb.poll, KVPoll.Success, 10, "decode B")
+        wait_for(sb.poll, KVPoll.Success, 10, "prefill B")
+        assert revoked[-1] == [3, 6, 7, 9], revoked
+    finally:
+        p.close()
+
+
 def test_scope_pieces_bound_the_ranges():
     """A chunk's pages are split so that no piece's metadata names more
     ranges than a kvbm hello carries."""

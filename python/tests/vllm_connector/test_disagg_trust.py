@@ -479,3 +479,38 @@ def test_a_requests_metadata_dies_with_the_request(zctx):
     finally:
         proc.kill()
         d.close()
+
+
+def test_a_prefix_two_held_requests_share_is_revoked_when_the_last_is_let_go(pd, zctx):
+    """vLLM's prefix cache gives X and Y the same first blocks. X is let go:
+    only its own blocks are revoked (Y's decode still reads the shared
+    ones, whose bytes stay while Y is held); Y is let go: the rest."""
+    p, _ = pd
+    _, x, _ = prefill(p, "X", PROMPT + [7] * 20)
+    _, y, _ = prefill(p, "Y", PROMPT + [9] * 20)
+    p.step()
+    assert server(p).held() == {"X", "Y"}
+    xb, yb = set(x["remote_block_ids"]), set(y["remote_block_ids"])
+    shared = xb & yb
+    assert shared and xb - yb, (xb, yb)  # the test means something only with both
+    srv = server(p)
+    revoked = []
+    real = srv._revoke
+    srv._revoke = lambda ids: (revoked.append(list(ids)), real(ids))
+
+    def done(params):
+        frames = ask(zctx, port_of(p), {"op": "done", "req": params["remote_request_id"],
+                                        "engine": params["remote_engine_id"],
+                                        "token": params["kvbm_token"]})
+        assert json.loads(frames[0])["ok"], frames
+
+    done(x)
+    while "X" in server(p).held():
+        p.step()
+    p.step()
+    assert revoked and set(revoked[-1]) == xb - yb, (revoked, xb, yb)
+    done(y)
+    while "Y" in server(p).held():
+        p.step()
+    p.step()
+    assert set(revoked[-1]) == yb, (revoked, yb)
