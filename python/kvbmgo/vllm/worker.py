@@ -301,7 +301,16 @@ class KvbmWorker:
                 self._held.add(send.req_id)
         now = time.monotonic()
         for pull in md.pulls:
-            self._decode_puller().start(pull)
+            try:
+                puller = self._decode_puller()
+            except ValueError as e:
+                # kv_both: no key for the side channel (chosen at the first
+                # pull): the pull fails, reported at the next get_finished.
+                log.error("kvbm: request %s cannot be pulled: %s", pull.req_id, e)
+                self._load_errors.update(pull.block_ids)
+                self._async_loads[pull.req_id] = (None, list(pull.block_ids))
+                continue
+            puller.start(pull)
             if pull.block_ids:
                 self._started_at["pull:" + pull.req_id] = (now, list(pull.block_ids))
                 self._moved = True

@@ -1,6 +1,7 @@
 """Disaggregated prefill->decode with the real vLLM 0.33 scheduler: a
 kv_producer engine and a kv_consumer engine (each a Scheduler and a worker
 connector) hand a request over with NixlConnector's kv_transfer_params."""
+import os
 import socket
 import time
 
@@ -465,3 +466,28 @@ def test_a_fully_pulled_full_block_prompt_is_not_offered_again(pd):
     assert d.finished["R-decode"].finish_reason.name == "LENGTH"
     assert not any(o.finished_sending for o in d.outputs)
     assert not set().union(*(o.invalid_block_ids for o in d.outputs))
+
+
+def test_a_kv_both_decode_without_a_usable_key_fails_the_pull_not_the_step(tmp_path, monkeypatch):
+    """kv_both chooses its side channel's key at its first pull; when none
+    can be had (here: the same-host key's directory is writable by others,
+    refused), that pull fails (its request ends with an error under
+    policy fail) and the engine's step goes on: nothing escapes into vLLM."""
+    p = prefill_engine()
+    d = None
+    try:
+        _, params, _ = prefill(p)
+        bad = tmp_path / "runtime"
+        (bad / "kvbm").mkdir(parents=True)
+        os.chmod(bad / "kvbm", 0o777)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(bad))
+        monkeypatch.delenv("KVBM_AUTH_KEY", raising=False)
+        monkeypatch.delenv("KVBM_AUTH_KEY_FILE", raising=False)
+        d = decode_engine(role="kv_both")
+        d.add("D", PROMPT, max_tokens=2, kv_transfer_params=params)
+        d.run(timeout=10)
+        assert d.finished["D"].finish_reason.name == "ERROR"
+    finally:
+        if d is not None:
+            d.close()
+        p.close()
