@@ -53,6 +53,9 @@ type Ticket uint32
 func (r *Revocations) Enter() Ticket {
 	for {
 		p := r.phase.Load() & 1
+		if enterPause != nil {
+			enterPause()
+		}
 		r.inflight[p].Add(1)
 		if r.phase.Load()&1 == p {
 			return Ticket(p)
@@ -62,6 +65,10 @@ func (r *Revocations) Enter() Ticket {
 		r.exit(p)
 	}
 }
+
+// enterPause, when set (tests only), runs in Enter between its look at
+// the phase and its count.
+var enterPause func()
 
 // Exit ends what Enter counted.
 func (r *Revocations) Exit(t Ticket) { r.exit(uint32(t)) }

@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -67,6 +68,47 @@ func TestARevocationWaitsForTheRequestsBegunBeforeIt(t *testing.T) {
 	r.Exit(late)
 }
 
+// A request that looked at the phase before a revocation closed it, and
+// counted itself only after that revocation returned, is counted where
+// the next revocation waits: that one does not return while the request,
+// allowed before it, still reads.
+func TestARequestCountedLateIsWaitedForByTheNextRevocation(t *testing.T) {
+	var r Revocations
+	epoch := r.Epoch()
+	paused, resume := make(chan struct{}), make(chan struct{})
+	enterPause = func() { close(paused); <-resume }
+	t.Cleanup(func() { enterPause = nil })
+	var allowed bool
+	checked, finish, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		tk := r.Enter()
+		allowed = r.Allows(epoch, 1, 2, 2)
+		close(checked)
+		<-finish // reading
+		r.Exit(tk)
+		close(done)
+	}()
+	<-paused
+	enterPause = nil
+	r.Revoke(1, 4, []int{3}) // closes the phase the request looked at
+	close(resume)
+	<-checked
+	require.True(t, allowed, "block 2 is not revoked yet")
+	revoked := make(chan struct{})
+	go func() {
+		r.Revoke(1, 4, []int{2})
+		close(revoked)
+	}()
+	select {
+	case <-revoked:
+		t.Fatal("the revocation returned while a request it did not see begin still reads block 2")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(finish)
+	<-revoked
+	<-done
+}
+
 // A request racing a revocation either began before it (and the
 // revocation waited for it) or sees it: never both "allowed" and
 // "still reading after Revoke returned".
@@ -76,20 +118,21 @@ func TestARequestRacingARevocationNeverOutlivesIt(t *testing.T) {
 		epoch := r.Epoch()
 		var reading sync.Mutex // held by the request while it reads
 		var after bool         // set by the revoker once Revoke returned
+		var late bool          // a request allowed read after that
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
+			<-start
 			tk := r.Enter()
 			defer r.Exit(tk)
-			<-start
 			if r.Allows(epoch, 1, 2, 2) {
 				for range 20 { // a read takes a while: the revoker runs meanwhile
 					runtime.Gosched()
 				}
 				reading.Lock()
-				require.False(t, after, "a request allowed read after the revocation returned")
+				late = late || after
 				reading.Unlock()
 			}
 		}()
@@ -103,6 +146,7 @@ func TestARequestRacingARevocationNeverOutlivesIt(t *testing.T) {
 		}()
 		close(start)
 		wg.Wait()
+		require.False(t, late, "a request allowed read after the revocation returned")
 	}
 }
 
