@@ -44,7 +44,7 @@ const (
 // pendingConn is a connection in the pending budget.
 type pendingConn struct {
 	c    net.Conn
-	addr string // connAddr: "" for the same-host socket
+	addr string // pendingAddr: "" for the same-host socket
 	seq  uint64 // accept order: the smallest is the oldest
 }
 
@@ -117,7 +117,7 @@ func (p *pendingConns) victim() net.Conn {
 // why c must be closed; t.mu held.
 func (t *Transport) admitPending(c net.Conn) (evicted net.Conn, refused string) {
 	p := &t.lim.pending
-	addr := connAddr(c)
+	addr := pendingAddr(c)
 	if addr != "" && p.count(addr) >= t.cfg.MaxPendingConnsPerAddr {
 		t.lim.overPendingPerAddr.Add(1)
 		return nil, "the server holds MaxPendingConnsPerAddr connections from this address that have not passed the hello"
@@ -130,6 +130,21 @@ func (t *Transport) admitPending(c net.Conn) (evicted net.Conn, refused string) 
 	}
 	p.add(c, addr)
 	return evicted, ""
+}
+
+// pendingAddr is the address a pending connection is counted under: its
+// IP, or for IPv6 its /64, which one host commonly holds whole (so that a
+// flood from many addresses of one /64 is taken from itself first); ""
+// for the same-host socket.
+func pendingAddr(c net.Conn) string {
+	a, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	if a.IP.To4() == nil && len(a.IP) == net.IPv6len {
+		return a.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return a.IP.String()
 }
 
 // evict closes a pending connection admitPending took out of the budget

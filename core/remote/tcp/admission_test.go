@@ -341,3 +341,25 @@ func TestTCPHelloFloodDoesNotKeepAGenuinePeerOut(t *testing.T) {
 	require.NotZero(t, l.EvictedPending)
 	require.Zero(t, l.OverMaxConns+l.OverMaxConnsPerAddr)
 }
+
+// addrConn is a connection that says it comes from addr.
+type addrConn struct {
+	net.Conn
+	addr net.Addr
+}
+
+func (c addrConn) RemoteAddr() net.Addr { return c.addr }
+
+// A pending connection is counted under its IPv4 address, or its IPv6
+// /64; the same-host socket under none.
+func TestPendingConnsAreCountedByAddressOrIPv6Prefix(t *testing.T) {
+	for addr, want := range map[net.Addr]string{
+		&net.TCPAddr{IP: net.ParseIP("10.1.2.3")}:             "10.1.2.3",
+		&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1")}: "2001:db8:1:2::/64",
+		&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:bbbb::9")}: "2001:db8:1:2::/64",
+		&net.TCPAddr{IP: net.ParseIP("::ffff:10.1.2.3")}:      "10.1.2.3",
+		&net.UnixAddr{Name: "@kvbm", Net: "unix"}:             "",
+	} {
+		require.Equal(t, want, pendingAddr(addrConn{addr: addr}), "%v", addr)
+	}
+}
