@@ -36,8 +36,8 @@ import (
 // Default bounds of the pending budget (Config.MaxPendingConns,
 // Config.MaxPendingConnsPerAddr) and its deadline (Config.HelloDeadline).
 const (
-	DefaultMaxPendingConns        = 128
-	DefaultMaxPendingConnsPerAddr = 32 // several workers of one host (TP ranks, each with Conns+1) dial at once
+	DefaultMaxPendingConns        = 256
+	DefaultMaxPendingConnsPerAddr = 64 // the ranks of one node (TP 8, each Conns+1 a peer) dial at once
 	DefaultHelloDeadline          = 2 * time.Second
 )
 
