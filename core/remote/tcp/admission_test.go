@@ -305,13 +305,19 @@ func TestTCPHelloFloodDoesNotKeepAGenuinePeerOut(t *testing.T) {
 	addr := tcpAddr(t, p.expTCP)
 	f := newFlood()
 	defer f.stop()
-	// One address first, so that it holds MaxPendingConnsPerAddr before
-	// the budget fills; then the others.
-	slots := func(i int) int { // conns in all
-		if i < conns%addrs {
-			return conns/addrs + 1
+	// One address first, with more than MaxPendingConnsPerAddr, so that it
+	// holds that many before the budget fills; then the others share the
+	// rest (conns in all).
+	first := DefaultMaxPendingConnsPerAddr + 36
+	slots := func(i int) int {
+		if i == 0 {
+			return first
 		}
-		return conns / addrs
+		rest, others := conns-first, addrs-1
+		if i-1 < rest%others {
+			return rest/others + 1
+		}
+		return rest / others
 	}
 	f.start("127.0.0.2", addr, slots(0))
 	require.Eventually(t, func() bool { return p.expTCP.Limits().OverMaxPendingConnsPerAddr > 0 }, 30*time.Second, time.Millisecond)
