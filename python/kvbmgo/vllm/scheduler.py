@@ -259,6 +259,10 @@ class KvbmScheduler:
             offer(new.req_id, new.num_computed_tokens,
                   new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
+        # vLLM <= 0.33 sends a resumed (preempted) request among the cached
+        # ones with its whole block table (resumed_req_ids); 0.34 dropped
+        # that field and re-sends it whole in scheduled_new_reqs (above), so
+        # every cached request's new_block_ids are appends.
         resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]

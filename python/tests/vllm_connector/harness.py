@@ -1,10 +1,14 @@
-"""A real vLLM 0.33 Scheduler built offline (a tiny local Llama config),
-KvbmConnector loaded by vLLM's factory through kv_connector_module_path, and
-its worker side over KV views made by vLLM's own create_kv_cache_views on
-the emulated device. Engine.step() runs one step as vLLM's model runner
-does (kv_connector_model_runner_mixin._get_kv_connector_output), with a
-"forward" that writes each computed full block's KV as a pattern derived
-from its block hash, so every loaded byte can be checked."""
+"""A real vLLM (0.33 or 0.34) Scheduler built offline (a tiny local Llama
+config), KvbmConnector loaded by vLLM's factory through
+kv_connector_module_path, and its worker side over KV views made by vLLM's
+own create_kv_cache_views on the emulated device. Engine.step() runs one
+step as vLLM's model runner drives a connector (v1/worker/gpu/kv_connector.py,
+ActiveKVConnector: pre_forward, finish_forward, post_forward; no_forward on a
+step that schedules no token), with a "forward" that writes each computed
+full block's KV as a pattern derived from its block hash, so every loaded
+byte can be checked. What differs between the releases is feature-detected
+(model_runner_output)."""
+import dataclasses
 import os
 
 import pytest
@@ -52,6 +56,63 @@ EOS = 2
 
 init_none_hash(sha256)
 _hasher = get_request_block_hasher(BLOCK, sha256)
+
+
+#: ModelRunnerOutput.req_id_to_index: required in 0.33, gone in 0.34.
+_RUNNER_OUTPUT_HAS_INDEX = "req_id_to_index" in {f.name for f in
+                                                 dataclasses.fields(ModelRunnerOutput)}
+
+
+def model_runner_output(req_ids, sampled, kvo):
+    """A ModelRunnerOutput of this vLLM for req_ids' sampled tokens."""
+    kw = dict(req_ids=req_ids, sampled_token_ids=sampled, logprobs=None,
+              prompt_logprobs_dict={}, pooler_output=None, kv_connector_output=kvo)
+    if _RUNNER_OUTPUT_HAS_INDEX:
+        kw["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+    return ModelRunnerOutput(**kw)
+
+
+def pre_forward(w, so, ctx, forward=True):
+    """ActiveKVConnector.pre_forward: handle_preemptions, bind, and a sync
+    load before the forward. Returns start_load_kv's keyword arguments when
+    the load is left for post_forward (an async one), else None. forward:
+    False for no_forward's call (no input batch: no keyword arguments)."""
+    md = so.kv_connector_metadata
+    assert md is not None
+    w.handle_preemptions(md)
+    w.bind_connector_metadata(md)
+    kwargs = {}
+    if forward:  # _build_load_kwargs, from the input batch the runner made
+        req_ids = list(so.num_scheduled_tokens)
+        kwargs = dict(scheduler_output=so, request_state_indices=list(range(len(req_ids))),
+                      request_ids=req_ids, num_tokens=so.total_num_scheduled_tokens)
+    if so.has_sync_kv_loads:
+        w.start_load_kv(ctx, **kwargs)
+        return None
+    return kwargs
+
+
+def post_forward(w, so, ctx, pending, after_save=None):
+    """ActiveKVConnector.finish_forward and post_forward (defer_finalize
+    off): the deferred load, wait_for_save, the step's transfer results and
+    clear_connector_metadata. Returns the KVConnectorOutput."""
+    w.finish_forward()
+    if pending is not None:
+        w.start_load_kv(ctx, **pending)
+    w.wait_for_save()
+    if after_save is not None:
+        after_save()
+    tr = w.get_transfer_results(so.finished_req_ids)
+    kvo = KVConnectorOutput()
+    kvo.finished_sending = tr.finished_sending or None
+    kvo.finished_recving = tr.finished_recving or None
+    kvo.failed_recving = tr.failed_recving
+    kvo.invalid_block_ids = w.get_block_ids_with_load_errors()
+    kvo.kv_connector_stats = w.get_kv_connector_stats()
+    kvo.kv_cache_events = w.get_kv_connector_kv_cache_events()
+    kvo.kv_connector_worker_meta = w.build_connector_worker_meta()
+    w.clear_connector_metadata()
+    return kvo
 
 
 def pattern(key: bytes, layer: int) -> torch.Tensor:
@@ -194,15 +255,18 @@ class Engine:
         return so, kvo
 
     def execute(self, so, before_forward=None):
-        """What the model runner does with one scheduler output, as vLLM's
-        kv_connector_model_runner_mixin orders the connector's calls;
-        returns the ModelRunnerOutput."""
+        """What vLLM's model runner does with one scheduler output, as its
+        ActiveKVConnector orders the connector's calls (no_forward when
+        nothing is scheduled); returns the ModelRunnerOutput."""
         w = self.worker
-        md = so.kv_connector_metadata
-        w.handle_preemptions(md)
-        w.bind_connector_metadata(md)
-        if so.has_sync_kv_loads:
-            w.start_load_kv(self.ctx)
+        after_save = self.idle if self.serial else None
+        if not so.total_num_scheduled_tokens:  # ActiveKVConnector.no_forward
+            pre_forward(w, so, self.ctx, forward=False)
+            if before_forward is not None:  # the test's hook sees every step
+                before_forward(so)
+            kvo = post_forward(w, so, self.ctx, None, after_save)
+            return ModelRunnerOutput.with_kv_conn_output_only(kvo)
+        pending = pre_forward(w, so, self.ctx)
         for name in LAYERS:  # what each attention layer does before attention
             w.wait_for_layer_load(name)
         if self.verify:
@@ -210,17 +274,7 @@ class Engine:
         if before_forward is not None:
             before_forward(so)
         self.forward(so)
-        if not so.has_sync_kv_loads:
-            w.start_load_kv(self.ctx)
-        w.wait_for_save()
-        if self.serial:
-            self.idle()
-        sending, recving = w.get_finished(so.finished_req_ids)
-        kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                invalid_block_ids=w.get_block_ids_with_load_errors(),
-                                kv_connector_stats=w.get_kv_connector_stats(),
-                                kv_connector_worker_meta=w.build_connector_worker_meta())
-        w.clear_connector_metadata()
+        kvo = post_forward(w, so, self.ctx, pending, after_save)
         spans = self.spans(so)
         req_ids = list(so.num_scheduled_tokens)
         sampled = []
@@ -230,15 +284,13 @@ class Engine:
             # token is known: every step past the prompt samples.
             last = r.num_prompt_tokens if self.pipelined else r.num_tokens
             sampled.append([7] if spans[rid][1] >= last else [])
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
-                                                                   enumerate(req_ids)},
-                                 sampled_token_ids=sampled, logprobs=None,
-                                 prompt_logprobs_dict={}, pooler_output=None,
-                                 kv_connector_output=kvo)
+        return model_runner_output(req_ids, sampled, kvo)
 
     def record(self, so, out):
         """Feeds a step's output to the scheduler (update_from_output)."""
-        kvo = out.kv_connector_output
+        # An empty step's output carries no KVConnectorOutput when it has
+        # nothing to say (with_kv_conn_output_only): recorded as an empty one.
+        kvo = out.kv_connector_output or KVConnectorOutput()
         self.outputs.append(kvo)
         for outs in self.sched.update_from_output(so, out).values():
             if outs.scheduler_stats is not None and outs.scheduler_stats.kv_connector_stats:

@@ -1,4 +1,4 @@
-"""A vLLM 0.33 engine at tensor-parallel size tp, from its pieces: one real
+"""A vLLM (0.33 or 0.34) engine at tensor-parallel size tp, from its pieces: one real
 Scheduler (its VllmConfig at that TP size) and tp worker connectors, each
 made by vLLM's factory as rank r and registering its own KV views (made by
 vLLM's create_kv_cache_views, with that rank's KV heads); their outputs are
@@ -12,6 +12,7 @@ one latent head, the same on every rank). So a hand-over between TP sizes
 is checked byte for byte: the heads a decode rank holds must be the slice
 of the global KV the prefill ranks held."""
 import contextlib
+import copy
 import json
 import os
 import time
@@ -38,6 +39,8 @@ from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from harness import model_runner_output, post_forward, pre_forward  # noqa: E402
 
 import kvbmgo.vllm.connector as connector_module  # noqa: E402
 from harness import BLOCK, EOS, HEAD, LAYERS, MODEL, _hasher  # noqa: E402
@@ -216,41 +219,36 @@ class TpEngine:
                         self.views[r][LAYERS[layer]][ids[b]].view(torch.int16).copy_(mine)
 
     def step(self, before_forward=None):
+        """One step on every rank, each driving its connector as vLLM's
+        ActiveKVConnector does (harness.pre_forward / post_forward;
+        no_forward when nothing is scheduled)."""
         so = self.sched.schedule()
-        outs = []
-        for w in self.workers:
-            md = so.kv_connector_metadata
-            w.handle_preemptions(md)
-            w.bind_connector_metadata(md)
-            if so.has_sync_kv_loads:
-                w.start_load_kv(self.ctx)
-            for name in LAYERS:
-                w.wait_for_layer_load(name)
-        if before_forward is not None:
+        empty = not so.total_num_scheduled_tokens
+        pending = [pre_forward(w, so, self.ctx, forward=not empty) for w in self.workers]
+        if not empty:
+            for w in self.workers:
+                for name in LAYERS:
+                    w.wait_for_layer_load(name)
+        if before_forward is not None:  # the test's hook sees every step
             before_forward(so)
-        self.forward(so)
+        if not empty:
+            self.forward(so)
         req_ids = list(so.num_scheduled_tokens)
-        for w in self.workers:
-            if not so.has_sync_kv_loads:
-                w.start_load_kv(self.ctx)
-            w.wait_for_save()
-            sending, recving = w.get_finished(so.finished_req_ids)
-            kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                    invalid_block_ids=w.get_block_ids_with_load_errors(),
-                                    kv_connector_stats=w.get_kv_connector_stats(),
-                                    kv_connector_worker_meta=w.build_connector_worker_meta())
-            w.clear_connector_metadata()
+        outs = []
+        for w, p in zip(self.workers, pending):
+            kvo = post_forward(w, so, self.ctx, p)
+            if empty:
+                # A copy: each rank's output reaches the executor as its own
+                # object (EMPTY_MODEL_RUNNER_OUTPUT is shared).
+                outs.append(copy.copy(ModelRunnerOutput.with_kv_conn_output_only(kvo)))
+                continue
             sampled = []
             for rid in req_ids:
                 r = self.sched.requests[rid]
                 sampled.append([7] if self.spans(so)[rid][1] >= r.num_tokens else [])
-            outs.append(ModelRunnerOutput(req_ids=req_ids,
-                                          req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                          sampled_token_ids=sampled, logprobs=None,
-                                          prompt_logprobs_dict={}, pooler_output=None,
-                                          kv_connector_output=kvo))
+            outs.append(model_runner_output(req_ids, sampled, kvo))
         out = self.agg.aggregate(outs)
-        self.outputs.append(out.kv_connector_output)
+        self.outputs.append(out.kv_connector_output or KVConnectorOutput())
         for o in self.sched.update_from_output(so, out).values():
             for x in o.outputs:
                 if x.finish_reason is not None:
