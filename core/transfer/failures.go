@@ -62,18 +62,8 @@ func (f *blockFailure) Unwrap() error { return f.err }
 // hi-1: the blocks its blockFailure names (indices into the sub-plan), or
 // all of them when it names none.
 func (f *Failures) addPlanRange(lo, hi int, err error) {
-	if err == nil {
-		return
-	}
-	var bf *blockFailure
-	if !errors.As(err, &bf) {
-		for i := lo; i < hi; i++ {
-			f.Add(err, i)
-		}
-		return
-	}
-	for _, i := range bf.indices {
-		f.Add(err, lo+i)
+	if err != nil {
+		f.addPlanPicked(lo, seqInts(hi-lo), err)
 	}
 }
 

@@ -31,30 +31,19 @@ var ErrScopedBusy = kvbmerr.New(kvbmerr.FailedPrecondition, "request-scoped capa
 // process (the loopback) the scope is not enforced: the process is
 // trusted. A transport that cannot scope is refused.
 func (w *PhysicalWorker) ExportBlockScopedMetadata(s BlockScope) ([]byte, error) {
-	if len(s.Blocks) == 0 {
-		return nil, fmt.Errorf("%w: export scoped metadata: the scope names no tier", kvbmerr.ErrInvalidArgument)
+	const what = "export scoped metadata"
+	tiers, ls, err := w.scopeLayouts(what, s.Blocks)
+	if err != nil {
+		return nil, err
 	}
 	md := Metadata{WorkerID: w.m.WorkerID()}
-	rs := remote.Scope{Expires: s.Expires}
-	tiers := make([]Tier, 0, len(s.Blocks))
-	for t := range s.Blocks {
-		tiers = append(tiers, t)
-	}
-	slices.Sort(tiers)
-	for _, t := range tiers {
-		if !t.valid() {
-			return nil, fmt.Errorf("%w: export scoped metadata: tier %d is not G1, G2 or G3", kvbmerr.ErrInvalidArgument, t)
-		}
-		h, err := w.handle(t, "scoped")
+	rs := remote.Scope{Expires: s.Expires, Layouts: ls}
+	for i, t := range tiers {
+		d, err := w.m.Describe(ls[i].Layout)
 		if err != nil {
-			return nil, fmt.Errorf("export scoped metadata: %w", err)
-		}
-		d, err := w.m.Describe(h)
-		if err != nil {
-			return nil, fmt.Errorf("export scoped metadata: %v: %w", t, err)
+			return nil, fmt.Errorf("%s: %v: %w", what, t, err)
 		}
 		md.Layouts = append(md.Layouts, LogicalDescriptor{Tier: t, Descriptor: d})
-		rs.Layouts = append(rs.Layouts, remote.ScopedLayout{Layout: h, Blocks: s.Blocks[t]})
 	}
 	if w.loopback != nil {
 		ep, err := w.loopback.Endpoint()
@@ -87,32 +76,46 @@ func (w *PhysicalWorker) ExportBlockScopedMetadata(s BlockScope) ([]byte, error)
 // Everything is checked before anything is revoked. A transport that
 // cannot scope has nothing to revoke.
 func (w *PhysicalWorker) RevokeBlocks(blocks map[Tier][]int) error {
-	if len(blocks) == 0 {
-		return fmt.Errorf("%w: revoke: no tier named", kvbmerr.ErrInvalidArgument)
+	tiers, ls, err := w.scopeLayouts("revoke", blocks)
+	if err != nil {
+		return err
 	}
-	var ls []remote.ScopedLayout
-	for _, t := range slices.Sorted(maps.Keys(blocks)) {
-		if !t.valid() {
-			return fmt.Errorf("%w: revoke: tier %d is not G1, G2 or G3", kvbmerr.ErrInvalidArgument, t)
-		}
-		h, err := w.handle(t, "revoke")
+	for i, sl := range ls {
+		l, _, err := w.m.Layout(sl.Layout)
 		if err != nil {
-			return fmt.Errorf("revoke: %w", err)
+			return fmt.Errorf("revoke: %v: %w", tiers[i], err)
 		}
-		l, _, err := w.m.Layout(h)
-		if err != nil {
-			return fmt.Errorf("revoke: %v: %w", t, err)
+		if j := slices.IndexFunc(sl.Blocks, func(b int) bool { return b < 0 || b >= l.Config().NumBlocks }); j >= 0 {
+			return fmt.Errorf("%w: revoke: block %d of %v, which has %d", kvbmerr.ErrOutOfRange, sl.Blocks[j], tiers[i], l.Config().NumBlocks)
 		}
-		if i := slices.IndexFunc(blocks[t], func(b int) bool { return b < 0 || b >= l.Config().NumBlocks }); i >= 0 {
-			return fmt.Errorf("%w: revoke: block %d of %v, which has %d", kvbmerr.ErrOutOfRange, blocks[t][i], t, l.Config().NumBlocks)
-		}
-		ls = append(ls, remote.ScopedLayout{Layout: h, Blocks: blocks[t]})
 	}
 	r, ok := w.network.(remote.Revoker)
 	if !ok {
 		return nil
 	}
 	return r.RevokeBlocks(ls)
+}
+
+// scopeLayouts is the layouts of the tiers blocks names (with their
+// blocks), in tier order: what a scope (or a revocation) covers. The tiers
+// must be G1 to G3 and registered; what names the call in errors.
+func (w *PhysicalWorker) scopeLayouts(what string, blocks map[Tier][]int) ([]Tier, []remote.ScopedLayout, error) {
+	if len(blocks) == 0 {
+		return nil, nil, fmt.Errorf("%w: %s: the scope names no tier", kvbmerr.ErrInvalidArgument, what)
+	}
+	tiers := slices.Sorted(maps.Keys(blocks))
+	ls := make([]remote.ScopedLayout, 0, len(tiers))
+	for _, t := range tiers {
+		if !t.valid() {
+			return nil, nil, fmt.Errorf("%w: %s: tier %d is not G1, G2 or G3", kvbmerr.ErrInvalidArgument, what, t)
+		}
+		h, err := w.handle(t, what)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		ls = append(ls, remote.ScopedLayout{Layout: h, Blocks: blocks[t]})
+	}
+	return tiers, ls, nil
 }
 
 // adopt files a peer that connect made for md's worker: a request-scoped

@@ -117,6 +117,19 @@ def allow_entry(entry: str) -> bool:
         return _HOST_NAME.fullmatch(entry) is not None
 
 
+def addresses(host: str, port: Optional[int] = None) -> List[Any]:
+    """host's addresses: itself when it is one, else what it resolves to
+    (none when it does not)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            return [ipaddress.ip_address(ai[4][0].split("%")[0]) for ai in
+                    socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+        except (OSError, ValueError, UnicodeError):
+            return []
+
+
 class AllowList:
     """The hosts a side dials: names (compared in lower case) and networks
     (an entry that parses as an address or CIDR)."""
@@ -137,14 +150,7 @@ class AllowList:
         the address checked is the one dialled, not the name again."""
         if host.lower() in self.names:
             return host
-        try:
-            addrs = [ipaddress.ip_address(host)]
-        except ValueError:
-            try:
-                addrs = [ipaddress.ip_address(ai[4][0].split("%")[0]) for ai in
-                         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
-            except (OSError, ValueError, UnicodeError):
-                addrs = []
+        addrs = addresses(host, port)
         ok = [a for a in addrs if any(a in n for n in self.nets if a.version == n.version)]
         return str(ok[0]) if ok else None
 
@@ -212,11 +218,7 @@ def is_loopback(host: str) -> bool:
     try:
         nets = [ipaddress.ip_network(h, strict=False)]
     except ValueError:
-        try:
-            nets = [ipaddress.ip_network(ai[4][0].split("%")[0]) for ai in
-                    socket.getaddrinfo(h, None, type=socket.SOCK_STREAM)]
-        except (OSError, ValueError, UnicodeError):
-            return False
+        nets = [ipaddress.ip_network(a) for a in addresses(h)]
     return bool(nets) and all(_loopback_net(n) for n in nets)
 
 

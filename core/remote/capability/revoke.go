@@ -100,18 +100,27 @@ func (r *Revocations) Allows(epoch uint64, layout uint16, first, last int) bool 
 	return true
 }
 
-// Revoke ends every scope made before now that covers one of blocks of
-// layout (one of numBlocks), and returns once every request that may have
-// been allowed by one has ended: from then on no block of blocks is read
-// under a scope made before the call. Block ids must be below numBlocks
-// (the caller checked them against the layout).
-func (r *Revocations) Revoke(layout uint16, numBlocks int, blocks []int) {
+// LayoutBlocksRevoked is what one layout's revocation names: blocks of
+// layout, which has NumBlocks (the caller checked the ids against it).
+type LayoutBlocksRevoked struct {
+	Layout    uint16
+	NumBlocks int
+	Blocks    []int
+}
+
+// Revoke ends every scope made before now that covers one of the blocks
+// named, and returns once every request that may have been allowed by one
+// has ended: from then on none of them is read under a scope made before
+// the call. One epoch and one wait, however many layouts.
+func (r *Revocations) Revoke(layouts ...LayoutBlocksRevoked) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	at := r.table(layout, numBlocks)
 	e := r.epoch.Add(1)
-	for _, b := range blocks {
-		at[b].Store(e)
+	for _, l := range layouts {
+		at := r.table(l.Layout, l.NumBlocks)
+		for _, b := range l.Blocks {
+			at[b].Store(e)
+		}
 	}
 	r.drain()
 }

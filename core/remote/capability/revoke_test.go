@@ -16,7 +16,7 @@ func TestARevocationEndsTheScopesMadeBeforeIt(t *testing.T) {
 	var r Revocations
 	before := r.Epoch()
 	require.True(t, r.Allows(before, 1, 0, 7), "nothing revoked yet")
-	r.Revoke(1, 8, []int{3, 5})
+	r.Revoke(LayoutBlocksRevoked{1, 8, []int{3, 5}})
 	after := r.Epoch()
 	require.Greater(t, after, before)
 	for _, c := range []struct {
@@ -32,11 +32,11 @@ func TestARevocationEndsTheScopesMadeBeforeIt(t *testing.T) {
 		require.Equal(t, c.ok, r.Allows(c.epoch, c.layout, c.first, c.last), "epoch %d layout %d blocks %d to %d", c.epoch, c.layout, c.first, c.last)
 	}
 	// A second revocation of one block ends the scope made between.
-	r.Revoke(1, 8, []int{5})
+	r.Revoke(LayoutBlocksRevoked{1, 8, []int{5}})
 	require.False(t, r.Allows(after, 1, 5, 5))
 	require.True(t, r.Allows(after, 1, 3, 3), "block 3 was not revoked again")
 	// A layout registered anew with more blocks under the same number.
-	r.Revoke(1, 16, []int{12})
+	r.Revoke(LayoutBlocksRevoked{1, 16, []int{12}})
 	require.False(t, r.Allows(before, 1, 3, 3), "kept when the table grew")
 	require.False(t, r.Allows(after, 1, 12, 12))
 	require.True(t, r.Allows(after, 1, 13, 15))
@@ -49,7 +49,7 @@ func TestARevocationWaitsForTheRequestsBegunBeforeIt(t *testing.T) {
 	old := r.Enter()
 	done := make(chan struct{})
 	go func() {
-		r.Revoke(1, 4, []int{0})
+		r.Revoke(LayoutBlocksRevoked{1, 4, []int{0}})
 		close(done)
 	}()
 	// The revocation has closed the old phase once a new request counts
@@ -90,13 +90,13 @@ func TestARequestCountedLateIsWaitedForByTheNextRevocation(t *testing.T) {
 	}()
 	<-paused
 	enterPause = nil
-	r.Revoke(1, 4, []int{3}) // closes the phase the request looked at
+	r.Revoke(LayoutBlocksRevoked{1, 4, []int{3}}) // closes the phase the request looked at
 	close(resume)
 	<-checked
 	require.True(t, allowed, "block 2 is not revoked yet")
 	revoked := make(chan struct{})
 	go func() {
-		r.Revoke(1, 4, []int{2})
+		r.Revoke(LayoutBlocksRevoked{1, 4, []int{2}})
 		close(revoked)
 	}()
 	select {
@@ -139,7 +139,7 @@ func TestARequestRacingARevocationNeverOutlivesIt(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			r.Revoke(1, 4, []int{2})
+			r.Revoke(LayoutBlocksRevoked{1, 4, []int{2}})
 			reading.Lock()
 			after = true
 			reading.Unlock()
@@ -158,7 +158,7 @@ func BenchmarkRevocationCheck(b *testing.B) {
 	for i := range blocks {
 		blocks[i] = i
 	}
-	r.Revoke(1, len(blocks), blocks)
+	r.Revoke(LayoutBlocksRevoked{1, len(blocks), blocks})
 	epoch := r.Epoch()
 	b.ResetTimer()
 	for i := range b.N {

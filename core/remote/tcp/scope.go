@@ -27,16 +27,8 @@ func (t *Transport) ScopedEndpoint(s remote.Scope) ([]byte, error) {
 	if _, err := t.Endpoint(); err != nil { // listens, unless it does
 		return nil, err
 	}
-	for _, sl := range s.Layouts {
-		l, _, err := t.m.Layout(sl.Layout)
-		if err != nil {
-			return nil, fmt.Errorf("block scope: %w", err)
-		}
-		for _, b := range sl.Blocks {
-			if b < 0 || b >= l.Config().NumBlocks {
-				return nil, fmt.Errorf("%w: block scope: block %d of layout %v, which has %d", kvbmerr.ErrOutOfRange, b, sl.Layout, l.Config().NumBlocks)
-			}
-		}
+	if _, err := t.ownBlocks("block scope", s.Layouts); err != nil {
+		return nil, err
 	}
 	desc, err := encodeScope(t.m.WorkerID(), s, t.revoked.Epoch())
 	if err != nil {
@@ -137,30 +129,32 @@ func (t *Transport) RefusedOutOfScope() uint64 { return t.refusedScope.Load() }
 // made after it, for the blocks' new owner, are not touched.
 // Whole-worker capabilities are not revoked.
 func (t *Transport) RevokeBlocks(layouts []remote.ScopedLayout) error {
-	type revocation struct {
-		layout    uint16
-		numBlocks int
-		blocks    []int
+	rs, err := t.ownBlocks("revoke", layouts) // all checked before any is revoked
+	if err != nil {
+		return err
 	}
-	rs := make([]revocation, 0, len(layouts))
-	for _, sl := range layouts { // all checked before any is revoked
+	t.revoked.Revoke(rs...)
+	return nil
+}
+
+// ownBlocks checks that layouts are this worker's and their blocks inside
+// them (what is a scope's, or a revocation's), and returns them with their
+// sizes.
+func (t *Transport) ownBlocks(what string, layouts []remote.ScopedLayout) ([]capability.LayoutBlocksRevoked, error) {
+	rs := make([]capability.LayoutBlocksRevoked, 0, len(layouts))
+	for _, sl := range layouts {
 		l, _, err := t.m.Layout(sl.Layout)
 		if err != nil {
-			return fmt.Errorf("revoke: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		if sl.Layout.Worker != t.m.WorkerID() {
-			return fmt.Errorf("%w: revoke: layout %v is not worker %x's", kvbmerr.ErrInvalidArgument, sl.Layout, t.m.WorkerID())
+			return nil, fmt.Errorf("%w: %s: layout %v is not worker %x's", kvbmerr.ErrInvalidArgument, what, sl.Layout, t.m.WorkerID())
 		}
 		n := l.Config().NumBlocks
-		for _, b := range sl.Blocks {
-			if b < 0 || b >= n {
-				return fmt.Errorf("%w: revoke: block %d of layout %v, which has %d", kvbmerr.ErrOutOfRange, b, sl.Layout, n)
-			}
+		if i := slices.IndexFunc(sl.Blocks, func(b int) bool { return b < 0 || b >= n }); i >= 0 {
+			return nil, fmt.Errorf("%w: %s: block %d of layout %v, which has %d", kvbmerr.ErrOutOfRange, what, sl.Blocks[i], sl.Layout, n)
 		}
-		rs = append(rs, revocation{sl.Layout.Layout, n, sl.Blocks})
+		rs = append(rs, capability.LayoutBlocksRevoked{Layout: sl.Layout.Layout, NumBlocks: n, Blocks: sl.Blocks})
 	}
-	for _, r := range rs {
-		t.revoked.Revoke(r.layout, r.numBlocks, r.blocks)
-	}
-	return nil
+	return rs, nil
 }

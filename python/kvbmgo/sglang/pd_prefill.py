@@ -239,12 +239,11 @@ class PrefillSide:
             out = []
             for off, n in wire.scope_pieces(pages):
                 piece = pages[off:off + n]
-                ids = piece.tolist()
-                mds = []
-                for w in self.mgr.workers:
-                    mds.append(w.export_metadata(blocks={Tier.G1: ids}, expires=expires))
-                    if len(mds) == 1:
-                        pr.scoped.append(piece)  # given out: revoked with the room
+                scope = {Tier.G1: piece.tolist()}
+                first, *rest = self.mgr.workers
+                mds = [first.export_metadata(blocks=scope, expires=expires)]
+                pr.scoped.append(piece)  # given out: revoked with the room
+                mds += [w.export_metadata(blocks=scope, expires=expires) for w in rest]
                 out.append((n, mds))
             return out
 

@@ -203,8 +203,9 @@ class PrefillServer:
             revoke, self._revoke_pending = self._revoke_pending, []
             # A block another held request shares (vLLM's prefix cache) keeps
             # its bytes while that one is held: revoked when it is let go.
-            live = {b for h in self._held.values() for b in (h.blocks or ())}
-            revoke = sorted(set(revoke) - live)
+            if revoke:  # (most steps let nothing go)
+                live = {b for h in self._held.values() for b in (h.blocks or ())}
+                revoke = sorted(set(revoke) - live)
         # Revoked before vLLM hears they are released (and may give them to
         # another request); outside the lock: the revocation waits for reads
         # of them under way, and the channel keeps answering meanwhile.
