@@ -2,6 +2,7 @@ package main
 
 /*
 #include <stdlib.h>
+#include <string.h>
 #include "kvbm.h"
 */
 import "C"
@@ -190,6 +191,24 @@ func kvbmgo_worker_register_g1_host(h C.uintptr_t, c *C.kvbm_layout_config_t, pt
 	out *C.kvbm_layout_handle_t) (st C.kvbm_status_t) {
 	defer recoverStatus(&st)
 	return registerExternal("worker_register_g1_host", h, c, ptrs, n, out, (*worker.PhysicalWorker).RegisterG1Host)
+}
+
+// maxReason bounds the reason kvbm_worker_unregister_g1 reads (it goes into
+// every refusal's message).
+const maxReason = 512
+
+//export kvbmgo_worker_unregister_g1
+func kvbmgo_worker_unregister_g1(h C.uintptr_t, reason *C.char) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	e, st := getWorker(h)
+	if st != statusOK {
+		return st
+	}
+	why := "the engine took its memory back (kvbm_worker_unregister_g1)"
+	if reason != nil {
+		why = C.GoStringN(reason, C.int(C.strnlen(reason, maxReason)))
+	}
+	return result(e.Worker().UnregisterG1(why))
 }
 
 //export kvbmgo_worker_register_g2

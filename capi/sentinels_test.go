@@ -73,6 +73,7 @@ var sentinels = map[string]struct {
 	"core/transfer.ErrOutOfRange":         {transfer.ErrOutOfRange, errOutOfRange},
 	"core/transfer.ErrTimeout":            {transfer.ErrTimeout, errTimeout},
 	"core/transfer.ErrUnsupported":        {transfer.ErrUnsupported, errUnsupported},
+	"core/transfer.ErrWithdrawn":          {transfer.ErrWithdrawn, errFailedPrecondition},
 	"core/worker.ErrAlreadyExists":        {worker.ErrAlreadyExists, errAlreadyExists},
 	"core/worker.ErrBadMetadata":          {worker.ErrBadMetadata, errDataCorruption},
 	"core/worker.ErrScopedBusy":           {worker.ErrScopedBusy, errFailedPrecondition},

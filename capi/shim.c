@@ -122,6 +122,9 @@ kvbm_status_t kvbm_worker_register_g1(kvbm_worker_t w, const kvbm_layout_config_
     FORWARD(kvbmgo_worker_register_g1(H(w), (kvbm_layout_config_t *)config, (uint64_t *)ptrs,
                                       num_ptrs, handle));
 }
+kvbm_status_t kvbm_worker_unregister_g1(kvbm_worker_t w, const char *reason) {
+    FORWARD(kvbmgo_worker_unregister_g1(H(w), (char *)reason));
+}
 kvbm_status_t kvbm_worker_register_g1_host(kvbm_worker_t w, const kvbm_layout_config_t *config,
                                            const uint64_t *ptrs, size_t num_ptrs,
                                            kvbm_layout_handle_t *handle) {

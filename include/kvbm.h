@@ -350,6 +350,23 @@ kvbm_status_t kvbm_worker_register_g1_host(kvbm_worker_t worker, const kvbm_layo
                                            const uint64_t *ptrs, size_t num_ptrs,
                                            kvbm_layout_handle_t *handle);
 
+/* Takes G1 away while the worker lives, before its memory goes to another
+ * use (vLLM's sleep mode and weight updates lend the KV cache's memory):
+ * from the call on, every transfer on G1 (the worker's own, the prefix
+ * cache's, and a peer's read or write through any metadata exported before,
+ * whole-worker or block-scoped) fails at once with
+ * KVBM_ERR_FAILED_PRECONDITION and a message that says G1 was unregistered
+ * by its owner and why (reason, a NUL-terminated string read during the
+ * call; NULL: none given); the call returns once the transfers that were in flight on
+ * G1 have finished (completed or failed), and the network transport's
+ * registrations of its memory are undone: after it returns, the library
+ * touches none of that memory. Register G1 again (kvbm_worker_register_g1
+ * or _host, with the config it had) when the memory is back: it gets a new
+ * layout handle, so metadata exported before names nothing; export
+ * metadata anew for peers. Returns KVBM_OK, KVBM_ERR_NOT_FOUND (G1 is not
+ * registered), KVBM_ERR_INVALID_HANDLE. */
+kvbm_status_t kvbm_worker_unregister_g1(kvbm_worker_t worker, const char *reason);
+
 /* Registers host memory the caller owns as G2 — an engine's host KV pool
  * (SGLang's HiCache host pool, say) — so that transfers read and write it
  * in place: ptrs are host pointers, one per layer for

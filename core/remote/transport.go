@@ -84,6 +84,14 @@ type Revoker interface {
 	RevokeBlocks(layouts []ScopedLayout) error
 }
 
+// Withdrawer is a transport that keeps state of a served layout (a memory
+// registration with the network, revocation state): Withdrawn drops it
+// once the layout was withdrawn (transfer.Manager.Withdraw), before its
+// memory goes to its next use.
+type Withdrawer interface {
+	Withdrawn(h transfer.LayoutHandle) error
+}
+
 // Joiner is a Peer that carries the capabilities of other peers of the
 // same server (request-scoped ones, each covering some blocks), so that
 // one imported layout reaches the server through whichever covers a

@@ -75,6 +75,9 @@ type entry struct {
 	// owner is the exporting manager of an imported layout (nil for local
 	// ones): transfers on it hold that manager open.
 	owner *Manager
+	// gate counts the transfers on memory its owner registered
+	// (RegisterExternal), which Withdraw waits for (nil otherwise).
+	gate *inflightGate
 }
 
 // Manager is the transfer manager of one worker. Safe for concurrent use.
@@ -93,6 +96,9 @@ type Manager struct {
 	mu      sync.RWMutex
 	entries map[LayoutHandle]*entry
 	nextID  uint16
+	// withdrawn are the handles Withdraw took out, with its reason: a
+	// lookup of one says why it is gone, and its id is not given again.
+	withdrawn map[LayoutHandle]string
 	// view is a copy of entries that lookups read without the lock (every
 	// transfer looks up two layouts; layouts change rarely): replaced,
 	// never changed, under mu after each change of entries. nil once
@@ -205,6 +211,14 @@ func (m *Manager) hold(entries ...*entry) (release func(), err error) {
 	if err := m.begin(); err != nil {
 		return nil, err
 	}
+	if gated(entries) {
+		return m.holdGated(entries)
+	}
+	return m.holdOwners(entries)
+}
+
+// holdOwners is hold after the manager's gate: the exporting managers.
+func (m *Manager) holdOwners(entries []*entry) (release func(), err error) {
 	var owners []*Manager // other managers whose exported layouts move
 	for _, e := range entries {
 		if e == nil || e.owner == nil || e.owner == m || slices.Contains(owners, e.owner) {
@@ -251,7 +265,7 @@ func (m *Manager) lookup(h LayoutHandle) (*entry, error) {
 		e, ok = view.imported[h]
 	}
 	if !ok {
-		return nil, fmt.Errorf("%w: no layout registered for handle %v", ErrNotFound, h)
+		return nil, m.missing(h)
 	}
 	return e, nil
 }
@@ -298,7 +312,8 @@ func (m *Manager) insert(e *entry) (LayoutHandle, error) {
 			m.nextID = 1
 		}
 		h := LayoutHandle{Worker: m.cfg.WorkerID, Layout: id}
-		if _, taken := m.entries[h]; !taken {
+		_, taken := m.entries[h]
+		if _, gone := m.withdrawn[h]; !taken && !gone {
 			e.handle = h
 			m.entries[h] = e
 			m.published()
@@ -337,7 +352,7 @@ func (m *Manager) Unregister(h LayoutHandle) error {
 	m.published()
 	m.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("%w: no layout registered for handle %v", ErrNotFound, h)
+		return m.missing(h)
 	}
 	return e.release()
 }

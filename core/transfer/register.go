@@ -91,7 +91,9 @@ func (m *Manager) RegisterExternal(kind storage.Kind, cfg layout.Config, shape S
 		return LayoutHandle{}, fmt.Errorf("%w: register external %v layout: %d pointers given, the shape needs %d",
 			ErrInvalidArgument, shape.Kind, len(ptrs), len(sizes))
 	}
-	e := &entry{kind: kind, device: m.cfg.Device}
+	// The engine may take its memory back while the worker lives: the
+	// layout can be withdrawn (withdraw.go).
+	e := &entry{kind: kind, device: m.cfg.Device, gate: newInflight()}
 	for i, p := range ptrs {
 		if p == 0 {
 			return LayoutHandle{}, errors.Join(fmt.Errorf("%w: register external layout: pointer %d is NULL", ErrInvalidArgument, i), e.release())

@@ -54,6 +54,8 @@ type PhysicalWorker struct {
 	// joined another (request-scoped ones, remote.Joiner): they leave it
 	// at DisconnectRemote.
 	members map[InstanceID]remote.Peer
+	// lent is set by UnregisterG1 (withdraw.go).
+	lent *lentG1
 
 	// owned is set by NewStandalone: Close closes m.
 	owned bool
@@ -129,8 +131,12 @@ func (w *PhysicalWorker) SetHandle(t Tier, h transfer.LayoutHandle) error {
 var ErrAlreadyExists = kvbmerr.ErrAlreadyExists
 
 // RegisterG1 registers the engine's KV cache tensors (device pointers, one
-// per layer for LayerSeparate, one for FullyContiguous) as G1.
+// per layer for LayerSeparate, one for FullyContiguous) as G1; after
+// UnregisterG1, again, with the config and shape it had.
 func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	if err := w.checkG1Back(layoutShape{cfg, shape}); err != nil {
+		return transfer.LayoutHandle{}, fmt.Errorf("register G1: %w", err)
+	}
 	return w.register(G1, func() (transfer.LayoutHandle, error) {
 		return w.m.RegisterExternal(storage.Device, cfg, shape, ptrs)
 	})
@@ -141,6 +147,9 @@ func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptr
 // KV lives in host memory (SGLang's HiCache host pool), pinning it in place
 // (or using it as its owner pinned it).
 func (w *PhysicalWorker) RegisterG1Host(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	if err := w.checkG1Back(layoutShape{cfg, shape}); err != nil {
+		return transfer.LayoutHandle{}, fmt.Errorf("register G1: %w", err)
+	}
 	return w.register(G1, func() (transfer.LayoutHandle, error) {
 		return w.m.RegisterExternal(storage.Pinned, cfg, shape, ptrs)
 	})
@@ -189,7 +198,12 @@ func (w *PhysicalWorker) handle(t Tier, role string) (transfer.LayoutHandle, err
 		return transfer.LayoutHandle{}, fmt.Errorf("%w: %s tier G4 is object storage, not a layout; use the object operations",
 			kvbmerr.ErrUnsupported, role)
 	}
-	h := w.Handles().get(t)
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	h := w.handles.get(t)
+	if h == nil && t == G1 && w.lent != nil {
+		return transfer.LayoutHandle{}, fmt.Errorf("%w: %s layout: %s", transfer.ErrWithdrawn, role, w.g1Missing())
+	}
 	if h == nil {
 		return transfer.LayoutHandle{}, fmt.Errorf("%w: %s layout %v is not registered", transfer.ErrNotFound, role, t)
 	}

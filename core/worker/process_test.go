@@ -134,6 +134,10 @@ func TestExporterProcess(t *testing.T) {
 			fmt.Printf("metadata %s\n", hex.EncodeToString(md))
 			continue
 		}
+		if f[0] == "unregister-g1" || f[0] == "register-g1" || f[0] == "export" {
+			mems = exporterG1Lifecycle(t, w, drv, f[0], mems)
+			continue
+		}
 		if f[0] == "revoke" { // "revoke TIER B,B,...": those blocks change owner
 			tier, _ := strconv.Atoi(f[1])
 			var blocks []int
@@ -157,6 +161,38 @@ func TestExporterProcess(t *testing.T) {
 			fmt.Println("bad")
 		}
 	}
+}
+
+// exporterG1Lifecycle serves the exporter's commands on its G1's memory:
+// "unregister-g1" (the engine takes it back, as vLLM's sleep mode does, and
+// frees it), "register-g1" (new memory, every block tagged 0x10000|block),
+// "export" (the worker's metadata now). It returns G1's memory.
+func exporterG1Lifecycle(t *testing.T, w *PhysicalWorker, drv cuda.Driver, cmd string, mems []*storage.Memory) []*storage.Memory {
+	switch cmd {
+	case "unregister-g1":
+		if err := w.UnregisterG1("sleep mode"); err != nil {
+			fmt.Printf("error %v\n", err)
+			return mems
+		}
+		for _, m := range mems {
+			require.NoError(t, m.Close())
+		}
+		fmt.Println("unregistered")
+		return nil
+	case "register-g1":
+		cfg := exporterConfig()
+		mems = registerEngineG1Of(t, w, drv, cfg)
+		tw := &testWorker{PhysicalWorker: w}
+		for b := range cfg.NumBlocks {
+			tw.write(t, G1, b, pattern(cfg.BlockSize(), 0x10000|uint64(b)))
+		}
+		fmt.Println("registered")
+		return mems
+	}
+	md, err := w.ExportMetadata()
+	require.NoError(t, err)
+	fmt.Printf("metadata %s\n", hex.EncodeToString(md))
+	return mems
 }
 
 // registerEngineHostG1Of registers host memory this test allocates (not

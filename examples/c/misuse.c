@@ -90,6 +90,7 @@ static void handles(void) {
 
     /* Never issued, made up, NULL. */
     EXPECT_STATUS(kvbm_worker_destroy(NULL), KVBM_ERR_INVALID_HANDLE);
+    EXPECT_STATUS(kvbm_worker_unregister_g1(NULL, "x"), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_worker_destroy((kvbm_worker_t)(uintptr_t)1), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_worker_destroy((kvbm_worker_t)(uintptr_t)0xdeadbeef), KVBM_ERR_INVALID_HANDLE);
     EXPECT_STATUS(kvbm_notification_poll((kvbm_notification_t)(uintptr_t)-1), KVBM_ERR_INVALID_HANDLE);

@@ -189,6 +189,32 @@ int main(void) {
     EXPECT(nfailed == 1 && failed[0] == ids[1]);
     CHECK(kvbm_notification_free(n));
 
+    /* Sleep mode: the engine takes G1's memory back and frees it; every
+     * transfer on G1 is refused, saying why; G1 comes back on new memory
+     * and G2's blocks load into it. */
+    CHECK(kvbm_worker_transfer(w, KVBM_TIER_G1, ids, KVBM_TIER_G2, ids, NUM_BLOCKS, NULL, &n));
+    wait_ok(n);
+    CHECK(kvbm_worker_unregister_g1(w, "sleep mode"));
+    EXPECT(kvbm_worker_unregister_g1(w, NULL) == KVBM_ERR_NOT_FOUND);
+    for (int l = 0; l < NUM_LAYERS; l++) free(layers[l]);
+    EXPECT(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n) ==
+           KVBM_ERR_FAILED_PRECONDITION);
+    EXPECT(strstr(kvbm_last_error(), "G1 was unregistered (sleep mode)") != NULL);
+    for (int l = 0; l < NUM_LAYERS; l++) {
+        EXPECT(posix_memalign((void **)&layers[l], 4096, LAYER_BYTES) == 0);
+        ptrs[l] = (uint64_t)(uintptr_t)layers[l];
+    }
+    clear(layers);
+    kvbm_layout_config_t other = g1;
+    other.num_blocks = NUM_BLOCKS / 2;
+    EXPECT(kvbm_worker_register_g1(w, &other, ptrs, NUM_LAYERS, NULL) == KVBM_ERR_INVALID_ARGUMENT);
+    kvbm_layout_handle_t back;
+    CHECK(kvbm_worker_register_g1(w, &g1, ptrs, NUM_LAYERS, &back));
+    EXPECT(back.layout != h1.layout);
+    CHECK(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n));
+    wait_ok(n);
+    for (int l = 0; l < NUM_LAYERS; l++) verify_layer(layers, l, "G2 -> G1 after sleep");
+
     for (int l = 0; l < NUM_LAYERS; l++) CHECK(kvbm_event_destroy(layer_done[l]));
     CHECK(kvbm_event_destroy(computed));
     CHECK(kvbm_stream_destroy(compute));

@@ -201,6 +201,7 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
     "kvbm_worker_destroy": (_status, [_p], _S),
     "kvbm_worker_register_g1": (_status, [_p, POINTER(LayoutConfigC), _p, c_size_t,
                                           POINTER(LayoutHandleC)], _S),
+    "kvbm_worker_unregister_g1": (_status, [_p, c_char_p], _S),
     "kvbm_worker_register_g2": (_status, [_p, POINTER(LayoutConfigC), _p, c_size_t,
                                           POINTER(LayoutHandleC)], _S),
     "kvbm_worker_register_g1_host": (_status, [_p, POINTER(LayoutConfigC), _p, c_size_t,

@@ -163,6 +163,21 @@ class Worker(Handle):
         self._g1.extend(d.owner for d in descs)
         return handle_of(out)
 
+    def unregister_g1(self, reason: Optional[str] = None) -> None:
+        """Takes G1 away before its memory goes to another use (vLLM's sleep
+        mode and weight updates): every transfer on G1 from now on, this
+        worker's or a peer's through metadata exported before, fails with
+        FailedPreconditionError saying G1 was unregistered by its owner and
+        reason (up to 512 bytes);
+        returns once the transfers in flight on G1 have finished, after
+        which the library touches none of its memory. register_g1 (or
+        register_g1_host) again, with the config it had, when the memory is
+        back; it has a new handle, so export metadata anew. Raises
+        NotFoundError (G1 not registered)."""
+        lib.kvbm_worker_unregister_g1(self.handle,
+                                      None if reason is None else reason.encode("utf-8"))
+        self._g1.clear()
+
     def register_g1_host(self, config: LayoutConfig, buffers: Union[Any, Sequence[Any]]
                          ) -> LayoutHandle:
         """Registers host memory the engine owns (numpy arrays or CPU torch

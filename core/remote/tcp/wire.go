@@ -87,6 +87,7 @@ const (
 	statusUnsupported
 	statusClosed
 	statusFailed
+	statusWithdrawn // the layout's owner took its memory back
 )
 
 var statusErrs = []struct {
@@ -98,6 +99,7 @@ var statusErrs = []struct {
 	{statusNotFound, transfer.ErrNotFound},
 	{statusUnsupported, kvbmerr.ErrUnsupported},
 	{statusClosed, transfer.ErrClosed},
+	{statusWithdrawn, transfer.ErrWithdrawn},
 }
 
 func statusOf(err error) byte {

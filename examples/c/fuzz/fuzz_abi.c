@@ -25,6 +25,7 @@ enum { MAX_IDS = 12, MAX_BYTES = 512 };
 static kvbm_worker_t worker;
 static kvbm_event_t layer_events[NUM_LAYERS];
 static uint8_t *g1;
+static kvbm_layout_config_t g1_config;
 static uint8_t metadata[4096];
 static size_t metadata_len;
 static size_t baseline_handles;
@@ -91,6 +92,7 @@ static void setup(void) {
     c.inner_dim = INNER;
     c.dtype_width = WIDTH;
     c.layout_kind = KVBM_LAYOUT_FULLY_CONTIGUOUS;
+    g1_config = c;
     uint64_t ptr = (uint64_t)(uintptr_t)g1;
     if (kvbm_worker_register_g1(worker, &c, &ptr, 1, NULL) != KVBM_OK ||
         kvbm_worker_allocate_g2(worker, &c, NULL) != KVBM_OK ||
@@ -288,6 +290,20 @@ static void op_raw_handles(input_t *in) {
     }
     check(kvbm_worker_destroy((kvbm_worker_t)v), "worker_destroy(made-up)");
     check(kvbm_handoff_free((kvbm_handoff_t)v), "handoff_free(made-up)");
+    check(kvbm_worker_unregister_g1((kvbm_worker_t)v, NULL), "worker_unregister_g1(made-up)");
+    if (u8(in) % 8 == 0) {
+        /* Sleep mode: G1 goes, with a reason of any bytes, and comes back. */
+        char reason[64];
+        size_t n = u8(in) % sizeof reason;
+        for (size_t i = 0; i < n; i++) reason[i] = (char)(u8(in) | 1);
+        reason[n] = 0;
+        check(kvbm_worker_unregister_g1(worker, (u8(in) & 1) ? reason : NULL), "worker_unregister_g1");
+        uint64_t ptr = (uint64_t)(uintptr_t)g1;
+        if (kvbm_worker_register_g1(worker, &g1_config, &ptr, 1, NULL) != KVBM_OK) {
+            fprintf(stderr, "register_g1 after unregister: %s\n", kvbm_last_error());
+            abort();
+        }
+    }
 }
 
 static void op_handoff(input_t *in) {

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Tuple
 
-__all__ = ["KvbmConfig", "engine_worker_id"]
+__all__ = ["KvbmConfig", "engine_worker_id", "g1_access"]
 
 _GiB = 1 << 30
 
@@ -147,3 +147,26 @@ def engine_worker_id(engine_id: str) -> int:
     import hashlib
     d = hashlib.blake2b(f"kvbm-vllm/{engine_id}".encode(), digest_size=6).digest()
     return int.from_bytes(d, "little") | 1
+
+
+def g1_access(environ: Mapping[str, str]) -> Tuple[str, ...]:
+    """What kvbm's transports do with G1 on a GPU, as the names of vLLM's
+    ``KVCacheAccess`` flags (0.34), from the environment the library reads:
+
+    - ``REGISTERS`` when ``KVBM_TRANSPORT=ucx``: UCX registers G1's memory
+      (``ucp_mem_map``), which RDMA needs backed by one physical allocation
+      per segment;
+    - ``LEGACY_IPC`` when ``KVBM_CUDA_IPC=1`` (and the same-host path is
+      not off, ``KVBM_SAME_HOST=0``): a decode on the same host opens G1
+      with ``cuIpcOpenMemHandle``, which cannot export the extensible KV
+      cache's memory (vLLM then allocates G1 as before);
+    - nothing otherwise (``IN_PROCESS``): peers read G1 through the worker's
+      own copies into pinned staging memory, which any allocation allows.
+    """
+    out = []
+    if environ.get("KVBM_TRANSPORT", "") == "ucx":
+        out.append("REGISTERS")
+    if environ.get("KVBM_CUDA_IPC") == "1" and environ.get("KVBM_SAME_HOST") != "0" \
+            and environ.get("KVBM_TRANSPORT", "") in ("", "auto", "tcp"):
+        out.append("LEGACY_IPC")
+    return tuple(out)

@@ -5,6 +5,7 @@ forwards each call; the metadata between them is in metadata.py."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
@@ -13,7 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import SUPPORTED_VLLM
-from .config import KvbmConfig
+from .config import KvbmConfig, g1_access
 from .metadata import KvbmConnectorMetadata
 
 if TYPE_CHECKING:
@@ -124,6 +125,33 @@ class KvbmConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: "dict[str, Any]") -> None:
         self._worker.register_kv_caches(kv_caches)
+
+    def unregister_kv_caches(self) -> None:
+        # Sleep mode or a weight update lends the KV cache's memory away.
+        if self._worker is not None:
+            self._worker.unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        if self._worker is not None:
+            self._worker.restore_kv_caches()
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """True: unregister_kv_caches lets go of the KV cache's memory (every
+        transfer on it over, every registration and capability of it
+        withdrawn) and restore_kv_caches registers it again."""
+        return True
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> Any:
+        """vLLM 0.34: how kvbm reaches G1 (config.g1_access): IN_PROCESS
+        unless UCX registers it (REGISTERS) or same-host CUDA IPC exports it
+        (LEGACY_IPC, which keeps vLLM's extensible KV cache off)."""
+        from vllm.config.kv_transfer import KVCacheAccess
+        access = KVCacheAccess.IN_PROCESS
+        for name in g1_access(os.environ):
+            access |= KVCacheAccess[name]
+        return access
 
     def _md(self) -> KvbmConnectorMetadata:
         md = self._get_connector_metadata()

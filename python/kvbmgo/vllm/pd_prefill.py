@@ -136,6 +136,7 @@ class PrefillServer:
         # done before held, by (req, token): only the request's token lets go of
         # it then; the decode ranks that said so, and how many read it
         self._early: "OrderedDict[Tuple[str, str], Tuple[Set[str], int]]" = OrderedDict()
+        self._suspended: Optional[str] = None      # why pulls are refused (suspend)
         self.refused = 0                           # messages with a wrong token
         self._refused_logged = 0.0
         self._trouble_logged = 0.0                 # the last stall or error logged
@@ -220,6 +221,28 @@ class PrefillServer:
             log.warning("kvbm: no decode instance was done with request %s within its hold; "
                         "its blocks are freed", req_id)
         return out
+
+    def suspend(self, why: str) -> None:
+        """The engine takes its KV cache away (vLLM's sleep mode, a weight
+        update): every request held is let go now (reported by the next
+        take_released), and every pull is refused with why until resume.
+        The held requests' scoped metadata needs no revocation: it names
+        the G1 registration the worker withdraws, which no pull reaches
+        any more."""
+        with self._lock:
+            self._suspended = why
+            for req_id, h in list(self._held.items()):
+                del self._held[req_id]
+                self._let_go(req_id, h.token)
+            self._revoke_pending = []
+        log.info("kvbm: P/D side channel of engine %s: pulls refused: %s", self.engine_id, why)
+
+    def resume(self, metadata: bytes) -> None:
+        """The KV cache is back: pulls are answered again, with metadata of
+        the worker's new registration (pd_metadata)."""
+        with self._lock:
+            self._md = metadata
+            self._suspended = None
 
     def _let_go(self, req_id: str, token: str, blocks: Optional[List[int]] = None) -> None:
         if blocks:
@@ -315,6 +338,8 @@ class PrefillServer:
                 self._refuse(req_id)
                 gone = None
             known = (req_id in self._held or req_id in self._gone) if ours else False
+            if op == "pull" and self._suspended is not None and ours:
+                return wire.refusal(f"unavailable: {self._suspended}")
             if op == "pull":
                 lease = wire.lease_s(h)
                 if lease is None:

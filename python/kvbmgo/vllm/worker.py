@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 #: The cache's counters are read at most this often for the stats.
 _STATS_EVERY_S = 0.05
 
+#: Why G1 is gone between unregister_kv_caches and restore_kv_caches.
+_LENT = "vLLM lent the KV cache's memory away (sleep mode or a weight update)"
+
 _G3_DIR = re.compile(r"kvbm-rank\d+-pid(\d+)-")
 
 
@@ -123,6 +126,10 @@ class KvbmWorker:
         self._looked = 0.0  # time.monotonic() of the last read of the cache's counters
         self._block_bytes = 0
         self._block_tokens = 0
+        # G1 as registered (layout, buffers): registered again by
+        # restore_kv_caches; _lent: unregister_kv_caches took it away.
+        self._g1: Optional[Tuple[Any, List[Any]]] = None
+        self._lent = False
 
     # ---- setup and teardown
 
@@ -165,6 +172,7 @@ class KvbmWorker:
         self.worker = w
         try:
             w.register_g1(cfg, buffers)
+            self._g1 = (cfg, buffers)
             host = cfg.replace(layout="fully_contiguous")
             w.allocate_g2(host.replace(num_blocks=g2))
             if g3:
@@ -187,6 +195,45 @@ class KvbmWorker:
         if self.role == "kv_producer":
             # A prefill instance's side channel is up before its first request.
             self._prefill_server()
+
+    def unregister_kv_caches(self) -> None:
+        """vLLM lends the KV cache's memory away (sleep mode, a weight
+        update): the stores and loads in flight on it are waited for, the
+        requests held for a decode instance are let go (their KV is about
+        to be overwritten; a decode's pull of one is refused, saying why),
+        and G1 is unregistered: from then on nothing of kvbm reads or writes
+        that memory, and a peer's pull through metadata handed out before is
+        refused with the reason. Idempotent."""
+        if self._lent or self.worker is None:
+            return
+        for st in self._stores:
+            self._store_done(st)
+        self._stores = []
+        for n, _ in self._async_loads.values():
+            if n is not None:
+                try:
+                    n.wait()  # reported (and closed) at the next get_finished
+                except KvbmError:
+                    pass
+        if self._server is not None:
+            self._server.suspend(_LENT)
+        self.worker.unregister_g1(_LENT)
+        self._lent = True
+        log.info("kvbm: G1 unregistered: %s", _LENT)
+
+    def restore_kv_caches(self) -> None:
+        """The KV cache's memory is back (at the addresses it had): G1 is
+        registered again, with a new handle, and a prefill's side channel
+        hands metadata of the new registration. Idempotent."""
+        if not self._lent or self.worker is None or self._g1 is None:
+            return
+        cfg, buffers = self._g1
+        self.worker.register_g1(cfg, buffers)
+        self._lent = False
+        if self._server is not None:
+            from .pd_prefill import pd_metadata
+            self._server.resume(pd_metadata(self.worker))
+        log.info("kvbm: G1 registered again")
 
     def _pd_hosts(self) -> List[str]:
         """The addresses this rank's side channel listens on (a prefill's

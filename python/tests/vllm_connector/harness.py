@@ -127,11 +127,12 @@ class Engine:
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
                  max_batched=64, serial=False, role="kv_both", engine_id=None,
-                 pipelined=False):
+                 pipelined=False, alloc=None):
         """serial: each step waits until the cache moves nothing before the
         next (tests whose outcome would depend on G2 stores in flight).
         role, engine_id: the KVTransferConfig's (P/D). pipelined: vLLM's
-        AsyncScheduler, run with run_pipelined()."""
+        AsyncScheduler, run with run_pipelined(). alloc(size): the int8
+        tensor the KV cache lives in (default: torch.zeros)."""
         self.serial = serial
         self.verify = False  # check_computed before every forward
         mc = ModelConfig(model=MODEL, tokenizer=MODEL, skip_tokenizer_init=True,
@@ -156,7 +157,7 @@ class Engine:
         self.kvc = kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
                                        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
         vc.cache_config.num_gpu_blocks = num_blocks
-        self.raw = torch.zeros(size, dtype=torch.int8)
+        self.raw = torch.zeros(size, dtype=torch.int8) if alloc is None else alloc(size)
         self.views = dict(zip(LAYERS, create_kv_cache_views(self.raw, spec, num_blocks, lay,
                                                             tensor)))
         self.pipelined = pipelined

@@ -1,0 +1,85 @@
+package worker
+
+import (
+	"encoding/hex"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvbm/kvbm/core/transfer"
+)
+
+// command sends the exporter process a line and returns its answer.
+func (e *exporter) command(t *testing.T, line string) string {
+	t.Helper()
+	_, err := e.stdin.Write([]byte(line + "\n"))
+	require.NoError(t, err)
+	require.True(t, e.out.Scan())
+	return e.out.Text()
+}
+
+// A prefill whose engine takes G1's memory back (vLLM's sleep mode) and
+// frees it: a decode that still holds its metadata, whole-worker or
+// request-scoped, is refused at once, told why, and G2 is still served;
+// once G1 is registered again on other memory, the old metadata reaches
+// none of it and new metadata reads the new memory. Across processes,
+// over TCP and on the same host.
+func TestUnregisteredG1IsRefusedWithItsReasonAndComesBack(t *testing.T) {
+	for _, route := range []string{"tcp", "same host"} {
+		t.Run(route, func(t *testing.T) {
+			var env []string
+			if route == "tcp" {
+				env = append(env, "KVBM_SAME_HOST=0")
+			}
+			exp := startExporter(t, 0xA, env...)
+			// One decode holds whole-worker metadata, another a request's.
+			dec, decScoped := decodeWorker(t, 10*time.Second), decodeWorker(t, 10*time.Second)
+			size := testConfig(1).BlockSize()
+			const whole, scoped InstanceID = 0xA1, 0xA2
+			require.NoError(t, dec.ConnectRemote(whole, [][]byte{exp.metadata}))
+			require.NoError(t, decScoped.ConnectRemote(scoped, [][]byte{exp.scoped(t, G1, 3)}))
+			pull := func(inst InstanceID, tier Tier, src, dst int) error {
+				d := dec
+				if inst == scoped {
+					d = decScoped
+				}
+				n, err := d.ExecuteRemoteOnboardForInstance(inst, tier, []int{src}, G2, []int{dst}, transfer.Options{})
+				if err != nil {
+					return err
+				}
+				return n.WaitTimeout(-1)
+			}
+			for _, inst := range []InstanceID{whole, scoped} {
+				require.NoError(t, pull(inst, G1, 3, 0))
+			}
+			require.Equal(t, pattern(size, uint64(G1)<<8|3), dec.read(t, G2, 0))
+
+			require.Equal(t, "unregistered", exp.command(t, "unregister-g1"))
+			dec.write(t, G2, 1, pattern(size, 0xFFFF))
+			decScoped.write(t, G2, 1, pattern(size, 0xFFFF))
+			for _, inst := range []InstanceID{whole, scoped} {
+				err := pull(inst, G1, 3, 1)
+				require.ErrorIs(t, err, transfer.ErrWithdrawn)
+				require.ErrorContains(t, err, "unregistered by its owner: sleep mode")
+			}
+			require.Equal(t, pattern(size, 0xFFFF), dec.read(t, G2, 1), "nothing landed")
+			require.Equal(t, pattern(size, 0xFFFF), decScoped.read(t, G2, 1), "nothing landed")
+			require.NoError(t, pull(whole, G2, 5, 2), "G2 is still served")
+			require.Equal(t, pattern(size, uint64(G2)<<8|5), dec.read(t, G2, 2))
+			require.True(t, strings.HasPrefix(exp.command(t, "unregister-g1"), "error "), "twice")
+
+			require.Equal(t, "registered", exp.command(t, "register-g1"))
+			require.ErrorContains(t, pull(whole, G1, 3, 1), "unregistered by its owner", "old metadata names the old G1")
+			md, ok := strings.CutPrefix(exp.command(t, "export"), "metadata ")
+			require.True(t, ok)
+			b, err := hex.DecodeString(md)
+			require.NoError(t, err)
+			const again InstanceID = 0xA3
+			require.NoError(t, dec.ConnectRemote(again, [][]byte{b}))
+			require.NoError(t, pull(again, G1, 3, 1))
+			require.Equal(t, pattern(size, 0x10000|3), dec.read(t, G2, 1))
+		})
+	}
+}

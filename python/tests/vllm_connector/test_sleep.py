@@ -1,0 +1,136 @@
+"""Sleep mode and weight updates: vLLM lends the KV cache's memory away
+(unregister_kv_caches), the memory is really unmapped meanwhile, and comes
+back (restore_kv_caches). A stale access by kvbm faults the test process."""
+from harness import require_vllm
+
+require_vllm()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from harness import BLOCK, LAYERS, Engine, pattern  # noqa: E402
+from mapped import Mapped  # noqa: E402
+
+from kvbmgo import Tier, Worker  # noqa: E402
+from kvbmgo.errors import FailedPreconditionError  # noqa: E402
+
+
+@pytest.fixture
+def mapped_engine():
+    maps = []
+
+    def alloc(size):
+        m = Mapped(size)
+        maps.append(m)
+        return m.tensor()
+
+    e = Engine({"g2_blocks": 32}, alloc=alloc)
+    yield e, maps[0]
+    e.close()
+    if not maps[0].mapped:
+        maps[0].remap()  # the engine's views are still alive: never left unmapped
+    maps[0].close()
+
+
+def _offload(e, first, blocks):
+    """A request of `blocks` full blocks (+3 tokens) runs and its blocks are
+    offloaded to G2; returns (request, prompt)."""
+    prompt = list(range(first, first + blocks * BLOCK + 3))
+    r = e.add(f"R{first}", prompt)
+    e.run()
+    e.settle()
+    return r, prompt
+
+
+def _loads_back(e, r, prompt, blocks):
+    """The G1 blocks of a request sharing r's prefix are loaded from G2,
+    byte for byte."""
+    assert e.sched.reset_prefix_cache()
+    e.raw.zero_()
+    seen = {}
+
+    def check(so):
+        req_id = f"B{prompt[0]}"
+        if req_id in so.num_scheduled_tokens and not seen:
+            ids = e.block_ids(req_id)
+            for i in range(blocks):
+                for layer in range(len(LAYERS)):
+                    assert torch.equal(e.read(ids[i], layer), pattern(r.block_hashes[i], layer))
+            seen["scheduled"] = so.num_scheduled_tokens[req_id]
+    e.add(f"B{prompt[0]}", prompt[:blocks * BLOCK] + list(range(900, 905)))
+    e.run(before_forward=check)
+    assert seen["scheduled"] == 5, "only its own tokens computed"
+
+
+def _decode_of(e, metadata, wid):
+    """A second kvbm worker (a decode) connected to e's worker with
+    metadata (in this process: through the loopback transport)."""
+    cfg = e.worker._worker._g1[0]
+    d = Worker(wid)
+    d.allocate_g2(cfg.replace(layout="fully_contiguous", num_blocks=4))
+    d.connect_remote(1, metadata)
+    return d
+
+
+def test_sleep_unmaps_g1_and_restore_brings_it_back(mapped_engine):
+    e, mem = mapped_engine
+    kv = e.worker._worker
+    w = kv.worker
+    r, prompt = _offload(e, 100, 2)
+    ids = e.block_ids(r.request_id) if r.request_id in e.sched.requests else [0, 1]
+    whole = w.export_metadata(read_only=True)
+    scoped = w.export_metadata(blocks={Tier.G1: [0, 1]}, expires=60)
+    decodes = [_decode_of(e, md, 0xDEC0DE + i) for i, md in enumerate((whole, scoped))]
+    try:
+        for d in decodes:  # both pull G1 before the sleep
+            d.transfer_from_instance(1, Tier.G1, [0], Tier.G2, [0]).wait()
+
+        e.worker.unregister_kv_caches()
+        e.worker.unregister_kv_caches()  # idempotent
+        mem.unmap()  # from here, any access to G1 faults the test process
+        for d in decodes:
+            with pytest.raises(FailedPreconditionError, match="unregistered by its owner: vLLM lent"):
+                d.transfer_from_instance(1, Tier.G1, [0, 1], Tier.G2, [1, 2]).wait()
+        # The worker's own transfers on G1 are refused too, the cache's as well.
+        with pytest.raises(FailedPreconditionError, match="unregistered"):
+            w.transfer(Tier.G2, [0], Tier.G1, [0]).wait()
+        with pytest.raises(Exception, match="unregistered"):
+            n = w.cache.onboard([bytes(r.block_hashes[0])], [3])
+            n.wait()
+        decodes[0].transfer_from_instance(1, Tier.G2, [0], Tier.G2, [3]).wait()  # G2 still served
+
+        mem.remap()  # fresh zero pages at the same address
+        e.worker.restore_kv_caches()
+        e.worker.restore_kv_caches()  # idempotent
+        with pytest.raises(FailedPreconditionError, match="unregistered by its owner"):
+            decodes[0].transfer_from_instance(1, Tier.G1, [0], Tier.G2, [1]).wait()
+    finally:
+        for d in decodes:
+            d.close()
+    # G2 kept A's blocks through the sleep: a request with its prefix loads
+    # them into the new G1, byte for byte; and new blocks are offloaded.
+    _loads_back(e, r, prompt, 2)
+    r2, prompt2 = _offload(e, 3000, 2)
+    assert w.cache.match([bytes(h) for h in r2.block_hashes[:2]])[0] == 2
+    del ids
+
+
+def test_sleep_waits_for_the_stores_in_flight(mapped_engine):
+    """A request's offload still in flight when vLLM sleeps completes
+    before the memory goes (never after: the unmap would fault it)."""
+    e, mem = mapped_engine
+    prompt = list(range(4000, 4000 + 3 * BLOCK + 1))
+    r = e.add("S", prompt)
+    e.run()  # its stores are started, not waited for
+    e.worker.unregister_kv_caches()
+    mem.unmap()
+    st = e.worker._worker.worker.cache.stats()
+    assert st.g2.in_flight == 0, st
+    mem.remap()
+    e.worker.restore_kv_caches()
+    assert e.worker._worker.worker.cache.match([bytes(h) for h in r.block_hashes[:3]])[0] == 3
+
+
+def test_connector_declares_sleep_mode_support():
+    from kvbmgo.vllm import KvbmConnector
+    assert KvbmConnector.supports_sleep_mode(None) is True
