@@ -2,7 +2,10 @@ package worker
 
 import (
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,6 +83,74 @@ func TestUnregisteredG1IsRefusedWithItsReasonAndComesBack(t *testing.T) {
 			require.NoError(t, dec.ConnectRemote(again, [][]byte{b}))
 			require.NoError(t, pull(again, G1, 3, 1))
 			require.Equal(t, pattern(size, 0x10000|3), dec.read(t, G2, 1))
+		})
+	}
+}
+
+// Pulls in flight from another process while its engine takes G1 back and
+// frees the memory: each either completes with the right bytes or is
+// refused as withdrawn; none reads the memory after it went (the exporter,
+// whose freed memory is unmapped, would fault and die). Three sleeps and
+// wake-ups, over TCP and on the same host.
+func TestUnregisterG1UnderConcurrentPulls(t *testing.T) {
+	for _, route := range []string{"tcp", "same host"} {
+		t.Run(route, func(t *testing.T) {
+			var env []string
+			if route == "tcp" {
+				env = append(env, "KVBM_SAME_HOST=0")
+			}
+			exp := startExporter(t, 0xA, env...)
+			dec := decodeWorker(t, 10*time.Second)
+			size := testConfig(1).BlockSize()
+			md, tag := exp.metadata, uint64(G1)<<8
+			for cycle := range 3 {
+				inst := InstanceID(0xC0 + cycle)
+				require.NoError(t, dec.ConnectRemote(inst, [][]byte{md}))
+				var wg sync.WaitGroup
+				pulled := make([]int, 4)
+				errs := make(chan error, 4)
+				for g := range 4 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							src := (g*3 + pulled[g]) % exporterBlocks
+							n, err := dec.ExecuteRemoteOnboardForInstance(inst, G1, []int{src}, G2, []int{g}, transfer.Options{})
+							if err == nil {
+								err = n.WaitTimeout(-1)
+							}
+							if errors.Is(err, transfer.ErrWithdrawn) {
+								return
+							}
+							if err != nil {
+								errs <- err
+								return
+							}
+							if got := dec.read(t, G2, g); string(got) != string(pattern(size, tag|uint64(src))) {
+								errs <- fmt.Errorf("goroutine %d: block %d came with other bytes", g, src)
+								return
+							}
+							pulled[g]++
+						}
+					}()
+				}
+				time.Sleep(20 * time.Millisecond)
+				require.Equal(t, "unregistered", exp.command(t, "unregister-g1"))
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+				require.Equal(t, "pong", exp.command(t, "ping"), "the exporter is alive: nothing touched the freed memory")
+				t.Logf("cycle %d: pulls completed before the sleep: %v", cycle, pulled)
+				require.Equal(t, "registered", exp.command(t, "register-g1"))
+				hexmd, ok := strings.CutPrefix(exp.command(t, "export"), "metadata ")
+				require.True(t, ok)
+				var err error
+				md, err = hex.DecodeString(hexmd)
+				require.NoError(t, err)
+				tag = 0x10000
+			}
 		})
 	}
 }

@@ -134,3 +134,44 @@ def test_sleep_waits_for_the_stores_in_flight(mapped_engine):
 def test_connector_declares_sleep_mode_support():
     from kvbmgo.vllm import KvbmConnector
     assert KvbmConnector.supports_sleep_mode(None) is True
+
+
+def test_a_prefill_that_sleeps_lets_go_of_its_held_requests_and_refuses_pulls(caplog):
+    """A prefill holds R for a decode and sleeps: R is let go (vLLM frees its
+    blocks), the decode's pull is refused saying why, and every block of it
+    fails; after the wake-up a new request is handed over byte for byte."""
+    from test_disagg import PROMPT, decode_engine, prefill, prefill_engine, run_both
+    p, d = prefill_engine(), decode_engine()
+    try:
+        _, params, _ = prefill(p)
+        p.step()  # the prefill worker learns that it holds R
+        assert p.worker._worker._server.held() == {"R"}
+        p.worker.unregister_kv_caches()
+        assert p.worker._worker._server.held() == set()
+        p.run(timeout=5)
+        assert [o.finished_sending for o in p.outputs if o.finished_sending] == [{"R"}]
+        d.add("R-decode", PROMPT, kv_transfer_params=params)
+        d.step()
+        ids = d.block_ids("R-decode")[:3]
+        d.run(timeout=5)
+        assert set().union(*(o.invalid_block_ids for o in d.outputs)) == set(ids)
+        assert d.finished["R-decode"].finish_reason.name == "ERROR"
+        assert any("unavailable: vLLM lent the KV cache's memory away" in r.getMessage()
+                   for r in caplog.records), "the decode says why"
+
+        p.worker.restore_kv_caches()
+        r2, params2, want = prefill(p, "R2", [t + 1 for t in PROMPT])
+        d.add("R2-decode", [t + 1 for t in PROMPT], max_tokens=2, kv_transfer_params=params2)
+        seen = {}
+
+        def check(so):
+            if "R2-decode" in so.num_scheduled_tokens and not seen:
+                b = d.block_ids("R2-decode")
+                seen["ok"] = all(torch.equal(d.read(b[i], layer), want[i][layer])
+                                 for i in range(3) for layer in range(len(LAYERS)))
+        run_both(p, d, before_forward=check)
+        assert seen["ok"], "handed over byte for byte after the wake-up"
+    finally:
+        d.close()
+        p.close()
+
