@@ -19,7 +19,9 @@
 #    with CUDA IPC, KVBM_CUDA_IPC=1, beside the socket route) and
 #    scripts/gpu_check_vllm.py (the vLLM connector's worker side: offload
 #    after the forward's event, layer-wise onboard with torch events, on
-#    vLLM-shaped strided CUDA views; vllm itself is optional there). The
+#    vLLM-shaped strided CUDA views, and sleep mode: G1 unregistered, its
+#    memory given back to the driver, a load refused, G1 registered again
+#    on new memory and loaded byte-exact; vllm itself is optional there). The
 #    summary names the driver's CUDA version and cuMemcpyBatchAsync (none,
 #    v1 or v2), so that a skipped batch-API test shows why. Logs go to
 #    $OUT (or build/gpu-out when OUT is unset). Finishes in about 3 minutes;

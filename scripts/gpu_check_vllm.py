@@ -11,6 +11,12 @@ with real torch events.
    layer; for each layer the current stream waits (wait_for_layer_load)
    and then compares the layer with what was written. Every layer of every
    block must match; no block may be reported failed.
+3. Sleep mode: unregister_kv_caches, then the KV tensor is freed and the
+   allocator's cache emptied (the memory really goes back to the driver);
+   a load is refused (every block failed), nothing faults. A new tensor at
+   another address takes its place (as after a wake-up without the
+   extensible cache, the views are rebuilt), restore_kv_caches' register
+   of the new views, and the load of the same keys from G2 is byte-exact.
 
 The machine may have torch without vllm: then the two vllm classes the
 worker side imports (KVConnectorMetadata, KVConnectorWorkerMetadata) are
@@ -51,6 +57,7 @@ except Exception as e:  # noqa: BLE001 - no vllm here: stand in for its two base
 
 import kvbmgo  # noqa: E402
 from kvbmgo.vllm.config import KvbmConfig  # noqa: E402
+from kvbmgo.vllm.kv_views import g1_layout  # noqa: E402
 from kvbmgo.vllm.metadata import BlockLoad, BlockStore, KvbmConnectorMetadata  # noqa: E402
 from kvbmgo.vllm.worker import KvbmWorker  # noqa: E402
 
@@ -112,6 +119,37 @@ try:
           f"failed blocks {sorted(errors)}", flush=True)
     assert not bad and not errors
     assert not raw[:, src].any(), "blocks outside the load were written"
+
+    # 3. Sleep mode: G1's memory goes back to the driver and comes back.
+    kw.unregister_kv_caches()
+    del views
+    raw = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    md = KvbmConnectorMetadata(loads=[BlockLoad("C", keys, dst)])
+    kw.bind()
+    kw.start_load_kv(md)
+    kw.wait_for_save(md)
+    refused = kw.get_block_ids_with_load_errors()
+    assert refused == set(dst), f"a load while G1 is unregistered: failed {sorted(refused)}"
+    raw = torch.zeros(LAYERS, NUM_BLOCKS, BLOCK, HEADS, 2 * HEAD, dtype=torch.float16, device=dev)
+    views = {n: raw[i].permute(0, 2, 1, 3) for i, n in enumerate(names)}
+    cfg, buffers, _ = g1_layout(views)  # as register_kv_caches makes them
+    assert cfg == kw._g1[0]
+    kw._g1 = (cfg, buffers)
+    kw.restore_kv_caches()
+    md = KvbmConnectorMetadata(loads=[BlockLoad("D", keys, dst)])
+    kw.bind()
+    kw.start_load_kv(md)
+    for n in names:
+        kw.wait_for_layer_load(n)
+    kw.wait_for_save(md)
+    errors = kw.get_block_ids_with_load_errors()
+    torch.cuda.synchronize()
+    bad = [i for i in range(LAYERS) if (raw[i, dst] - want[i]).abs().sum().item() != 0]
+    print(f"sleep: load refused while unregistered ({len(refused)} blocks failed), after "
+          f"restore mismatched layers {bad}, failed blocks {sorted(errors)}", flush=True)
+    assert not bad and not errors
     print("vllm connector worker side on CUDA: OK", flush=True)
 except Exception as e:  # noqa: BLE001 - report, then fail the step
     print(f"FAIL: {type(e).__name__}: {e}", flush=True)

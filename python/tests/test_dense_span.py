@@ -1,5 +1,5 @@
 """kvbmgo.dense_span: the memory under a strided view, for registering an
-engine's KV views (vLLM 0.33 hands strided per-layer views) without a copy."""
+engine's KV views (vLLM 0.32 to 0.34 hand strided per-layer views) without a copy."""
 import numpy as np
 import pytest
 

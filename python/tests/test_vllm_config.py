@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from kvbmgo.vllm.config import KvbmConfig
+from kvbmgo.vllm.config import KvbmConfig, g1_access
 
 
 def test_defaults_and_sizes():
@@ -45,3 +45,18 @@ def test_the_package_imports_without_vllm():
     with pytest.raises(AttributeError):
         kvbmgo.vllm.NoSuchThing
     assert "vllm" not in sys.modules or hasattr(sys.modules["vllm"], "__version__")
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, ()),
+    ({"KVBM_TRANSPORT": "tcp"}, ()),
+    ({"KVBM_TRANSPORT": "ucx"}, ("REGISTERS",)),
+    ({"KVBM_CUDA_IPC": "1"}, ("LEGACY_IPC",)),
+    ({"KVBM_CUDA_IPC": "1", "KVBM_SAME_HOST": "0"}, ()),
+    ({"KVBM_CUDA_IPC": "1", "KVBM_TRANSPORT": "ucx"}, ("REGISTERS",)),
+    ({"KVBM_CUDA_IPC": "0"}, ()),
+])
+def test_g1_access_says_what_the_transports_do_with_g1(env, want):
+    """vLLM 0.34's kv_cache_access flags: UCX registers G1, same-host CUDA
+    IPC exports it with cuIpcGetMemHandle, the staging path needs nothing."""
+    assert g1_access(env) == want

@@ -355,8 +355,11 @@ func (p *tcpPeer) borrow(c *tcpConn, head []byte, h transfer.LayoutHandle, ops [
 	p.shared.mu.RUnlock()
 	var se *serverError
 	switch {
-	case errors.As(err, &se) && errors.Is(err, transfer.ErrNotFound):
-		p.shared.set(h, nil) // gone there: unmap it here
+	case errors.As(err, &se) && (errors.Is(err, transfer.ErrNotFound) || errors.Is(err, transfer.ErrWithdrawn)):
+		// Gone there (withdrawn: its memory went to another use, which an
+		// opened device allocation here would keep from being freed):
+		// unmap it here.
+		p.shared.set(h, nil)
 	case errors.As(err, &se) && errors.Is(err, kvbmerr.ErrUnsupported) && len(views) > 0 && views[0].proc:
 		// An older kvbm lends only the memory it shares: the socket from
 		// now on (Read and Write retry there).

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[str, int]]:
-    """How to register vLLM 0.33's per-layer KV views as G1, without a copy.
+    """How to register vLLM's (0.32 to 0.34) per-layer KV views as G1, without a copy.
 
     Each view is ``[num_blocks, num_kv_heads, block_size, 2*head_size]`` with
     the strides of the KV cache layout. kvbm needs, per (block, layer), one

@@ -2,7 +2,7 @@
 the workers (and the scheduler side) to vLLM's logger, and the Prometheus
 metrics they feed.
 
-vLLM (0.33) asks every step for ``get_kv_connector_stats()`` on the worker
+vLLM (0.32 to 0.34) asks every step for ``get_kv_connector_stats()`` on the worker
 side and on the scheduler side, aggregates what comes back across workers
 (``aggregate``), sends it to its front-end process as ``to_dict()``, rebuilds
 it there with ``KvbmConnector.build_kv_connector_stats(data)``, logs

@@ -1,4 +1,4 @@
-"""The vLLM connector tests run with the real vllm 0.33.0: `make test-vllm`
+"""The vLLM connector tests run with the real vllm 0.33.0 and 0.34.0: `make test-vllm`
 runs them in the cached engine venv. Without vllm they skip with the reason,
 unless KVBM_REQUIRE_ENGINES=1 (CI), where they fail (see harness.require_vllm)."""
 import os

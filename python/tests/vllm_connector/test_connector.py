@@ -1,4 +1,4 @@
-"""KvbmConnector with the real vLLM 0.33 scheduler: offload, onboard, errors."""
+"""KvbmConnector with the real vLLM scheduler (0.33 and 0.34): offload, onboard, errors."""
 from harness import require_vllm
 
 require_vllm()

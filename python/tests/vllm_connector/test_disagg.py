@@ -1,4 +1,4 @@
-"""Disaggregated prefill->decode with the real vLLM 0.33 scheduler: a
+"""Disaggregated prefill->decode with the real vLLM scheduler (0.33 and 0.34): a
 kv_producer engine and a kv_consumer engine (each a Scheduler and a worker
 connector) hand a request over with NixlConnector's kv_transfer_params."""
 import os

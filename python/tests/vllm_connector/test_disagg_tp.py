@@ -1,5 +1,5 @@
 """P/D between tensor-parallel sizes (heterogeneous TP), with the real vLLM
-0.33 scheduler and one worker connector per rank (tp_engine.py): a decode at
+scheduler (0.33 and 0.34) and one worker connector per rank (tp_engine.py): a decode at
 TP d pulls from a prefill at TP p, its KV heads gathered from several
 prefill ranks (p > d) or sliced out of one (p < d), as NixlConnector maps
 them; MLA (replicated KV) at any sizes; a pair that cannot be mapped is
