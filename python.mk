@@ -24,7 +24,8 @@
 #               suite's CPU stand-ins (tests/e2e_sglang/standins)
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
-#               overhead per call and per 32-layer step, in the engine venv
+#               overhead per call and per 32-layer step, in the vllm 0.34 venv
+#               (BENCH_VLLM_ENGINE=vllm: 0.33)
 #   bench-remote-compare  kvbm's data plane (same host and TCP) between two processes beside
 #               NIXL (UCX shared memory, UCX TCP) and Mooncake (TCP), a plain
 #               TCP stream and an in-process copy (python/bench/remote_compare.py),
@@ -119,8 +120,11 @@ test-e2e-sglang: lib
 bench-py: py-venv
 	$(PYBIN) python/bench/bench.py
 
+# On the newest supported vLLM by default (BENCH_VLLM_ENGINE=vllm: 0.33).
+BENCH_VLLM_ENGINE ?= vllm-0.34
+
 bench-vllm: lib
-	venv=$$(scripts/engine-venv.sh vllm) && \
+	venv=$$(scripts/engine-venv.sh $(BENCH_VLLM_ENGINE)) && \
 	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" python/bench/bench_vllm_scheduler.py && \
 	  KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated PYTHONPATH=$(CURDIR)/python \
 	  "$$venv/bin/python" python/bench/bench_vllm_worker.py
