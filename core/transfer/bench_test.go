@@ -189,14 +189,23 @@ func touch(b *testing.B, emu *cuda.Emulated, m *Manager, h LayoutHandle) {
 // of the same 4 KiB in the same run.
 // smallBlocks is a manager with a G1 and a G2 of 256 blocks of 4 KiB, every
 // page touched: the small-transfer benchmarks' setup.
-func smallBlocks(b *testing.B) (m *Manager, g1, g2 LayoutHandle, cfg layout.Config) {
+// With registered, G1 is device memory registered as an engine's KV cache
+// is (RegisterExternal: its transfers pass its withdrawal gate).
+func smallBlocks(b *testing.B, registered bool) (m *Manager, g1, g2 LayoutHandle, cfg layout.Config) {
 	cfg = layout.Config{NumBlocks: 256, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 2048, DtypeWidth: 2}
 	emu := cuda.NewEmulated(1)
 	b.Cleanup(func() { emu.Close() })
 	m, err := NewManager(Config{WorkerID: 1, Driver: emu})
 	require.NoError(b, err)
 	b.Cleanup(func() { m.Close() })
-	g1, err = m.AllocateLayout(storage.Device, cfg, FullyContiguous)
+	if registered {
+		mem, err := storage.AllocDevice(emu, 0, uint64(cfg.BlockSize()*cfg.NumBlocks))
+		require.NoError(b, err)
+		b.Cleanup(func() { mem.Close() })
+		g1, err = m.RegisterExternal(storage.Device, cfg, FullyContiguous, []uint64{mem.Addr()})
+	} else {
+		g1, err = m.AllocateLayout(storage.Device, cfg, FullyContiguous)
+	}
 	require.NoError(b, err)
 	g2, err = m.AllocateLayout(storage.Pinned, cfg, FullyContiguous)
 	require.NoError(b, err)
@@ -206,7 +215,7 @@ func smallBlocks(b *testing.B) (m *Manager, g1, g2 LayoutHandle, cfg layout.Conf
 }
 
 func BenchmarkSmallTransfer(b *testing.B) {
-	m, g1, g2, cfg := smallBlocks(b)
+	m, g1, g2, cfg := smallBlocks(b, false)
 	size := cfg.BlockSize()
 	src, dst := make([]byte, 256*size), make([]byte, 256*size)
 	copy(dst, src)
@@ -240,8 +249,15 @@ func BenchmarkSmallTransfer(b *testing.B) {
 // BenchmarkManySmallTransfers issues 256 one-block G2→G1 transfers of 4 KiB
 // before waiting for any (as an engine's step does), beside one transfer of
 // the same 256 blocks in the same run: the per-call cost a batch pays.
+// Sub-benchmarks: G1 allocated by the manager, and registered as an
+// engine's is (its transfers also pass the layout's withdrawal gate).
 func BenchmarkManySmallTransfers(b *testing.B) {
-	m, g1, g2, _ := smallBlocks(b)
+	b.Run("allocated-g1", func(b *testing.B) { manySmallTransfers(b, false) })
+	b.Run("registered-g1", func(b *testing.B) { manySmallTransfers(b, true) })
+}
+
+func manySmallTransfers(b *testing.B, registered bool) {
+	m, g1, g2, _ := smallBlocks(b, registered)
 	var err error
 	all := make([]int, 256)
 	ids := make([][]int, 256)
