@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -110,7 +111,7 @@ func (t *Transport) inScope(bs *capability.BlockScope, c net.Conn, q request) er
 			err = covers(bs, &t.revoked, q.handle, l, q.ops)
 		}
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, transfer.ErrWithdrawn) { // withdrawn: the owner's doing, not the peer's
 		n := t.refusedScope.Add(1)
 		t.logRefusal(c.RemoteAddr().String(), "scope", "kvbm tcp: refused a request outside its request-scoped capability",
 			"worker", fmt.Sprintf("%#x", t.m.WorkerID()), "reason", err.Error(), "refused so far", n)
