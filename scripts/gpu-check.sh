@@ -21,7 +21,9 @@
 #    after the forward's event, layer-wise onboard with torch events, on
 #    vLLM-shaped strided CUDA views, and sleep mode: G1 unregistered, its
 #    memory given back to the driver, a load refused, G1 registered again
-#    on new memory and loaded byte-exact; vllm itself is optional there). The
+#    on new memory and loaded byte-exact; vllm itself is optional there),
+#    twice: on cudaMalloc'd memory and on VMM memory (PyTorch's expandable
+#    segments, standing in for vLLM 0.34's extensible KV cache). The
 #    summary names the driver's CUDA version and cuMemcpyBatchAsync (none,
 #    v1 or v2), so that a skipped batch-API test shows why. Logs go to
 #    $OUT (or build/gpu-out when OUT is unset). Finishes in about 3 minutes;
@@ -103,6 +105,14 @@ PY
   # with real torch events: kv_both offload, then layer-wise onboard.
   step python-vllm-connector 60 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 python3 scripts/gpu_check_vllm.py
   tail -n 4 "$out/python-vllm-connector.log"
+  # The same on VMM memory, as vLLM 0.34's extensible KV cache is
+  # (cuMemCreate chunks mapped side by side): PyTorch's expandable segments
+  # allocate the KV tensor so, its layers spanning several physical chunks
+  # (kvbm declares IN_PROCESS: registration and copies over a VA range of
+  # several chunks must work, and sleep mode must give the memory back).
+  step python-vllm-connector-vmm 60 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 scripts/gpu_check_vllm.py
+  tail -n 4 "$out/python-vllm-connector-vmm.log"
   echo "gpu-check: $fails step(s) failed; logs in $out"
   [ "$fails" -eq 0 ]
 }

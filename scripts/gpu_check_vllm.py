@@ -22,6 +22,7 @@ The machine may have torch without vllm: then the two vllm classes the
 worker side imports (KVConnectorMetadata, KVConnectorWorkerMetadata) are
 stood in for, since the worker side touches nothing else of vllm.
 """
+import os
 import sys
 import time
 import types
@@ -63,7 +64,8 @@ from kvbmgo.vllm.worker import KvbmWorker  # noqa: E402
 
 LAYERS, NUM_BLOCKS, BLOCK, HEADS, HEAD = 8, 32, 16, 8, 128
 dev = torch.device("cuda:0")
-print("kvbm info:", kvbmgo.info(), flush=True)
+print("kvbm info:", kvbmgo.info(), "; PYTORCH_CUDA_ALLOC_CONF:",
+      os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "(unset)"), flush=True)
 
 # LBNHC: memory [layer][block][token][head][k|v], each layer viewed as
 # [block, head, token, 2*head_size] (vLLM's create_kv_cache_views).
