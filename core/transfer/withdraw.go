@@ -28,7 +28,7 @@ var ErrWithdrawn = kvbmerr.New(kvbmerr.FailedPrecondition, "layout withdrawn")
 func (m *Manager) Withdraw(h LayoutHandle, reason string) error {
 	m.mu.Lock()
 	e, ok := m.entries[h]
-	if ok && e.gate == nil {
+	if ok && (e.gate == nil || e.owner != nil) { // an in-process import shares its exporter's gate
 		m.mu.Unlock()
 		return fmt.Errorf("%w: layout %v is not memory registered by its owner (only that is withdrawn; Unregister the rest)",
 			ErrInvalidArgument, h)

@@ -102,3 +102,34 @@ func TestWithdrawRefusesAHoldAfterTheLookup(t *testing.T) {
 	require.ErrorIs(t, err, ErrWithdrawn)
 	require.ErrorContains(t, err, "weight update")
 }
+
+// A worker of this process that imported the layout cannot withdraw it
+// (its import shares the exporter's gate); the exporter's withdrawal
+// refuses the importer's transfers on it, naming the exporter's reason.
+func TestWithdrawIsTheExportersOnly(t *testing.T) {
+	f := newFixture(t)
+	g1, _ := registerEngine(t, f, 2)
+	imp, err := NewManager(Config{WorkerID: 0xB2, Driver: f.drv, HostWorkers: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, imp.Close()) })
+	d, err := f.m.Describe(g1)
+	require.NoError(t, err)
+	hs, err := imp.Import(exporterOf{f.m}, []Descriptor{d})
+	require.NoError(t, err)
+	g2, err := imp.AllocateLayout(storage.Pinned, smallConfig(2), FullyContiguous)
+	require.NoError(t, err)
+	require.ErrorIs(t, imp.Withdraw(hs[0], "not mine"), ErrInvalidArgument)
+	n, err := imp.ExecuteTransfer(hs[0], []int{0}, g2, []int{0}, Options{})
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(-1), "the import still reads: nothing was withdrawn")
+
+	require.NoError(t, f.m.Withdraw(g1, "sleep mode"))
+	_, err = imp.ExecuteTransfer(hs[0], []int{0}, g2, []int{1}, Options{})
+	require.ErrorIs(t, err, ErrWithdrawn)
+	require.ErrorContains(t, err, "sleep mode")
+}
+
+// exporterOf attaches layouts of a manager of this process directly.
+type exporterOf struct{ m *Manager }
+
+func (x exporterOf) Attach(Descriptor) (Attachment, error) { return Attachment{Exporter: x.m}, nil }
