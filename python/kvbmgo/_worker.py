@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from ctypes import byref, c_int32, c_size_t, c_uint8, c_void_p, sizeof
+from ctypes import byref, c_size_t, c_uint8, c_void_p, sizeof
 from os import PathLike, fspath
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _lib
-from ._cint import Ids, block_ids, int32, metadata_bytes, millis, transfer_ids, uint64
-from ._cint import keys as _keys
+from ._cint import Ids, int32, metadata_bytes, millis, transfer_ids, uint64
 from ._cache import PrefixCache, WriteMode, enable as _enable_cache
 from ._counters import PathCounters, TransferPath
 from ._device import Event, Stream, pointer_of
@@ -20,14 +19,13 @@ from ._layout import LayoutConfig, LayoutHandle, LayoutKind, handle_of
 from ._lib import lib
 from ._memory import buffer_of
 from ._notification import Notification
+from ._objects import ObjectOps
 from ._options import HeadSlice, options
 from ._scope import block_scope
 from .errors import (BufferTooSmallError, FailedPreconditionError, InvalidArgumentError,
                      InvalidHandleError, KvbmClosedError, KvbmError)
 
 __all__ = ["Worker"]
-
-Key = Union[bytes, bytearray, str]
 
 
 #: worker_id -> the live Worker of this process with that id, so that an
@@ -39,7 +37,7 @@ _workers: "weakref.WeakValueDictionary[int, Worker]" = weakref.WeakValueDictiona
 _stranded: List[Any] = []
 
 
-class Worker(Handle):
+class Worker(ObjectOps, Handle):
     """A worker with its own transfer manager on the active device backend.
 
     It keeps the memory registered as G1 alive until it is closed (or
@@ -535,77 +533,3 @@ class Worker(Handle):
         return self._cache
 
     # ---- object store (G4)
-
-    def object_has(self, keys: Sequence[Key]) -> List[bool]:
-        """Whether a well-formed object exists under each key (1 to 64 bytes;
-        str is UTF-8 encoded). Raises InvalidArgumentError for a bad key
-        (empty or longer than 64 bytes). Without an object store nothing is
-        found."""
-        k, lens, n = _keys(keys)
-        found = (c_uint8 * n)()
-        lib.kvbm_worker_object_has(self.handle, k, lens, n, found)
-        return [bool(f) for f in found]
-
-    def _object_io(self, fn: Any, keys: Sequence[Key], tier: int, ids: Ids) -> List[int]:
-        k, lens, n = _keys(keys)
-        tier = int32(tier, "tier")
-        b, ba, m = block_ids(ids, "block_ids")
-        if m != n:
-            raise ValueError(f"{n} keys for {m} block ids: they must be as long")
-        statuses = (c_int32 * n)()
-        try:
-            fn(self.handle, k, lens, n, tier, ba, statuses)
-        except KvbmError as e:
-            e.block_statuses = list(statuses)  # type: ignore[attr-defined]
-            raise
-        return list(statuses)
-
-    def object_put(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
-        """Stores blocks block_ids of tier under keys (blocking, GIL released).
-        Before anything moves, raises ValueError (lengths differ),
-        OutOfRangeError (an id beyond the layout), InvalidArgumentError (a
-        bad key, a tier outside G1..G3, an integer that does not fit its C
-        type), TypeError, NotFoundError (tier not registered),
-        UnsupportedError (no object store). Then raises the first failed
-        block's error (KvbmIOError, KvbmTimeoutError, ...) with
-        ``block_statuses`` (one status per block) attached."""
-        self._object_io(lib.kvbm_worker_object_put, keys, tier, block_ids)
-
-    def object_get(self, keys: Sequence[Key], tier: int, block_ids: Ids) -> None:
-        """Loads the objects under keys into blocks block_ids of tier. Raises
-        as object_put; NotFoundError for a missing object,
-        DataCorruptionError for a corrupt one, whose block may then hold any
-        bytes (it is read in place, checked as it lands) but is never
-        reported loaded."""
-        self._object_io(lib.kvbm_worker_object_get, keys, tier, block_ids)
-
-
-    def onboard_objects(self, keys: Sequence[Key], dst: int, dst_ids: Ids) -> Notification:
-        """As object_get, in the background: returns at once with a Notification
-        whose failure lists the destination blocks whose objects failed.
-        Raises ValueError (lengths differ), OutOfRangeError (an id beyond the
-        layout), InvalidArgumentError (a destination repeated, a bad key, a
-        tier outside G1..G3, an integer that does not fit its C type),
-        TypeError, NotFoundError (tier not registered), UnsupportedError (no
-        object store)."""
-        k, lens, n = _keys(keys)
-        dst = int32(dst, "dst")
-        b, ba, m = block_ids(dst_ids, "dst_ids")
-        if m != n:
-            raise ValueError(f"{n} keys for {m} block ids: they must be as long")
-        out = c_void_p()
-        lib.kvbm_worker_onboard_objects(self.handle, k, lens, n, dst, ba, byref(out))
-        return Notification(out.value)
-
-    def offload_objects(self, src: int, src_ids: Ids, keys: Sequence[Key]) -> Notification:
-        """As object_put, in the background: returns at once with a Notification
-        whose failure lists the source blocks whose objects failed. Raises as
-        onboard_objects()."""
-        k, lens, n = _keys(keys)
-        src = int32(src, "src")
-        b, ba, m = block_ids(src_ids, "src_ids")
-        if m != n:
-            raise ValueError(f"{n} keys for {m} block ids: they must be as long")
-        out = c_void_p()
-        lib.kvbm_worker_offload_objects(self.handle, src, ba, k, lens, n, byref(out))
-        return Notification(out.value)

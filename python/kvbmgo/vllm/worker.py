@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 from .. import Event, Worker, _control
 from ..errors import AlreadyExistsError, KvbmError
 from .config import KvbmConfig, engine_worker_id
+from .g3_dirs import make_g3_dir
 from .kv_views import g1_layout, local_kv
 from .metadata import SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
 from .pd_wire import LABEL
@@ -33,43 +32,6 @@ _STATS_EVERY_S = 0.05
 
 #: Why G1 is gone between unregister_kv_caches and restore_kv_caches.
 _LENT = "vLLM lent the KV cache's memory away (sleep mode or a weight update)"
-
-_G3_DIR = re.compile(r"kvbm-rank\d+-pid(\d+)-")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's
-    return True
-
-
-def sweep_g3_dirs(g3_dir: str) -> List[str]:
-    """Removes the per-rank directories under g3_dir of processes that are
-    gone (a worker SIGKILLed before its shutdown ran). The G3 file in one
-    has no name (libkvbm unlinks it as it opens it), so the disk space went
-    back when the process died; this removes the empty directory left. A
-    directory whose pid is alive (or is another process that reuses the
-    pid) stays. Returns the paths removed."""
-    removed = []
-    try:
-        names = os.listdir(g3_dir)
-    except OSError:
-        return removed
-    for name in names:
-        m = _G3_DIR.match(name)
-        if m is None or _pid_alive(int(m.group(1))):
-            continue
-        path = os.path.join(g3_dir, name)
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.exists(path):
-            removed.append(path)
-            log.info("kvbm: removed %s, the G3 directory of a process that is gone", path)
-    return removed
-
 
 @dataclass
 class _Store:
@@ -150,10 +112,7 @@ class KvbmWorker:
         g2, g3 = c.tier_blocks(cfg.block_bytes)
         g4_dir = os.path.join(c.g4_dir, f"rank{self.rank}") if c.g4_dir else None
         if c.g3_dir is not None:
-            os.makedirs(c.g3_dir, mode=0o700, exist_ok=True)
-            sweep_g3_dirs(c.g3_dir)
-            self._g3_dir = tempfile.mkdtemp(prefix=f"kvbm-rank{self.rank}-pid{os.getpid()}-",
-                                            dir=c.g3_dir)
+            self._g3_dir = make_g3_dir(c.g3_dir, self.rank)
         wid = (c.worker_id if c.worker_id is not None else engine_worker_id(self.engine_id)) \
             + self.rank
         for attempt in range(64):

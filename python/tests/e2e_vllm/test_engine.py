@@ -118,7 +118,7 @@ def test_sigkill_leaves_no_file(sync_engine, g3_root):
     sync_engine.p.wait(30)
     files = [os.path.join(d, f) for d, _, fs in os.walk(g3_root) for f in fs]
     assert files == []
-    from kvbmgo.vllm.worker import sweep_g3_dirs
+    from kvbmgo.vllm.g3_dirs import sweep_g3_dirs
     assert len(sweep_g3_dirs(g3_root)) == len(dirs)
     assert os.listdir(g3_root) == []
 

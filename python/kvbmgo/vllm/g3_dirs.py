@@ -1,0 +1,60 @@
+"""The per-rank G3 directories of the vLLM connector: each worker makes its
+own under the configured g3_dir (kvbm-rank<R>-pid<P>-…), and removes those
+of processes that are gone."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import List
+
+__all__ = ["make_g3_dir", "sweep_g3_dirs"]
+
+log = logging.getLogger(__name__)
+
+_G3_DIR = re.compile(r"kvbm-rank\d+-pid(\d+)-")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's
+    return True
+
+
+def sweep_g3_dirs(g3_dir: str) -> List[str]:
+    """Removes the per-rank directories under g3_dir of processes that are
+    gone (a worker SIGKILLed before its shutdown ran). The G3 file in one
+    has no name (libkvbm unlinks it as it opens it), so the disk space went
+    back when the process died; this removes the empty directory left. A
+    directory whose pid is alive (or is another process that reuses the
+    pid) stays. Returns the paths removed."""
+    removed = []
+    try:
+        names = os.listdir(g3_dir)
+    except OSError:
+        return removed
+    for name in names:
+        m = _G3_DIR.match(name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        path = os.path.join(g3_dir, name)
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+            log.info("kvbm: removed %s, the G3 directory of a process that is gone", path)
+    return removed
+
+
+def make_g3_dir(g3_dir: str, rank: int) -> str:
+    """A fresh directory for rank's G3 under g3_dir (made 0700 if absent),
+    after the directories of gone processes were swept."""
+    os.makedirs(g3_dir, mode=0o700, exist_ok=True)
+    sweep_g3_dirs(g3_dir)
+    return tempfile.mkdtemp(prefix=f"kvbm-rank{rank}-pid{os.getpid()}-", dir=g3_dir)
