@@ -3,8 +3,9 @@
 // or internal/ imports core/; the pure packages reach nothing of the
 // operating system, even through the standard library; the capability
 // package opens no socket; and no function of the library is longer than
-// a reader can hold (80 lines). make vet runs it; it prints every breach
-// and exits 1 if there is one.
+// a reader can hold (80 lines), no module of the Python package longer
+// than 600. make vet runs it; it prints every breach and exits 1 if there
+// is one.
 package main
 
 import (
@@ -60,6 +61,7 @@ func main() {
 	for _, dir := range library {
 		breaches = append(breaches, longFunctions(dir)...)
 	}
+	breaches = append(breaches, longModules("python/kvbmgo")...)
 	slices.Sort(breaches)
 	for _, b := range breaches {
 		fmt.Fprintln(os.Stderr, "floors:", b)
@@ -114,4 +116,30 @@ func longFunctions(dir string) []string {
 		os.Exit(2)
 	}
 	return long
+}
+
+// maxModuleLines bounds a module of the Python package: past it, a module
+// holds more than one idea.
+const maxModuleLines = 600
+
+// longModules lists the Python modules under dir longer than maxModuleLines.
+func longModules(dir string) []string {
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".py") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if n := strings.Count(string(b), "\n"); n > maxModuleLines {
+			out = append(out, fmt.Sprintf("%s is %d lines (the most is %d)", path, n, maxModuleLines))
+		}
+		return nil
+	})
+	if err != nil {
+		out = append(out, fmt.Sprintf("walk %s: %v", dir, err))
+	}
+	return out
 }
