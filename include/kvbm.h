@@ -356,15 +356,20 @@ kvbm_status_t kvbm_worker_register_g1_host(kvbm_worker_t worker, const kvbm_layo
  * cache's, and a peer's read or write through any metadata exported before,
  * whole-worker or block-scoped) fails at once with
  * KVBM_ERR_FAILED_PRECONDITION and a message that says G1 was unregistered
- * by its owner and why (reason, a NUL-terminated string read during the
- * call; NULL: none given); the call returns once the transfers that were in flight on
- * G1 have finished (completed or failed), and the network transport's
- * registrations of its memory are undone: after it returns, the library
- * touches none of that memory. Register G1 again (kvbm_worker_register_g1
- * or _host, with the config it had) when the memory is back: it gets a new
+ * by its owner and why (reason: a NUL-terminated string read during the
+ * call, its first 512 bytes kept; NULL: none given). The call returns once
+ * the transfers that were in flight on G1 have finished (completed or
+ * failed; a peer's request under way ends within the worker's remote
+ * deadline) and the network transport's registrations of the memory are
+ * undone (UCX: the peers' keys then reach nothing on RDMA; its intra-node
+ * transports may not revoke them): after it returns, the library touches
+ * none of that memory. Register G1 again (kvbm_worker_register_g1 or
+ * _host, with the config it had) when the memory is back: it gets a new
  * layout handle, so metadata exported before names nothing; export
  * metadata anew for peers. Returns KVBM_OK, KVBM_ERR_NOT_FOUND (G1 is not
- * registered), KVBM_ERR_INVALID_HANDLE. */
+ * registered), KVBM_ERR_INVALID_HANDLE, KVBM_ERR_CUDA or KVBM_ERR_IO (the
+ * driver's or UCX's registration of the memory not undone: G1 is
+ * unregistered all the same and can be registered again). */
 kvbm_status_t kvbm_worker_unregister_g1(kvbm_worker_t worker, const char *reason);
 
 /* Registers host memory the caller owns as G2 — an engine's host KV pool

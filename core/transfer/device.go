@@ -151,17 +151,17 @@ func (m *Manager) enqueueDeviceInto(d *deviceCopies, p *plan, kind cuda.CopyKind
 	for i, s := range d.streams {
 		part := p.ops[min(i*per, len(p.ops)):min((i+1)*per, len(p.ops))]
 		if err := m.enqueueCopies(d.copyBuf[:0], part, kind, s, opts.Precondition); err != nil {
-			d.release()
+			d.abandon()
 			return err
 		}
 		ev, err := m.events.get()
 		if err != nil {
-			d.release()
+			d.abandon()
 			return fmt.Errorf("create completion event: %w", err)
 		}
 		d.events = append(d.events, ev)
 		if err := m.drv.EventRecord(ev, s); err != nil {
-			d.release()
+			d.abandon()
 			return fmt.Errorf("record completion event: %w", err)
 		}
 	}
@@ -205,6 +205,25 @@ func (d *deviceCopies) settle(result func(ev cuda.Event) error) error {
 		return fmt.Errorf("%v copies failed: %w", d.kind, err)
 	}
 	return nil
+}
+
+// abandon ends copies whose enqueue failed part way: the copies already
+// queued on their streams run to their end before the caller lets go of
+// the layouts (a withdrawn layout's memory may go to its next use as soon
+// as it does), then the events go back.
+func (d *deviceCopies) abandon() {
+	d.m.settleStreams(d.streams...)
+	d.release()
+}
+
+// settleStreams waits until the work queued on streams so far is done
+// (errors ignored: the caller is already failing).
+func (m *Manager) settleStreams(streams ...cuda.Stream) {
+	for _, s := range streams {
+		if s != 0 {
+			_ = m.drv.StreamSynchronize(s)
+		}
+	}
 }
 
 func (d *deviceCopies) release() {

@@ -61,6 +61,7 @@ func (m *Manager) ExecuteLayerwiseOnboard(src LayoutHandle, srcIDs []int, dst La
 	// An empty plan on the same stream yields the completion of the whole.
 	done, err := m.enqueueDevice(subPlan(p.src, p.dst, nil, nil, p.layers), kind, Options{Stream: &s})
 	if err != nil {
+		m.settleStreams(s) // the layers' copies, queued: done before the layouts are let go
 		release()
 		return nil, err
 	}
@@ -84,9 +85,14 @@ const layerSplitBytes = 256 << 10
 // halves copy at once where the device has the engines (or host cores) for
 // it. The second stream first waits for the work queued on s before the
 // call, as the copies on s do.
-func (m *Manager) enqueueLayers(p *plan, srcIDs, dstIDs []int, events []cuda.Event, s cuda.Stream, kind cuda.CopyKind) error {
+func (m *Manager) enqueueLayers(p *plan, srcIDs, dstIDs []int, events []cuda.Event, s cuda.Stream, kind cuda.CopyKind) (err error) {
 	numLayers := len(events)
 	var side cuda.Stream
+	defer func() {
+		if err != nil { // the copies already queued run to their end before the layouts are let go
+			m.settleStreams(s, side)
+		}
+	}()
 	if p.bytes()/uint64(numLayers) >= layerSplitBytes && m.cfg.StreamsPerDirection > 1 {
 		for range m.cfg.StreamsPerDirection { // a pool stream other than s
 			next, err := m.h2d.next()

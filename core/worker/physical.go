@@ -56,6 +56,9 @@ type PhysicalWorker struct {
 	members map[InstanceID]remote.Peer
 	// lent is set by UnregisterG1 (withdraw.go).
 	lent *lentG1
+	// g1Change orders G1's registrations and unregistrations: G1 is not
+	// registered again while its withdrawal still waits for transfers.
+	g1Change sync.Mutex
 
 	// owned is set by NewStandalone: Close closes m.
 	owned bool
@@ -134,6 +137,8 @@ var ErrAlreadyExists = kvbmerr.ErrAlreadyExists
 // per layer for LayerSeparate, one for FullyContiguous) as G1; after
 // UnregisterG1, again, with the config and shape it had.
 func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	w.g1Change.Lock()
+	defer w.g1Change.Unlock()
 	if err := w.checkG1Back(layoutShape{cfg, shape}); err != nil {
 		return transfer.LayoutHandle{}, fmt.Errorf("register G1: %w", err)
 	}
@@ -147,6 +152,8 @@ func (w *PhysicalWorker) RegisterG1(cfg layout.Config, shape transfer.Shape, ptr
 // KV lives in host memory (SGLang's HiCache host pool), pinning it in place
 // (or using it as its owner pinned it).
 func (w *PhysicalWorker) RegisterG1Host(cfg layout.Config, shape transfer.Shape, ptrs []uint64) (transfer.LayoutHandle, error) {
+	w.g1Change.Lock()
+	defer w.g1Change.Unlock()
 	if err := w.checkG1Back(layoutShape{cfg, shape}); err != nil {
 		return transfer.LayoutHandle{}, fmt.Errorf("register G1: %w", err)
 	}

@@ -30,11 +30,15 @@ type lentG1 struct {
 // nothing of the library touches the memory afterwards. G1 can then be
 // registered again (RegisterG1, same layout config and shape; new
 // handle, so that metadata exported before names nothing). Metadata
-// exported from then on describes the new G1.
+// exported from then on describes the new G1. An error after the
+// withdrawal began (the driver's or UCX's registration not undone) still
+// leaves G1 unregistered: it can be registered again.
 func (w *PhysicalWorker) UnregisterG1(reason string) error {
 	if reason == "" {
 		reason = "its memory was taken back"
 	}
+	w.g1Change.Lock()
+	defer w.g1Change.Unlock()
 	w.mu.Lock()
 	h := w.handles.G1
 	if h == nil {
@@ -75,6 +79,9 @@ func (w *PhysicalWorker) g1Missing() string {
 
 // checkG1Back refuses a G1 that comes back with another shape than it left.
 func (w *PhysicalWorker) checkG1Back(s layoutShape) error {
+	if s.shape.Kind == layout.FullyContiguous { // one region a block: where the block dim is names nothing
+		s.shape.BlockDim = layout.BlockIsFirstDim
+	}
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	if w.lent != nil && w.lent.cfg != s {

@@ -11,7 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // command sends the exporter process a line and returns its answer.
@@ -143,6 +146,7 @@ func TestUnregisterG1UnderConcurrentPulls(t *testing.T) {
 				}
 				require.Equal(t, "pong", exp.command(t, "ping"), "the exporter is alive: nothing touched the freed memory")
 				t.Logf("cycle %d: pulls completed before the sleep: %v", cycle, pulled)
+				require.Positive(t, pulled[0]+pulled[1]+pulled[2]+pulled[3], "the pulls were under way when G1 went")
 				require.Equal(t, "registered", exp.command(t, "register-g1"))
 				hexmd, ok := strings.CutPrefix(exp.command(t, "export"), "metadata ")
 				require.True(t, ok)
@@ -153,4 +157,46 @@ func TestUnregisterG1UnderConcurrentPulls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// G1 comes back with the config and shape it had, as the caller gave them
+// (a fully contiguous layout's block dim names nothing, whichever is
+// given); another config is refused, naming both, and G1 stays away.
+func TestG1ComesBackAsItLeft(t *testing.T) {
+	drv := newDriver(t)
+	m, err := transfer.NewManager(transfer.Config{WorkerID: 0xB1, Driver: drv})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, m.Close()) })
+	w, err := NewPhysical(PhysicalConfig{Manager: m})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, w.Close()) })
+	cfg := testConfig(4)
+	_, err = w.AllocateG2(cfg, transfer.FullyContiguous)
+	require.NoError(t, err)
+	fcSecond := transfer.Shape{Kind: layout.FullyContiguous, BlockDim: layout.BlockIsSecondDim}
+	alloc := func() uint64 {
+		mem, err := storage.AllocDevice(drv, 0, uint64(cfg.BlockSize()*cfg.NumBlocks))
+		require.NoError(t, err)
+		t.Cleanup(func() { mem.Close() })
+		return mem.Addr()
+	}
+	_, err = w.RegisterG1(cfg, fcSecond, []uint64{alloc()})
+	require.NoError(t, err)
+	require.NoError(t, w.UnregisterG1(""))
+	err = w.UnregisterG1("")
+	require.ErrorIs(t, err, transfer.ErrNotFound)
+	require.ErrorContains(t, err, "G1 was unregistered (its memory was taken back)")
+	_, err = w.ExecuteLocalTransfer(G2, G1, []int{0}, []int{0}, transfer.Options{})
+	require.ErrorIs(t, err, transfer.ErrWithdrawn)
+
+	other := cfg
+	other.NumBlocks = 2
+	_, err = w.RegisterG1(other, fcSecond, []uint64{alloc()})
+	require.ErrorIs(t, err, kvbmerr.ErrInvalidArgument)
+	require.ErrorContains(t, err, "G1 comes back as it was unregistered")
+	_, err = w.RegisterG1(cfg, fcSecond, []uint64{alloc()})
+	require.NoError(t, err, "the shape as it was given the first time")
+	require.NoError(t, w.UnregisterG1("again"))
+	_, err = w.RegisterG1(cfg, transfer.FullyContiguous, []uint64{alloc()})
+	require.NoError(t, err)
 }

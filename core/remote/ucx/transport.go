@@ -62,9 +62,12 @@ type Transport struct {
 	context, worker C.uint64_t
 	release         func() // the manager's Hold
 	regs            map[regKey]*registration
-	allocs          map[uint64]*allocation // AllocHost, by address
-	peers           map[*Peer]struct{}
-	address         []byte
+	// withdrawn are the layouts Withdrawn unmapped: an Endpoint that
+	// described one before it was withdrawn registers it no more.
+	withdrawn map[transfer.LayoutHandle]bool
+	allocs    map[uint64]*allocation // AllocHost, by address
+	peers     map[*Peer]struct{}
+	address   []byte
 }
 
 type regKey struct {
@@ -187,11 +190,20 @@ func (t *Transport) Endpoint() ([]byte, error) {
 		}
 		descs = append(descs, d)
 	}
+	return t.endpointOf(descs)
+}
+
+// endpointOf registers the layouts descs describe (on the progress thread;
+// those withdrawn since they were described are left out) and encodes the
+// endpoint.
+func (t *Transport) endpointOf(descs []transfer.Descriptor) ([]byte, error) {
 	var out []byte
 	err := t.do(func() error {
 		info := endpointInfo{address: t.address, proc: thisProcess()}
 		for _, d := range descs {
-			info.layouts = append(info.layouts, t.register(d))
+			if !t.withdrawn[d.Handle] {
+				info.layouts = append(info.layouts, t.register(d))
+			}
 		}
 		out = info.encode()
 		return nil

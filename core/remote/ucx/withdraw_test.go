@@ -46,6 +46,8 @@ func TestWithdrawnLayoutIsUnmapped(t *testing.T) {
 	require.Equal(t, 1, exp.regions(t, g1))
 	require.Equal(t, 1, exp.regions(t, g2))
 
+	stale, err := exp.m.Describe(g1) // an Endpoint under way described it already
+	require.NoError(t, err)
 	require.NoError(t, exp.m.Withdraw(g1, "sleep mode"))
 	require.NoError(t, exp.tr.Withdrawn(g1))
 	require.Zero(t, exp.regions(t, g1))
@@ -58,4 +60,11 @@ func TestWithdrawnLayoutIsUnmapped(t *testing.T) {
 		require.NotEqual(t, g1, l.handle, "the withdrawn layout is not exported")
 	}
 	require.NoError(t, exp.tr.Withdrawn(g1), "twice: nothing left to unmap")
+	// The Endpoint that described G1 before its withdrawal maps it no more.
+	ep, err = exp.tr.endpointOf([]transfer.Descriptor{stale})
+	require.NoError(t, err)
+	info, err = decodeEndpoint(ep)
+	require.NoError(t, err)
+	require.Empty(t, info.layouts)
+	require.Zero(t, exp.regions(t, g1))
 }

@@ -137,10 +137,13 @@ class KvbmConnector(KVConnectorBase_V1):
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
-        """True: unregister_kv_caches lets go of the KV cache's memory (every
+        """unregister_kv_caches lets go of the KV cache's memory (every
         transfer on it over, every registration and capability of it
-        withdrawn) and restore_kv_caches registers it again."""
-        return True
+        withdrawn) and restore_kv_caches registers it again; but not with
+        same-host CUDA IPC (KVBM_CUDA_IPC=1): a decode that opened G1 keeps
+        the allocation mapped until its next pull is refused, which sleep
+        cannot wait for."""
+        return "LEGACY_IPC" not in g1_access(os.environ)
 
     @classmethod
     def kv_cache_access(cls, kv_transfer_config: Any) -> Any:

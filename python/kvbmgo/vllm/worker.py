@@ -174,9 +174,17 @@ class KvbmWorker:
                     n.wait()  # reported (and closed) at the next get_finished
                 except KvbmError:
                     pass
+        if self._sync_load is not None:
+            self._load_errors.update(self._finish(self._sync_load[0]))
+            self._sync_load = None
         if self._server is not None:
             self._server.suspend(_LENT)
-        self.worker.unregister_g1(_LENT)
+        try:
+            self.worker.unregister_g1(_LENT)
+        except KvbmError as e:
+            # Past its start G1 is unregistered all the same (what failed is
+            # undoing a registration of the memory): restore registers it.
+            log.error("kvbm: unregistering G1: %s", e)
         self._lent = True
         log.info("kvbm: G1 unregistered: %s", _LENT)
 
