@@ -168,6 +168,7 @@ class HiCacheV2:
         self._pools: Dict[str, PoolStore] = {}
         self._unavailable: Dict[str, str] = {}
         self._pools_lock = threading.Lock()
+        self._pool_workers = 0  # made so far, for ids from an explicit worker_id
 
     # ---- registration
 
@@ -182,6 +183,10 @@ class HiCacheV2:
             self._unavailable.pop(name, None)
         if old is not None:
             old.close()
+        if name == _KV and host_pool is self.mem_pool_host and self._staging is not None:
+            # The copying path (interface_v1 0): KV pages move through the
+            # copying calls; SGLang hands v2 no KV transfer.
+            return
         try:
             store = self._make_pool_store(name, host_pool)
         except Exception as e:  # noqa: BLE001 - whatever the cause, the pool is not kept
@@ -214,9 +219,6 @@ class HiCacheV2:
             # same worker under the same keys.
             if self._worker is None:
                 raise RuntimeError("registered before register_mem_pool_host")
-            if self._staging is not None:
-                raise ValueError("the copying path (interface_v1 0) registers a staging area, "
-                                 "not the pool")
             layout = pool_layout(pool)
             return PoolStore(name, layout, [_Part(self._worker, self._g2_pages, None, False)])
         layout = pool_layout(pool)
@@ -231,7 +233,9 @@ class HiCacheV2:
         parts: List[_Part] = []
         try:
             for i, p in enumerate(layout.parts):
-                wid = (c.worker_id + 1 + len(self._pools) * 16 + i if c.worker_id
+                self._pool_workers += 1
+                # An explicit worker_id is the KV pool's; the others' follow it.
+                wid = (c.worker_id + (self._pool_workers << 40) if c.worker_id
                        else self._next_worker_id())
                 w = Worker(wid, device_id=c.device_id, rank=rank,
                            disk_dir=c.disk_dir or None, object_dir=c.object_dir or None)

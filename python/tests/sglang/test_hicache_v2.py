@@ -374,3 +374,31 @@ def test_get_stats_reports_per_pool(close_after):
     plain = create_backend(host_pool("page_first"), kvbm_extra(v1=True))
     close_after(plain)
     assert plain.get_stats().pools == {}  # a model without other pools: v1 alone
+
+
+def test_copying_path_keeps_the_other_pools_and_pool_settings(tmp_path, close_after, caplog):
+    """With "interface_v1": 0 the KV pool moves through the copying calls
+    (no v2 store, no warning), the Mamba pool through v2 as ever, with the
+    G2 size its settings name (more pages than G2 go down to G3 and come
+    back); bad settings are refused naming the key."""
+    from kvbmgo.sglang.config import KvbmHiCacheConfig
+    kv, m = host_pool("page_first"), mamba_pool()
+    extra = kvbm_extra(v1=False, disk_dir=str(tmp_path / "g3"), g3_pages=8,
+                       pools={"mamba": {"g2_pages": 3}})
+    with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.hicache"):
+        b, _ = hybrid(close_after, {PoolName.KV: kv, PoolName.MAMBA: m}, extra)
+    assert not [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert sorted(b._pools) == ["mamba"]
+    assert {p.g2_pages for p in b._pools["mamba"].parts} == {3}
+    s = m.alloc(5)
+    for i in range(5):
+        fill(m, int(s[i]), 30 + i)
+    names = [f"s{i}" for i in range(5)]  # more pages than G2: moved in rounds
+    assert b.batch_set_v2([transfer(PoolName.MAMBA, names, s)]) == {PoolName.MAMBA: [True] * 5}
+    dst = m.alloc(5)
+    assert b.batch_get_v2([transfer(PoolName.MAMBA, names, dst)]) == {PoolName.MAMBA: [True] * 5}
+    for i in range(5):
+        assert torch.equal(page_bytes(m, int(dst[i])), page_bytes(m, int(s[i])))
+    for bad in ({"mamba": {"g2": 1}}, {"mamba": {"g2_pages": 0}}, ["mamba"]):
+        with pytest.raises(ValueError, match="pools"):
+            KvbmHiCacheConfig.from_extra_config({"pools": bad})
