@@ -185,6 +185,22 @@ _STATE_LAYOUTS = ("page_first", "page_first_direct")
 
 
 def pool_layout(pool: Any) -> PoolLayout:
+    """The kvbm layout of any SGLang host pool (_pool_layout), checked
+    against the pool's own page size: a pool that keeps bytes of a page
+    outside the buffers kvbm sees (scales, say) is refused, not stored in
+    part."""
+    pl = _pool_layout(pool)
+    size = getattr(pool, "get_size_per_token", None)
+    if callable(size):
+        want = int(size()) * pl.page_size
+        if want != pl.page_bytes:
+            raise ValueError(f"kvbm HiCache storage: host pool {type(pool).__name__} has "
+                             f"{want} bytes a page, its buffers kvbm can see "
+                             f"{pl.page_bytes}")
+    return pl
+
+
+def _pool_layout(pool: Any) -> PoolLayout:
     """The kvbm layout of any SGLang host pool: an MHA/MLA pool (one
     ``kv_buffer`` tensor, as ``host_pool_layout``: SWA, draft and the KV
     pool itself), or a state pool whose ``kv_buffer`` is a list of buffers

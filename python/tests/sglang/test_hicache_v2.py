@@ -402,3 +402,16 @@ def test_copying_path_keeps_the_other_pools_and_pool_settings(tmp_path, close_af
     for bad in ({"mamba": {"g2": 1}}, {"mamba": {"g2_pages": 0}}, ["mamba"]):
         with pytest.raises(ValueError, match="pools"):
             KvbmHiCacheConfig.from_extra_config({"pools": bad})
+
+
+def test_a_pool_with_bytes_outside_its_buffers_is_unavailable(close_after, caplog):
+    """A pool whose page holds more bytes than the buffers kvbm sees (as an
+    MXFP8 pool's scales) is refused, not stored in part."""
+    kv, swa = host_pool("page_first_direct"), swa_pool()
+    real = swa.get_size_per_token
+    swa.get_size_per_token = lambda: real() + 2
+    with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.hicache"):
+        b, _ = hybrid(close_after, {PoolName.KV: kv, PoolName.SWA: swa})
+    assert "swa" not in b._pools and "kv" in b._pools
+    warned = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warned) == 1 and "'swa'" in warned[0] and "bytes a page" in warned[0]
