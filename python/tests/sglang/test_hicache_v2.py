@@ -415,3 +415,45 @@ def test_a_pool_with_bytes_outside_its_buffers_is_unavailable(close_after, caplo
     assert "swa" not in b._pools and "kv" in b._pools
     warned = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(warned) == 1 and "'swa'" in warned[0] and "bytes a page" in warned[0]
+
+
+def test_prefetch_and_backup_threads_at_once(close_after):
+    """SGLang's backup and prefetch threads call v2 at once: states saved by
+    one while the other queries and loads earlier ones, every byte right."""
+    import threading
+    kv, m = host_pool("page_first_direct"), mamba_pool(slots=32)
+    b, _ = hybrid(close_after, {PoolName.KV: kv, PoolName.MAMBA: m})
+    check = ByteCheck(b, {"kv": kv, "mamba": m})
+    first = m.alloc(8)
+    for i in range(8):
+        fill(m, int(first[i]), 200 + i)
+    assert b.batch_set_v2([transfer(PoolName.MAMBA, [f"a{i}" for i in range(8)], first)]) == \
+        {PoolName.MAMBA: [True] * 8}
+    later = m.alloc(8)
+    for i in range(8):
+        fill(m, int(later[i]), 300 + i)
+    dst = m.alloc(8)
+    errors = []
+
+    def saver():
+        for i in range(8):
+            r = b.batch_set_v2([transfer(PoolName.MAMBA, [f"b{i}"], later[i:i + 1])])
+            if r != {PoolName.MAMBA: [True]}:
+                errors.append(("set", i, r))
+
+    def loader():
+        for i in range(8):
+            r = b.batch_get_v2([transfer(PoolName.MAMBA, [f"a{i}"], dst[i:i + 1])])
+            if r != {PoolName.MAMBA: [True]}:
+                errors.append(("get", i, r))
+
+    threads = [threading.Thread(target=saver), threading.Thread(target=loader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert check.loaded == 8 and check.mismatches == []
+    back = m.alloc(8)
+    got = b.batch_get_v2([transfer(PoolName.MAMBA, [f"b{i}" for i in range(8)], back)])
+    assert got == {PoolName.MAMBA: [True] * 8} and check.mismatches == []
