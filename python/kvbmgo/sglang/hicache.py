@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
