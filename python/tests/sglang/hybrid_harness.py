@@ -109,6 +109,7 @@ def hybrid_controller(backend, kv, pools):
         layout_lease=contextlib.nullcontext,
         entry_map={name: SimpleNamespace(host_pool=p) for name, p in pools.items()})
     c.page_get_func, c.page_set_func = c._page_get_zero_copy, c._page_set_zero_copy
+    c.prefetch_hits_sync_groups = []  # one rank: the MIN over ranks is its own answer
     return c
 
 
@@ -128,12 +129,14 @@ def backup(ctl, host_indices, token_ids, transfers=()):
 
 
 def hit_query(ctl, token_ids, transfers):
-    """SGLang's prefetch hit query (batch_exists_v2). Returns the operation
-    and the hit in tokens."""
+    """SGLang's prefetch hit query as its prefetch thread runs it:
+    batch_exists_v2, then the rank sync that picks the longest restorable
+    prefix. Returns the operation and the hit in tokens."""
     from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PrefetchOperation
     op = PrefetchOperation(SimpleNamespace(rid="r"), token_ids, pool_transfers=list(transfers))
     hashes, hit_tokens = ctl._storage_hit_query(op)
-    op.hash_value = hashes
+    hit_tokens = ctl._sync_prefetch_hit_query(op, hit_tokens)
+    op.hash_value = hashes[:hit_tokens // ctl.page_size]
     op.storage_hit_count = hit_tokens
     return op, hit_tokens
 
