@@ -12,7 +12,12 @@ __all__ = ["KvbmHiCacheConfig", "namespace_of"]
 
 # Keys of extra_config that SGLang itself reads (the dynamic loader's, the
 # controller's); everything else must be ours.
-_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"}
+# (file_storage_path: SGLang adds --file-storage-path to a hybrid model's extra_config.)
+_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+                "file_storage_path"}
+
+#: Settings a host pool of a hybrid model may have of its own.
+_POOL_KEYS = {"g2_pages", "g3_pages"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,11 @@ class KvbmHiCacheConfig:
     worker_id: int = 0
     #: kvbm device ordinal (the emulated device under KVBM_DEVICE=emulated)
     device_id: int = 0
+    #: per host pool of a hybrid model (HiCache storage v2), by SGLang's pool
+    #: name: {"mamba": {"g2_pages": 8, "g3_pages": 256}}. Unnamed pools: G2
+    #: of min(32, the pool's pages) pages (a state can be megabytes), G3 of
+    #: g3_pages.
+    pools: Optional[Mapping[str, Mapping[str, int]]] = None
 
     @classmethod
     def from_extra_config(cls, extra: Optional[Mapping[str, Any]]) -> "KvbmHiCacheConfig":
@@ -65,6 +75,18 @@ class KvbmHiCacheConfig:
             raise ValueError("kvbm HiCache storage: staging_pages must be at least 1")
         if c.disk_dir and c.g3_pages < 1:
             raise ValueError("kvbm HiCache storage: disk_dir needs g3_pages >= 1 (G3's size)")
+        if c.pools is not None:
+            if not isinstance(c.pools, Mapping):
+                raise ValueError(f"kvbm HiCache storage: pools must map a pool name to its "
+                                 f"settings, got {c.pools!r}")
+            for name, settings in c.pools.items():
+                if not isinstance(settings, Mapping) or set(settings) - _POOL_KEYS:
+                    raise ValueError(f"kvbm HiCache storage: pools[{name!r}] takes "
+                                     f"{sorted(_POOL_KEYS)}, got {settings!r}")
+                for k, v in settings.items():
+                    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                        raise ValueError(f"kvbm HiCache storage: pools[{name!r}][{k!r}] must "
+                                         f"be an integer >= 1, got {v!r}")
         return dataclasses.replace(c, interface_v1=bool(c.interface_v1))
 
 

@@ -19,6 +19,10 @@ batch_get_v1(keys, host_indices)       cache.onboard(keys, pages), waited:
 get/set/batch_get/batch_set/exists     the same through a staging area
 =====================================  ======================================
 
+A hybrid model's other host pools (Mamba, SWA, ...) go through the v2
+calls (``register_mem_host_pool_v2``, ``batch_exists_v2``,
+``batch_get_v2``/``batch_set_v2``): see hicache_v2.
+
 The library loads, and the worker is created, in register_mem_pool_host.
 """
 
@@ -30,14 +34,15 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
-from .._cache import Decision
 from .._worker import Worker
 from ..errors import KvbmError
+from .cache_moves import chunks as _chunks, load_blocks, save_blocks
 from .config import KvbmHiCacheConfig, namespace_of
+from .hicache_v2 import HiCacheV2, page_ids
 from .host_pool import HostPoolLayout, host_pool_layout
 
 __all__ = ["KvbmHiCacheStorage"]
@@ -54,27 +59,6 @@ _SGLANG_BATCH = 128
 _worker_ids = itertools.count(1)
 
 
-def _rounds(keys: Sequence[bytes]) -> List[List[int]]:
-    """Indices of keys split into rounds without a repeated key (kvbm
-    refuses a key twice in one call); almost always one round."""
-    rounds: List[List[int]] = []
-    seen: List[set] = []
-    for i, k in enumerate(keys):
-        for r, s in zip(rounds, seen):
-            if k not in s:
-                r.append(i)
-                s.add(k)
-                break
-        else:
-            rounds.append([i])
-            seen.append({k})
-    return rounds
-
-
-def _chunks(idx: List[int], size: int) -> List[List[int]]:
-    return [idx[i:i + size] for i in range(0, len(idx), size)]
-
-
 #: At most this many batches are kept between two get_stats calls.
 _MAX_MOVES = 8192
 
@@ -84,7 +68,7 @@ def _no_moves() -> Dict[str, List[float]]:
                             "backup_bandwidth")}
 
 
-class KvbmHiCacheStorage(HiCacheStorage):
+class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
     """HiCache storage over kvbm. Built by SGLang's
     ``StorageBackendFactory.create_backend("dynamic", storage_config, ...)``
     as ``KvbmHiCacheStorage(storage_config, kwargs)``; settings come from
@@ -107,6 +91,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
         # (the prefetch and backup threads add, the scheduler's takes).
         self._stats_lock = threading.Lock()
         self._moved: Dict[str, List[float]] = _no_moves()
+        self._v2_init()  # the other host pools of a hybrid model
 
     # ---- setup
 
@@ -129,7 +114,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
                                        layout.config.dtype_width)
         if c.disk_dir:
             os.makedirs(c.disk_dir, mode=0o700, exist_ok=True)
-        wid = c.worker_id or ((os.getpid() & 0xFFFFFFFF) << 24 | next(_worker_ids))
+        wid = c.worker_id or self._next_worker_id()
         # The worker's rank prefixes its object (G4) keys: MLA tensor ranks
         # hold the same KV (one shard per decode-context rank) and share
         # them, other models' ranks never do. Every rank writes, writer or
@@ -168,10 +153,15 @@ class KvbmHiCacheStorage(HiCacheStorage):
                     c.object_dir or "none")
 
     def close(self) -> None:
-        """Closes the worker (waits for its transfers)."""
+        """Closes the workers (waits for their transfers)."""
+        self._v2_close()
         w, self._worker = self._worker, None
         if w is not None:
             w.close()
+
+    @staticmethod
+    def _next_worker_id() -> int:
+        return (os.getpid() & 0xFFFFFFFF) << 24 | next(_worker_ids)
 
     def clear(self) -> None:
         """Forgets every page stored so far: G2 and G3 drop them (their
@@ -185,6 +175,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
                 logger.info("kvbm HiCache storage: clear() dropped %d G2 and %d G3 pages", g2, g3)
             except KvbmError as e:
                 logger.warning("kvbm HiCache storage: clear(): %s", e)
+        self._v2_clear()
 
     # ---- keys and pages
 
@@ -202,18 +193,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
         """SGLang's page of each key: host_indices[i * page_size] (token
         slots) / page_size; None when the slots of key i are not a whole
         page (then that key fails)."""
-        ps = self.layout.config.page_size
-        idx = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
-        out: List[Optional[int]] = []
-        for i in range(n):
-            run = idx[i * ps:(i + 1) * ps]
-            first = run[0] if run else -1
-            if (len(run) != ps or first < 0 or first % ps or
-                    first // ps >= self.layout.num_pages or run[-1] != first + ps - 1):
-                out.append(None)
-            else:
-                out.append(first // ps)
-        return out
+        return page_ids(n, host_indices, self.layout.config.page_size, self.layout.num_pages)
 
     def _ready(self, what: str) -> bool:
         if self._worker is None:
@@ -227,21 +207,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
     def _offload(self, keys: List[bytes], ids: List[int]) -> List[bool]:
         """Saves G1 blocks ids under keys; True per block stored or present."""
         t0 = time.monotonic()
-        ok = [False] * len(keys)
-        cache = self._worker.cache
-        for rnd in _rounds(keys):
-            for chunk in _chunks(rnd, self._g2_pages):
-                ck, ci = [keys[i] for i in chunk], [ids[i] for i in chunk]
-                try:
-                    n, decisions = cache.offload(ck, ci)
-                except KvbmError as e:
-                    logger.warning("kvbm HiCache storage: offload of %d pages refused: %s",
-                                   len(ck), e)
-                    continue
-                failed = _wait_failed(n, ci, logger.warning, "not saved")
-                for i, b, d in zip(chunk, ci, decisions):
-                    ok[i] = (d in (Decision.PRESENT, Decision.IN_FLIGHT) or
-                             (d == Decision.STORE and b not in failed))
+        ok = save_blocks(self._worker.cache, self._g2_pages, keys, ids)
         self._record("backup", sum(ok), t0)
         return ok
 
@@ -249,20 +215,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
         """Loads keys into G1 blocks ids; True per block loaded, never for
         one that failed (missing, corrupt, a failed copy)."""
         t0 = time.monotonic()
-        ok = [False] * len(keys)
-        cache = self._worker.cache
-        for rnd in _rounds(keys):
-            for chunk in _chunks(rnd, self._g2_pages):
-                ck, ci = [keys[i] for i in chunk], [ids[i] for i in chunk]
-                try:
-                    n = cache.onboard(ck, ci)
-                except KvbmError as e:
-                    logger.warning("kvbm HiCache storage: load of %d pages refused: %s",
-                                   len(ck), e)
-                    continue
-                failed = _wait_failed(n, ci, logger.info, "not loaded")
-                for i, b in zip(chunk, ci):
-                    ok[i] = b not in failed
+        ok = load_blocks(self._worker.cache, self._g2_pages, keys, ids)
         self._record("prefetch", sum(ok), t0)
         return ok
 
@@ -281,15 +234,17 @@ class KvbmHiCacheStorage(HiCacheStorage):
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics since the last call, as its built-in
         backends report them: pages per prefetch (load) and backup (store)
-        batch, and each batch's GB/s (bytes moved over the call's time)."""
+        batch, and each batch's GB/s (bytes moved over the call's time), of
+        the KV pool; ``pools`` (an attribute of ours, as SGLang adds
+        ``prefetch_stats``) holds the same per host pool by name, "kv"
+        included, for a hybrid model's pools."""
         from sglang.srt.observability.metrics_collector import StorageMetrics
         with self._stats_lock:
             moved, self._moved = self._moved, _no_moves()
-        m = StorageMetrics()
-        m.prefetch_pgs.extend(int(n) for n in moved["prefetch_pgs"])
-        m.backup_pgs.extend(int(n) for n in moved["backup_pgs"])
-        m.prefetch_bandwidth.extend(moved["prefetch_bandwidth"])
-        m.backup_bandwidth.extend(moved["backup_bandwidth"])
+        m = _metrics(StorageMetrics, moved)
+        m.pools = {"kv": _metrics(StorageMetrics, moved)} if self._pools else {}
+        for name, pm in self._pool_moves().items():
+            m.pools[name] = _metrics(StorageMetrics, pm)
         return m
 
     # ---- zero-copy interface (interface_v1)
@@ -439,14 +394,10 @@ class KvbmHiCacheStorage(HiCacheStorage):
                 f"{self.layout.layout if self.layout else 'no host pool'})")
 
 
-def _wait_failed(n: Any, ids: List[int], log: Any, what: str) -> set:
-    """Waits for (and closes) notification n over G1 blocks ids and returns
-    the blocks that failed: all of them when it names none."""
-    with n:
-        try:
-            n.wait(None)
-        except KvbmError as e:
-            failed = set(n.failed_blocks()) or set(ids)
-            log("kvbm HiCache storage: %d of %d pages %s: %s", len(failed), len(ids), what, e)
-            return failed
-    return set()
+def _metrics(cls: Any, moved: Dict[str, List[float]]) -> Any:
+    m = cls()
+    m.prefetch_pgs.extend(int(n) for n in moved["prefetch_pgs"])
+    m.backup_pgs.extend(int(n) for n in moved["backup_pgs"])
+    m.prefetch_bandwidth.extend(moved["prefetch_bandwidth"])
+    m.backup_bandwidth.extend(moved["backup_bandwidth"])
+    return m

@@ -35,7 +35,8 @@ from typing import Any, Tuple
 
 from .._layout import LayoutConfig
 
-__all__ = ["HostPoolLayout", "host_pool_layout", "SUPPORTED_LAYOUTS"]
+__all__ = ["HostPoolLayout", "host_pool_layout", "SUPPORTED_LAYOUTS", "PoolPart",
+           "PoolLayout", "pool_layout"]
 
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct", "layer_first")
 
@@ -147,3 +148,106 @@ def host_pool_layout(pool: Any) -> HostPoolLayout:
                        inner_dim=dim, dtype_width=int(buf.element_size()),
                        layout="layer_separate", block_dim="second" if outer == 2 else "first")
     return HostPoolLayout(cfg, tuple(regions), cfg.block_bytes, mla, layout)
+
+
+# ---- the host pools of hybrid models (HiCache storage v2)
+
+
+@dataclass(frozen=True)
+class PoolPart:
+    """Buffers of a host pool whose pages have one size: one kvbm layout
+    (layer_separate, one region per buffer, block i = the pool's page i)."""
+    config: LayoutConfig
+    regions: Tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """How kvbm sees any host pool SGLang registers through
+    ``register_mem_host_pool_v2``: one part per page size among its buffers
+    (an MHA/MLA pool has one; a Mamba pool one per distinct state row), each
+    its own kvbm layout. A page of the pool is stored when every part
+    stored it. ``signature`` names the shape (in the pool's keys, so a
+    changed shape is never loaded)."""
+    parts: Tuple[PoolPart, ...]
+    page_size: int
+    num_pages: int
+    signature: str
+
+    @property
+    def page_bytes(self) -> int:
+        return sum(p.config.block_bytes for p in self.parts)
+
+
+#: Slot-major layouts of SGLang's state pools: a slot's rows are contiguous
+#: in each buffer.
+_STATE_LAYOUTS = ("page_first", "page_first_direct")
+
+
+def pool_layout(pool: Any) -> PoolLayout:
+    """The kvbm layout of any SGLang host pool (_pool_layout), checked
+    against the pool's own page size: a pool that keeps bytes of a page
+    outside the buffers kvbm sees (scales, say) is refused, not stored in
+    part."""
+    pl = _pool_layout(pool)
+    size = getattr(pool, "get_size_per_token", None)
+    if callable(size):
+        want = int(size()) * pl.page_size
+        if want != pl.page_bytes:
+            raise ValueError(f"kvbm HiCache storage: host pool {type(pool).__name__} has "
+                             f"{want} bytes a page, its buffers kvbm can see "
+                             f"{pl.page_bytes}")
+    return pl
+
+
+def _pool_layout(pool: Any) -> PoolLayout:
+    """The kvbm layout of any SGLang host pool: an MHA/MLA pool (one
+    ``kv_buffer`` tensor, as ``host_pool_layout``: SWA, draft and the KV
+    pool itself), or a state pool whose ``kv_buffer`` is a list of buffers
+    with the slot first (``MambaPoolHost``: temporal state, conv states,
+    side states; each slot one page). Buffers are seen as bytes, without
+    copies. Raises ValueError/TypeError naming what kvbm cannot describe."""
+    buf = getattr(pool, "kv_buffer", None)
+    if buf is not None and hasattr(buf, "data_ptr"):
+        hl = host_pool_layout(pool)
+        sig = (f"{hl.layout}|mla={int(hl.mla)}|page={hl.config.page_size}|"
+               f"bytes={hl.page_bytes}|width={hl.config.dtype_width}")
+        return PoolLayout((PoolPart(hl.config, hl.regions),), hl.config.page_size,
+                          hl.num_pages, sig)
+    if not isinstance(buf, (list, tuple)) or not buf:
+        raise TypeError(f"kvbm HiCache storage: host pool {type(pool).__name__} has no "
+                        f"kv_buffer (a tensor or a list of state buffers)")
+    import torch
+    layout = str(getattr(pool, "layout", ""))
+    if layout not in _STATE_LAYOUTS:
+        raise ValueError(f"kvbm HiCache storage: state pool {type(pool).__name__} has layout "
+                         f"{layout!r}; kvbm keeps slot-major ones ({', '.join(_STATE_LAYOUTS)})")
+    page = int(getattr(pool, "page_size", 1) or 1)
+    slots = {int(b.shape[0]) for b in buf}
+    if len(slots) != 1:
+        raise ValueError(f"kvbm HiCache storage: state pool {type(pool).__name__}'s buffers "
+                         f"hold {sorted(slots)} slots, not one count")
+    pages = slots.pop() // page
+    if pages <= 0:
+        raise ValueError(f"kvbm HiCache storage: state pool {type(pool).__name__} holds no "
+                         f"whole page of {page} slots")
+    by_row: dict = {}  # page bytes -> regions, in buffer order
+    for i, b in enumerate(buf):
+        if not b.is_contiguous():
+            raise ValueError(f"kvbm HiCache storage: state pool {type(pool).__name__}'s "
+                             f"buffer {i} is not contiguous")
+        row = page * math.prod(int(d) for d in b.shape[1:]) * b.element_size()
+        if row == 0:
+            continue
+        region = b[:pages * page].reshape(-1).view(torch.uint8).reshape(pages, row)
+        by_row.setdefault(row, []).append(region)
+    if not by_row:
+        raise ValueError(f"kvbm HiCache storage: state pool {type(pool).__name__} has no bytes")
+    parts = tuple(
+        PoolPart(LayoutConfig(num_blocks=pages, num_layers=len(regions), outer_dim=1,
+                              page_size=1, inner_dim=row, dtype_width=1,
+                              layout="layer_separate", block_dim="first"), tuple(regions))
+        for row, regions in by_row.items())
+    sig = f"state|{layout}|page={page}|rows=" + ",".join(
+        f"{p.config.num_layers}x{p.config.inner_dim}" for p in parts)
+    return PoolLayout(parts, page, pages, sig)
