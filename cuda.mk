@@ -11,6 +11,10 @@
 #              checks its .version is the pinned one (needs ptxas: on PATH,
 #              or from the pip package nvidia-cuda-nvcc-cu12)
 #   gpu-pack   scripts/gpu-check.sh build: what the GPU machine runs, under build/gpu
+#   test-cuda-abi  the driver ABI kvbm declares by hand (cuda/real_abi.h)
+#              against the real cuda.h of CUDA 12.8 and 13.0 (headers from
+#              NVIDIA's pip packages, kept under ~/.cache/kvbm/cuda-headers),
+#              and the check itself against mutations of it; part of make test
 #
 # The PTX targets compute_75 (Turing and later, all CUDA 13 GPUs). NVRTC
 # 12.0 emits PTX ISA 8.0, which drivers of CUDA 12.0 and later (r525+) JIT;
@@ -27,7 +31,7 @@ PTXAS_VERSION ?= 12.9.*
 NVRTC_DIR   := $(BUILD)/nvrtc-$(NVRTC_VERSION)
 PTXAS_DIR   := $(BUILD)/ptxas
 
-.PHONY: ptx ptx-check gpu-pack
+.PHONY: ptx ptx-check gpu-pack test-cuda-abi
 
 ptx:
 	@test -f $(NVRTC_DIR)/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 || \
@@ -49,3 +53,6 @@ ptx-check:
 
 gpu-pack:
 	scripts/gpu-check.sh build
+
+test-cuda-abi: deps-c
+	scripts/cuda-abi-check.sh

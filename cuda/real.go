@@ -88,20 +88,7 @@ const EnvMemcpyBatch = "KVBM_CUDA_MEMCPY_BATCH"
 // is gone.)
 const EnvIPC = "KVBM_CUDA_IPC"
 
-// CUDA constants used here (cuda.h).
-const (
-	cuStreamNonBlocking        = 0x1
-	cuStreamLegacy             = 0x1 // CU_STREAM_LEGACY: the legacy default stream, as 0 is
-	cuEventDisableTiming       = 0x2
-	cuMemHostAllocPortable     = 0x1
-	cuMemHostAllocDeviceMap    = 0x2
-	cuMemHostRegisterPortable  = 0x1
-	cuMemHostRegisterDeviceMap = 0x2
-	cuPointerAttrMemoryType    = 2
-	cuPointerAttrDeviceOrdinal = 9
-	cuMemoryTypeDevice         = 2
-	cuAttrCanUseHostPointer    = 91 // CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
-)
+// The CUDA constants used here are in real_abi.go (real_abi.h's).
 
 // openCUDA opens the real driver for Open: an error when it cannot be
 // loaded or initialized, or has no device.

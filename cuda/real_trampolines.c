@@ -1,8 +1,8 @@
 //go:build cgo
 
-// See real_trampolines.h. The CUDA types are declared here by hand (as
-// integers and void pointers, the driver ABI) so that building needs no
-// CUDA headers.
+// See real_trampolines.h. The CUDA types and the driver functions resolved
+// are declared by hand in real_abi.h (checked against the real cuda.h by
+// make test-cuda-abi), so that building needs no CUDA headers.
 
 #define _GNU_SOURCE
 #include "real_trampolines.h"
@@ -14,96 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef void *CUstream;
-typedef void *CUevent;
-typedef void *CUmodule;
-typedef void *CUfunction;
-typedef unsigned long long CUdeviceptr;
-
-// CUmemLocation and CUmemcpyAttributes as in cuda.h (CUDA 12.8 and later).
-typedef struct {
-	int type; // CUmemLocationType
-	int id;
-} kv_CUmemLocation;
-typedef struct {
-	int srcAccessOrder; // CUmemcpySrcAccessOrder
-	kv_CUmemLocation srcLocHint;
-	kv_CUmemLocation dstLocHint;
-	unsigned int flags;
-} kv_CUmemcpyAttributes;
-
-// CUipcMemHandle as in cuda.h: 64 opaque bytes, passed by value.
-typedef struct {
-	char reserved[64];
-} kv_CUipcMemHandle;
-
-enum {
-	CU_MEM_LOCATION_TYPE_DEVICE = 1,
-	CU_MEM_LOCATION_TYPE_HOST = 2,
-	CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
-	CUDA_ERROR_INVALID_VALUE = 1,
-	CUDA_ERROR_NOT_INITIALIZED = 3,
-	CUDA_ERROR_NOT_SUPPORTED = 801,
-	CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
-};
-
-// The libcuda symbols the table holds, X(name, parameters), each returning
-// CUresult. Names follow the exported symbol, _v2 where the driver versions
-// it. The table, the list of names dlsym resolves and the load all come from
-// these two lists.
-#define CU_REQUIRED_SYMBOLS(X)                                                              \
-	X(cuGetErrorName, (CUresult, const char **))                                            \
-	X(cuGetErrorString, (CUresult, const char **))                                          \
-	X(cuInit, (unsigned))                                                                   \
-	X(cuDriverGetVersion, (int *))                                                          \
-	X(cuDeviceGetCount, (int *))                                                            \
-	X(cuDeviceGet, (CUdevice *, int))                                                       \
-	X(cuDeviceGetName, (char *, int, CUdevice))                                             \
-	X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                            \
-	X(cuDeviceGetAttribute, (int *, int, CUdevice))                                         \
-	X(cuDeviceGetPCIBusId, (char *, int, CUdevice))                                         \
-	X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                    \
-	X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                             \
-	X(cuCtxGetCurrent, (CUcontext *))                                                       \
-	X(cuCtxSetCurrent, (CUcontext))                                                         \
-	X(cuStreamCreate, (CUstream *, unsigned))                                               \
-	X(cuStreamDestroy_v2, (CUstream))                                                       \
-	X(cuStreamQuery, (CUstream))                                                            \
-	X(cuStreamWaitEvent, (CUstream, CUevent, unsigned))                                     \
-	X(cuStreamGetCtx, (CUstream, CUcontext *))                                              \
-	X(cuEventCreate, (CUevent *, unsigned))                                                 \
-	X(cuEventDestroy_v2, (CUevent))                                                         \
-	X(cuEventRecord, (CUevent, CUstream))                                                   \
-	X(cuEventQuery, (CUevent))                                                              \
-	X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream))                  \
-	X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))                        \
-	X(cuMemcpyDtoDAsync_v2, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                   \
-	X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                               \
-	X(cuMemFree_v2, (CUdeviceptr))                                                          \
-	X(cuMemHostAlloc, (void **, size_t, unsigned))                                          \
-	X(cuMemFreeHost, (void *))                                                              \
-	X(cuMemHostRegister_v2, (void *, size_t, unsigned))                                     \
-	X(cuMemHostUnregister, (void *))                                                        \
-	X(cuPointerGetAttribute, (void *, int, CUdeviceptr))                                    \
-	X(cuModuleLoadData, (CUmodule *, const void *))                                         \
-	X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                          \
-	X(cuModuleUnload, (CUmodule))                                                           \
-	X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,        \
-	                   unsigned, unsigned, CUstream, void **, void **))
-
-// Optional (CUDA 12.8+): either may be missing, see kv_cuda_batch_version.
-#define CU_OPTIONAL_SYMBOLS(X)                                                              \
-	X(cuMemcpyBatchAsync, (CUdeviceptr *, CUdeviceptr *, size_t *, size_t,                  \
-	                       kv_CUmemcpyAttributes *, size_t *, size_t, size_t *, CUstream))  \
-	X(cuMemcpyBatchAsync_v2, (CUdeviceptr *, CUdeviceptr *, size_t *, size_t,               \
-	                          kv_CUmemcpyAttributes *, size_t *, size_t, CUstream))         \
-	X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr))                      \
-	X(cuIpcGetMemHandle, (kv_CUipcMemHandle *, CUdeviceptr))                                \
-	X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, kv_CUipcMemHandle, unsigned))                  \
-	X(cuIpcCloseMemHandle, (CUdeviceptr))
+#include "real_abi.h"
 
 #define CU_FIELD(name, params) CUresult(*name) params;
 static struct {
@@ -200,7 +111,7 @@ int kv_cuda_batch_version(void) {
 #define LOADED_OR_FAIL()                       \
 	do {                                       \
 		if (cu_library.status)                 \
-			return CUDA_ERROR_NOT_INITIALIZED; \
+			return KV_CUDA_ERROR_NOT_INITIALIZED; \
 	} while (0)
 
 // The calling thread's current context, saved by ctx_enter and put back
@@ -350,7 +261,7 @@ static CUresult memcpy_one(int kind, uint64_t dst, uint64_t src, uint64_t size, 
 	case KV_COPY_DEVICE_TO_DEVICE:
 		return cu.cuMemcpyDtoDAsync_v2(dst, src, size, s);
 	}
-	return CUDA_ERROR_INVALID_VALUE;
+	return KV_CUDA_ERROR_INVALID_VALUE;
 }
 
 int kv_cuMemcpyAsync(uint64_t ctx, int kind, uint64_t dst, uint64_t src, uint64_t size, uint64_t s) {
@@ -381,18 +292,18 @@ int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *sr
                     uint64_t *size, size_t n, uint64_t s, size_t *failed) {
 	kv_CUmemcpyAttributes attr;
 	size_t attr_idx = 0, fail_idx = 0;
-	kv_CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0}, device = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+	kv_CUmemLocation host = {KV_CU_MEM_LOCATION_TYPE_HOST, 0}, device = {KV_CU_MEM_LOCATION_TYPE_DEVICE, dev};
 	ctx_guard g;
 	*failed = 0;
 	// Never the legacy default stream (0 or CU_STREAM_LEGACY, 0x1): the
 	// batch API rejects it. The Go side does not pass it; this is a guard.
 	if (s == 0 || s == 1)
-		return CUDA_ERROR_INVALID_VALUE;
+		return KV_CUDA_ERROR_INVALID_VALUE;
 	CUresult r = stream_ctx_enter(ctx, s, &g);
 	if (r)
 		return r;
 	memset(&attr, 0, sizeof attr);
-	attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+	attr.srcAccessOrder = KV_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
 	attr.srcLocHint = kind == KV_COPY_HOST_TO_DEVICE ? host : device;
 	attr.dstLocHint = kind == KV_COPY_DEVICE_TO_HOST ? host : device;
 	// CUdeviceptr and size_t are 64-bit on every platform we build for.
@@ -406,7 +317,7 @@ int kv_memcpy_batch(uint64_t ctx, int kind, int dev, uint64_t *dst, uint64_t *sr
 		                          &attr, &attr_idx, 1, &fail_idx, (CUstream)(uintptr_t)s);
 		*failed = fail_idx;
 	} else {
-		r = CUDA_ERROR_NOT_SUPPORTED;
+		r = KV_CUDA_ERROR_NOT_SUPPORTED;
 	}
 	ctx_leave(&g);
 	return r;
@@ -434,7 +345,7 @@ int kv_cuIpcExport(uint64_t ctx, uint64_t p, void *handle, uint64_t *base, uint6
 	*base = 0;
 	*size = 0;
 	if (!cu.cuMemGetAddressRange_v2 || !cu.cuIpcGetMemHandle)
-		return CUDA_ERROR_NOT_SUPPORTED;
+		return KV_CUDA_ERROR_NOT_SUPPORTED;
 	ctx_guard g;
 	CUresult r = ctx_enter(ctx, &g);
 	if (r == 0) {
@@ -454,12 +365,12 @@ int kv_cuIpcOpen(uint64_t ctx, const void *handle, uint64_t *p, uint64_t *size) 
 	*p = 0;
 	*size = 0;
 	if (!cu.cuIpcOpenMemHandle_v2 || !cu.cuMemGetAddressRange_v2)
-		return CUDA_ERROR_NOT_SUPPORTED;
+		return KV_CUDA_ERROR_NOT_SUPPORTED;
 	memcpy(&h, handle, sizeof h);
 	ctx_guard g;
 	CUresult r = ctx_enter(ctx, &g);
 	if (r == 0) {
-		r = cu.cuIpcOpenMemHandle_v2(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+		r = cu.cuIpcOpenMemHandle_v2(&d, h, KV_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 		if (r == 0 && cu.cuMemGetAddressRange_v2(&b, &n, d) != 0)
 			n = 0;
 		ctx_leave(&g);
@@ -470,7 +381,7 @@ int kv_cuIpcOpen(uint64_t ctx, const void *handle, uint64_t *p, uint64_t *size) 
 }
 int kv_cuIpcClose(uint64_t ctx, uint64_t p) {
 	if (!cu.cuIpcCloseMemHandle)
-		return CUDA_ERROR_NOT_SUPPORTED;
+		return KV_CUDA_ERROR_NOT_SUPPORTED;
 	IN_CTX(CTX(ctx), cu.cuIpcCloseMemHandle(p));
 }
 
