@@ -54,5 +54,5 @@ ptx-check:
 gpu-pack:
 	scripts/gpu-check.sh build
 
-test-cuda-abi: deps-c
+test-cuda-abi: deps deps-c
 	scripts/cuda-abi-check.sh

@@ -3,7 +3,8 @@
 // headers; real_trampolines.c includes it. cuda/abicheck/abicheck.c
 // includes it after the real cuda.h (with KV_ABI_CHECK defined) and
 // checks every struct, constant and function pointer type here against
-// CUDA 12.8's and 13.0's headers (make test-cuda-abi).
+// CUDA 12.8's and 13.0's headers, and NVML's against nvml.h (make
+// test-cuda-abi).
 #ifndef KVBM_REAL_ABI_H
 #define KVBM_REAL_ABI_H
 
@@ -133,5 +134,25 @@ enum {
 	X(cuIpcGetMemHandle, (KV_T(CUipcMemHandle) *, CUdeviceptr))                                \
 	X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, KV_T(CUipcMemHandle), unsigned))                  \
 	X(cuIpcCloseMemHandle, (CUdeviceptr))
+
+// NVML, as nvml.h declares it (checked against go-nvml's copy of it).
+#ifndef KV_ABI_CHECK
+typedef void *nvmlDevice_t;
+typedef int nvmlReturn_t;
+#endif
+typedef struct {
+	unsigned long long total, free, used;
+} kv_nvmlMemory_t;
+
+// The NVML symbols the table holds, X(name, parameters), each returning
+// nvmlReturn_t.
+#define NV_REQUIRED_SYMBOLS(X)                                                              \
+	X(nvmlInit_v2, (void))                                                                  \
+	X(nvmlDeviceGetCount_v2, (unsigned *))                                                  \
+	X(nvmlDeviceGetHandleByPciBusId_v2, (const char *, nvmlDevice_t *))                     \
+	X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, KV_T(nvmlMemory_t) *))
+
+// Optional: r535 and later.
+#define NV_OPTIONAL_SYMBOLS(X) X(nvmlDeviceGetNumaNodeId, (nvmlDevice_t, unsigned *))
 
 #endif

@@ -483,24 +483,6 @@ int kv_cuCtxGetCurrent(uint64_t *ctx) {
 
 // ---- NVML ------------------------------------------------------------------
 
-typedef void *nvmlDevice_t;
-typedef struct {
-	unsigned long long total, free, used;
-} kv_nvmlMemory_t;
-
-typedef int nvmlReturn_t;
-
-// The NVML symbols the table holds, X(name, parameters), each returning
-// nvmlReturn_t.
-#define NV_REQUIRED_SYMBOLS(X)                                                              \
-	X(nvmlInit_v2, (void))                                                                  \
-	X(nvmlDeviceGetCount_v2, (unsigned *))                                                  \
-	X(nvmlDeviceGetHandleByPciBusId_v2, (const char *, nvmlDevice_t *))                     \
-	X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, kv_nvmlMemory_t *))
-
-// Optional: r535 and later.
-#define NV_OPTIONAL_SYMBOLS(X) X(nvmlDeviceGetNumaNodeId, (nvmlDevice_t, unsigned *))
-
 #define NV_FIELD(name, params) nvmlReturn_t(*name) params;
 static struct {
 	void *lib;

@@ -34,15 +34,18 @@ PY
   echo "$dir/include"
 }
 
+# nvml.h: go-nvml's copy (the module kvbm already depends on).
+nvml=$(go list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
+
 check() { # check INCLUDE_DIR SOURCE_DIR: compile the check against that cuda.h
-  "$CC" -std=c11 -fsyntax-only -Wall -Werror -I "$1" "$2/cuda/abicheck/abicheck.c"
+  "$CC" -std=c11 -fsyntax-only -Wall -Werror -I "$1" -I "$nvml" "$2/cuda/abicheck/abicheck.c"
 }
 
 incs=("$(headers 12.8.90 nvidia-cuda-runtime-cu12)" "$(headers 13.0.96 nvidia-cuda-runtime)")
 for inc in "${incs[@]}"; do
   check "$inc" . || { echo "cuda-abi-check: cuda/real_abi.h does not match $inc/cuda.h" >&2; exit 1; }
 done
-echo "cuda-abi-check: cuda/real_abi.h matches cuda.h of CUDA 12.8 and 13.0 (structs, constants, every dlsym'd function's type)"
+echo "cuda-abi-check: cuda/real_abi.h matches cuda.h of CUDA 12.8 and 13.0 and nvml.h (structs, constants, every dlsym'd function's type)"
 
 # The check must fail on each of these.
 mutations=(
@@ -52,6 +55,7 @@ mutations=(
   's/X(cuMemcpyDtoHAsync_v2, (void \*, CUdeviceptr, size_t, CUstream))/X(cuMemcpyDtoHAsync_v2, (CUdeviceptr, void *, size_t, CUstream))/'
   's/X(cuDevicePrimaryCtxRelease_v2, /X(cuDevicePrimaryCtxRelease, /'
   's/char reserved\[64\];/char reserved[32];/'
+  's/unsigned long long total, free, used;/unsigned long long total, used, free;/'
 )
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

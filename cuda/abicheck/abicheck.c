@@ -1,11 +1,13 @@
 // Checks cuda/real_abi.h, the driver ABI kvbm declares by hand, against a
 // real cuda.h and cudaTypedefs.h (scripts/cuda-abi-check.sh compiles it
-// against CUDA 12.8's and 13.0's, from NVIDIA's pip packages): every struct
+// against CUDA 12.8's and 13.0's, from NVIDIA's pip packages, and go-nvml's
+// copy of nvml.h): every struct
 // kvbm declares has cuda.h's size and field offsets, every constant its
 // value, and every function pointer of the dlsym table the type of the
 // PFN_ typedef of the symbol version it resolves. Compiling is the check.
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <nvml.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -121,5 +123,16 @@ typedef CUresult(CUDAAPI *kv_pfn_batch_v2)(CUdeviceptr *, CUdeviceptr *, size_t 
 	               #name " is not declared as its PFN_ typedef in cudaTypedefs.h");
 CU_REQUIRED_SYMBOLS(SAME_TYPE)
 CU_OPTIONAL_SYMBOLS(SAME_TYPE)
+
+// NVML: the functions as nvml.h declares them (its versioned names).
+SAME_SIZE(kv_nvmlMemory_t, nvmlMemory_t);
+SAME_FIELD(kv_nvmlMemory_t, nvmlMemory_t, total);
+SAME_FIELD(kv_nvmlMemory_t, nvmlMemory_t, free);
+SAME_FIELD(kv_nvmlMemory_t, nvmlMemory_t, used);
+#define SAME_NVML_TYPE(name, params)                                                            \
+	_Static_assert(__builtin_types_compatible_p(nvmlReturn_t(*) params, __typeof__(&name)),   \
+	               #name " is not declared as nvml.h declares it");
+NV_REQUIRED_SYMBOLS(SAME_NVML_TYPE)
+NV_OPTIONAL_SYMBOLS(SAME_NVML_TYPE)
 
 int main(void) { return 0; }
