@@ -20,8 +20,9 @@ from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 from .. import Event, Worker, _control
 from ..errors import AlreadyExistsError, KvbmError
 from .config import KvbmConfig, engine_worker_id
+from .groups import KvGroups
 from .kv_views import g1_layout, local_kv
-from .metadata import SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
+from .metadata import LOST, SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
 from .pd_wire import LABEL
 
 __all__ = ["KvbmWorker"]
@@ -85,11 +86,22 @@ class _Store:
 class KvbmWorker:
     def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
                  engine_id: str = "", tp_size: int = 1, dp_index: int = 0,
-                 kv_heads: int = 0, mla: bool = False) -> None:
+                 kv_heads: int = 0, mla: bool = False,
+                 groups: Optional[KvGroups] = None) -> None:
         """kv_heads: the model's KV heads over all ranks (0: unknown), mla:
         whether its KV is MLA's latent (replicated on every rank); with them a
-        decode maps heads from a prefill of another tensor-parallel size."""
+        decode maps heads from a prefill of another tensor-parallel size.
+        groups: the KV cache groups kept (None: one)."""
         self.config = config
+        self.groups = groups
+        # Several KV cache groups: a failed load is reported as its request's
+        # (failed_recving); vLLM refuses block ids with more than one group.
+        self.hybrid = groups is not None and groups.hybrid
+        self._failed_recving: Set[str] = set()
+        # Hybrid: each async load's keys by G1 block, and the keys loads
+        # did not find (sent to the scheduler as LOST events).
+        self._load_keys: Dict[str, Dict[int, bytes]] = {}
+        self._lost: List[bytes] = []
         self.kv_heads, self.mla = kv_heads, mla
         self._local: Optional[Any] = None  # kv_views.LocalKv, from register_kv_caches
         self.rank = rank
@@ -141,6 +153,13 @@ class KvbmWorker:
             self._pd_key()
         elif self.role == "kv_both":
             _control.refuse_unkeyed(LABEL, self._pd_hosts())
+        if self.groups is not None and self.groups.layer_names is not None:
+            # Only the kept groups' layers are G1 (groups.py); the others'
+            # views (Mamba state) may not be attention pages at all.
+            kv_caches = {n: t for n, t in kv_caches.items() if n in self.groups.layer_names}
+            if not kv_caches:
+                log.warning("kvbm: no KV cache group is kept: G1 is not registered")
+                return
         cfg, buffers, self._layer_index = g1_layout(kv_caches)
         self._local = local_kv(kv_caches, self._layer_index, self.rank, self.tp_size,
                                self.kv_heads, self.mla)
@@ -366,6 +385,8 @@ class KvbmWorker:
         for ld in md.loads:
             if ld.is_async:
                 self._started_at[ld.req_id] = (now, [])
+                if self.hybrid:
+                    self._load_keys[ld.req_id] = dict(zip(ld.block_ids, ld.keys))
                 self._async_loads[ld.req_id] = (self._onboard(ld.keys, ld.block_ids, None),
                                                 list(ld.block_ids))
             else:
@@ -513,7 +534,19 @@ class KvbmWorker:
                 self._pulled(req_id, failed)
         for req_id, (n, ids) in list(self._async_loads.items()):
             if n is None or n.done():
-                self._load_errors.update(self._finish(n))
+                failed = self._finish(n)
+                if self.hybrid:
+                    # n None: refused or never started, every block failed
+                    # (those ids are in _load_errors: they are its, not
+                    # the step's).
+                    keys = self._load_keys.pop(req_id, {})
+                    if n is None or failed:
+                        self._failed_recving.add(req_id)
+                        self._load_errors.difference_update(ids)
+                        self._lost.extend(keys[b] for b in (ids if n is None else failed)
+                                          if b in keys)
+                else:
+                    self._load_errors.update(failed)
                 del self._async_loads[req_id]
                 self._ended("load_seconds", req_id)
                 recving.add(req_id)
@@ -595,14 +628,20 @@ class KvbmWorker:
             st.add("failed_blocks", now.onboard_failed - was.onboard_failed, "load")
             st.add("failed_blocks", now.offload_failed - was.offload_failed, "store")
 
+    def take_failed_recving(self) -> Set[str]:
+        """The requests (of those get_finished reported received) whose
+        load failed, with several KV cache groups."""
+        failed, self._failed_recving = self._failed_recving, set()
+        return failed
+
     def get_block_ids_with_load_errors(self) -> Set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def build_worker_meta(self) -> Optional[KvbmWorkerMetadata]:
-        if self.worker is None:
+        lost, self._lost = self._lost, []
+        events = self.worker.cache.events() if self.worker is not None else []
+        if not events and not lost:
             return None
-        events = self.worker.cache.events()
-        if not events:
-            return None
-        return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events])
+        return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events] +
+                                  [(LOST, 0, k) for k in lost])
