@@ -20,6 +20,7 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noq
                                         KVCacheGroupSpec, MambaSpec, SlidingWindowSpec)
 
 from harness import BLOCK, HEAD, HEADS, MODEL  # noqa: E402
+from test_connector import _SlowStores  # noqa: E402
 from hybrid_harness import (LAYERS, NULL, WINDOW, HybridEngine, hybrid_platform,  # noqa: E402
                             key)
 from kvbmgo.vllm.config import KvbmConfig  # noqa: E402
@@ -132,8 +133,11 @@ def test_window_blocks_are_never_stored_or_loaded_stale():
     # A small G1, two long prompts prefilled two blocks a step: the window's
     # blocks vLLM frees behind each request go to the other at once, while
     # their stores may still be reading them.
+    # Stores read G1 as late as they may (_SlowStores: when waited for).
     e = HybridEngine({"g2_blocks": 128}, num_blocks=40, max_batched=64)
     try:
+        w = e.worker._worker
+        w.worker = _SlowStores(w.worker)
         seen = {}
         p1 = list(range(100, 100 + 10 * BLOCK + 1))
         p2 = list(range(3000, 3000 + 10 * BLOCK + 1))
@@ -142,20 +146,51 @@ def test_window_blocks_are_never_stored_or_loaded_stale():
         e.run(before_forward=lambda so: _check_ids(e, so, seen))
         # Some window block held two requests' (or two positions') KV.
         assert any(len(v) > 1 for v in seen.values()), seen
+        for st in w._stores:  # the copies still in flight land now
+            st.n.wait()
         e.settle()
         assert e.sched.reset_prefix_cache()
         e.raw.zero_()
-        # Both come back right, byte for byte, checked before each forward
-        # (the forward also writes a block junk when one before it is wrong).
+        # Every prefix of both comes back right, byte for byte, checked
+        # before each forward: a prefix of n blocks loads the window's
+        # blocks n-2 and n-1, so every window block stored is loaded once.
         e.verify = True
-        b1 = e.add("B1", p1[:10 * BLOCK] + [5])
-        b2 = e.add("B2", p2[:10 * BLOCK] + [5])
-        e.run(before_forward=lambda so: _check_ids(e, so))
+        reqs = []
+        for n in range(2, 11):
+            for name, p in (("A", p1), ("C", p2)):
+                reqs.append(e.add(f"{name}{n}", p[:n * BLOCK] + [5]))
+                e.run(before_forward=lambda so: _check_ids(e, so))
+                assert e.sched.reset_prefix_cache()
+                e.raw.zero_()
         st = e.worker._worker.worker.cache.stats()
-        assert st.onboarded >= 2 * (10 + 2), st
+        assert st.onboarded == 2 * sum(n + 2 for n in range(2, 11)), st
         assert not any(o.failed_recving or o.invalid_block_ids for o in e.outputs)
-        for r in (b1, b2):
+        for r in reqs:
             assert e.finished[r.request_id].finish_reason.name == "LENGTH"
+    finally:
+        e.close()
+
+
+def test_a_hit_ends_where_a_window_block_is_missing():
+    # A's six blocks are cached in both groups, but the window's block 4 is
+    # gone (evicted: its REMOVED event): a hit of six blocks would need it
+    # (vLLM keeps the window's blocks 4 and 5 at 96 tokens), so the hit is
+    # four blocks, whose window (blocks 2 and 3) is there.
+    e = HybridEngine({"g2_blocks": 64}, max_batched=32)
+    try:
+        prompt = list(range(11, 11 + 6 * BLOCK + 3))
+        _cached(e, prompt)
+        b = e.add("B", prompt)
+        e.connector._scheduler.apply_events([(2, 2, key(b.block_hashes[4], 1))])
+        e.verify = True
+        steps = []
+        e.run(before_forward=steps.append)
+        loads = [ld for so in steps for ld in so.kv_connector_metadata.loads]
+        assert len(loads) == 1
+        assert loads[0].keys == [key(b.block_hashes[j], g) for j in range(4) for g in range(2)
+                                 if g == 0 or j >= 2]
+        assert not any(o.failed_recving or o.invalid_block_ids for o in e.outputs)
+        assert e.finished["B"].finish_reason.name == "LENGTH"
     finally:
         e.close()
 
