@@ -232,6 +232,8 @@ class KvbmScheduler:
         hashes = st.request.block_hashes
         keys: List[bytes] = []
         ids: List[int] = []
+        if groups.inert is not None:
+            return keys, ids
         for i in range(st.next_store, full):
             h = groups.block_hash(hashes, i)
             parent = groups.block_hash(hashes, i - 1) if i > 0 else None

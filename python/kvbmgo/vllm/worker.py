@@ -153,13 +153,16 @@ class KvbmWorker:
             self._pd_key()
         elif self.role == "kv_both":
             _control.refuse_unkeyed(LABEL, self._pd_hosts())
+        if self.groups is not None and self.groups.inert is not None:
+            # Nothing is kept (groups.py says why, once): no G1, no tiers;
+            # the worker's calls then do nothing. Its views (Mamba state,
+            # kernel-block attention) are not registered, so they cannot
+            # fail the engine's start.
+            log.info("kvbm: G1 is not registered: %s", self.groups.inert)
+            return
         if self.groups is not None and self.groups.layer_names is not None:
-            # Only the kept groups' layers are G1 (groups.py); the others'
-            # views (Mamba state) may not be attention pages at all.
+            # Only the kept groups' layers are G1 (groups.py).
             kv_caches = {n: t for n, t in kv_caches.items() if n in self.groups.layer_names}
-            if not kv_caches:
-                log.warning("kvbm: no KV cache group is kept: G1 is not registered")
-                return
         cfg, buffers, self._layer_index = g1_layout(kv_caches)
         self._local = local_kv(kv_caches, self._layer_index, self.rank, self.tp_size,
                                self.kv_heads, self.mla)

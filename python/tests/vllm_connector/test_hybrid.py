@@ -25,6 +25,7 @@ from hybrid_harness import (LAYERS, NULL, WINDOW, HybridEngine, hybrid_platform,
                             key)
 from kvbmgo.vllm.config import KvbmConfig  # noqa: E402
 from kvbmgo.vllm.groups import KvGroups  # noqa: E402
+from kvbmgo.vllm.metadata import BlockStore, KvbmConnectorMetadata  # noqa: E402
 from kvbmgo.vllm.scheduler import KvbmScheduler  # noqa: E402
 from kvbmgo.vllm.worker import KvbmWorker  # noqa: E402
 
@@ -275,17 +276,51 @@ def test_a_mamba_group_is_excluded_honestly(caplog):
     hashes = [bytes([j]) * 32 for j in range(4)]
     s.apply_events([(1, 2, groups.key(h, g)) for h in hashes for g in groups.kept])
     assert s.get_num_new_matched_tokens(_Request(hashes, 4 * BLOCK + 1), 0) == (0, False)
-    # The worker registers the attention layers alone (a Mamba view is no
-    # attention page), and loads and stores nothing else.
+    # The worker registers nothing (a Mamba view is no attention page: it
+    # cannot fail the engine's start), and its calls do nothing.
     w = KvbmWorker(KvbmConfig(g2_blocks=4), groups=groups, engine_id="mamba-test")
     try:
         views = {LAYERS[0]: torch.zeros(16, HEADS, BLOCK, 2 * HEAD, dtype=torch.float16),
                  LAYERS[1]: torch.zeros(16, HEADS, BLOCK, 2 * HEAD, dtype=torch.float16),
                  "model.layers.4.mixer": torch.zeros(16, 1, 1, 1000, dtype=torch.int8)}
         w.register_kv_caches(views)
-        assert set(w._layer_index) == {LAYERS[0], LAYERS[1]}
+        assert w.worker is None
+        md = KvbmConnectorMetadata(stores=[BlockStore("R", [b"k" * 32], [3])], allocated=[3])
+        w.bind()
+        w.handle_preemptions(md)
+        w.start_load_kv(md)
+        w.wait_for_save(md)
+        assert w.get_finished() == (None, None) and w.build_worker_meta() is None
     finally:
         w.shutdown()
+
+
+def test_a_mamba_hybrid_keeps_hma_on_and_nothing_in_kvbm():
+    # vLLM's real scheduler with a Mamba group (align mode, as prefix
+    # caching needs) beside the two attention groups: HMA stays on, requests
+    # run, and the connector neither stores nor claims anything.
+    page = HEADS * BLOCK * 2 * HEAD * 2
+    mamba = MambaSpec(block_size=BLOCK, shapes=((page,),), dtypes=(torch.int8,),
+                      mamba_cache_mode="align")
+    e = HybridEngine({"g2_blocks": 64}, max_batched=32,
+                     extra_groups=[KVCacheGroupSpec(["model.layers.4.mixer"], mamba)])
+    try:
+        assert e.vc.scheduler_config.disable_hybrid_kv_cache_manager is False
+        assert len(e.sched.kv_cache_manager.kv_cache_config.kv_cache_groups) == 3
+        assert "KV cache group 2 (MambaSpec" in e.connector.groups.inert
+        prompt = list(range(11, 11 + 6 * BLOCK + 3))
+        steps = []
+        e.add("A", prompt)
+        e.run(before_forward=steps.append)
+        assert e.sched.reset_prefix_cache()
+        e.add("B", prompt)
+        e.run(before_forward=steps.append)
+        assert not any(so.kv_connector_metadata.loads or so.kv_connector_metadata.stores
+                       for so in steps)
+        assert {r: o.finish_reason.name for r, o in e.finished.items()} == \
+            {"A": "LENGTH", "B": "LENGTH"}
+    finally:
+        e.close()
 
 
 def test_one_group_keeps_vllm_block_hashes_as_keys():
