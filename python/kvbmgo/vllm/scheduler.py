@@ -80,6 +80,12 @@ def _flat_ids(ids: Any) -> List[int]:
     return [int(b) for b in ids]
 
 
+def _known(event: type, fields: dict) -> dict:
+    """fields that vLLM's event class has (older ones lack the group's)."""
+    have = getattr(event, "__struct_fields__", ())
+    return {k: v for k, v in fields.items() if k in have}
+
+
 class KvbmScheduler:
     def __init__(self, config: KvbmConfig, block_size: int, *, role: str = "kv_both",
                  engine_id: str = "", tp_size: int = 1, dp_index: int = 0,
@@ -90,7 +96,6 @@ class KvbmScheduler:
         # Several KV cache groups: vLLM accepts no per-block load failure
         # (invalid_block_ids), only a failed request (failed_recving), which
         # it acts on for an async load alone: every load is async.
-        self.async_load = config.async_load or self.groups.hybrid
         if self.groups.hybrid:
             self.groups.warn_inert()
             if not config.async_load and self.groups.inert is None:
@@ -508,7 +513,8 @@ class KvbmScheduler:
                 if hybrid:
                     raw, group = self.groups.split(key)
                     self._events.append(BlockRemoved(block_hashes=[raw], medium=medium,
-                                                     group_idx=group))
+                                                     **_known(BlockRemoved,
+                                                              {"group_idx": group})))
                     continue
                 self._events.append(BlockRemoved(block_hashes=[key], medium=medium))
 
@@ -520,7 +526,8 @@ class KvbmScheduler:
                            parent_block_hash=None if parent is None else
                            self.groups.split(parent)[0],
                            token_ids=tokens, block_size=self.block_size, lora_id=None,
-                           medium=medium, lora_name=None, **self.groups.event_fields(group))
+                           medium=medium, lora_name=None,
+                           **_known(BlockStored, self.groups.event_fields(group)))
 
     def reset_cache(self) -> bool:
         """vLLM's reset of the connector's cache: the index forgets every

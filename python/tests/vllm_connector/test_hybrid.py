@@ -172,6 +172,36 @@ def test_window_blocks_are_never_stored_or_loaded_stale():
         e.close()
 
 
+def test_events_name_each_groups_block_with_vllms_hash():
+    from vllm.distributed.kv_events import BlockStored
+    e = HybridEngine({"g2_blocks": 64}, max_batched=16, serial=True)
+    try:
+        batches = []
+
+        class Spy:
+            def publish(self, batch):
+                batches.append(batch)
+
+            def shutdown(self):
+                pass
+        e.sched.kv_event_publisher = Spy()
+        a = e.add("A", list(range(400, 400 + 3 * BLOCK + 1)))
+        e.run()
+        e.settle()
+        stored = [ev for bt in batches for ev in bt.events
+                  if isinstance(ev, BlockStored) and ev.medium == "CPU"]
+        got = {(bytes(ev.block_hashes[0]), ev.group_idx) for ev in stored}
+        assert got == {(bytes(a.block_hashes[j]), g) for j in range(3) for g in range(2)}
+        for ev in stored:
+            assert ev.kv_cache_spec_sliding_window == (WINDOW if ev.group_idx == 1 else None)
+            assert ev.kv_cache_spec_kind is not None
+            j = [bytes(h) for h in a.block_hashes].index(bytes(ev.block_hashes[0]))
+            assert list(ev.token_ids) == list(range(400 + j * BLOCK, 400 + (j + 1) * BLOCK))
+            assert ev.parent_block_hash == (bytes(a.block_hashes[j - 1]) if j else None)
+    finally:
+        e.close()
+
+
 def test_a_hit_ends_where_a_window_block_is_missing():
     # A's six blocks are cached in both groups, but the window's block 4 is
     # gone (evicted: its REMOVED event): a hit of six blocks would need it
