@@ -120,6 +120,8 @@ class KvGroups:
     inert: Optional[str] = None
     #: The layers of the kept groups (None: every layer), for G1.
     layer_names: Optional[FrozenSet[str]] = None
+    #: (group index, its kind, its layers) of every kept group, for messages.
+    layout: Tuple[Tuple[int, str, Tuple[str, ...]], ...] = ()
 
     @property
     def hybrid(self) -> bool:
@@ -163,7 +165,18 @@ class KvGroups:
                      f"groups of one block size")
         elif bs % hbs:
             inert = f"the block hashes cover {hbs} tokens, which does not divide {bs}"
-        return cls(tuple(kept), len(groups), bs, max(1, bs // hbs), inert, layers)
+        layout = tuple((g.index, g.kind, tuple(groups[g.index].layer_names)) for g in kept)
+        return cls(tuple(kept), len(groups), bs, max(1, bs // hbs), inert, layers, layout)
+
+    def shapes(self, views: Any) -> str:
+        """Each kept group's KV view shape and dtype (its first layer's),
+        for a G1 that cannot be registered."""
+        out = []
+        for index, kind, names in self.layout:
+            v = views.get(names[0]) if names else None
+            what = "no view" if v is None else f"{tuple(v.shape)} {v.dtype}"
+            out.append(f"group {index} ({kind}, {len(names)} layers): {what}")
+        return "; ".join(out)
 
     def warn_inert(self) -> None:
         """Says once, naming the group, why the connector keeps nothing."""

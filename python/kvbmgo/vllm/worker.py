@@ -163,7 +163,16 @@ class KvbmWorker:
         if self.groups is not None and self.groups.layer_names is not None:
             # Only the kept groups' layers are G1 (groups.py).
             kv_caches = {n: t for n, t in kv_caches.items() if n in self.groups.layer_names}
-        cfg, buffers, self._layer_index = g1_layout(kv_caches)
+        try:
+            cfg, buffers, self._layer_index = g1_layout(kv_caches)
+        except ValueError as e:
+            if not self.hybrid:
+                raise
+            # kvbm registers G1 once over the groups' aliasing pages: their
+            # views must be alike (groups.py).
+            raise ValueError(f"{e}. This hybrid model's KV cache groups: "
+                             f"{self.groups.shapes(kv_caches)}; kvbm keeps groups whose "
+                             f"KV views have one shape") from None
         self._local = local_kv(kv_caches, self._layer_index, self.rank, self.tp_size,
                                self.kv_heads, self.mla)
         self._block_bytes, self._block_tokens = cfg.block_bytes, cfg.page_size

@@ -73,9 +73,11 @@ class HybridEngine(Engine):
     """Engine over a full-attention + sliding-window model's KV cache."""
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
-                 max_batched=64, serial=False, pipelined=False, extra_groups=()):
+                 max_batched=64, serial=False, pipelined=False, extra_groups=(),
+                 window_heads=HEADS):
         """extra_groups: more KVCacheGroupSpecs after the two (their layers
-        get no tensor: the connector must not need them)."""
+        get no tensor: the connector must not need them). window_heads: the
+        window group's KV heads (its head size keeps its page's bytes)."""
         self.serial = serial
         self.verify = False
         self.pipelined = pipelined
@@ -94,7 +96,8 @@ class HybridEngine(Engine):
                                       kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
         full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
                                  dtype=torch.float16)
-        window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
+        window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=window_heads,
+                                   head_size=HEAD * HEADS // window_heads,
                                    dtype=torch.float16, sliding_window=WINDOW)
         self.specs = [full, window]
         lay = KVCacheLayout[layout]
@@ -135,15 +138,19 @@ class HybridEngine(Engine):
         return self.tables(req_id)[0]
 
     def read(self, block_id, layer):
-        return self.views[LAYERS[layer]][block_id].view(torch.int16).clone()
+        """A block of a layer as flat int16, in its view's order (the
+        groups' views may differ in shape, not in bytes)."""
+        return self.views[LAYERS[layer]][block_id].view(torch.int16).reshape(-1).clone()
 
     def write(self, block_id, layer, data):
-        self.views[LAYERS[layer]][block_id].view(torch.int16).copy_(data)
+        v = self.views[LAYERS[layer]][block_id].view(torch.int16)
+        v.copy_(data.reshape(v.shape))
 
     def holds(self, r, tables, b, group):
         """Block b of request r holds its KV in group's layers (its G1 block
         there is tables[group][b])."""
-        return all(torch.equal(self.read(tables[group][b], layer), pattern(r.block_hashes[b], layer))
+        return all(torch.equal(self.read(tables[group][b], layer),
+                               pattern(r.block_hashes[b], layer).reshape(-1))
                    for layer in GROUP_LAYERS[group])
 
     def check_computed(self, so):

@@ -271,6 +271,56 @@ def test_a_lost_block_fails_its_request_through_failed_recving(policy):
         e.close()
 
 
+def test_groups_whose_views_differ_in_shape_share_their_pages():
+    # The window group has 1 KV head of 32 where the full one has 2 of 16:
+    # the same bytes per page, and vLLM lays both groups over the same
+    # pages. kvbm registers the pages once; each group's bytes come back.
+    e = HybridEngine({"g2_blocks": 64}, max_batched=32, window_heads=1)
+    try:
+        assert tuple(e.views[LAYERS[1]].shape) != tuple(e.views[LAYERS[0]].shape)
+        prompt = list(range(11, 11 + 6 * BLOCK + 3))
+        _cached(e, prompt)
+        e.verify = True
+        e.add("B", prompt)
+        e.run()
+        assert e.worker._worker.worker.cache.stats().onboarded == 6 + 2
+        assert not any(o.failed_recving or o.invalid_block_ids for o in e.outputs)
+    finally:
+        e.close()
+
+
+def test_a_group_whose_blocks_do_not_line_up_fails_at_start_naming_the_groups():
+    # A layer over another's memory whose blocks are laid out otherwise
+    # (here: twice the block stride) is not covered by that one's
+    # registration: refused when the KV caches are registered, naming the
+    # groups' shapes.
+    groups = KvGroups.from_config(_two_groups_config(), BLOCK)
+    raw = torch.zeros(16 * 2 * HEADS * BLOCK * 2 * HEAD, dtype=torch.float16)
+    full = raw[:16 * HEADS * BLOCK * 2 * HEAD].view(16, HEADS, BLOCK, 2 * HEAD)
+    odd = raw.view(16, 2, HEADS, BLOCK, 2 * HEAD)[:, 0]
+    w = KvbmWorker(KvbmConfig(g2_blocks=4), groups=groups, engine_id="alias-test")
+    try:
+        with pytest.raises(ValueError) as err:
+            w.register_kv_caches({LAYERS[0]: full, LAYERS[1]: odd})
+        msg = str(err.value)
+        assert f"layer {LAYERS[1]}" in msg and "shares the memory of layer" in msg, msg
+        assert "group 0 (full, 1 layers): (16, 2, 16, 32)" in msg, msg
+        assert "group 1 (window, 1 layers): (16, 2, 16, 32)" in msg, msg
+    finally:
+        w.shutdown()
+
+
+def _two_groups_config():
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
+                             dtype=torch.float16)
+    window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
+                               dtype=torch.float16, sliding_window=WINDOW)
+    return KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec([LAYERS[0]], full),
+                                          KVCacheGroupSpec([LAYERS[1]], window)],
+                         hash_block_size=BLOCK)
+
+
 def _mamba_config(num_blocks=16):
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
                              dtype=torch.float16)
