@@ -226,6 +226,39 @@ def test_a_hit_ends_where_a_window_block_is_missing():
         e.close()
 
 
+def test_preempted_requests_resume_from_the_cache():
+    # Too few GPU blocks for two requests growing in both groups: one is
+    # preempted, its blocks freed (vLLM 0.34 sends it back whole among the
+    # new requests, 0.33 among the cached ones with its whole tables), and it
+    # resumes by loading what it had offloaded. Every kept block is checked
+    # before every forward; every block stored or loaded is the request's.
+    e = HybridEngine({"g2_blocks": 64}, num_blocks=11, serial=True)
+    e.verify = True
+    try:
+        preempted = []
+
+        def look(so):
+            _check_ids(e, so)
+        orig = e.step
+
+        def step(before_forward=None):
+            so, kvo = orig(before_forward)
+            preempted.extend(so.preempted_req_ids or ())
+            return so, kvo
+        e.step = step
+        e.add("A", list(range(900, 900 + 2 * BLOCK - 1)), max_tokens=2 * BLOCK)
+        e.add("B", list(range(950, 950 + 2 * BLOCK - 1)), max_tokens=2 * BLOCK)
+        e.run(before_forward=look)
+        assert preempted, "a request was preempted"
+        st = e.worker._worker.worker.cache.stats()
+        assert st.onboarded >= 1, st
+        assert not any(o.failed_recving or o.invalid_block_ids for o in e.outputs)
+        assert {r: o.finish_reason.name for r, o in e.finished.items()} == \
+            {"A": "LENGTH", "B": "LENGTH"}
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 def test_a_lost_block_fails_its_request_through_failed_recving(policy):
     e = HybridEngine({"g2_blocks": 64}, policy=policy, max_batched=128)
