@@ -102,6 +102,7 @@ class KvbmScheduler:
                 log.info("kvbm: %d KV cache groups: loads are async (load_mode 'sync' is for "
                          "models with one group)", self.groups.num_groups)
         self._warned_pd = False
+        self._kept_ids = frozenset(g.index for g in self.groups.kept)
         # P/D: which kv_transfer_params this instance acts on.
         self.producer = role in ("kv_producer", "kv_both")
         self.consumer = role in ("kv_consumer", "kv_both")
@@ -258,7 +259,7 @@ class KvbmScheduler:
         """Adds the G1 blocks of tables (one per KV cache group) a step may
         write: a kept group's after hit (hit blocks are read), another
         group's all of them; never the null block."""
-        kept = {g.index for g in self.groups.kept}
+        kept = self._kept_ids
         for i, table in enumerate(tables):
             out.extend(b for b in (table[hit:] if i in kept else table) if b != NULL_BLOCK)
 
