@@ -354,6 +354,29 @@ def _two_groups_config():
                          hash_block_size=BLOCK)
 
 
+def test_pd_with_several_groups_is_refused_and_computed_here(caplog):
+    # P/D with several groups is not built yet: a decode request asking for
+    # a remote prefill is computed here, a prefill request holds nothing and
+    # returns no kv_transfer_params; said once.
+    e = HybridEngine({"g2_blocks": 16})
+    try:
+        remote = dict(do_remote_prefill=True, remote_engine_id="p", remote_request_id="x",
+                      remote_host="127.0.0.1", remote_port=1, remote_block_ids=([1], [2]))
+        with caplog.at_level(logging.WARNING, logger="kvbmgo"):
+            e.add("D", list(range(10, 10 + 2 * BLOCK + 1)), kv_transfer_params=remote)
+            e.add("P", list(range(70, 70 + 2 * BLOCK + 1)),
+                  kv_transfer_params=dict(do_remote_decode=True))
+            e.run()
+        assert {r: o.finish_reason.name for r, o in e.finished.items()} == \
+            {"D": "LENGTH", "P": "LENGTH"}
+        assert e.finished["P"].kv_transfer_params is None
+        assert not e.sched.requests  # nothing held for a decode
+        said = [r for r in caplog.records if "prefill->decode is not supported" in r.getMessage()]
+        assert len(said) == 1
+    finally:
+        e.close()
+
+
 def _mamba_config(num_blocks=16):
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
                              dtype=torch.float16)
