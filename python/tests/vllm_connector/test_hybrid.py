@@ -130,6 +130,29 @@ def test_a_shared_prefix_comes_back_byte_for_byte_in_each_group(layout):
         e.close()
 
 
+def test_a_load_continues_vllms_own_prefix_hit():
+    # vLLM's GPU prefix cache holds A's first two blocks in both groups (X
+    # loaded them), kvbm all six: B's load starts after the GPU's hit and
+    # fills the full group's blocks 2-5 and the window's 4 and 5.
+    e = HybridEngine({"g2_blocks": 64}, max_batched=32)
+    try:
+        prompt = list(range(11, 11 + 6 * BLOCK + 3))
+        _cached(e, prompt)
+        e.add("X", prompt[:2 * BLOCK] + [3])
+        e.run()
+        e.verify = True
+        b = e.add("B", prompt)
+        steps = []
+        e.run(before_forward=lambda so: (_check_ids(e, so), steps.append(so)))
+        loads = [ld for so in steps for ld in so.kv_connector_metadata.loads]
+        assert len(loads) == 1
+        assert loads[0].keys == [key(b.block_hashes[j], g) for j in range(2, 6) for g in range(2)
+                                 if g == 0 or j >= 4]
+        assert e.sched.requests == {} and e.finished["B"].finish_reason.name == "LENGTH"
+    finally:
+        e.close()
+
+
 def test_window_blocks_are_never_stored_or_loaded_stale():
     # A small G1, two long prompts prefilled two blocks a step: the window's
     # blocks vLLM frees behind each request go to the other at once, while
