@@ -19,6 +19,8 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.forward_context import ForwardContext  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
@@ -74,10 +76,14 @@ class HybridEngine(Engine):
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
                  max_batched=64, serial=False, pipelined=False, extra_groups=(),
-                 window_heads=HEADS):
+                 window_heads=HEADS, hash_block=BLOCK):
         """extra_groups: more KVCacheGroupSpecs after the two (their layers
         get no tensor: the connector must not need them). window_heads: the
-        window group's KV heads (its head size keeps its page's bytes)."""
+        window group's KV heads (its head size keeps its page's bytes).
+        hash_block: tokens per request block hash (vLLM's hash_block_size,
+        prefix_match_unit: it divides BLOCK)."""
+        self.hasher = get_request_block_hasher(hash_block, sha256)
+        self.per_block = BLOCK // hash_block
         self.serial = serial
         self.verify = False
         self.pipelined = pipelined
@@ -111,7 +117,7 @@ class HybridEngine(Engine):
             groups.append(KVCacheGroupSpec(names, spec))
         self.kvc = kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
                                        kv_cache_groups=groups + list(extra_groups),
-                                       hash_block_size=BLOCK)
+                                       hash_block_size=hash_block)
         vc.cache_config.num_gpu_blocks = num_blocks
         self.raw = torch.zeros(size, dtype=torch.int8)
         self.views = {}
@@ -121,7 +127,7 @@ class HybridEngine(Engine):
         sched_cls = AsyncScheduler if pipelined else Scheduler
         self.sched = sched_cls(vllm_config=vc, kv_cache_config=kvc, log_stats=True,
                                structured_output_manager=StructuredOutputManager(vc),
-                               block_size=BLOCK, hash_block_size=BLOCK)
+                               block_size=BLOCK, hash_block_size=hash_block)
         self.worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kvc)
         self.worker.register_kv_caches(self.views)
         self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
@@ -146,11 +152,18 @@ class HybridEngine(Engine):
         v = self.views[LAYERS[layer]][block_id].view(torch.int16)
         v.copy_(data.reshape(v.shape))
 
+    def bh(self, r, b):
+        """The hash of request r's block b (its last hash block's)."""
+        return r.block_hashes[(b + 1) * self.per_block - 1]
+
+    def full_blocks(self, r):
+        return len(r.block_hashes) // self.per_block
+
     def holds(self, r, tables, b, group):
         """Block b of request r holds its KV in group's layers (its G1 block
         there is tables[group][b])."""
         return all(torch.equal(self.read(tables[group][b], layer),
-                               pattern(r.block_hashes[b], layer).reshape(-1))
+                               pattern(self.bh(r, b), layer).reshape(-1))
                    for layer in GROUP_LAYERS[group])
 
     def check_computed(self, so):
@@ -172,14 +185,14 @@ class HybridEngine(Engine):
             r = self.sched.requests[req_id]
             tables = self.tables(req_id)
             right = all(self.holds(r, tables, b, g) for g in range(2)
-                        for b in range(min(start // BLOCK, len(r.block_hashes)))
+                        for b in range(min(start // BLOCK, self.full_blocks(r)))
                         if tables[g][b] != NULL)
             for b in range(start // BLOCK, (end - 1) // BLOCK + 1):
                 for g in range(2):
                     assert tables[g][b] != NULL, f"{req_id}: computing block {b} into null"
                     for layer in GROUP_LAYERS[g]:
-                        if right and b < len(r.block_hashes) and (b + 1) * BLOCK <= end:
-                            self.write(tables[g][b], layer, pattern(r.block_hashes[b], layer))
+                        if right and b < self.full_blocks(r) and (b + 1) * BLOCK <= end:
+                            self.write(tables[g][b], layer, pattern(self.bh(r, b), layer))
                         else:
                             self.write(tables[g][b], layer,
                                        torch.full((HEADS, BLOCK, 2 * HEAD), -7,

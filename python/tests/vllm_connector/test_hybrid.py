@@ -153,6 +153,27 @@ def test_a_load_continues_vllms_own_prefix_hit():
         e.close()
 
 
+def test_block_hashes_finer_than_blocks():
+    # vLLM's hashes at 8 tokens (hash_block_size, prefix_match_unit) under
+    # 16-token blocks: a block's key is its last hash's.
+    e = HybridEngine({"g2_blocks": 64}, max_batched=32, hash_block=BLOCK // 2)
+    try:
+        prompt = list(range(11, 11 + 6 * BLOCK + 3))
+        _cached(e, prompt)
+        e.verify = True
+        b = e.add("B", prompt)
+        assert len(b.block_hashes) == 2 * 6
+        steps = []
+        e.run(before_forward=steps.append)
+        loads = [ld for so in steps for ld in so.kv_connector_metadata.loads]
+        assert len(loads) == 1
+        assert loads[0].keys == [key(e.bh(b, j), g) for j in range(6) for g in range(2)
+                                 if g == 0 or j >= 4]
+        assert e.finished["B"].finish_reason.name == "LENGTH"
+    finally:
+        e.close()
+
+
 def test_window_blocks_are_never_stored_or_loaded_stale():
     # A small G1, two long prompts prefilled two blocks a step: the window's
     # blocks vLLM frees behind each request go to the other at once, while
