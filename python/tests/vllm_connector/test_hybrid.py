@@ -19,7 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma  # no
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
                                         KVCacheGroupSpec, MambaSpec, SlidingWindowSpec)
 
-from harness import BLOCK, HEAD, HEADS, MODEL  # noqa: E402
+from harness import BLOCK, HEAD, HEADS, MODEL, Engine  # noqa: E402
 from test_connector import _SlowStores  # noqa: E402
 from hybrid_harness import (LAYERS, NULL, WINDOW, HybridEngine, hybrid_platform,  # noqa: E402
                             key)
@@ -503,14 +503,29 @@ def test_a_mamba_hybrid_keeps_hma_on_and_nothing_in_kvbm():
         e.close()
 
 
-def test_one_group_keeps_vllm_block_hashes_as_keys():
+def test_one_group_with_hma_on_is_as_before():
     # With HMA on and one group (a model without hybrid layers) nothing
-    # changes: keys are vLLM's block hashes, request_finished_all_groups is
-    # request_finished.
+    # changes: keys are vLLM's block hashes, loads are sync (load_mode's
+    # default), request_finished_all_groups is request_finished.
     groups = KvGroups.from_config(_one_group_config(), BLOCK)
     assert not groups.hybrid and groups.layer_names is None
     h = bytes(range(32))
     assert groups.key(h, groups.kept[0]) == h
+    with hybrid_platform():
+        e = Engine({"g2_blocks": 16})
+    try:
+        assert e.vc.scheduler_config.disable_hybrid_kv_cache_manager is False
+        prompt = list(range(11, 11 + 3 * BLOCK + 1))
+        _cached(e, prompt)
+        e.verify = True
+        b = e.add("B", prompt)
+        steps = []
+        e.run(before_forward=steps.append)
+        loads = [ld for so in steps for ld in so.kv_connector_metadata.loads]
+        assert len(loads) == 1 and not loads[0].is_async
+        assert loads[0].keys == [bytes(h) for h in b.block_hashes[:3]]
+    finally:
+        e.close()
 
 
 def _one_group_config():
