@@ -168,11 +168,12 @@ class KvbmWorker:
         except ValueError as e:
             if not self.hybrid:
                 raise
-            # kvbm registers G1 once over the groups' aliasing pages: their
-            # views must be alike (groups.py).
+            # kvbm registers G1 once over the groups' shared pages
+            # (groups.py): a layer over another's must keep its blocks where
+            # that one does.
             raise ValueError(f"{e}. This hybrid model's KV cache groups: "
-                             f"{self.groups.shapes(kv_caches)}; kvbm keeps groups whose "
-                             f"KV views have one shape") from None
+                             f"{self.groups.shapes(kv_caches)}; kvbm registers their shared "
+                             f"pages once, so their blocks must lie alike") from None
         self._local = local_kv(kv_caches, self._layer_index, self.rank, self.tp_size,
                                self.kv_heads, self.mla)
         self._block_bytes, self._block_tokens = cfg.block_bytes, cfg.page_size
