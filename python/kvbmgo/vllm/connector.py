@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorMetadata,
-                                                               KVConnectorRole)
+                                                               KVConnectorRole, SupportsHMA)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from . import SUPPORTED_VLLM
 from .config import KvbmConfig, g1_access
+from .groups import KvGroups
 from .metadata import KvbmConnectorMetadata
 
 if TYPE_CHECKING:
@@ -61,12 +62,17 @@ def _kv_heads(vllm_config: Any) -> "tuple[int, bool]":
         return 0, False
 
 
-class KvbmConnector(KVConnectorBase_V1):
+class KvbmConnector(KVConnectorBase_V1, SupportsHMA):
     """kvbm's prefix cache (G2 pinned host memory, G3 disk, G4 object store)
     under vLLM's KV cache, and disaggregated prefill->decode: a
     ``kv_producer`` (or ``kv_both``) instance holds a finished prefill
     request's blocks for a ``kv_consumer`` (or ``kv_both``) instance, which
-    pulls them, with NixlConnector's kv_transfer_params."""
+    pulls them, with NixlConnector's kv_transfer_params.
+
+    SupportsHMA: vLLM keeps its hybrid KV cache manager on. A model with
+    full-attention and sliding-window groups is cached per group
+    (groups.py); one with a group kvbm cannot keep yet (Mamba / linear
+    attention) runs with nothing cached, saying so once; P/D needs one group."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -78,6 +84,7 @@ class KvbmConnector(KVConnectorBase_V1):
             raise ValueError(f"KvbmConnector: kv_role {kt.kv_role!r}; expected 'kv_both', "
                              f"'kv_producer' or 'kv_consumer'")
         self.config = KvbmConfig.from_extra(kt.kv_connector_extra_config)
+        self.groups = KvGroups.from_config(kv_cache_config, vllm_config.cache_config.block_size)
         pc = vllm_config.parallel_config
         tp = int(pc.tensor_parallel_size)
         engine_id = str(kt.engine_id)
@@ -87,13 +94,14 @@ class KvbmConnector(KVConnectorBase_V1):
             from .scheduler import KvbmScheduler
             self._scheduler = KvbmScheduler(self.config, vllm_config.cache_config.block_size,
                                             role=kt.kv_role, engine_id=engine_id, tp_size=tp,
-                                            dp_index=_dp_index(pc))
+                                            dp_index=_dp_index(pc), groups=self.groups)
         else:
             from .worker import KvbmWorker
             heads, mla = _kv_heads(vllm_config)
             self._worker = KvbmWorker(self.config, rank=_rank(), role=kt.kv_role,
                                       engine_id=engine_id, tp_size=tp,
-                                      dp_index=_dp_index(pc), kv_heads=heads, mla=mla)
+                                      dp_index=_dp_index(pc), kv_heads=heads, mla=mla,
+                                      groups=self.groups)
 
     # ---- scheduler side
 
@@ -111,6 +119,17 @@ class KvbmConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any, block_ids: "list[int]"
                          ) -> "tuple[bool, dict[str, Any] | None]":
         return self._scheduler.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: "tuple[list[int], ...]"
+                                    ) -> "tuple[bool, dict[str, Any] | None]":
+        return self._scheduler.request_finished_all_groups(request, block_ids)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> "tuple[int, ...]":
+        """The groups a load fills: every kept group's blocks of the hit
+        (a sliding window's within the window). With one group, vLLM's default."""
+        if not self.groups.hybrid:
+            return super().get_loaded_kv_cache_group_ids(request)
+        return tuple(g.index for g in self.groups.kept)
 
     def update_connector_output(self, connector_output: Any) -> None:
         self._scheduler.update_connector_output(connector_output)
@@ -189,6 +208,16 @@ class KvbmConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: "set[str]"
                      ) -> "tuple[set[str] | None, set[str] | None]":
         return self._worker.get_finished()
+
+    def get_transfer_results(self, finished_req_ids: "set[str]") -> Any:
+        """get_finished, and with several KV cache groups the loads that
+        failed, by request (vLLM takes no block ids then)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import \
+            KVConnectorTransferResults
+        sending, recving = self._worker.get_finished()
+        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+                                          finished_recving=set(recving or ()),
+                                          failed_recving=self._worker.take_failed_recving())
 
     def get_block_ids_with_load_errors(self) -> "set[int]":
         return self._worker.get_block_ids_with_load_errors()

@@ -38,6 +38,10 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     for name in names:
         first_of.setdefault(int(kv_caches[name].data_ptr()), name)
     views = [kv_caches[n] for n in first_of.values()]
+    for name in names:
+        first = first_of[int(kv_caches[name].data_ptr())]
+        if name != first:
+            _check_alias(name, kv_caches[name], first, kv_caches[first])
     shape = tuple(int(d) for d in views[0].shape)
     if len(shape) != 4:
         raise ValueError(f"register_kv_caches: a KV view of shape {shape}; expected "
@@ -85,6 +89,25 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     for name in names:  # the layers sharing another's cache
         index.setdefault(name, index[first_of[int(kv_caches[name].data_ptr())]])
     return cfg, buffers, index
+
+
+def _check_alias(name: str, v: Any, first: str, f: Any) -> None:
+    """A layer registered as another (it shares its memory: KV sharing, or
+    another KV cache group's layer over the same pages, vLLM's hybrid
+    layout) must keep a block where that one does and as many bytes of it:
+    then the other's registration covers it, whatever its view's shape."""
+    stride = int(v.stride(0)) * int(v.element_size())
+    f_stride = int(f.stride(0)) * int(f.element_size())
+    try:
+        same = stride == f_stride and int(v.shape[0]) == int(f.shape[0]) and \
+            dense_span(v[0]).nbytes == dense_span(f[0]).nbytes
+    except ValueError:
+        same = False
+    if not same:
+        raise ValueError(f"register_kv_caches: layer {name} (shape {tuple(v.shape)}, strides "
+                         f"{tuple(v.stride())}) shares the memory of layer {first} (shape "
+                         f"{tuple(f.shape)}, strides {tuple(f.stride())}) but not its blocks: "
+                         f"kvbm registers it as that layer")
 
 
 def local_kv(kv_caches: Dict[str, Any], index: Dict[str, int], rank: int, tp_size: int,

@@ -96,8 +96,11 @@ class KvbmConnectorMetadata(KVConnectorMetadata):
 
 
 #: A cache event as it crosses processes: (kind, tier, key); kind 1 stored,
-#: 2 removed; tier 2 = G2, 3 = G3, 4 = G4.
+#: 2 removed; tier 2 = G2, 3 = G3, 4 = G4. Kind 3 (LOST, tier 0): a load
+#: found no block under key (several KV cache groups: vLLM then recomputes
+#: the whole request and looks it up again, so the index must forget the key).
 WireEvent = Tuple[int, int, bytes]
+LOST = 3
 
 
 @dataclass

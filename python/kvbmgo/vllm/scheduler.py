@@ -25,8 +25,9 @@ from vllm.v1.request import RequestStatus
 
 from .._control import new_token
 from .config import KvbmConfig
+from .groups import NULL_BLOCK, KvGroups
 from .stats import KvbmConnectorStats
-from .metadata import (SYNC_FAILURE_STEPS, BlockLoad, BlockStore, KvbmConnectorMetadata,
+from .metadata import (LOST, SYNC_FAILURE_STEPS, BlockLoad, BlockStore, KvbmConnectorMetadata,
                        KvbmWorkerMetadata, RemotePull, RemoteSend)
 
 __all__ = ["KvbmScheduler"]
@@ -42,7 +43,8 @@ _MAX_TOKENS = 1 << 17
 @dataclass
 class _Request:
     request: Any                      # vllm.v1.request.Request (its block_hashes grow)
-    block_ids: List[int] = field(default_factory=list)
+    # Its block table, one list per kept KV cache group (KvGroups.kept).
+    block_ids: List[List[int]] = field(default_factory=list)
     next_store: int = 0               # blocks before it were offered or hit already
     match: Tuple[int, int] = (0, 0)   # (first block, blocks) of the last match
     remote: bool = False              # the last match was a remote prefill's
@@ -78,11 +80,29 @@ def _flat_ids(ids: Any) -> List[int]:
     return [int(b) for b in ids]
 
 
+def _known(event: type, fields: dict) -> dict:
+    """fields that vLLM's event class has (older ones lack the group's)."""
+    have = getattr(event, "__struct_fields__", ())
+    return {k: v for k, v in fields.items() if k in have}
+
+
 class KvbmScheduler:
     def __init__(self, config: KvbmConfig, block_size: int, *, role: str = "kv_both",
-                 engine_id: str = "", tp_size: int = 1, dp_index: int = 0) -> None:
+                 engine_id: str = "", tp_size: int = 1, dp_index: int = 0,
+                 groups: Optional[KvGroups] = None) -> None:
         self.config = config
-        self.block_size = block_size
+        self.groups = groups if groups is not None else KvGroups.single(block_size)
+        self.block_size = self.groups.block_size
+        # Several KV cache groups: vLLM accepts no per-block load failure
+        # (invalid_block_ids), only a failed request (failed_recving), which
+        # it acts on for an async load alone: every load is async.
+        if self.groups.hybrid:
+            self.groups.warn_inert()
+            if not config.async_load and self.groups.inert is None:
+                log.info("kvbm: %d KV cache groups: loads are async (load_mode 'sync' is for "
+                         "models with one group)", self.groups.num_groups)
+        self._warned_pd = False
+        self._kept_ids = frozenset(g.index for g in self.groups.kept)
         # P/D: which kv_transfer_params this instance acts on.
         self.producer = role in ("kv_producer", "kv_both")
         self.consumer = role in ("kv_consumer", "kv_both")
@@ -117,7 +137,7 @@ class KvbmScheduler:
         does; vLLM then recomputes only the last prompt token."""
         bs = self.block_size
         start = num_computed_tokens // bs
-        if self.consumer and _remote_prefill(request) is not None:
+        if self.consumer and self._remote_prefill(request) is not None:
             count = len(request.prompt_token_ids or ()) - num_computed_tokens
             if count > 0:
                 self._remember(request, (start, -(-count // bs)), True)
@@ -125,6 +145,10 @@ class KvbmScheduler:
         hashes = request.block_hashes
         # vLLM computes at least one token: never claim the last prompt token.
         limit = (request.num_tokens - 1) // bs
+        if self.groups.hybrid:
+            n = self._hybrid_match(hashes, start, limit)
+            self._remember(request, (start, n), False, max(0, limit - start) * bs)
+            return (n * bs, True) if n else (0, False)
         # vLLM's BlockHash is bytes at run time: looked up as it is.
         n = 0
         tiers = self._tiers
@@ -136,6 +160,115 @@ class KvbmScheduler:
         if n == 0:
             return 0, False
         return n * bs, self.config.async_load
+
+    def _remote_prefill(self, request: Any) -> Optional[dict]:
+        """_remote_prefill, but a hybrid model's request is computed here:
+        P/D with several KV cache groups is not supported yet (said once)."""
+        if self.groups.hybrid:
+            params = getattr(request, "kv_transfer_params", None)
+            if params and params.get("do_remote_prefill"):
+                self._warn_pd()
+                params["do_remote_prefill"] = False
+            return None
+        return _remote_prefill(request)
+
+    def _warn_pd(self) -> None:
+        if not self._warned_pd:
+            self._warned_pd = True
+            log.warning("kvbm: disaggregated prefill->decode is not supported with %d KV "
+                        "cache groups yet: requests that ask for it are computed here and "
+                        "prefills hold nothing for a decode", self.groups.num_groups)
+
+    # ---- several KV cache groups (groups.py)
+
+    def _hybrid_match(self, hashes: Any, start: int, limit: int) -> int:
+        """The blocks after start the cache can restore in every kept group:
+        the longest prefix every full-attention group holds, shortened until
+        each sliding-window group holds the blocks vLLM keeps for it (those
+        in the window of the hit's end)."""
+        groups = self.groups
+        if groups.inert is not None:
+            return 0
+        limit = min(limit, groups.num_blocks(hashes))
+        tiers = self._tiers
+        full = [g for g in groups.kept if g.kind == "full"]
+        window = [g for g in groups.kept if g.kind == "window"]
+        end = start
+        while end < limit:
+            h = groups.block_hash(hashes, end)
+            if any(groups.key(h, g) not in tiers for g in full):
+                break
+            end += 1
+        while end > start and window:
+            missing = -1
+            for g in window:
+                for j in range(end - 1, max(start, g.first_kept_block(end * self.block_size)) - 1,
+                               -1):
+                    if groups.key(groups.block_hash(hashes, j), g) not in tiers:
+                        missing = max(missing, j)
+                        break
+            if missing < 0:
+                break
+            end = missing  # a hit ending at or before the missing block
+        return end - start
+
+    def _hybrid_load(self, request: Any, tables: Any, start: int, nb: int
+                     ) -> Tuple[List[bytes], List[int]]:
+        """The keys and G1 blocks of a hit's load: each kept group's blocks
+        after start that vLLM allocated (its nulls, a window's skipped
+        blocks, are not loaded)."""
+        groups = self.groups
+        keys: List[bytes] = []
+        ids: List[int] = []
+        for j in range(start, start + nb):
+            h = groups.block_hash(request.block_hashes, j)
+            for g in groups.kept:
+                b = tables[g.index][j]
+                if b != NULL_BLOCK:
+                    keys.append(groups.key(h, g))
+                    ids.append(b)
+        return keys, ids
+
+    def _hybrid_store(self, st: _Request, full: int) -> Tuple[List[bytes], List[int]]:
+        """The keys and G1 blocks of st's blocks next_store..full, every
+        kept group's that is not null. They are offered in the step that
+        computes them: a sliding-window block vLLM frees later (and hands to
+        another request) was read by then, or is waited for (allocated)."""
+        groups = self.groups
+        hashes = st.request.block_hashes
+        keys: List[bytes] = []
+        ids: List[int] = []
+        if groups.inert is not None:
+            return keys, ids
+        for i in range(st.next_store, full):
+            h = groups.block_hash(hashes, i)
+            parent = groups.block_hash(hashes, i - 1) if i > 0 else None
+            for table, g in zip(st.block_ids, groups.kept):
+                b = table[i] if i < len(table) else NULL_BLOCK
+                if b == NULL_BLOCK:
+                    continue
+                k = groups.key(h, g)
+                keys.append(k)
+                ids.append(b)
+                if k not in self._tokens:
+                    self._remember_tokens(k, None if parent is None else groups.key(parent, g),
+                                          st.request, i)
+        return keys, ids
+
+    def _allocated(self, out: List[int], tables: Any, hit: int) -> None:
+        """Adds the G1 blocks of tables (one per KV cache group) a step may
+        write: a kept group's after hit (hit blocks are read), another
+        group's all of them; never the null block."""
+        kept = self._kept_ids
+        for i, table in enumerate(tables):
+            out.extend(b for b in (table[hit:] if i in kept else table) if b != NULL_BLOCK)
+
+    def _remember_tokens(self, key: bytes, parent: Optional[bytes], request: Any,
+                         i: int) -> None:
+        bs = self.block_size
+        self._tokens[key] = (parent, list(request.all_token_ids[i * bs:(i + 1) * bs]))
+        if len(self._tokens) > _MAX_TOKENS:
+            self._tokens.popitem(last=False)
 
     def _remember(self, request: Any, match: Tuple[int, int], remote: bool,
                   looked: int = 0) -> None:
@@ -152,7 +285,7 @@ class KvbmScheduler:
             st = self._requests[request.request_id] = _Request(request)
         st.request = request
         start, n = st.match
-        params = _remote_prefill(request) if self.consumer else None
+        params = self._remote_prefill(request) if self.consumer else None
         if params is not None:
             self._pull(request, params, blocks, start, num_external_tokens)
             st.next_store = max(st.next_store, start + num_external_tokens // self.block_size)
@@ -169,6 +302,10 @@ class KvbmScheduler:
         if nb > n:
             raise RuntimeError(f"request {request.request_id}: vLLM asks for {nb} external "
                                f"blocks, the cache matched {n}")
+        if self.groups.hybrid:
+            keys, load_ids = self._hybrid_load(request, blocks.get_block_ids(), start, nb)
+            self._loads.append(BlockLoad(request.request_id, keys, load_ids, True))
+            return
         ids = blocks.get_block_ids()[0]
         # blocks: the request's blocks from its first; the load fills those
         # after the GPU's hit.
@@ -226,21 +363,24 @@ class KvbmScheduler:
             if computed % bs == 0:
                 st.next_store = min(st.next_store, computed // bs)
             hashes = st.request.block_hashes
-            full = min(len(hashes), computed_after // bs, len(st.block_ids))
+            table = st.block_ids[0] if st.block_ids else []
+            full = min(self.groups.num_blocks(hashes), computed_after // bs, len(table))
             if full <= st.next_store:
                 return
-            keys = [bytes(h) for h in hashes[st.next_store:full]]
-            for i in range(st.next_store, full):
-                k = keys[i - st.next_store]
-                if k not in self._tokens:
-                    parent = bytes(hashes[i - 1]) if i > 0 else None
-                    self._tokens[k] = (parent,
-                                       list(st.request.all_token_ids[i * bs:(i + 1) * bs]))
-                    if len(self._tokens) > _MAX_TOKENS:
-                        self._tokens.popitem(last=False)
-            depends = [b for b in st.block_ids[:st.next_store] if b in sync_ids] \
+            if self.groups.hybrid:
+                keys, ids = self._hybrid_store(st, full)
+            else:
+                keys = [bytes(h) for h in hashes[st.next_store:full]]
+                ids = table[st.next_store:full]
+                for i in range(st.next_store, full):
+                    k = keys[i - st.next_store]
+                    if k not in self._tokens:
+                        parent = bytes(hashes[i - 1]) if i > 0 else None
+                        self._remember_tokens(k, parent, st.request, i)
+            depends = [b for b in table[:st.next_store] if b in sync_ids] \
                 if sync_ids else []
-            stores.append(BlockStore(req_id, keys, st.block_ids[st.next_store:full], depends))
+            if keys:
+                stores.append(BlockStore(req_id, keys, ids, depends))
             st.next_store = full
 
         # Blocks written this step: loads' and pulls' (their requests may
@@ -249,13 +389,14 @@ class KvbmScheduler:
         # read, not written).
         allocated: List[int] = [b for ld in self._loads for b in ld.block_ids]
         allocated += [b for p in self._pulls for b in p.block_ids]
+        kept = self.groups.kept
         for new in scheduler_output.scheduled_new_reqs:
             st = self._requests.get(new.req_id)
             hit = st.match[0] if st is not None else new.num_computed_tokens // bs
-            allocated.extend(new.block_ids[0][hit:])
+            self._allocated(allocated, new.block_ids, hit)
             if st is None:
                 continue
-            st.block_ids = list(new.block_ids[0])
+            st.block_ids = [list(new.block_ids[g.index]) for g in kept]
             offer(new.req_id, new.num_computed_tokens,
                   new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
@@ -267,14 +408,18 @@ class KvbmScheduler:
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
             if new_ids is not None:
-                allocated.extend(new_ids[0])
+                self._allocated(allocated, new_ids, 0)
             st = self._requests.get(req_id)
             if st is None:
                 continue
             if req_id in resumed:
-                st.block_ids = list(new_ids[0]) if new_ids is not None else []
+                st.block_ids = [list(new_ids[g.index]) for g in kept] \
+                    if new_ids is not None else []
             elif new_ids is not None:
-                st.block_ids.extend(new_ids[0])
+                if not st.block_ids:
+                    st.block_ids = [[] for _ in kept]
+                for table, g in zip(st.block_ids, kept):
+                    table.extend(new_ids[g.index])
             offer(req_id, cached.num_computed_tokens[i],
                   cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
         preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
@@ -306,7 +451,7 @@ class KvbmScheduler:
         self._requests.pop(req_id, None)
         params = getattr(request, "kv_transfer_params", None) or {}
         if self.consumer and params.get("do_remote_prefill") \
-                and _remote_prefill(request) is not None:
+                and self._remote_prefill(request) is not None:
             self._pull(request, params, None, 0, 0)
         out: Optional[dict] = None
         if self.producer and params.get("do_remote_decode") and block_ids \
@@ -323,6 +468,18 @@ class KvbmScheduler:
                 out["kvbm_worker_id"] = self.config.worker_id
         return out is not None, out
 
+    def request_finished_all_groups(self, request: Any, block_ids: Tuple[List[int], ...]
+                                    ) -> Tuple[bool, Optional[dict]]:
+        """vLLM's call with its hybrid KV cache manager on: one list of
+        blocks per KV cache group. One group: request_finished. Several:
+        nothing is held (P/D with several groups is not supported yet)."""
+        if not self.groups.hybrid:
+            return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+        params = getattr(request, "kv_transfer_params", None) or {}
+        if self.producer and params.get("do_remote_decode"):
+            self._warn_pd()
+        return self.request_finished(request, [])
+
     def update_connector_output(self, connector_output: Any) -> None:
         """Feeds the workers' cache events into the index and into take_events."""
         md = getattr(connector_output, "kv_connector_worker_meta", None)
@@ -331,14 +488,22 @@ class KvbmScheduler:
 
     def apply_events(self, events: Iterable[Tuple[int, int, bytes]]) -> None:
         bs = self.block_size
+        hybrid = self.groups.hybrid
         for kind, tier, key in events:
             medium = _MEDIUM.get(tier, "STORAGE")
             if kind == STORED:
                 self._tiers.setdefault(key, set()).add(tier)
                 parent, tokens = self._tokens.get(key, (None, []))
+                if hybrid:
+                    self._events.append(self._group_stored(key, parent, tokens, medium))
+                    continue
                 self._events.append(BlockStored(block_hashes=[key], parent_block_hash=parent,
                                                 token_ids=tokens, block_size=bs, lora_id=None,
                                                 medium=medium, lora_name=None))
+            elif kind == LOST:
+                # Not a change of the cache, a correction of the index.
+                self._tiers.pop(key, None)
+                self._tokens.pop(key, None)
             elif kind == REMOVED:
                 tiers = self._tiers.get(key)
                 if tiers is not None:
@@ -346,7 +511,24 @@ class KvbmScheduler:
                     if not tiers:
                         del self._tiers[key]
                         self._tokens.pop(key, None)
+                if hybrid:
+                    raw, group = self.groups.split(key)
+                    self._events.append(BlockRemoved(block_hashes=[raw], medium=medium,
+                                                     **_known(BlockRemoved,
+                                                              {"group_idx": group})))
+                    continue
                 self._events.append(BlockRemoved(block_hashes=[key], medium=medium))
+
+    def _group_stored(self, key: bytes, parent: Optional[bytes], tokens: List[int],
+                      medium: str) -> KVCacheEvent:
+        """BlockStored of a hybrid key: vLLM's block hash, and its group."""
+        raw, group = self.groups.split(key)
+        return BlockStored(block_hashes=[raw],
+                           parent_block_hash=None if parent is None else
+                           self.groups.split(parent)[0],
+                           token_ids=tokens, block_size=self.block_size, lora_id=None,
+                           medium=medium, lora_name=None,
+                           **_known(BlockStored, self.groups.event_fields(group)))
 
     def reset_cache(self) -> bool:
         """vLLM's reset of the connector's cache: the index forgets every

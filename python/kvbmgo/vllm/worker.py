@@ -19,16 +19,15 @@ from .. import Event, Worker, _control
 from ..errors import AlreadyExistsError, KvbmError
 from .config import KvbmConfig, engine_worker_id
 from .g3_dirs import make_g3_dir
+from .groups import KvGroups
 from .kv_views import g1_layout, local_kv
-from .metadata import SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
+from .metadata import LOST, SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
 from .pd_wire import LABEL
+from .worker_stats import WorkerStats
 
 __all__ = ["KvbmWorker"]
 
 log = logging.getLogger(__name__)
-
-#: The cache's counters are read at most this often for the stats.
-_STATS_EVERY_S = 0.05
 
 #: Why G1 is gone between unregister_kv_caches and restore_kv_caches.
 _LENT = "vLLM lent the KV cache's memory away (sleep mode or a weight update)"
@@ -44,14 +43,25 @@ class _Store:
     t0: float = 0.0  # time.monotonic() at its start
 
 
-class KvbmWorker:
+class KvbmWorker(WorkerStats):
     def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
                  engine_id: str = "", tp_size: int = 1, dp_index: int = 0,
-                 kv_heads: int = 0, mla: bool = False) -> None:
+                 kv_heads: int = 0, mla: bool = False,
+                 groups: Optional[KvGroups] = None) -> None:
         """kv_heads: the model's KV heads over all ranks (0: unknown), mla:
         whether its KV is MLA's latent (replicated on every rank); with them a
-        decode maps heads from a prefill of another tensor-parallel size."""
+        decode maps heads from a prefill of another tensor-parallel size.
+        groups: the KV cache groups kept (None: one)."""
         self.config = config
+        self.groups = groups
+        # Several KV cache groups: a failed load is reported as its request's
+        # (failed_recving); vLLM refuses block ids with more than one group.
+        self.hybrid = groups is not None and groups.hybrid
+        self._failed_recving: Set[str] = set()
+        # Hybrid: each async load's keys by G1 block, and the keys loads
+        # did not find (sent to the scheduler as LOST events).
+        self._load_keys: Dict[str, Dict[int, bytes]] = {}
+        self._lost: List[bytes] = []
         self.kv_heads, self.mla = kv_heads, mla
         self._local: Optional[Any] = None  # kv_views.LocalKv, from register_kv_caches
         self.rank = rank
@@ -103,7 +113,27 @@ class KvbmWorker:
             self._pd_key()
         elif self.role == "kv_both":
             _control.refuse_unkeyed(LABEL, self._pd_hosts())
-        cfg, buffers, self._layer_index = g1_layout(kv_caches)
+        if self.groups is not None and self.groups.inert is not None:
+            # Nothing is kept (groups.py says why, once): no G1, no tiers;
+            # the worker's calls then do nothing. Its views (Mamba state,
+            # kernel-block attention) are not registered, so they cannot
+            # fail the engine's start.
+            log.info("kvbm: G1 is not registered: %s", self.groups.inert)
+            return
+        if self.groups is not None and self.groups.layer_names is not None:
+            # Only the kept groups' layers are G1 (groups.py).
+            kv_caches = {n: t for n, t in kv_caches.items() if n in self.groups.layer_names}
+        try:
+            cfg, buffers, self._layer_index = g1_layout(kv_caches)
+        except ValueError as e:
+            if not self.hybrid:
+                raise
+            # kvbm registers G1 once over the groups' shared pages
+            # (groups.py): a layer over another's must keep its blocks where
+            # that one does.
+            raise ValueError(f"{e}. This hybrid model's KV cache groups: "
+                             f"{self.groups.shapes(kv_caches)}; kvbm registers their shared "
+                             f"pages once, so their blocks must lie alike") from None
         self._local = local_kv(kv_caches, self._layer_index, self.rank, self.tp_size,
                                self.kv_heads, self.mla)
         self._block_bytes, self._block_tokens = cfg.block_bytes, cfg.page_size
@@ -333,6 +363,8 @@ class KvbmWorker:
         for ld in md.loads:
             if ld.is_async:
                 self._started_at[ld.req_id] = (now, [])
+                if self.hybrid:
+                    self._load_keys[ld.req_id] = dict(zip(ld.block_ids, ld.keys))
                 self._async_loads[ld.req_id] = (self._onboard(ld.keys, ld.block_ids, None),
                                                 list(ld.block_ids))
             else:
@@ -480,7 +512,19 @@ class KvbmWorker:
                 self._pulled(req_id, failed)
         for req_id, (n, ids) in list(self._async_loads.items()):
             if n is None or n.done():
-                self._load_errors.update(self._finish(n))
+                failed = self._finish(n)
+                if self.hybrid:
+                    # n None: refused or never started, every block failed
+                    # (those ids are in _load_errors: they are its, not
+                    # the step's).
+                    keys = self._load_keys.pop(req_id, {})
+                    if n is None or failed:
+                        self._failed_recving.add(req_id)
+                        self._load_errors.difference_update(ids)
+                        self._lost.extend(keys[b] for b in (ids if n is None else failed)
+                                          if b in keys)
+                else:
+                    self._load_errors.update(failed)
                 del self._async_loads[req_id]
                 self._ended("load_seconds", req_id)
                 recving.add(req_id)
@@ -493,83 +537,20 @@ class KvbmWorker:
         if failed:
             log.info("kvbm: %d blocks not offloaded: %s", len(failed), failed)
 
-    # ---- stats (stats.py)
-
-    def _stat(self) -> Any:
-        if self._stats is None:
-            from .stats import KvbmConnectorStats
-            self._stats = KvbmConnectorStats()
-        return self._stats
-
-    def _ended(self, series: str, key: str) -> None:
-        started = self._started_at.pop(key, None)
-        if started is not None:
-            self._stat().observe(series, time.monotonic() - started[0])
-            self._moved = True
-
-    def _pulled(self, req_id: str, failed: Set[int]) -> None:
-        started = self._started_at.pop("pull:" + req_id, None)
-        if started is None:
-            return
-        t0, ids = started
-        st = self._stat()
-        st.observe("pull_seconds", time.monotonic() - t0)
-        lost = sum(1 for b in ids if b in failed)
-        if self.rank == 0:
-            st.add("pulls")
-            st.add("pull_blocks", len(ids) - lost)
-            if lost:
-                st.add("pull_failures")
-                st.add("failed_blocks", lost, "pull")
-        st.add("pull_bytes", (len(ids) - lost) * self._block_bytes)
-        self._moved = True
-
-    def get_stats(self) -> Any:
-        """This interval's figures (KvbmConnectorStats), or None when
-        nothing moved: the cache's counters are read after a step that
-        started or ended a transfer, at most every _STATS_EVERY_S (a read
-        costs microseconds of Python, a step of a busy engine not many
-        more); what they count is exact, reported a little later."""
-        now_s = time.monotonic()
-        if self._moved and self.worker is not None and now_s - self._looked >= _STATS_EVERY_S:
-            self._moved = False
-            self._looked = now_s
-            now = self.worker.cache.stats()
-            was, self._cache_seen = self._cache_seen, now
-            if was is not None:
-                self._add_cache_deltas(was, now)
-        stats = self._stats
-        if stats is None or stats.is_empty():
-            return None
-        self._stats = None
-        return stats
-
-    def _add_cache_deltas(self, was: Any, now: Any) -> None:
-        st = self._stat()
-        onboarded = 0
-        for tier in ("G2", "G3", "G4"):
-            field_ = f"onboarded_from_{tier.lower()}"
-            n = getattr(now, field_) - getattr(was, field_)
-            onboarded += n
-            if self.rank == 0 and n:
-                st.add("onboarded_blocks", n, tier)
-                st.add("onboarded_tokens", n * self._block_tokens, tier)
-        st.add("onboarded_bytes", onboarded * self._block_bytes)
-        offloaded = now.offloaded - was.offloaded
-        st.add("offloaded_bytes", offloaded * self._block_bytes)
-        if self.rank == 0:
-            st.add("offloaded_blocks", offloaded)
-            st.add("failed_blocks", now.onboard_failed - was.onboard_failed, "load")
-            st.add("failed_blocks", now.offload_failed - was.offload_failed, "store")
+    def take_failed_recving(self) -> Set[str]:
+        """The requests (of those get_finished reported received) whose
+        load failed, with several KV cache groups."""
+        failed, self._failed_recving = self._failed_recving, set()
+        return failed
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def build_worker_meta(self) -> Optional[KvbmWorkerMetadata]:
-        if self.worker is None:
+        lost, self._lost = self._lost, []
+        events = self.worker.cache.events() if self.worker is not None else []
+        if not events and not lost:
             return None
-        events = self.worker.cache.events()
-        if not events:
-            return None
-        return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events])
+        return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events] +
+                                  [(LOST, 0, k) for k in lost])

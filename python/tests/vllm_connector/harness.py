@@ -125,6 +125,9 @@ def pattern(key: bytes, layer: int) -> torch.Tensor:
 class Engine:
     """One scheduler and one worker connector, in one process."""
 
+    #: What hashes a request's tokens (vLLM's, at BLOCK tokens).
+    hasher = staticmethod(_hasher)
+
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
                  max_batched=64, serial=False, role="kv_both", engine_id=None,
                  pipelined=False, alloc=None):
@@ -190,7 +193,7 @@ class Engine:
                                         if kv_transfer_params is not None else None))
         sp.update_from_generation_config({}, EOS)
         r = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
-                    pooling_params=None, block_hasher=_hasher)
+                    pooling_params=None, block_hasher=self.hasher)
         self.sched.add_request(r)
         return r
 

@@ -28,7 +28,7 @@ def flush(e):
     """A step after the worker side's next read of the cache's counters is
     due (it reads them at most every _STATS_EVERY_S)."""
     import time
-    from kvbmgo.vllm.worker import _STATS_EVERY_S
+    from kvbmgo.vllm.worker_stats import _STATS_EVERY_S
     time.sleep(_STATS_EVERY_S + 0.01)
     e.settle()
 
