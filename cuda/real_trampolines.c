@@ -95,7 +95,22 @@ static library cu_library = {
 };
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
-static void cu_load_once(void) { cu_library.status = library_open(&cu_library); }
+// cu_load_once opens libcuda. A driver too old for a symbol kvbm needs is
+// named by its version beside the symbol (cuDriverGetVersion is as old as
+// CUDA 2.2), so that the operator knows what to upgrade.
+static void cu_load_once(void) {
+	cu_library.status = library_open(&cu_library);
+	if (cu_library.status == 0 || !cu.lib)
+		return;
+	CUresult (*version)(int *) = (CUresult(*)(int *))dlsym(cu.lib, "cuDriverGetVersion");
+	int v = 0;
+	if (version && version(&v) == 0 && v > 0) {
+		size_t n = strlen(cu_library.err);
+		snprintf(cu_library.err + n, sizeof cu_library.err - n,
+		         " (the installed driver is CUDA %d.%d, older than that symbol: kvbm needs a newer driver)",
+		         v / 1000, (v % 1000) / 10);
+	}
+}
 
 int kv_cuda_load(char *err, size_t errlen) {
 	pthread_once(&cu_once, cu_load_once);
