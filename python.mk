@@ -33,12 +33,16 @@
 #               ~/.cache/kvbm/venv-bench-remote (built once, ~1 min); a package
 #               that cannot install or run is skipped with the reason. In make bench.
 #   install-py  pip install ./python into $(PY)'s environment
+#   wheel       build/wheel/kvbmgo-<version>-py3-none-manylinux_<glibc>_x86_64.whl, libkvbm.so
+#               inside, checked and tagged by auditwheel (scripts/wheel.sh build)
+#   test-wheel  that wheel installed into a fresh venv with no Go on PATH, the
+#               quickstart run from it (scripts/wheel.sh test)
 
 PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: py-lib py-venv test-py test-vllm test-sglang test-e2e test-e2e-sglang bench-py bench-vllm bench-remote-compare install-py
+.PHONY: wheel test-wheel py-lib py-venv test-py test-vllm test-sglang test-e2e test-e2e-sglang bench-py bench-vllm bench-remote-compare install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -137,3 +141,9 @@ bench-remote-compare: lib
 
 install-py: lib
 	$(PY) -m pip install ./python
+
+wheel: lib
+	scripts/wheel.sh build
+
+test-wheel: wheel
+	scripts/wheel.sh test

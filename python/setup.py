@@ -49,4 +49,19 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildPyWithLibrary}, distclass=BinaryDistribution)
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools before 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
+
+class BdistWheelAnyPython(bdist_wheel):
+    """py3-none-<platform>: libkvbm.so is loaded with ctypes, so the wheel
+    fits every Python 3 of the platform, not only the one that built it."""
+
+    def get_tag(self):  # type: ignore[no-untyped-def]
+        return ("py3", "none", super().get_tag()[2])
+
+
+setup(cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": BdistWheelAnyPython},
+      distclass=BinaryDistribution)

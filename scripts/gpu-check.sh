@@ -4,7 +4,8 @@
 # 1. HERE (Go, cmake, a C compiler; no GPU needed):
 #        scripts/gpu-check.sh build
 #    builds build/libkvbm.so, the test binaries of ./cuda ./core/transfer
-#    ./core/worker and the C examples into build/gpu/ (under 64 MiB).
+#    ./core/worker, the C examples and the kvbmgo wheel (make wheel) into
+#    build/gpu/ (under 64 MiB).
 #
 # 2. ON THE GPU MACHINE (no Go there; it has PyTorch with CUDA, which
 #    scripts/gpu_check.py needs: the python-torch step fails with a plain
@@ -46,6 +47,8 @@ build() {
   cmake --build build/cmake -j >/dev/null
   mkdir -p "$GPU/examples"
   for ex in offload_onboard handoff remote misuse; do cp "build/cmake/$ex" "$GPU/examples/"; done
+  scripts/wheel.sh build >/dev/null
+  cp build/wheel/kvbmgo-*.whl "$GPU/"
   strip "$GPU"/*.test "$GPU"/examples/* 2>/dev/null || true
   du -sh "$GPU"
   local kib; kib=$(du -sk "$GPU" | cut -f1)
@@ -113,6 +116,13 @@ PY
   step python-vllm-connector-vmm 60 env PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 \
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 scripts/gpu_check_vllm.py
   tail -n 4 "$out/python-vllm-connector-vmm.log"
+  # The wheel as a user installs it (no Go there): into a venv that sees
+  # the machine's packages (numpy), without the network; kvbmgo from it.
+  step wheel-install 90 bash -c 'v=$(mktemp -d) && python3 -m venv --system-site-packages "$v" &&
+    "$v/bin/python" -m pip install -q --no-deps --no-index '"$GPU"'/kvbmgo-*.whl &&
+    cd /tmp && env -u KVBM_LIBRARY "$v/bin/python" -c "import kvbmgo; print(kvbmgo.__file__, kvbmgo.info())" &&
+    env -u KVBM_LIBRARY KVBM_DEVICE=emulated "$v/bin/python" '"$PWD"'/python/examples/quickstart.py'
+  tail -n 3 "$out/wheel-install.log"
   echo "gpu-check: $fails step(s) failed; logs in $out"
   [ "$fails" -eq 0 ]
 }
