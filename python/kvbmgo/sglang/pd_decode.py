@@ -465,6 +465,10 @@ class KvbmKVReceiver(CommonKVReceiver):
         elif not mgr.is_mla_backend and info.attn_tp_size != mgr.attn_tp_size:
             why = f"different attention TP sizes for a non-MLA model (prefill " \
                   f"{info.attn_tp_size}, decode {mgr.attn_tp_size})"
+        elif mgr.state_workers and info.attn_tp_size != mgr.attn_tp_size:
+            # A state slot is one rank's shard: another TP would need it resliced.
+            why = f"different attention TP sizes with state buffers (prefill " \
+                  f"{info.attn_tp_size}, decode {mgr.attn_tp_size})"
         elif self.required_prefill_response_num != 1:
             why = f"pulling one request from {self.required_prefill_response_num} prefill ranks"
         if why is not None:

@@ -52,10 +52,16 @@ def pair(server_args):
         p.close()
 
 
-def state_of(kinds, mamba_slot, swa_pages):
-    """state_indices as prefill.py/decode.py build them, in kinds' order."""
-    return [mamba_indices(mamba_slot) if k == "mamba" else np.array(swa_pages, np.int64)
-            for k in kinds]
+ONE_SLOT = ("mamba", "request_row")  # one slot a request; the others a page list
+
+
+def state_of(kinds, one_slot, pages):
+    """state_indices as prefill.py/decode.py build them, in kinds' order: a
+    Mamba slot as a list holding a 0-d array, a request row as a 1-element
+    array, pages (SWA window, block scales) as an array."""
+    return [mamba_indices(one_slot) if k == "mamba" else
+            np.array([one_slot], np.int32) if k == "request_row" else
+            np.array(pages, np.int64) for k in kinds]
 
 
 def check_states(P, D, src, dst):
@@ -85,8 +91,9 @@ def handover(p, room, kinds, src, dst, s_state, d_state, chunks=2, aux=(3, 6)):
     return sender, recv
 
 
-@pytest.mark.parametrize("kinds", [("mamba",), ("swa",), ("mamba", "swa")],
-                         ids=["kv+mamba", "kv+swa", "kv+mamba+swa"])
+@pytest.mark.parametrize("kinds", [("mamba",), ("swa",), ("mamba", "swa"),
+                                   ("block_scale", "block_scale_swa", "request_row")],
+                         ids=["kv+mamba", "kv+swa", "kv+mamba+swa", "kv+scales+row"])
 def test_state_handed_over_every_byte(pair, kinds):
     """KV pages in two chunks, the state with the last: Success on both
     sides once every byte of the pages, the aux row and each state
@@ -99,8 +106,9 @@ def test_state_handed_over_every_byte(pair, kinds):
     wait_for(recv.poll, KVPoll.Success, 10, "decode")
     wait_for(sender.poll, KVPoll.Success, 10, "prefill")
     check_bytes(p, src, dst, 3, 6)
-    slots = {"mamba": ([s_state[0]], [d_state[0]]), "swa": (s_state[1], d_state[1])}
-    check_states(p.P, p.D, [slots[k][0] for k in kinds], [slots[k][1] for k in kinds])
+    src_slots = [[s_state[0]] if k in ONE_SLOT else s_state[1] for k in kinds]
+    dst_slots = [[d_state[0]] if k in ONE_SLOT else d_state[1] for k in kinds]
+    check_states(p.P, p.D, src_slots, dst_slots)
     recv.clear()
     sender.clear()
 
@@ -168,6 +176,19 @@ def test_a_refused_kind_on_the_decode_fails_at_once(pair):
     recv.send_metadata(np.array([1, 2], np.int32), 0, [np.array([4])], decode_prefix_len=0)
     assert recv.poll() == KVPoll.Failed
     assert "state 0 (dsa) cannot be transferred" in failure(recv)
+
+
+def test_state_buffers_with_another_tp_are_refused(pair):
+    """A state slot is one rank's shard: a decode with state buffers and
+    another attention TP than its prefill fails the room at init, even for
+    an MLA model (whose KV alone could come from one prefill rank)."""
+    p = pair(states=("mamba",), mla=True)
+    p.dm.attn_tp_size = 2
+    room = 6360
+    p.sender(room)
+    recv = p.receiver(room)
+    assert recv.poll() == KVPoll.Failed
+    assert "different attention TP sizes with state buffers" in failure(recv)
 
 
 def test_state_slots_are_scoped_and_revoked_before_the_status_is_final(pair, monkeypatch):
