@@ -2,16 +2,16 @@
 which of its pages hold each chunk, with the kvbm metadata that reads those
 pages only (block-scoped, until the waiting timeout), the last chunk with
 the room's state slots and the metadata that reads those only
-(``pd_state``), and lets go of a
-request once every decode rank pulled it (KVBM_DONE), or gives up after
-SGLANG_DISAGGREGATION_WAITING_TIMEOUT from its last chunk.
+(``pd_state``), and lets go of a request once every decode rank pulled it
+(KVBM_DONE), or gives up after SGLANG_DISAGGREGATION_WAITING_TIMEOUT from
+its last chunk.
 
 A room's metadata dies with the room: when its status becomes final
 (Success or Failed: done, failed, aborted, timed out; or it is cleared) its
-pages and state slots are revoked (Worker.revoke_blocks) before the status is set, so before
-SGLang, which frees the pages once it polls that status, can give them to
-another request; the revocation returns once no read it allowed is under
-way."""
+pages and state slots are revoked (Worker.revoke_blocks) before the status
+is set, so before SGLang, which frees them once it polls that status, can
+give them to another request; the revocation returns once no read it
+allowed is under way."""
 
 from __future__ import annotations
 
