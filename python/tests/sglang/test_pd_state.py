@@ -261,17 +261,32 @@ def test_two_processes_state_every_byte_then_killed_prefill(prefill_proc, server
                                                             monkeypatch):
     """The prefill in its own process: room A's pages, aux row, Mamba slot
     and SWA window cross kvbm's transport, every byte checked, every other
-    decode slot untouched; then the prefill is killed (SIGKILL) after room
-    B's first chunk, before its state: B fails within the heartbeat's bound
-    (well before the waiting timeout), B's state slots never written."""
+    decode slot untouched, and the state metadata A's decode got reads
+    nothing once A ended (revoked), nor any other slot; then the prefill is
+    killed (SIGKILL) after room B's first chunk, before its state: B fails
+    within the heartbeat's bound (well before the waiting timeout), B's
+    state slots never written."""
     import pd_state_prefill as sp
+    from kvbmgo import Tier
+    from kvbmgo.errors import UnsupportedError
+    from kvbmgo.sglang import pd_wire as wire
+    from kvbmgo.sglang.pd_decode import DecodeSide
     proc, port = prefill_proc
+    got = {}
+    orig = DecodeSide.on_message
+
+    def on_message(self, msg, sender=None):
+        if msg[0] == wire.TAG_PULL and int(msg[1]) == sp.ROOM_A:
+            got.setdefault("a", []).extend(wire.pull_states(msg))
+        orig(self, msg, sender)
+    monkeypatch.setattr(DecodeSide, "on_message", on_message)  # before the manager's loop
     monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "60")
     monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "2")
     monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "1")
     assert proc.event() == {"event": "ready"}
-    D = Side(16, states=sp.KINDS)
+    D, E = Side(16, states=sp.KINDS), Side(16, states=sp.KINDS)
     dm = h.manager(D, "decode", server_args)
+    thief = h.manager(E, "decode", server_args)  # a worker A's metadata leaked to
     try:
         addr = f"127.0.0.1:{port}"
         t0 = time.monotonic()
@@ -297,6 +312,16 @@ def test_two_processes_state_every_byte_then_killed_prefill(prefill_proc, server
             assert np.array_equal(P.aux[i][1], D.aux[i][4]), i
         check_states(P, D, [[sp.A_MAMBA], sp.A_SWA], [[a_mamba], a_swa])
         a.clear()
+        # A leaked copy of A's Mamba metadata (the temporal group's), after A ended.
+        (mamba,) = [mds for c, _, mds in got["a"] if c == 0]
+        w = thief.state_workers[0][0]
+        w.connect_remote(0xA0, mamba[0])
+        for slot, why in ((sp.A_MAMBA, "revoked"), (sp.B_MAMBA, "request-scoped|revoked")):
+            n = w.transfer_from_instance(0xA0, Tier.G1, [slot], Tier.G1, [0])
+            with pytest.raises(UnsupportedError, match=why):
+                n.wait(10)
+            n.close()
+        assert not E.state_any()
         states = [[b.copy() for b in bufs] for bufs in D.state]
 
         b_dst = [10, 11, 12, 13]
@@ -317,4 +342,5 @@ def test_two_processes_state_every_byte_then_killed_prefill(prefill_proc, server
         assert not any(a_.any() for a_ in (D.aux[i][5] for i in range(len(h.AUX_ITEM_LENS))))
         b.clear()
     finally:
+        thief.close()
         dm.close()
