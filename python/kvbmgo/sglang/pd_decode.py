@@ -494,6 +494,10 @@ class KvbmKVReceiver(CommonKVReceiver):
         except ValueError as e:
             mgr.record_failure(room, str(e))
             mgr.update_status(room, KVPoll.Failed)
+            self.conclude_state = KVPoll.Failed
+            # SGLang's ABORT: the prefill, which has no reservation to wait
+            # for, fails the room now rather than after its bootstrap timeout.
+            self.ensure_abort_notified()
             return
         dst = np.ascontiguousarray(np.asarray(kv_indices, dtype=np.int32).reshape(-1))
         infos = getattr(self, "bootstrap_infos", None) or []

@@ -168,14 +168,17 @@ def test_a_state_that_cannot_move_fails_the_room(pair, case):
 
 def test_a_refused_kind_on_the_decode_fails_at_once(pair):
     """The decode names slots of a kind kvbm does not move: its room fails
-    at send_metadata with the reason."""
+    at send_metadata with the reason, and tells the prefill (SGLang's
+    ABORT), which fails at once instead of after its bootstrap timeout."""
     p = pair(states=("dsa",))
     room = 6350
-    p.sender(room)
+    sender = p.sender(room)
     recv = p.receiver(room)
     recv.send_metadata(np.array([1, 2], np.int32), 0, [np.array([4])], decode_prefix_len=0)
     assert recv.poll() == KVPoll.Failed
     assert "state 0 (dsa) cannot be transferred" in failure(recv)
+    wait_for(sender.poll, {KVPoll.Failed}, 3, "prefill")
+    assert "bort" in failure(sender)
 
 
 def test_state_buffers_with_another_tp_are_refused(pair):
