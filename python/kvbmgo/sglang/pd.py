@@ -39,9 +39,13 @@ SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT in Bootstrapping, and
 SGLANG_DISAGGREGATION_WAITING_TIMEOUT from its last chunk until the decode
 confirms the pull.
 
-Supported: MHA and MLA pools (and a draft pool beside them), equal attention
-TP, PP 1, CP 1, no extra state pools (Mamba, SWA, DSA, ...); the rest ends in
-Failed with the reason (an MLA model with a larger prefill TP goes through
+State buffers (``KVArgs.state_*``: Mamba, SWA, ...): the moved kinds'
+buffers are registered as the KV's are, one more worker per group, and a
+room's slots travel with its last chunk (``pd_state``).
+
+Supported: MHA and MLA pools (and a draft pool beside them), the state kinds
+of pd_state.MOVED, equal attention TP, PP 1, CP 1; the rest (a refused state
+kind among them) ends in Failed with the reason (an MLA model with a larger prefill TP goes through
 SGLang's dummy ranks: not tested). Refused when the manager is made: the
 decode allocation policy "prefill_complete", and metadata buffers in device
 memory (SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK).
@@ -54,7 +58,7 @@ import logging
 import os
 import threading
 import uuid
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import zmq
 
@@ -69,6 +73,7 @@ from .._info import backend
 from .._memory import Buffer
 from .._worker import Worker
 from ..errors import KvbmError
+from . import pd_state
 from . import pd_wire as wire
 from .pd_decode import DecodeSide, KvbmKVReceiver
 from .pd_prefill import KvbmKVSender, PrefillSide
@@ -112,7 +117,9 @@ class KvbmKVManager(CommonKVManager):
         self.token = uuid.uuid4().hex  # this manager's name on the wire
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
-        self.workers: List[Worker] = []
+        self.workers: List[Worker] = []  # the KV groups'
+        # state component index -> its groups' workers (pd_state)
+        self.state_workers: Dict[int, List[Worker]] = {}
         # The key (_control.choose_key: KVBM_AUTH_KEY / KVBM_AUTH_KEY_FILE, else
         # the same-host key), chosen before any socket is made, for the
         # address SGLang will listen on (and advertise): a bad key, or a
@@ -140,10 +147,14 @@ class KvbmKVManager(CommonKVManager):
             self.server_socket.close(linger=0)
             raise ValueError("kvbm transfer backend: the metadata buffers must be host memory "
                              "(unset SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK)")
-        if any(getattr(args, "state_data_ptrs", None) or []):
-            logger.warning("kvbm transfer backend: the extra state pools (%s) are not "
-                           "transferred; a request that carries state indices fails",
-                           getattr(args, "state_types", None))
+        try:
+            self.states = pd_state.state_components(args)
+        except ValueError:
+            self.server_socket.close(linger=0)
+            raise
+        note = pd_state.refused_note(self.states)
+        if note:
+            logger.warning("%s", note)
         if disaggregation_mode == DisaggregationMode.PREFILL:
             # How long the prefill holds a request's pages for the decode's
             # pull after its last chunk (SGLang's decode-side setting).
@@ -151,7 +162,8 @@ class KvbmKVManager(CommonKVManager):
         self.groups = kv_groups(args.kv_data_lens, args.kv_item_lens)
         self.aux = [(int(p), int(item), int(n)) for p, item, n in
                     zip(args.aux_data_ptrs, args.aux_item_lens, args.aux_data_lens)]
-        self.signature = wire.signature(self.groups, [a[1] for a in self.aux])
+        self.signature = wire.signature(self.groups, [a[1] for a in self.aux],
+                                        pd_state.signature(self.states))
         self._register(args)
         self.side: Union[PrefillSide, DecodeSide]
         if disaggregation_mode == DisaggregationMode.PREFILL:
@@ -168,30 +180,46 @@ class KvbmKVManager(CommonKVManager):
         """Registers SGLang's KV buffers, unchanged, as G1 of one worker per group."""
         cuda = backend() == "cuda"
         gpu = int(getattr(args, "gpu_id", 0) or 0)
+        def worker(g: wire.KVGroup, ptrs: List[int]) -> Worker:
+            # Each operation on the peer's memory ends within the request's
+            # own bound (kvbm's default is 30 s): a pull that outlives the
+            # waiting timeout would write pages SGLang has taken back.
+            # The data plane listens (from the first export) on the
+            # address this side was given, which its peers dial.
+            w = Worker(_next_worker_id(), device_id=gpu if cuda else 0,
+                       rank=int(getattr(args, "engine_rank", 0) or 0),
+                       remote_deadline=min(30.0, max(1.0, float(self.waiting_timeout))),
+                       advertise_host=str(self.local_ip))
+            try:
+                cfg = g.layout()
+                w.register_g1(cfg, [Buffer(int(ptrs[i]), cfg.layer_bytes, 1,
+                                           gpu if cuda else None, None) for i in g.buffers])
+            except BaseException:
+                w.close()
+                raise
+            return w
+
         try:
             for g in self.groups:
-                # Each operation on the peer's memory ends within the
-                # request's own bound (kvbm's default is 30 s): a pull that
-                # outlives the waiting timeout would write pages SGLang has
-                # taken back.
-                # The data plane listens (from the first export) on the
-                # address this side was given, which its peers dial.
-                w = Worker(_next_worker_id(), device_id=gpu if cuda else 0,
-                           rank=int(getattr(args, "engine_rank", 0) or 0),
-                           remote_deadline=min(30.0, max(1.0, float(self.waiting_timeout))),
-                           advertise_host=str(self.local_ip))
-                self.workers.append(w)
-                cfg = g.layout()
-                w.register_g1(cfg, [Buffer(int(args.kv_data_ptrs[i]), cfg.layer_bytes, 1,
-                                           gpu if cuda else None, None) for i in g.buffers])
+                self.workers.append(worker(g, args.kv_data_ptrs))
+            for c in self.states:  # the moved kinds' buffers, as the KV's
+                for g in c.groups:
+                    self.state_workers.setdefault(c.index, []).append(
+                        worker(g, args.state_data_ptrs[c.index]))
         except BaseException:
             self.close()
             raise
         logger.info("kvbm transfer backend (%s): %d KV buffers in %d group(s) %s, %d aux "
-                    "buffers", self.disaggregation_mode.value, len(args.kv_data_ptrs),
-                    len(self.groups),
+                    "buffers, state %s", self.disaggregation_mode.value,
+                    len(args.kv_data_ptrs), len(self.groups),
                     [(len(g.buffers), g.num_pages, g.item_len) for g in self.groups],
-                    len(self.aux))
+                    len(self.aux), [(c.name, [(len(g.buffers), g.num_pages, g.item_len)
+                                              for g in c.groups]) for c in self.states])
+
+    @property
+    def all_workers(self) -> List[Worker]:
+        """The KV groups' workers, then the state components'."""
+        return self.workers + [w for ws in self.state_workers.values() for w in ws]
 
     def _message_loop(self, handle: Any) -> None:
         """Hands every message received, authenticated (wire.Auth), to
@@ -243,12 +271,12 @@ class KvbmKVManager(CommonKVManager):
         side = getattr(self, "side", None)
         if isinstance(side, DecodeSide):
             side.close()
-        for w in self.workers:
+        for w in self.all_workers:
             try:
                 w.close()
             except KvbmError as e:
                 logger.warning("kvbm transfer backend: closing a worker: %s", e)
-        self.workers = []
+        self.workers, self.state_workers = [], {}
         sock = getattr(self, "server_socket", None)
         if sock is not None:
             sock.close(linger=0)

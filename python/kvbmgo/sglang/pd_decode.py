@@ -17,7 +17,11 @@ The decode holds no capability of the prefill worker as a whole: each
 KVBM_PULL brings metadata that reads that chunk's pages only (per piece of
 the chunk, pd_wire.scope_pieces); it is connected under an instance of the
 room's own, through which the piece's pages are pulled, and disconnected
-when the room ends. The prefill revokes it then too."""
+when the room ends. The prefill revokes it then too. The last KVBM_PULL
+brings the room's state slots (pd_state) the same way, one instance per
+state component; they are checked against the slots this decode reserved
+and pulled at StartTransfer with the pages still to come, so the room is
+Success only once both arrived."""
 
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from .._control import endpoint
 from .._handoff import FactKind, HandoffOrder, OutcomeKind, TimingMode
 from .._pd import Handoff, HandoffRefused, HandoffSide
 from ..errors import KvbmError
+from . import pd_state
 from . import pd_wire as wire
 
 __all__ = ["DecodeSide", "KvbmKVReceiver"]
@@ -49,10 +54,14 @@ class _DecodeRoom(HandoffSide):
     """One request's hand-off on the decode side."""
 
     def __init__(self, side: "DecodeSide", room: int, dst: np.ndarray,
-                 aux_index: Optional[int], targets: List[Tuple[str, int]], submit: Any) -> None:
+                 aux_index: Optional[int], targets: List[Tuple[str, int]], submit: Any,
+                 state_dst: List[np.ndarray]) -> None:
         self.side = side
         self.room = room
         self.dst = dst
+        self.state_dst = state_dst  # this decode's slots per state component
+        # (component, the prefill's slots, instance), from the last KVBM_PULL
+        self.states: List[Tuple[int, np.ndarray, int]] = []
         self.aux_index = aux_index
         self.targets = targets
         self.submit = submit
@@ -79,6 +88,7 @@ class _DecodeRoom(HandoffSide):
     def start_transfer(self, h: Handoff) -> None:
         self.side.pull(self, self.chunks[self.pulled:])
         self.pulled = len(self.chunks)
+        self.side.pull_states(self)
 
     def activate_destination(self, h: Handoff) -> None:
         self.side.write_aux(self)
@@ -121,6 +131,36 @@ class _DecodeRoom(HandoffSide):
             off += n
         return pieces
 
+    def connect_states(self, states: List[pd_state.StateScope]) -> None:
+        """Connects the prefill's state metadata (with the handoff's lock
+        held), each component's under an instance of its own, after checking
+        that every component this decode reserved slots in comes, as many
+        slots, none other. Raises HandoffRefused."""
+        mgr = self.side.mgr
+        got = pd_state.by_component(states)
+        if len(got) != len(states) or not set(got) <= set(range(len(mgr.states))):
+            raise HandoffRefused(f"the prefill sent state components {sorted(got)}, this "
+                                 f"decode has {len(mgr.states)}")
+        for c in mgr.states:
+            src = got[c.index][1] if c.index in got else np.zeros(0, np.int32)
+            why = pd_state.check_pair(c, src, self.state_dst[c.index])
+            if why is not None:
+                raise HandoffRefused(why)
+        for c, src, mds in states:
+            workers = mgr.state_workers.get(c, [])
+            if len(mds) != len(workers):
+                raise HandoffRefused(f"the prefill sent the metadata of {len(mds)} workers "
+                                     f"for state {c}, this decode has {len(workers)}")
+            inst = next(self.side.next_instance)
+            self.instances.append(inst)  # disconnected with the room, even if half made
+            try:
+                for w, md in zip(workers, mds):
+                    w.connect_remote(inst, md)
+            except KvbmError as e:
+                raise HandoffRefused(f"connecting the metadata of room {self.room}'s state "
+                                     f"{c} failed: {e}") from e
+            self.states.append((c, src, inst))
+
     def disconnect(self) -> None:
         """Forgets the room's metadata (after its pulls ended or were
         canceled); nothing is connected for the room afterwards."""
@@ -128,7 +168,7 @@ class _DecodeRoom(HandoffSide):
             self.closed = True
             instances, self.instances = self.instances, []
         for inst in instances:
-            for w in self.side.mgr.workers:
+            for w in self.side.mgr.all_workers:
                 try:
                     w.disconnect_remote(inst)
                 except KvbmError:
@@ -273,6 +313,12 @@ class DecodeSide:
                 r.pulled = len(r.chunks)
             if last:
                 r.aux_rows = aux_rows
+                try:
+                    if self.layouts.get(token, "") is None:
+                        r.connect_states(wire.pull_states(msg))
+                except HandoffRefused as e:
+                    h.fail(str(e))
+                    return
                 pages = sum(len(s) for _, s, _ in r.chunks)
                 page_size = int(self.mgr.kv_args.page_size or 1)
                 h.fact(FactKind.SOURCE_HELD, timing_mode=TimingMode.FULL_PROMPT,
@@ -282,8 +328,9 @@ class DecodeSide:
     # ---- hand-offs
 
     def open_room(self, room: int, dst: np.ndarray, aux_index: Optional[int],
-                  targets: List[Tuple[str, int]], submit: Any) -> None:
-        r = _DecodeRoom(self, room, dst, aux_index, targets, submit)
+                  targets: List[Tuple[str, int]], submit: Any,
+                  state_dst: List[np.ndarray]) -> None:
+        r = _DecodeRoom(self, room, dst, aux_index, targets, submit, state_dst)
         with self._rooms_lock:
             old = self.rooms.pop(room, None)
             self.rooms[room] = r
@@ -325,6 +372,18 @@ class DecodeSide:
                         r.handoff.pull(w, inst, src[off:off + n], dst)
         except (KvbmError, ValueError, TypeError) as e:
             raise HandoffRefused(f"starting the pull of room {r.room}'s pages failed: "
+                                 f"{e}") from e
+
+    def pull_states(self, r: _DecodeRoom) -> None:
+        """Starts pulling r's state slots from its prefill into r's, with
+        each component's workers, after its pages (StartTransfer). Raises
+        HandoffRefused."""
+        try:
+            for c, src, inst in r.states:
+                for w in self.mgr.state_workers[c]:
+                    r.handoff.pull(w, inst, src, r.state_dst[c])
+        except (KvbmError, ValueError, TypeError) as e:
+            raise HandoffRefused(f"starting the pull of room {r.room}'s state failed: "
                                  f"{e}") from e
 
     def done(self, r: _DecodeRoom, status: int, reason: str) -> None:
@@ -406,6 +465,10 @@ class KvbmKVReceiver(CommonKVReceiver):
         elif not mgr.is_mla_backend and info.attn_tp_size != mgr.attn_tp_size:
             why = f"different attention TP sizes for a non-MLA model (prefill " \
                   f"{info.attn_tp_size}, decode {mgr.attn_tp_size})"
+        elif mgr.state_workers and info.attn_tp_size != mgr.attn_tp_size:
+            # A state slot is one rank's shard: another TP would need it resliced.
+            why = f"different attention TP sizes with state buffers (prefill " \
+                  f"{info.attn_tp_size}, decode {mgr.attn_tp_size})"
         elif self.required_prefill_response_num != 1:
             why = f"pulling one request from {self.required_prefill_response_num} prefill ranks"
         if why is not None:
@@ -426,10 +489,15 @@ class KvbmKVReceiver(CommonKVReceiver):
         if destination != KVTransferDestination.DEVICE:
             raise NotImplementedError("kvbm transfer backend: host KV destinations are not "
                                       "supported")
-        if state_indices and any(s is not None and len(s) > 0 for s in state_indices):
-            mgr.record_failure(room, "kvbm transfer backend: extra state (Mamba/SWA/DSA/...) "
-                                     "transfer is not supported")
+        try:
+            state_dst = pd_state.room_slots(mgr.states, state_indices)
+        except ValueError as e:
+            mgr.record_failure(room, str(e))
             mgr.update_status(room, KVPoll.Failed)
+            self.conclude_state = KVPoll.Failed
+            # SGLang's ABORT: the prefill, which has no reservation to wait
+            # for, fails the room now rather than after its bootstrap timeout.
+            self.ensure_abort_notified()
             return
         dst = np.ascontiguousarray(np.asarray(kv_indices, dtype=np.int32).reshape(-1))
         infos = getattr(self, "bootstrap_infos", None) or []
@@ -446,7 +514,7 @@ class KvbmKVReceiver(CommonKVReceiver):
             return True, None
 
         side: DecodeSide = mgr.side
-        side.open_room(room, dst, aux_index, targets, submit)
+        side.open_room(room, dst, aux_index, targets, submit, state_dst)
 
     def _poll(self) -> KVPoll:
         mgr = self.kv_mgr

@@ -1,15 +1,17 @@
 """The prefill side of kvbm's SGLang PD backend: it tells the decode ranks
 which of its pages hold each chunk, with the kvbm metadata that reads those
-pages only (block-scoped, until the waiting timeout), and lets go of a
-request once every decode rank pulled it (KVBM_DONE), or gives up after
-SGLANG_DISAGGREGATION_WAITING_TIMEOUT from its last chunk.
+pages only (block-scoped, until the waiting timeout), the last chunk with
+the room's state slots and the metadata that reads those only
+(``pd_state``), and lets go of a request once every decode rank pulled it
+(KVBM_DONE), or gives up after SGLANG_DISAGGREGATION_WAITING_TIMEOUT from
+its last chunk.
 
 A room's metadata dies with the room: when its status becomes final
 (Success or Failed: done, failed, aborted, timed out; or it is cleared) its
-pages are revoked (Worker.revoke_blocks) before the status is set, so before
-SGLang, which frees the pages once it polls that status, can give them to
-another request; the revocation returns once no read it allowed is under
-way."""
+pages and state slots are revoked (Worker.revoke_blocks) before the status
+is set, so before SGLang, which frees them once it polls that status, can
+give them to another request; the revocation returns once no read it
+allowed is under way."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from sglang.srt.disaggregation.common.conn import (ABORT_TAG, AbortNotification,
 
 from .._layout import Tier
 from ..errors import KvbmError
+from . import pd_state
 from . import pd_wire as wire
 
 __all__ = ["PrefillSide", "KvbmKVSender"]
@@ -50,6 +53,8 @@ class _PrefillRoom:
     # lock: none is made for the room once it ended (revoked).
     ended: bool = False
     scoped: List[np.ndarray] = field(default_factory=list)  # pages given out, not revoked
+    # (state component, slots) given out, not revoked
+    state_scoped: List[Tuple[int, np.ndarray]] = field(default_factory=list)
 
 
 class PrefillSide:
@@ -183,11 +188,13 @@ class PrefillSide:
         infos = mgr.transfer_infos.get(room)
         if infos is None or mgr.request_status.get(room) == KVPoll.Failed:
             return  # a dummy rank, cleared, or failed already
-        if state_indices and any(s is not None and len(s) > 0 for s in state_indices):
-            mgr.conclude_failure(bootstrap_room=room, failure_reason=(
-                "kvbm transfer backend: extra state (Mamba/SWA/DSA/...) transfer is not "
-                "supported"))
-            return
+        slots: List[np.ndarray] = []
+        if is_last_chunk:
+            try:  # the room's state slots go out with its last chunk
+                slots = pd_state.room_slots(mgr.states, state_indices)
+            except ValueError as e:
+                mgr.conclude_failure(bootstrap_room=room, failure_reason=str(e))
+                return
         for ev in (wait_event, indices_event):
             if ev is not None and hasattr(ev, "synchronize"):
                 ev.synchronize()  # the pages (or their indices) are written
@@ -202,15 +209,16 @@ class PrefillSide:
                 return
         real = [i for i in infos.values() if not i.is_dummy]
         try:
-            scopes = self._scopes(pr, pages) if real else []
+            made = self._scopes(pr, pages, slots) if real else ([], [])
         except (KvbmError, ValueError) as e:
             mgr.conclude_failure(bootstrap_room=room, failure_reason=(
                 f"kvbm transfer backend: the metadata of room {room}'s pages: {e}"))
             return
-        if scopes is None:
+        if made is None:
             return  # the room ended meanwhile
+        scopes, states = made
         frames = wire.pull(room, mgr.token, mgr._prefill_unique_rank(), index_slice.start,
-                           pages, is_last_chunk, scopes, aux_rows)
+                           pages, is_last_chunk, scopes, aux_rows, states)
         for info in real:
             try:
                 mgr._send((info.endpoint, info.dst_port), frames)
@@ -228,14 +236,29 @@ class PrefillSide:
             else:
                 self._maybe_success(room)
 
-    def _scopes(self, pr: _PrefillRoom, pages: np.ndarray) -> Optional[List[wire.Scope]]:
+    def _scopes(self, pr: _PrefillRoom, pages: np.ndarray, slots: List[np.ndarray]
+                ) -> Optional[Tuple[List[wire.Scope], List[pd_state.StateScope]]]:
         """The metadata that reads pages (this rank's G1 blocks) and nothing
-        else, per piece (wire.scope_pieces) and worker, until the waiting
-        timeout; None once the room ended (its pages revoked)."""
+        else, per piece (wire.scope_pieces) and worker, and each state
+        component's that reads its slots only, until the waiting timeout;
+        None once the room ended (its pages and slots revoked)."""
         expires = float(self.mgr.waiting_timeout) + _SCOPE_MARGIN_S
         with self._scope_lock:
             if pr.ended:
                 return None
+            states = []
+            for c, s in enumerate(slots):
+                if not len(s):
+                    continue
+                if len(wire.scope_pieces(s)) > 1:
+                    raise ValueError(f"{len(s)} slots of state {c} in more than "
+                                     f"{wire.SCOPE_RUNS} runs")
+                first, *rest = self.mgr.state_workers[c]
+                mds = [first.export_metadata(blocks={Tier.G1: s.tolist()}, expires=expires)]
+                pr.state_scoped.append((c, s))  # given out: revoked with the room
+                mds += [w.export_metadata(blocks={Tier.G1: s.tolist()}, expires=expires)
+                        for w in rest]
+                states.append((c, s, mds))
             out = []
             for off, n in wire.scope_pieces(pages):
                 piece = pages[off:off + n]
@@ -245,7 +268,7 @@ class PrefillSide:
                 pr.scoped.append(piece)  # given out: revoked with the room
                 mds += [w.export_metadata(blocks=scope, expires=expires) for w in rest]
                 out.append((n, mds))
-            return out
+            return out, states
 
     def revoke(self, room: int) -> None:
         """Ends the metadata of every page room's KVBM_PULLs gave out
@@ -260,6 +283,7 @@ class PrefillSide:
         # so its metadata is made after it and reads on.
         with self._scope_lock:
             pr.ended = True
+            self._revoke_states(room, pr)
             scoped, pr.scoped = pr.scoped, []
             if not scoped:
                 return
@@ -276,6 +300,22 @@ class PrefillSide:
                 except (KvbmError, ValueError) as e:  # a closed worker too
                     logger.error("kvbm transfer backend: revoking room %s's %d pages: %s",
                                  room, len(ids), e)
+
+    def _revoke_states(self, room: int, pr: _PrefillRoom) -> None:
+        """revoke's part for the state slots pr gave out (scope lock held):
+        a slot another live room gives out too stays readable until it ends."""
+        given, pr.state_scoped = pr.state_scoped, []
+        for c in sorted({c for c, _ in given}):
+            live = {int(b) for other in list(self.rooms.values())
+                    if other is not pr and not other.ended
+                    for oc, s in other.state_scoped if oc == c for b in s}
+            ids = sorted({int(b) for gc, s in given if gc == c for b in s} - live)
+            for w in self.mgr.state_workers.get(c, []) if ids else []:
+                try:
+                    w.revoke_blocks({Tier.G1: ids})
+                except (KvbmError, ValueError) as e:  # a closed worker too
+                    logger.error("kvbm transfer backend: revoking room %s's %d slots of "
+                                 "state %s: %s", room, len(ids), c, e)
 
     def _aux_rows(self, aux_index: Optional[int]) -> List[bytes]:
         """Row aux_index of every aux buffer (host memory), copied."""

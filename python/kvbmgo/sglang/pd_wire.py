@@ -14,7 +14,8 @@ listens on): ``Auth``)::
     decode -> prefill  KVBM_ROOM  per request: the decode reserved its pages
     prefill -> decode  KVBM_PULL  per sent chunk: source pages, the kvbm
                                   metadata that reads those pages only (+ aux
-                                  row, last)
+                                  row and state slots with their own scoped
+                                  metadata, last; pd_state)
     decode -> prefill  KVBM_DONE  the decode owns the KV (or gave up): release
     prefill -> decode  KVBM_STATUS  the prefill failed the request (reason)
 
@@ -91,26 +92,30 @@ class KVGroup:
                             layout="layer_separate", block_dim="first")
 
 
-def kv_groups(lens: Sequence[int], item_lens: Sequence[int]) -> List[KVGroup]:
-    """KVArgs' buffers grouped by (pages, page bytes), in buffer order.
-    Raises ValueError for a buffer smaller than a page or a bad length."""
+def kv_groups(lens: Sequence[int], item_lens: Sequence[int], what: str = "KV"
+              ) -> List[KVGroup]:
+    """KVArgs' buffers (what: whose, for the errors) grouped by (pages, page
+    bytes), in buffer order. Raises ValueError for a buffer smaller than a
+    page or a bad length."""
     if len(lens) != len(item_lens) or not lens:
-        raise ValueError(f"kvbm transfer backend: {len(lens)} KV buffer lengths, "
+        raise ValueError(f"kvbm transfer backend: {len(lens)} {what} buffer lengths, "
                          f"{len(item_lens)} item lengths (need as many, at least one)")
     by_shape: Dict[Tuple[int, int], List[int]] = {}
     for i, (n, item) in enumerate(zip(lens, item_lens)):
         n, item = int(n), int(item)
         if item <= 0 or n < item:
-            raise ValueError(f"kvbm transfer backend: KV buffer {i} has {n} bytes, "
+            raise ValueError(f"kvbm transfer backend: {what} buffer {i} has {n} bytes, "
                              f"its page {item}")
         by_shape.setdefault((n // item, item), []).append(i)
     return [KVGroup(tuple(ix), pages, item) for (pages, item), ix in by_shape.items()]
 
 
-def signature(groups: Sequence[KVGroup], aux_item_lens: Sequence[int]) -> str:
-    """What both sides must agree on (page counts may differ)."""
+def signature(groups: Sequence[KVGroup], aux_item_lens: Sequence[int],
+              states: Sequence[Any] = ()) -> str:
+    """What both sides must agree on (page counts may differ); states: the
+    state components' part (pd_state.signature)."""
     return json.dumps({"kv": [[list(g.buffers), g.item_len] for g in groups],
-                       "aux": [int(x) for x in aux_item_lens]})
+                       "aux": [int(x) for x in aux_item_lens], "state": list(states)})
 
 
 # ---- decode -> prefill
@@ -200,16 +205,25 @@ Scope = Tuple[int, List[bytes]]
 
 
 def pull(room: int, token: str, rank: int, start: int, pages: np.ndarray, last: bool,
-         scopes: Sequence[Scope], aux_rows: Optional[List[bytes]]) -> List[bytes]:
+         scopes: Sequence[Scope], aux_rows: Optional[List[bytes]],
+         states: Sequence[Tuple[int, np.ndarray, List[bytes]]] = ()) -> List[bytes]:
     """KVBM_PULL: pages (int32) hold the request's pages from index start;
-    scopes cover them in order (see Scope); the last one carries the aux rows."""
+    scopes cover them in order (see Scope); the last one carries the aux rows
+    and the room's state slots (states: pd_state.StateScope, each component
+    with slots: its index, the slots, its workers' metadata scoped to them)."""
     workers = len(scopes[0][1]) if scopes else 0
     if any(len(mds) != workers for _, mds in scopes):
         raise ValueError("kvbm transfer backend: scopes with different worker counts")
     counts = ",".join(str(int(n)) for n, _ in scopes)
+    # The states frame: "component:workers" per component with slots; then,
+    # after the pages' metadata, each one's slots and its workers' metadata.
+    desc = ",".join(f"{int(c)}:{len(mds)}" for c, _, mds in states)
+    state_frames = [f for _, slots, mds in states
+                    for f in [np.ascontiguousarray(slots, np.int32).tobytes(), *mds]]
     return ([TAG_PULL, _a(room), token.encode("ascii"), _a(rank), _a(start), pages.tobytes(),
-             b"1" if last else b"0", _a(workers), counts.encode("ascii")]
-            + [md for _, mds in scopes for md in mds] + (aux_rows or []))
+             b"1" if last else b"0", _a(workers), counts.encode("ascii"),
+             desc.encode("ascii")]
+            + [md for _, mds in scopes for md in mds] + state_frames + (aux_rows or []))
 
 
 def parse_pull(msg: List[bytes]) -> Tuple[int, str, int, np.ndarray, bool, List[Scope],
@@ -220,13 +234,36 @@ def parse_pull(msg: List[bytes]) -> Tuple[int, str, int, np.ndarray, bool, List[
     pages = np.frombuffer(msg[5], dtype=np.int32)
     workers = int(msg[7])
     counts = [int(x) for x in msg[8].decode("ascii").split(",")] if msg[8] else []
-    if workers < 0 or len(msg) < 9 + len(counts) * workers:
+    if workers < 0 or len(msg) < 10 + len(counts) * workers:
         raise ValueError(f"kvbm transfer backend: a KVBM_PULL with {len(msg)} frames, "
                          f"scopes {counts} of {workers} workers")
-    mds = list(msg[9:9 + len(counts) * workers])
+    mds = list(msg[10:10 + len(counts) * workers])
     scopes = [(n, mds[i * workers:(i + 1) * workers]) for i, n in enumerate(counts)]
+    states, end = _parse_states(msg, 10 + len(counts) * workers)
     return (int(msg[1]), msg[2].decode(), int(msg[4]), pages, msg[6] == b"1", scopes,
-            list(msg[9 + len(counts) * workers:]))
+            list(msg[end:]))
+
+
+def pull_states(msg: List[bytes]) -> List[Tuple[int, np.ndarray, List[bytes]]]:
+    """The state slots a KVBM_PULL carries (see pull). Raises ValueError."""
+    workers = int(msg[7])
+    counts = [int(x) for x in msg[8].decode("ascii").split(",")] if msg[8] else []
+    return _parse_states(msg, 10 + len(counts) * workers)[0]
+
+
+def _parse_states(msg: List[bytes], at: int
+                  ) -> Tuple[List[Tuple[int, np.ndarray, List[bytes]]], int]:
+    """(the states of a KVBM_PULL whose state frames start at at, the index
+    of the frame after them)."""
+    out = []
+    for entry in (msg[9].decode("ascii").split(",") if msg[9] else []):
+        comp, n = (int(x) for x in entry.split(":"))
+        if comp < 0 or n < 0 or len(msg) < at + 1 + n:
+            raise ValueError(f"kvbm transfer backend: a KVBM_PULL with {len(msg)} frames, "
+                             f"states {msg[9][:80]!r}")
+        out.append((comp, np.frombuffer(msg[at], dtype=np.int32), list(msg[at + 1:at + 1 + n])))
+        at += 1 + n
+    return out, at
 
 
 # ---- authentication (_control.choose_key)

@@ -17,6 +17,12 @@ LAYERS, PAGE, HEADS, HEAD_DIM, ITEM = 3, 4, 2, 8, 2  # fp16: ITEM bytes per elem
 PAGE_BYTES = PAGE * HEADS * HEAD_DIM * ITEM
 AUX_ITEM_LENS = (64, 64, 512, 64)  # output ids, cached tokens, hidden states, bootstrap room
 AUX_ROWS = 8
+# Hybrid models' state buffers, shaped as SGLang's pools hand them over: a
+# Mamba pool (per layer a float32 temporal state and a bf16 conv state per
+# slot: slots of two sizes) and an SWA pool (K and V of each sliding-window
+# layer, a page a slot).
+MAMBA_LAYERS, MAMBA_SLOTS, MAMBA_ITEMS = 2, 6, (4 * 8 * 4, 16 * 3 * 2)
+SWA_LAYERS, SWA_PAGES = 2, 10
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
           "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -56,7 +62,7 @@ class Side:
     (mla: one buffer per layer, a wider page); draft: two more layers of a
     draft model's pool, with a smaller page (a second kvbm layout)."""
 
-    def __init__(self, pages, seed=None, mla=False, draft=False):
+    def __init__(self, pages, seed=None, mla=False, draft=False, states=()):
         self.pages, self.mla = pages, mla
         self.items = [PAGE * 72 * ITEM] * LAYERS if mla else [PAGE_BYTES] * (2 * LAYERS)
         if draft:
@@ -69,6 +75,17 @@ class Side:
             return rng.integers(0, 256, shape, dtype=np.uint8)
         self.kv = [buf(pages * item) for item in self.items]
         self.aux = [buf((AUX_ROWS, n)) for n in AUX_ITEM_LENS]
+        # states: "mamba" / "swa" per component, in KVArgs order; each a list
+        # of buffers (slots x item bytes)
+        self.state_kinds = list(states)
+        self.state = []
+        for kind in self.state_kinds:
+            if kind == "mamba":
+                shapes = [(MAMBA_SLOTS, MAMBA_ITEMS[0])] * MAMBA_LAYERS + \
+                    [(MAMBA_SLOTS, MAMBA_ITEMS[1])] * MAMBA_LAYERS
+            else:
+                shapes = [(SWA_PAGES, PAGE_BYTES)] * (2 * SWA_LAYERS)
+            self.state.append([buf(shape) for shape in shapes])
 
     def kv_any(self):
         return any(b.any() for b in self.kv)
@@ -103,7 +120,23 @@ class Side:
         a.state_item_lens = []
         a.state_layer_ids = []
         a.state_dim_per_tensor = []
+        a.state_conv_shard_groups = []
+        a.state_slice_outer_counts = []
+        from sglang.srt.disaggregation.base.conn import StateType
+        from sglang.srt.disaggregation.utils import append_state_component
+        for kind, bufs in zip(self.state_kinds, self.state):
+            # SGLang's own helper, as setup_state_kv_args calls it
+            append_state_component(a, StateType(kind), [int(b.ctypes.data) for b in bufs],
+                                   [int(b.nbytes) for b in bufs],
+                                   [int(b[0].nbytes) for b in bufs])
         return a
+
+    def slot(self, comp, buf, i):
+        """Slot i of buffer buf of state component comp."""
+        return self.state[comp][buf][i]
+
+    def state_any(self):
+        return any(b.any() for bufs in self.state for b in bufs)
 
     def page(self, buf, page):
         item = self.items[buf]
@@ -137,14 +170,23 @@ def wait_for(poll, want, timeout, what):
         time.sleep(0.01)
 
 
-def prefill_send(sender, pages, aux_row, chunks=2, num_pages=None):
+def prefill_send(sender, pages, aux_row, chunks=2, num_pages=None, state=None):
     """What prefill.py does once the sender is WaitingForInput: init, then a
-    send per chunk (the last one after the metadata row is written)."""
+    send per chunk (the last one after the metadata row is written, with
+    the state indices: state, or [] for a model without state)."""
     pages = np.asarray(pages, dtype=np.int32)
     sender.init(len(pages) if num_pages is None else num_pages, aux_row)
     parts = np.array_split(pages, chunks)
     for i, part in enumerate(parts):
-        sender.send(part, [] if i == len(parts) - 1 else None, num_kv_tokens=len(part) * PAGE)
+        last = i == len(parts) - 1
+        sender.send(part, (state if state is not None else []) if last else None,
+                    num_kv_tokens=len(part) * PAGE)
+
+
+def mamba_indices(slot):
+    """A Mamba slot as prefill.py/decode.py pass it: a list holding the
+    numpy form of a 0-d int32 tensor."""
+    return [np.array(slot, dtype=np.int32)]
 
 
 def _prefill_main(argv):

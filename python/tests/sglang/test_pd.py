@@ -424,9 +424,10 @@ def test_prefill_abort(pair):
     assert not p.D.kv_any()
 
 
-def test_state_transfer_is_refused_with_the_reason(pair):
-    """A request with extra state (a Mamba/SWA/... model) fails with the
-    reason on the decode, instead of moving the KV without its state."""
+def test_state_indices_without_state_buffers_are_refused_with_the_reason(pair):
+    """State indices for a manager SGLang gave no state buffers fail the
+    room with the reason on the decode, instead of moving the KV without
+    them (state buffers themselves: test_pd_state.py)."""
     p = pair()
     room = 93
     p.sender(room)
