@@ -15,9 +15,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-from harness import BLOCK, LAYERS, Engine, pattern  # noqa: E402
+from harness import BLOCK, Engine  # noqa: E402
 
 A_TOKENS = 87            # 5 full blocks and 7 tokens
 SHARED = 5 * BLOCK       # what B shares with A
