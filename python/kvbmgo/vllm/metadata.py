@@ -93,6 +93,9 @@ class KvbmConnectorMetadata(KVConnectorMetadata):
     #: vLLM reset the connector's cache: drop what G2 and G3 hold, before
     #: this step's loads.
     reset_cache: bool = False
+    #: The id of this step's stores (0: none): each worker says when they
+    #: are over (KvbmWorkerMetadata.settled; stores_in_flight.py).
+    store_batch: int = 0
 
 
 #: A cache event as it crosses processes: (kind, tier, key); kind 1 stored,
@@ -105,12 +108,15 @@ LOST = 3
 
 @dataclass
 class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
-    """The cache events a worker drained this step, in order."""
+    """The cache events a worker drained this step, in order, and the
+    store batches (KvbmConnectorMetadata.store_batch) it saw end since the
+    last step: their blocks' events are among these or earlier ones."""
     events: List[WireEvent] = field(default_factory=list)
+    settled: List[int] = field(default_factory=list)
 
     def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KvbmWorkerMetadata":
         # Several ranks: their events, one after the other. The scheduler's
         # index is a mirror, and a block one rank lacks fails its load
         # (reported through get_block_ids_with_load_errors), never a wrong byte.
         assert isinstance(other, KvbmWorkerMetadata)
-        return KvbmWorkerMetadata(self.events + other.events)
+        return KvbmWorkerMetadata(self.events + other.events, self.settled + other.settled)

@@ -18,7 +18,7 @@ import logging
 from itertools import islice
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Container, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.request import RequestStatus
@@ -27,6 +27,7 @@ from .._control import new_token
 from .config import KvbmConfig
 from .groups import NULL_BLOCK, KvGroups
 from .stats import KvbmConnectorStats
+from .stores_in_flight import StoresInFlight
 from .metadata import (LOST, SYNC_FAILURE_STEPS, BlockLoad, BlockStore, KvbmConnectorMetadata,
                        KvbmWorkerMetadata, RemotePull, RemoteSend)
 
@@ -112,6 +113,7 @@ class KvbmScheduler:
         self._sends: List[RemoteSend] = []
         self._pulls: List[RemotePull] = []
         self._tiers: Dict[bytes, Set[int]] = {}       # key -> tiers holding it
+        self._in_flight = StoresInFlight(tp_size)     # stores not heard the end of
         # For BlockStored: (parent hash, tokens) of keys offered or cached,
         # at most _MAX_TOKENS (oldest dropped first: their events then carry
         # no tokens; offers the cache declined would otherwise stay forever).
@@ -126,10 +128,11 @@ class KvbmScheduler:
     # ---- vLLM's scheduler calls, in its order
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
-                                   ) -> Tuple[int, bool]:
+                                   ) -> Tuple[Optional[int], bool]:
         """Tokens beyond num_computed_tokens the cache can load: whole
         blocks that follow the GPU's hit, leaving at least one prompt token
-        to compute. Side-effect free but for remembering the answer.
+        to compute; None while the hit would grow with stores in flight.
+        Side-effect free but for remembering the answer.
 
         A decode request of a remote prefill (kv_transfer_params
         do_remote_prefill) loads, asynchronously, every prompt token not
@@ -145,21 +148,32 @@ class KvbmScheduler:
         hashes = request.block_hashes
         # vLLM computes at least one token: never claim the last prompt token.
         limit = (request.num_tokens - 1) // bs
-        if self.groups.hybrid:
-            n = self._hybrid_match(hashes, start, limit)
-            self._remember(request, (start, n), False, max(0, limit - start) * bs)
-            return (n * bs, True) if n else (0, False)
-        # vLLM's BlockHash is bytes at run time: looked up as it is.
-        n = 0
-        tiers = self._tiers
-        for h in islice(hashes, start, limit):
-            if h not in tiers:
-                break
-            n += 1
+        match = self._hybrid_match if self.groups.hybrid else self._match
+        n = match(hashes, start, limit, self._tiers)
+        # A prefix that runs on into blocks being stored: asked again next
+        # step, when the index may have them (stores_in_flight.py).
+        if self._in_flight and match(hashes, start, limit,
+                                     self._in_flight.with_index(self._tiers)) > n \
+                and self._in_flight.may_wait(request.request_id):
+            return None, False
+        self._in_flight.done_waiting(request.request_id)
         self._remember(request, (start, n), False, max(0, limit - start) * bs)
+        if self.groups.hybrid:
+            return (n * bs, True) if n else (0, False)
         if n == 0:
             return 0, False
         return n * bs, self.config.async_load
+
+    @staticmethod
+    def _match(hashes: Any, start: int, limit: int, keys: Container[bytes]) -> int:
+        """How many blocks after start keys holds, in a row."""
+        n = 0
+        # vLLM's BlockHash is bytes at run time: looked up as it is.
+        for h in islice(hashes, start, limit):
+            if h not in keys:
+                break
+            n += 1
+        return n
 
     def _remote_prefill(self, request: Any) -> Optional[dict]:
         """_remote_prefill, but a hybrid model's request is computed here:
@@ -181,8 +195,9 @@ class KvbmScheduler:
 
     # ---- several KV cache groups (groups.py)
 
-    def _hybrid_match(self, hashes: Any, start: int, limit: int) -> int:
-        """The blocks after start the cache can restore in every kept group:
+    def _hybrid_match(self, hashes: Any, start: int, limit: int, tiers: Container[bytes]
+                      ) -> int:
+        """The blocks after start tiers can restore in every kept group:
         the longest prefix every full-attention group holds, shortened until
         each sliding-window group holds the blocks vLLM keeps for it (those
         in the window of the hit's end)."""
@@ -190,7 +205,6 @@ class KvbmScheduler:
         if groups.inert is not None:
             return 0
         limit = min(limit, groups.num_blocks(hashes))
-        tiers = self._tiers
         full = [g for g in groups.kept if g.kind == "full"]
         window = [g for g in groups.kept if g.kind == "window"]
         end = start
@@ -427,9 +441,12 @@ class KvbmScheduler:
             st = self._requests.get(req_id)
             if st is not None:
                 st.block_ids = []
+        self._in_flight.expire()
         md = KvbmConnectorMetadata(loads=self._loads, stores=stores, allocated=allocated,
                                    preempted=preempted, sends=self._sends, pulls=self._pulls,
-                                   reset_cache=self._reset)
+                                   reset_cache=self._reset,
+                                   store_batch=self._in_flight.offer(
+                                       k for st in stores for k in st.keys))
         self._loads, self._sends, self._pulls = [], [], []
         self._reset = False
         return md
@@ -449,6 +466,7 @@ class KvbmScheduler:
         recorded (aborted) tells the prefill to let go."""
         req_id = request.request_id
         self._requests.pop(req_id, None)
+        self._in_flight.done_waiting(req_id)
         params = getattr(request, "kv_transfer_params", None) or {}
         if self.consumer and params.get("do_remote_prefill") \
                 and self._remote_prefill(request) is not None:
@@ -481,10 +499,12 @@ class KvbmScheduler:
         return self.request_finished(request, [])
 
     def update_connector_output(self, connector_output: Any) -> None:
-        """Feeds the workers' cache events into the index and into take_events."""
+        """Feeds the workers' cache events into the index and into
+        take_events, then ends the store batches they said are over."""
         md = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(md, KvbmWorkerMetadata):
             self.apply_events(md.events)
+            self._in_flight.settled(md.settled)
 
     def apply_events(self, events: Iterable[Tuple[int, int, bytes]]) -> None:
         bs = self.block_size

@@ -35,12 +35,14 @@ _LENT = "vLLM lent the KV cache's memory away (sleep mode or a weight update)"
 @dataclass
 class _Store:
     """An offload in flight: its notification, the requests whose blocks it
-    reads, those G1 blocks, and (CUDA) the event its copies wait for."""
+    reads, those G1 blocks, (CUDA) the event its copies wait for, and the
+    scheduler's id of its batch."""
     n: Any
     reqs: Set[str]
     ids: Set[int]
     ev: Any
     t0: float = 0.0  # time.monotonic() at its start
+    batch: int = 0
 
 
 class KvbmWorker(WorkerStats):
@@ -83,6 +85,7 @@ class KvbmWorker(WorkerStats):
         self._sync_load: Optional[Tuple[Any, List[int]]] = None
         self._async_loads: Dict[str, Tuple[Any, List[int]]] = {}
         self._stores: List[_Store] = []  # in flight
+        self._settled: List[int] = []    # store batches over, for the scheduler
         # Requests vLLM holds for a decode instance that cannot pull them
         # (no side channel): reported in finished_sending at once.
         self._held: Set[str] = set()
@@ -428,7 +431,10 @@ class KvbmWorker(WorkerStats):
         # ... and those of the steps before (see SYNC_FAILURE_STEPS).
         self._sync_failed.append(now_failed)
         failed = set().union(*self._sync_failed)
-        if not md.stores or self.worker is None:
+        if not md.stores:
+            return
+        if self.worker is None:
+            self._settle(md.store_batch)
             return
         keys: List[bytes] = []
         ids: List[int] = []
@@ -450,6 +456,7 @@ class KvbmWorker(WorkerStats):
                     keys.append(k)
                     ids.append(b)
         if not keys:
+            self._settle(md.store_batch)
             return
         ev: Any = None
         if self._cuda:
@@ -461,8 +468,9 @@ class KvbmWorker(WorkerStats):
                                              else ev.cuda_event)
         except (KvbmError, ValueError) as e:
             log.warning("kvbm: offload of %d blocks refused: %s", len(ids), e)
+            self._settle(md.store_batch)
             return
-        self._stores.append(_Store(n, reqs, set(ids), ev, time.monotonic()))
+        self._stores.append(_Store(n, reqs, set(ids), ev, time.monotonic(), md.store_batch))
         self._moved = True
 
     def handle_preemptions(self, md: KvbmConnectorMetadata) -> None:
@@ -534,8 +542,14 @@ class KvbmWorker(WorkerStats):
         failed = self._finish(st.n)
         self._stat().observe("store_seconds", time.monotonic() - st.t0)
         self._moved = True
+        self._settle(st.batch)
         if failed:
             log.info("kvbm: %d blocks not offloaded: %s", len(failed), failed)
+
+    def _settle(self, batch: int) -> None:
+        """The store batch is over: what landed is among the cache's events."""
+        if batch:
+            self._settled.append(batch)
 
     def take_failed_recving(self) -> Set[str]:
         """The requests (of those get_finished reported received) whose
@@ -549,8 +563,10 @@ class KvbmWorker(WorkerStats):
 
     def build_worker_meta(self) -> Optional[KvbmWorkerMetadata]:
         lost, self._lost = self._lost, []
+        settled, self._settled = self._settled, []
+        # After the batches' ends: their blocks' events are drained too.
         events = self.worker.cache.events() if self.worker is not None else []
-        if not events and not lost:
+        if not events and not lost and not settled:
             return None
         return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events] +
-                                  [(LOST, 0, k) for k in lost])
+                                  [(LOST, 0, k) for k in lost], settled)
