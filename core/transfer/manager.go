@@ -78,6 +78,10 @@ type entry struct {
 	// gate counts the transfers on memory its owner registered
 	// (RegisterExternal), which Withdraw waits for (nil otherwise).
 	gate *inflightGate
+	// leaveWith ends a transfer through gate that held the registering
+	// manager only: made once, so that such a transfer's release allocates
+	// nothing (nil for imports: their manager is another).
+	leaveWith func()
 }
 
 // Manager is the transfer manager of one worker. Safe for concurrent use.

@@ -116,6 +116,7 @@ func (m *Manager) RegisterExternal(kind storage.Kind, cfg layout.Config, shape S
 			e.owned = append(e.owned, mem)
 		}
 	}
+	e.leaveWith = func() { e.gate.leave(); m.inflight.leave() }
 	return m.register(e, cfg, shape, ptrs)
 }
 

@@ -142,6 +142,7 @@ func attached(d Descriptor, a Attachment) (*entry, error) {
 		imported := *e
 		imported.owned = nil // the exporting worker owns the memory
 		imported.owner = a.Exporter
+		imported.leaveWith = nil // it leaves the exporter's manager, not the importer's
 		return &imported, nil
 	}
 	l, err := layout.New(d.Config, d.Shape.Kind, d.Shape.BlockDim, d.Bases)

@@ -115,11 +115,57 @@ func (m *Manager) holdGated(entries []*entry) (release func(), err error) {
 		m.inflight.leave()
 		return nil, err
 	}
+	if one := soleGate(m, entries); one != nil {
+		return one.leaveWith, nil // the common case (G1 and this manager's own layouts): no allocation
+	}
 	rest, err := m.holdOwners(entries)
 	if err != nil {
 		leaveGates(entries)
 		return nil, err
 	}
-	entries = append([]*entry(nil), entries...) // the caller's may be reused
-	return func() { leaveGates(entries); rest() }, nil
+	// One closure, with the gated entries in it (a transfer names at most
+	// three layouts: source, destination, bounce): no slice to copy.
+	var g [3]*entry
+	n := 0
+	for _, e := range entries {
+		if e != nil && e.gate != nil {
+			if n == len(g) {
+				all := append([]*entry(nil), entries...) // the caller's may be reused
+				return func() { leaveGates(all); rest() }, nil
+			}
+			g[n] = e
+			n++
+		}
+	}
+	return func() {
+		for _, e := range g[:n] {
+			e.gate.leave()
+		}
+		rest()
+	}, nil
+}
+
+// soleGate is the one gated entry of a transfer that holds no other
+// manager (no import of this process among its layouts), whose release is
+// then its own leaveWith; nil otherwise.
+func soleGate(m *Manager, entries []*entry) *entry {
+	var one *entry
+	for _, e := range entries {
+		if e == nil {
+			continue
+		}
+		if e.owner != nil && e.owner != m {
+			return nil
+		}
+		if e.gate != nil {
+			if one != nil { // another, or the same layout twice (two passes through its gate)
+				return nil
+			}
+			one = e
+		}
+	}
+	if one == nil || one.leaveWith == nil {
+		return nil
+	}
+	return one
 }
