@@ -113,7 +113,9 @@ type target struct {
 func (s *sharedMaps) views(h transfer.LayoutHandle, ops []transfer.RemoteOp) ([]target, error) {
 	maps := s.maps[h]
 	if maps == nil {
-		return nil, &serverError{statusNotFound, fmt.Sprintf("layout %v left the peer; import its metadata again", h)}
+		// Unmapped since the caller looked (the peer refused it to another
+		// copy: gone, or withdrawn): the socket asks the peer, which says why.
+		return nil, errNotLent
 	}
 	views := make([]target, len(ops))
 	for i, o := range ops {
