@@ -214,7 +214,9 @@ class KvbmConnector(KVConnectorBase_V1, SupportsHMA):
         failed, by request (vLLM takes no block ids then)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import \
             KVConnectorTransferResults
-        sending, recving = self._worker.get_finished()
+        # Through get_finished, as vLLM's default does: a subclass that
+        # wraps it (the real-engine tests' recording one) sees every result.
+        sending, recving = self.get_finished(finished_req_ids)
         return KVConnectorTransferResults(finished_sending=set(sending or ()),
                                           finished_recving=set(recving or ()),
                                           failed_recving=self._worker.take_failed_recving())
