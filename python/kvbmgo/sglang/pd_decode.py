@@ -476,6 +476,9 @@ class KvbmKVReceiver(CommonKVReceiver):
                                                     f"supported")
             mgr.update_status(self.bootstrap_room, KVPoll.Failed)
             self.conclude_state = KVPoll.Failed
+            # As send_metadata's refusals: the prefill fails the room now
+            # (SGLang's ABORT) rather than after its bootstrap timeout.
+            self.ensure_abort_notified()
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Optional[List] = None,

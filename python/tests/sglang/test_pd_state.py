@@ -188,10 +188,14 @@ def test_state_buffers_with_another_tp_are_refused(pair):
     p = pair(states=("mamba",), mla=True)
     p.dm.attn_tp_size = 2
     room = 6360
-    p.sender(room)
+    sender = p.sender(room)
     recv = p.receiver(room)
     assert recv.poll() == KVPoll.Failed
     assert "different attention TP sizes with state buffers" in failure(recv)
+    # The prefill is told (SGLang's ABORT) and fails at once, not after its
+    # bootstrap timeout.
+    wait_for(sender.poll, {KVPoll.Failed}, 3, "prefill")
+    assert "bort" in failure(sender)
 
 
 def test_state_slots_are_scoped_and_revoked_before_the_status_is_final(pair, monkeypatch):
