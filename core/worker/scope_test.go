@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"encoding/hex"
 	"fmt"
 	"strings"
 	"testing"
@@ -20,14 +19,7 @@ func (e *exporter) scoped(t *testing.T, tier Tier, blocks ...int) []byte {
 	for i, b := range blocks {
 		s[i] = fmt.Sprint(b)
 	}
-	_, err := fmt.Fprintf(e.stdin, "scope %d %s\n", tier, strings.Join(s, ","))
-	require.NoError(t, err)
-	require.True(t, e.out.Scan())
-	hexmd, ok := strings.CutPrefix(e.out.Text(), "metadata ")
-	require.True(t, ok, e.out.Text())
-	md, err := hex.DecodeString(hexmd)
-	require.NoError(t, err)
-	return md
+	return e.metadataOf(t, fmt.Sprintf("scope %d %s", tier, strings.Join(s, ",")))
 }
 
 // A decode holding request A's scoped metadata reads A's blocks and
@@ -104,10 +96,7 @@ func (e *exporter) revoke(t *testing.T, tier Tier, blocks ...int) string {
 	for i, b := range blocks {
 		s[i] = fmt.Sprint(b)
 	}
-	_, err := fmt.Fprintf(e.stdin, "revoke %d %s\n", tier, strings.Join(s, ","))
-	require.NoError(t, err)
-	require.True(t, e.out.Scan())
-	return e.out.Text()
+	return e.command(t, fmt.Sprintf("revoke %d %s", tier, strings.Join(s, ",")))
 }
 
 // Request A's scoped metadata dies with A: once the prefill revokes A's

@@ -18,7 +18,7 @@ import (
 // shape, which G1 comes back with (the prefix cache sized itself on it),
 // and the reason, for calls that need G1 meanwhile.
 type lentG1 struct {
-	cfg    layoutShape
+	shape  layoutShape
 	reason string
 }
 
@@ -51,7 +51,7 @@ func (w *PhysicalWorker) UnregisterG1(reason string) error {
 		return fmt.Errorf("unregister G1: %w", err)
 	}
 	w.handles.G1 = nil
-	w.lent = &lentG1{cfg: layoutShape{l.Config(), transfer.Shape{Kind: l.Kind(), BlockDim: l.BlockDim()}}, reason: reason}
+	w.lent = &lentG1{shape: layoutShape{l.Config(), transfer.Shape{Kind: l.Kind(), BlockDim: l.BlockDim()}}, reason: reason}
 	w.mu.Unlock()
 	err = w.m.Withdraw(*h, reason)
 	if f, ok := w.network.(remote.Withdrawer); ok {
@@ -84,8 +84,8 @@ func (w *PhysicalWorker) checkG1Back(s layoutShape) error {
 	}
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	if w.lent != nil && w.lent.cfg != s {
-		return fmt.Errorf("%w: G1 comes back as it was unregistered: %+v, not %+v", kvbmerr.ErrInvalidArgument, w.lent.cfg, s)
+	if w.lent != nil && w.lent.shape != s {
+		return fmt.Errorf("%w: G1 comes back as it was unregistered: %+v, not %+v", kvbmerr.ErrInvalidArgument, w.lent.shape, s)
 	}
 	return nil
 }

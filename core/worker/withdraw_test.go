@@ -26,6 +26,17 @@ func (e *exporter) command(t *testing.T, line string) string {
 	return e.out.Text()
 }
 
+// metadataOf sends the exporter process a line it answers with metadata.
+func (e *exporter) metadataOf(t *testing.T, line string) []byte {
+	t.Helper()
+	answer := e.command(t, line)
+	hexmd, ok := strings.CutPrefix(answer, "metadata ")
+	require.True(t, ok, answer)
+	md, err := hex.DecodeString(hexmd)
+	require.NoError(t, err)
+	return md
+}
+
 // A prefill whose engine takes G1's memory back (vLLM's sleep mode) and
 // frees it: a decode that still holds its metadata, whole-worker or
 // request-scoped, is refused at once, told why, and G2 is still served;
@@ -78,12 +89,8 @@ func TestUnregisteredG1IsRefusedWithItsReasonAndComesBack(t *testing.T) {
 
 			require.Equal(t, "registered", exp.command(t, "register-g1"))
 			require.ErrorContains(t, pull(whole, G1, 3, 1), "unregistered by its owner", "old metadata names the old G1")
-			md, ok := strings.CutPrefix(exp.command(t, "export"), "metadata ")
-			require.True(t, ok)
-			b, err := hex.DecodeString(md)
-			require.NoError(t, err)
 			const again InstanceID = 0xA3
-			require.NoError(t, dec.ConnectRemote(again, [][]byte{b}))
+			require.NoError(t, dec.ConnectRemote(again, [][]byte{exp.metadataOf(t, "export")}))
 			require.NoError(t, pull(again, G1, 3, 1))
 			require.Equal(t, pattern(size, 0x10000|3), dec.read(t, G2, 1))
 		})
@@ -148,12 +155,7 @@ func TestUnregisterG1UnderConcurrentPulls(t *testing.T) {
 				t.Logf("cycle %d: pulls completed before the sleep: %v", cycle, pulled)
 				require.Positive(t, pulled[0]+pulled[1]+pulled[2]+pulled[3], "the pulls were under way when G1 went")
 				require.Equal(t, "registered", exp.command(t, "register-g1"))
-				hexmd, ok := strings.CutPrefix(exp.command(t, "export"), "metadata ")
-				require.True(t, ok)
-				var err error
-				md, err = hex.DecodeString(hexmd)
-				require.NoError(t, err)
-				tag = 0x10000
+				md, tag = exp.metadataOf(t, "export"), 0x10000
 			}
 		})
 	}

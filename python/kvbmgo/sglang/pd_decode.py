@@ -119,17 +119,23 @@ class _DecodeRoom(HandoffSide):
             if len(mds) != len(workers):
                 raise HandoffRefused(f"the prefill sent the metadata of {len(mds)} workers, "
                                      f"this decode has {len(workers)}")
-            inst = next(self.side.next_instance)
-            self.instances.append(inst)  # disconnected with the room, even if half made
-            try:
-                for w, md in zip(workers, mds):
-                    w.connect_remote(inst, md)
-            except KvbmError as e:
-                raise HandoffRefused(f"connecting the metadata of room {self.room}'s pages "
-                                     f"failed: {e}") from e
-            pieces.append((off, n, inst))
+            pieces.append((off, n, self._connect(workers, mds, "pages")))
             off += n
         return pieces
+
+    def _connect(self, workers: List[Any], mds: List[bytes], what: str) -> int:
+        """Connects each worker's metadata under a new instance of the room
+        (disconnected with it, even if half made); the instance. Raises
+        HandoffRefused."""
+        inst = next(self.side.next_instance)
+        self.instances.append(inst)
+        try:
+            for w, md in zip(workers, mds):
+                w.connect_remote(inst, md)
+        except KvbmError as e:
+            raise HandoffRefused(f"connecting the metadata of room {self.room}'s {what} "
+                                 f"failed: {e}") from e
+        return inst
 
     def connect_states(self, states: List[pd_state.StateScope]) -> None:
         """Connects the prefill's state metadata (with the handoff's lock
@@ -151,15 +157,7 @@ class _DecodeRoom(HandoffSide):
             if len(mds) != len(workers):
                 raise HandoffRefused(f"the prefill sent the metadata of {len(mds)} workers "
                                      f"for state {c}, this decode has {len(workers)}")
-            inst = next(self.side.next_instance)
-            self.instances.append(inst)  # disconnected with the room, even if half made
-            try:
-                for w, md in zip(workers, mds):
-                    w.connect_remote(inst, md)
-            except KvbmError as e:
-                raise HandoffRefused(f"connecting the metadata of room {self.room}'s state "
-                                     f"{c} failed: {e}") from e
-            self.states.append((c, src, inst))
+            self.states.append((c, src, self._connect(workers, mds, f"state {c}")))
 
     def disconnect(self) -> None:
         """Forgets the room's metadata (after its pulls ended or were
