@@ -90,7 +90,13 @@ def test_revoked_before_the_status_is_final(server_args, spied, monkeypatch, end
         monkeypatch.setattr(Worker, "revoke_blocks", spy)
         room, src, dst = 4100, [6, 7, 8, 2], [1, 2, 3, 4]
         sender, recv = started(p, room, dst, 1)
-        metas = [m for m in spied.frames if m[0] == wire.TAG_META]
+        # The registration's answer reaches the decode's thread on its own
+        # time (the prefill may be waiting for input first).
+        deadline = time.monotonic() + 10
+        while not any(m[0] == wire.TAG_META for m in list(spied.frames)) and \
+                time.monotonic() < deadline:
+            time.sleep(0.005)
+        metas = [m for m in list(spied.frames) if m[0] == wire.TAG_META]
         assert metas and all(len(m) == 7 for m in metas), "KVBM_META carries no metadata"
         if end == "success":
             prefill_send(sender, src, 1)
