@@ -13,9 +13,15 @@ Kept groups:
 - full attention: every block of the prefix;
 - sliding window: the blocks vLLM keeps for a hit (those not null once the
   hit is computed), each stored in the step that computes it, before vLLM can
-  free and reuse its id.
-A prefix-cacheable group of another kind (Mamba / linear attention, chunked
-local attention, ...) cannot be restored at a block boundary yet: with one,
+  free and reuse its id;
+- Mamba / linear attention in vLLM's "align" cache mode: the state after a
+  whole number of blocks, stored from the exact block vLLM names for it
+  (boundary_state_offloads) under the hash of the prefix it ends, and loaded
+  into the block vLLM's align mode reads the state of a hit's end from (its
+  table entry for the hit's last block). A hit ends only where every Mamba
+  group holds that state.
+A prefix-cacheable group of another kind (chunked local attention, Mamba
+outside align mode, ...) cannot be restored at a block boundary: with one,
 the connector stores and loads nothing (one warning names the group), since
 a hit would leave that group's state wrong. Groups that are not
 prefix-cacheable are not the connector's (vLLM's own prefix cache skips them
@@ -45,6 +51,8 @@ NULL_BLOCK = 0
 #: Spec classes (and those derived from them) kept, by their kind.
 _FULL = ("FullAttentionSpec", "MLAAttentionSpec")
 _WINDOW = ("SlidingWindowSpec", "SlidingWindowMLASpec")
+#: Mamba / linear attention (GDN, short conv, ... all use vLLM's MambaSpec).
+_MAMBA = ("MambaSpec",)
 
 #: A hybrid key is the block hash, then this tag and the group (3 digits).
 _TAG = b"/g"
@@ -52,8 +60,8 @@ _TAG = b"/g"
 
 @dataclass(frozen=True)
 class KvGroup:
-    """A kept KV cache group: its index among vLLM's groups, kind ("full" or
-    "window"), tokens per block, and for a sliding window the tokens it
+    """A kept KV cache group: its index among vLLM's groups, kind ("full",
+    "window" or "mamba"), tokens per block, and for a sliding window the tokens it
     attends back (window) and the trailing ones vLLM retains beyond it."""
     index: int
     kind: str
@@ -73,7 +81,7 @@ class KvGroup:
 
 
 def _kind(spec: Any) -> Optional[str]:
-    """full / window for a spec the connector keeps, else None."""
+    """full / window / mamba for a spec the connector keeps, else None."""
     specs = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
     if isinstance(specs, dict) and specs:
         kinds = {_kind(s) for s in specs.values()}
@@ -83,7 +91,18 @@ def _kind(spec: Any) -> Optional[str]:
         return "full"
     if name in _WINDOW:
         return "window"
+    if name in _MAMBA and getattr(spec, "mamba_cache_mode", None) == "align":
+        return "mamba"
     return None
+
+
+def _why_not(spec: Any) -> str:
+    """Why a prefix-cacheable group's spec is not kept."""
+    if type(spec).__name__ in _MAMBA:
+        return (f"its mamba_cache_mode is {getattr(spec, 'mamba_cache_mode', None)!r}: kvbm "
+                f"keeps Mamba states in vLLM's 'align' mode, where they sit at block "
+                f"boundaries (--mamba-cache-mode align)")
+    return "kvbm cannot restore this kind of group at a block boundary"
 
 
 def _window(spec: Any) -> Tuple[int, int]:
@@ -122,10 +141,19 @@ class KvGroups:
     layer_names: Optional[FrozenSet[str]] = None
     #: (group index, its kind, its layers) of every kept group, for messages.
     layout: Tuple[Tuple[int, str, Tuple[str, ...]], ...] = ()
+    #: vLLM zeroes the blocks it hands out (models with Mamba layers) when a
+    #: step starts, before the connector hears of the step: no store may
+    #: read G1 past the step that offered it.
+    zeroed: bool = False
 
     @property
     def hybrid(self) -> bool:
         return self.num_groups > 1
+
+    @property
+    def mamba(self) -> Tuple[KvGroup, ...]:
+        """The kept Mamba groups (states at block boundaries)."""
+        return tuple(g for g in self.kept if g.kind == "mamba")
 
     @classmethod
     def single(cls, block_size: int) -> "KvGroups":
@@ -145,7 +173,7 @@ class KvGroups:
             spec = groups[i].kv_cache_spec
             kind = _kind(spec)
             if kind is None:
-                refused.append(_describe(i, groups[i]))
+                refused.append(f"{_describe(i, groups[i])}: {_why_not(spec)}")
                 continue
             window, retained = _window(spec) if kind == "window" else (0, 0)
             kept.append(KvGroup(int(i), kind, int(spec.block_size), window, retained,
@@ -156,8 +184,8 @@ class KvGroups:
         hbs = int(getattr(kv_cache_config, "hash_block_size", None) or bs)
         inert = None
         if refused:
-            inert = (f"{'; '.join(refused)}: kvbm cannot restore this kind of group at a "
-                     f"block boundary yet, and a hit without it would leave it wrong")
+            inert = (f"{'; '.join(refused)}; a hit without it would leave that group's "
+                     f"state wrong")
         elif not kept:
             inert = "no KV cache group is prefix-cacheable"
         elif len(sizes) > 1:
@@ -166,7 +194,11 @@ class KvGroups:
         elif bs % hbs:
             inert = f"the block hashes cover {hbs} tokens, which does not divide {bs}"
         layout = tuple((g.index, g.kind, tuple(groups[g.index].layer_names)) for g in kept)
-        return cls(tuple(kept), len(groups), bs, max(1, bs // hbs), inert, layers, layout)
+        zeroed = getattr(kv_cache_config, "needs_kv_cache_zeroing", None)
+        if zeroed is None:  # a vLLM before it: Mamba layers are why it zeroes
+            zeroed = any(_kind(g.kv_cache_spec) == "mamba" for g in groups)
+        return cls(tuple(kept), len(groups), bs, max(1, bs // hbs), inert, layers, layout,
+                   bool(zeroed))
 
     def shapes(self, views: Any) -> str:
         """Each kept group's KV view shape and dtype (its first layer's),

@@ -33,25 +33,30 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     names = list(kv_caches)
     if not names:
         raise ValueError("register_kv_caches: no KV caches")
-    # Layers that share one KV cache (KV sharing) are registered once.
+    # Layers that share one KV cache (KV sharing, or other KV cache groups'
+    # layers over the same pages) are registered once, as the layer whose
+    # block spans the most bytes there (an attention page beside a Mamba
+    # state that pads to it).
     first_of: Dict[int, str] = {}
     for name in names:
-        first_of.setdefault(int(kv_caches[name].data_ptr()), name)
+        ptr = int(kv_caches[name].data_ptr())
+        first = first_of.setdefault(ptr, name)
+        if _block_bytes(kv_caches[name]) > _block_bytes(kv_caches[first]):
+            first_of[ptr] = name
     views = [kv_caches[n] for n in first_of.values()]
     for name in names:
         first = first_of[int(kv_caches[name].data_ptr())]
         if name != first:
             _check_alias(name, kv_caches[name], first, kv_caches[first])
+    shapes = {(tuple(int(d) for d in v.shape), int(v.element_size())) for v in views}
+    if len(shapes) > 1:
+        return _page_layout(kv_caches, first_of)
     shape = tuple(int(d) for d in views[0].shape)
     if len(shape) != 4:
         raise ValueError(f"register_kv_caches: a KV view of shape {shape}; expected "
                          f"[num_blocks, num_kv_heads, block_size, 2*head_size]")
     nb, heads, page, content = shape
     width = int(views[0].element_size())
-    for n, v in zip(first_of.values(), views):
-        if tuple(int(d) for d in v.shape) != shape or int(v.element_size()) != width:
-            raise ValueError(f"register_kv_caches: layer {n} has shape {tuple(v.shape)}, "
-                             f"the first {shape}: every layer must be alike")
     region = heads * page * content * width  # one block of one layer
     for n, v in zip(first_of.values(), views):
         try:
@@ -91,23 +96,65 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     return cfg, buffers, index
 
 
+def _block_bytes(v: Any) -> int:
+    """The bytes one block of view v spans (0: not one dense region)."""
+    try:
+        return dense_span(v[0]).nbytes
+    except ValueError:
+        return 0
+
+
 def _check_alias(name: str, v: Any, first: str, f: Any) -> None:
     """A layer registered as another (it shares its memory: KV sharing, or
     another KV cache group's layer over the same pages, vLLM's hybrid
-    layout) must keep a block where that one does and as many bytes of it:
-    then the other's registration covers it, whatever its view's shape."""
+    layout) must keep a block where that one does and within its bytes
+    (a Mamba state's padded page is the attention page it aliases): then
+    the other's registration covers it, whatever its view's shape."""
     stride = int(v.stride(0)) * int(v.element_size())
     f_stride = int(f.stride(0)) * int(f.element_size())
-    try:
-        same = stride == f_stride and int(v.shape[0]) == int(f.shape[0]) and \
-            dense_span(v[0]).nbytes == dense_span(f[0]).nbytes
-    except ValueError:
-        same = False
+    own = _block_bytes(v)
+    same = stride == f_stride and int(v.shape[0]) == int(f.shape[0]) and \
+        0 < own <= _block_bytes(f)
     if not same:
         raise ValueError(f"register_kv_caches: layer {name} (shape {tuple(v.shape)}, strides "
                          f"{tuple(v.stride())}) shares the memory of layer {first} (shape "
                          f"{tuple(f.shape)}, strides {tuple(f.stride())}) but not its blocks: "
                          f"kvbm registers it as that layer")
+
+
+def _page_layout(kv_caches: Dict[str, Any], first_of: Dict[int, str]
+                 ) -> Tuple[LayoutConfig, List[Any], Dict[str, int]]:
+    """G1 of layers whose views differ in shape (a Mamba group's state
+    pages beside attention pages, vLLM's hybrid layout): each distinct
+    layer's memory as whole pages of bytes, a page per block (its block
+    stride, padding included), as vLLM's layer-outer layouts keep every
+    group's pages of one size. The bytes are moved as they are."""
+    views = [kv_caches[n] for n in first_of.values()]
+    strides = {int(v.stride(0)) * int(v.element_size()) for v in views}
+    blocks = {int(v.shape[0]) for v in views}
+    described = "; ".join(f"{n}: shape {tuple(kv_caches[n].shape)}, {kv_caches[n].dtype}, "
+                          f"block stride {int(kv_caches[n].stride(0)) * kv_caches[n].element_size()}"
+                          for n in first_of.values())
+    if len(strides) != 1 or len(blocks) != 1:
+        raise ValueError(f"register_kv_caches: KV views of different block strides or block "
+                         f"counts ({described}); kvbm registers layers of one page size")
+    stride, nb = strides.pop(), blocks.pop()
+    if any(_block_bytes(v) > stride for v in views):
+        raise ValueError(f"register_kv_caches: a block of a KV view spans more than its block "
+                         f"stride ({described}): the block is not the outermost dimension")
+    from .._memory import Buffer
+    buffers = []
+    for v in views:
+        dev = v.device
+        device = (dev.index or 0) if dev.type == "cuda" else None
+        buffers.append(Buffer(int(v.data_ptr()), nb * stride, 1, device, v))
+    index = {n: i for i, n in enumerate(first_of.values())}
+    for name in kv_caches:
+        index.setdefault(name, index[first_of[int(kv_caches[name].data_ptr())]])
+    cfg = LayoutConfig(num_blocks=nb, num_layers=len(views), outer_dim=1, page_size=1,
+                       inner_dim=stride, dtype_width=1, layout="layer_separate",
+                       block_dim="first")
+    return cfg, buffers, index
 
 
 def local_kv(kv_caches: Dict[str, Any], index: Dict[str, int], rank: int, tp_size: int,

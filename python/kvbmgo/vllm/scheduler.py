@@ -25,6 +25,7 @@ from vllm.v1.request import RequestStatus
 
 from .._control import new_token
 from .config import KvbmConfig
+from . import hybrid_blocks
 from .groups import NULL_BLOCK, KvGroups
 from .stats import KvbmConnectorStats
 from .stores_in_flight import StoresInFlight
@@ -193,81 +194,39 @@ class KvbmScheduler:
                         "cache groups yet: requests that ask for it are computed here and "
                         "prefills hold nothing for a decode", self.groups.num_groups)
 
-    # ---- several KV cache groups (groups.py)
+    # ---- several KV cache groups (groups.py, hybrid_blocks.py)
 
     def _hybrid_match(self, hashes: Any, start: int, limit: int, tiers: Container[bytes]
                       ) -> int:
-        """The blocks after start tiers can restore in every kept group:
-        the longest prefix every full-attention group holds, shortened until
-        each sliding-window group holds the blocks vLLM keeps for it (those
-        in the window of the hit's end)."""
-        groups = self.groups
-        if groups.inert is not None:
-            return 0
-        limit = min(limit, groups.num_blocks(hashes))
-        full = [g for g in groups.kept if g.kind == "full"]
-        window = [g for g in groups.kept if g.kind == "window"]
-        end = start
-        while end < limit:
-            h = groups.block_hash(hashes, end)
-            if any(groups.key(h, g) not in tiers for g in full):
-                break
-            end += 1
-        while end > start and window:
-            missing = -1
-            for g in window:
-                for j in range(end - 1, max(start, g.first_kept_block(end * self.block_size)) - 1,
-                               -1):
-                    if groups.key(groups.block_hash(hashes, j), g) not in tiers:
-                        missing = max(missing, j)
-                        break
-            if missing < 0:
-                break
-            end = missing  # a hit ending at or before the missing block
-        return end - start
+        return hybrid_blocks.match(self.groups, hashes, start, limit, tiers, self.block_size)
 
-    def _hybrid_load(self, request: Any, tables: Any, start: int, nb: int
-                     ) -> Tuple[List[bytes], List[int]]:
-        """The keys and G1 blocks of a hit's load: each kept group's blocks
-        after start that vLLM allocated (its nulls, a window's skipped
-        blocks, are not loaded)."""
-        groups = self.groups
-        keys: List[bytes] = []
-        ids: List[int] = []
-        for j in range(start, start + nb):
-            h = groups.block_hash(request.block_hashes, j)
-            for g in groups.kept:
-                b = tables[g.index][j]
-                if b != NULL_BLOCK:
-                    keys.append(groups.key(h, g))
-                    ids.append(b)
-        return keys, ids
+    def _remembers(self, request: Any) -> hybrid_blocks.Remember:
+        """What a hybrid key's BlockStored will say (parent, request's tokens)."""
+        def remember(key: bytes, parent: Optional[bytes], i: int) -> None:
+            if key not in self._tokens:
+                self._remember_tokens(key, parent, request, i)
+        return remember
 
     def _hybrid_store(self, st: _Request, full: int) -> Tuple[List[bytes], List[int]]:
-        """The keys and G1 blocks of st's blocks next_store..full, every
-        kept group's that is not null. They are offered in the step that
-        computes them: a sliding-window block vLLM frees later (and hands to
-        another request) was read by then, or is waited for (allocated)."""
-        groups = self.groups
-        hashes = st.request.block_hashes
-        keys: List[bytes] = []
-        ids: List[int] = []
-        if groups.inert is not None:
-            return keys, ids
-        for i in range(st.next_store, full):
-            h = groups.block_hash(hashes, i)
-            parent = groups.block_hash(hashes, i - 1) if i > 0 else None
-            for table, g in zip(st.block_ids, groups.kept):
-                b = table[i] if i < len(table) else NULL_BLOCK
-                if b == NULL_BLOCK:
-                    continue
-                k = groups.key(h, g)
-                keys.append(k)
-                ids.append(b)
-                if k not in self._tokens:
-                    self._remember_tokens(k, None if parent is None else groups.key(parent, g),
-                                          st.request, i)
-        return keys, ids
+        return hybrid_blocks.store(self.groups, st.request.block_hashes, st.block_ids,
+                                   st.next_store, full, self._remembers(st.request))
+
+    def _boundary_states(self, scheduler_output: Any, stores: List[BlockStore]) -> None:
+        """Adds the stores of the Mamba states vLLM offers this step (its
+        align mode's boundary_state_offloads, for vLLM >= 0.33)."""
+        state = getattr(scheduler_output, "kv_connector_block_state", None)
+        offers = getattr(state, "boundary_state_offloads", None)
+        if not offers or not self.groups.mamba:
+            return
+        for req_id, entries in offers.items():
+            st = self._requests.get(req_id)
+            if st is None:
+                continue
+            keys, ids = hybrid_blocks.boundary_states(
+                self.groups, st.request.block_hashes, entries, self.block_size,
+                self._remembers(st.request))
+            if keys:
+                stores.append(BlockStore(req_id, keys, ids, []))
 
     def _allocated(self, out: List[int], tables: Any, hit: int) -> None:
         """Adds the G1 blocks of tables (one per KV cache group) a step may
@@ -317,7 +276,8 @@ class KvbmScheduler:
             raise RuntimeError(f"request {request.request_id}: vLLM asks for {nb} external "
                                f"blocks, the cache matched {n}")
         if self.groups.hybrid:
-            keys, load_ids = self._hybrid_load(request, blocks.get_block_ids(), start, nb)
+            keys, load_ids = hybrid_blocks.load(self.groups, request.block_hashes,
+                                                blocks.get_block_ids(), start, nb)
             self._loads.append(BlockLoad(request.request_id, keys, load_ids, True))
             return
         ids = blocks.get_block_ids()[0]
@@ -436,6 +396,7 @@ class KvbmScheduler:
                     table.extend(new_ids[g.index])
             offer(req_id, cached.num_computed_tokens[i],
                   cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
+        self._boundary_states(scheduler_output, stores)
         preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
         for req_id in preempted:
             st = self._requests.get(req_id)

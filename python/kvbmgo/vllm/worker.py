@@ -472,6 +472,12 @@ class KvbmWorker(WorkerStats):
             return
         self._stores.append(_Store(n, reqs, set(ids), ev, time.monotonic(), md.store_batch))
         self._moved = True
+        if self.groups is not None and self.groups.zeroed:
+            # vLLM zeroes the blocks it hands out at the next step's start,
+            # before handle_preemptions could wait for a store reading one.
+            for st in self._stores:
+                self._store_done(st)
+            self._stores = []
 
     def handle_preemptions(self, md: KvbmConnectorMetadata) -> None:
         """Called by vLLM at the start of every step, before its loads and

@@ -4,7 +4,8 @@ HMA, its shared prefix goes to G2 and comes back byte for byte in each
 group, a sliding window's blocks (which vLLM frees and hands to other
 requests) are never stored or loaded stale, and a lost block fails its
 request through failed_recving (vLLM refuses block ids with several
-groups). A group kvbm cannot keep (Mamba) makes it claim no hit, saying so."""
+groups). A group kvbm cannot keep (Mamba outside vLLM's align mode) makes
+it claim no hit, saying so; Mamba in align mode is test_mamba.py's."""
 import logging
 
 from harness import require_vllm
@@ -16,8 +17,9 @@ import torch  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma  # noqa: E402
-from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
-                                        KVCacheGroupSpec, MambaSpec, SlidingWindowSpec)
+from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec,  # noqa: E402
+                                        FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        MambaSpec, SlidingWindowSpec)
 
 from harness import BLOCK, HEAD, HEADS, MODEL, Engine  # noqa: E402
 from test_connector import _SlowStores  # noqa: E402
@@ -427,7 +429,7 @@ def _mamba_config(num_blocks=16):
     window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
                                dtype=torch.float16, sliding_window=WINDOW)
     mamba = MambaSpec(block_size=BLOCK, shapes=((HEADS * BLOCK * 2 * HEAD,),),
-                      dtypes=(torch.int8,), mamba_cache_mode="align")
+                      dtypes=(torch.int8,), mamba_cache_mode="none")
     groups = [KVCacheGroupSpec([LAYERS[0]], full), KVCacheGroupSpec([LAYERS[1]], window),
               KVCacheGroupSpec(["model.layers.4.mixer"], mamba)]
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
@@ -443,10 +445,13 @@ class _Request:
         self.kv_transfer_params = None
 
 
-def test_a_mamba_group_is_excluded_honestly(caplog):
+def test_a_mamba_group_outside_align_mode_is_excluded_honestly(caplog):
+    # Mamba states sit at block boundaries only in vLLM's align mode
+    # (test_mamba.py keeps them); another mode's group is named, not kept.
     groups = KvGroups.from_config(_mamba_config(), BLOCK)
     assert groups.hybrid and groups.inert is not None
     assert "KV cache group 2 (MambaSpec: model.layers.4.mixer)" in groups.inert
+    assert "mamba_cache_mode is 'none'" in groups.inert
     with caplog.at_level(logging.WARNING, logger="kvbmgo"):
         s = KvbmScheduler(KvbmConfig(), BLOCK, groups=groups)
     warnings = [r for r in caplog.records if "KV cache group 2" in r.getMessage()]
@@ -475,19 +480,19 @@ def test_a_mamba_group_is_excluded_honestly(caplog):
         w.shutdown()
 
 
-def test_a_mamba_hybrid_keeps_hma_on_and_nothing_in_kvbm():
-    # vLLM's real scheduler with a Mamba group (align mode, as prefix
-    # caching needs) beside the two attention groups: HMA stays on, requests
+def test_a_group_kvbm_cannot_keep_leaves_hma_on_and_nothing_in_kvbm():
+    # vLLM's real scheduler with a chunked-local-attention group (a kind
+    # kvbm does not keep; vLLM refuses Mamba outside align mode with prefix
+    # caching on) beside the two attention groups: HMA stays on, requests
     # run, and the connector neither stores nor claims anything.
-    page = HEADS * BLOCK * 2 * HEAD * 2
-    mamba = MambaSpec(block_size=BLOCK, shapes=((page,),), dtypes=(torch.int8,),
-                      mamba_cache_mode="align")
+    chunked = ChunkedLocalAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
+                                        dtype=torch.float16, attention_chunk_size=2 * BLOCK)
     e = HybridEngine({"g2_blocks": 64}, max_batched=32,
-                     extra_groups=[KVCacheGroupSpec(["model.layers.4.mixer"], mamba)])
+                     extra_groups=[KVCacheGroupSpec(["model.layers.4.attn"], chunked)])
     try:
         assert e.vc.scheduler_config.disable_hybrid_kv_cache_manager is False
         assert len(e.sched.kv_cache_manager.kv_cache_config.kv_cache_groups) == 3
-        assert "KV cache group 2 (MambaSpec" in e.connector.groups.inert
+        assert "KV cache group 2 (ChunkedLocalAttentionSpec" in e.connector.groups.inert
         prompt = list(range(11, 11 + 6 * BLOCK + 3))
         steps = []
         e.add("A", prompt)
