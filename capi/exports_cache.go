@@ -2,6 +2,7 @@ package main
 
 /*
 #include "kvbm.h"
+#include <string.h>
 */
 import "C"
 
@@ -169,13 +170,13 @@ func kvbmgo_worker_cache_stats(h C.uintptr_t, out *C.kvbm_cache_stats_t) (st C.k
 	if st != statusOK {
 		return st
 	}
-	if out == nil || out.struct_size < C.sizeof_kvbm_cache_stats_t {
+	if out == nil || out.struct_size < cacheStatsV1Size {
 		return fail(errInvalidArgument, "worker_cache_stats: stats is NULL or its struct_size is less than %d (use KVBM_CACHE_STATS_INIT)",
-			C.sizeof_kvbm_cache_stats_t)
+			cacheStatsV1Size)
 	}
 	s := c.Stats()
 	u := func(v uint64) C.uint64_t { return C.uint64_t(v) }
-	*out = C.kvbm_cache_stats_t{
+	full := C.kvbm_cache_stats_t{
 		struct_size: out.struct_size,
 		g2:          tierStats(s.G2), g3: tierStats(s.G3),
 		g4_known: u(uint64(s.G4Known)), g4_hits: u(s.G4Hits), g4_misses: u(s.G4Misses), g4_puts: u(s.G4Puts),
@@ -185,8 +186,18 @@ func kvbmgo_worker_cache_stats(h C.uintptr_t, out *C.kvbm_cache_stats_t) (st C.k
 		onboarded_from_g3: u(s.OnboardedFromG3), onboarded_from_g4: u(s.OnboardedFromG4), onboard_failed: u(s.OnboardFailed),
 		written_down: u(s.WrittenDown), write_down_failed: u(s.WriteDownFailed), events_dropped: u(s.EventsDropped),
 	}
+	if out.struct_size < C.sizeof_kvbm_cache_stats_t {
+		// A caller built before g3_restored: its struct ends there.
+		C.memcpy(unsafe.Pointer(out), unsafe.Pointer(&full), cacheStatsV1Size)
+		return statusOK
+	}
+	full.g3_restored, full.g3_refused = u(s.G3Restored), u(s.G3Refused)
+	*out = full
 	return statusOK
 }
+
+// cacheStatsV1Size is kvbm_cache_stats_t before g3_restored.
+var cacheStatsV1Size = C.size_t(unsafe.Offsetof(C.kvbm_cache_stats_t{}.g3_restored))
 
 //export kvbmgo_worker_cache_events
 func kvbmgo_worker_cache_events(h C.uintptr_t, events *C.kvbm_cache_event_t, capacity C.size_t, count *C.size_t) (st C.kvbm_status_t) {

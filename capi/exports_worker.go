@@ -151,8 +151,11 @@ func kvbmgo_worker_create(cfg *C.kvbm_worker_config_t, out *C.uintptr_t) (st C.k
 	if cfg.struct_size >= workerConfigV2Size {
 		sc.RemoteDeadline = time.Duration(cfg.remote_deadline_ms) * time.Millisecond
 	}
-	if cfg.struct_size >= C.sizeof_kvbm_worker_config_t && cfg.advertise_host != nil {
+	if cfg.struct_size >= workerConfigV3Size && cfg.advertise_host != nil {
 		advertise = C.GoString(cfg.advertise_host)
+	}
+	if cfg.struct_size >= C.sizeof_kvbm_worker_config_t && cfg.g3_persist_id != nil {
+		sc.G3PersistID = C.GoString(cfg.g3_persist_id)
 	}
 	n, err := node.New(node.Config{Worker: sc, Advertise: advertise})
 	if err != nil {
@@ -168,6 +171,9 @@ var workerConfigV1Size = C.size_t(unsafe.Offsetof(C.kvbm_worker_config_t{}.remot
 
 // workerConfigV2Size is kvbm_worker_config_t before advertise_host.
 var workerConfigV2Size = C.size_t(unsafe.Offsetof(C.kvbm_worker_config_t{}.advertise_host))
+
+// workerConfigV3Size is kvbm_worker_config_t before g3_persist_id.
+var workerConfigV3Size = C.size_t(unsafe.Offsetof(C.kvbm_worker_config_t{}.g3_persist_id))
 
 //export kvbmgo_worker_destroy
 func kvbmgo_worker_destroy(h C.uintptr_t) (st C.kvbm_status_t) {

@@ -264,8 +264,27 @@ typedef struct kvbm_worker_config {
                                  * KVBM_TCP_ADVERTISE, else 127.0.0.1.
                                  * KVBM_TCP_LISTEN overrides where it
                                  * listens. Read when struct_size covers it. */
+    const char *g3_persist_id; /* NULL or "": G3's file has no name and goes
+                                * with the process. Set: G3 is persistent
+                                * (a warm restart): its file is disk_dir's
+                                * kvbm-g3.blocks, kept after the process
+                                * ends (SIGKILL included), with a journal
+                                * of which key each block holds; a later
+                                * worker with the same id and G3 layout
+                                * finds those keys again once each block
+                                * is read back and matches the checksums
+                                * recorded when it was written (in the
+                                * background after kvbm_worker_cache_enable;
+                                * STORED events say when). The id says what
+                                * the keys are (model, layout, dtype,
+                                * rank): another id finds nothing, and
+                                * the directory holds one id's G3 at a
+                                * time. One process per disk_dir: a second
+                                * one's kvbm_worker_allocate_g3 fails
+                                * (KVBM_ERR_IO). Read when struct_size
+                                * covers it. */
 } kvbm_worker_config_t;
-#define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL, 0, NULL}
+#define KVBM_WORKER_CONFIG_INIT {sizeof(kvbm_worker_config_t), 0, 0, 0, NULL, NULL, 0, NULL, NULL}
 
 /* Creates a worker with its own transfer manager on the active device
  * backend, joins it to the process-wide in-process transport so that
@@ -879,11 +898,17 @@ typedef struct kvbm_cache_stats {
     uint64_t written_down;      /* blocks written to G3 and G4 */
     uint64_t write_down_failed; /* ... that failed, or found no tier */
     uint64_t events_dropped;    /* not drained in time */
+    /* A persistent G3 (kvbm_worker_config_t.g3_persist_id): the blocks its
+     * journal named at start that were vouched for and are G3's again, and
+     * those that were not (their bytes no longer match). Filled when
+     * struct_size covers them. */
+    uint64_t g3_restored;
+    uint64_t g3_refused;
 } kvbm_cache_stats_t;
 #define KVBM_CACHE_TIER_STATS_ZERO_ {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 #define KVBM_CACHE_STATS_INIT                                                                      \
     {sizeof(kvbm_cache_stats_t), KVBM_CACHE_TIER_STATS_ZERO_, KVBM_CACHE_TIER_STATS_ZERO_, 0, 0, 0, \
-     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* Fills *stats (struct_size set by the caller, KVBM_CACHE_STATS_INIT).
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_FAILED_PRECONDITION

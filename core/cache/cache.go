@@ -49,6 +49,8 @@ type Cache struct {
 	drained  []pool.Event // scratch for collectEvents
 	counters counters
 	closed   bool
+	// persist is set for a persistent G3 (persist.go).
+	persist *persist
 
 	// inflight counts background work; Close waits for it.
 	inflight sync.WaitGroup
@@ -118,6 +120,14 @@ func New(cfg Config) (*Cache, error) {
 	if w.HasObjects() {
 		c.g4 = newPresence(cfg.PresenceCache)
 	}
+	if id := w.G3PersistID(); id != "" && hs.G3 != nil {
+		ids, entries, err := c.openPersist(id, *hs.G3)
+		if err != nil {
+			return nil, err
+		}
+		c.inflight.Add(1)
+		go c.restore(ids, entries)
+	}
 	return c, nil
 }
 
@@ -129,6 +139,9 @@ func (c *Cache) Close() error {
 	c.closed = true
 	c.mu.Unlock()
 	c.inflight.Wait()
+	if c.persist != nil {
+		return c.persist.j.close()
+	}
 	return nil
 }
 

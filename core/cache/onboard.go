@@ -206,6 +206,7 @@ func (c *Cache) startCopy(src, dst worker.Tier, srcIDs, dstIDs []int) func() (fu
 func (c *Cache) fromG3(k pool.Key, id int, failed bool, err error, g1 int, o *onboard) bool {
 	if failed {
 		c.g3.Remove([]pool.Key{k}) // freed at the unpin below
+		c.journalRemoved(k, id)
 		o.failures.Add(fmt.Errorf("onboard from G3: %w", err), g1)
 	}
 	_ = c.g3.Unpin([]int{id})

@@ -21,6 +21,7 @@ func (c *Cache) Reset() (g2, g3 int, err error) {
 			g3 = p.Clear()
 		}
 	}
+	c.journalCleared()
 	c.collectEvents()
 	return g2, g3, nil
 }

@@ -8,6 +8,7 @@ type counters struct {
 	onboarded, onboardFailed                                uint64
 	onboardedFrom                                           [5]uint64 // by source tier
 	writtenDown, writeDownFailed                            uint64
+	g3Restored, g3Refused                                   uint64
 }
 
 // Stats are the cache's per-tier pools and its counters since it was made.
@@ -36,6 +37,10 @@ type Stats struct {
 	WrittenDown, WriteDownFailed uint64
 	// EventsDropped counts events lost because nobody drained them.
 	EventsDropped uint64
+	// G3Restored and G3Refused count the blocks a persistent G3's journal
+	// named at start that were vouched for (registered) or not (their
+	// bytes were not what was written, or could not be read).
+	G3Restored, G3Refused uint64
 }
 
 // Stats returns the pools' occupancy and the cache's counters.
@@ -51,6 +56,7 @@ func (c *Cache) Stats() Stats {
 		OnboardedFromG2: k.onboardedFrom[2], OnboardedFromG3: k.onboardedFrom[3], OnboardedFromG4: k.onboardedFrom[4],
 		WrittenDown: k.writtenDown, WriteDownFailed: k.writeDownFailed,
 		EventsDropped: c.events.Dropped(),
+		G3Restored:    k.g3Restored, G3Refused: k.g3Refused,
 	}
 	if c.g3 != nil {
 		s.G3 = c.g3.Stats()

@@ -91,7 +91,9 @@ func (c *Cache) copyDown(b blocks) {
 			c.counters.writeDownFailed++
 			continue
 		}
-		_ = c.g3.Register([]pool.Key{k}, b.dst[i:i+1])
+		if c.g3.Register([]pool.Key{k}, b.dst[i:i+1]) == nil {
+			c.journalStored(k, b.dst[i])
+		}
 		c.counters.writtenDown++
 	}
 	c.collectEvents()

@@ -180,6 +180,34 @@ func (p *Pool) Allocate(n int, dst []int) ([]int, error) {
 	return dst, nil
 }
 
+// Claim takes the free blocks ids as allocated, as Allocate would hand
+// them out (Register or Release each): the blocks a restored tier's
+// journal names, kept from new stores until each is vouched for. A block
+// that is not free fails the call, which then changes nothing.
+func (p *Pool) Claim(ids []int) error {
+	if err := p.checkIDs("claim", ids); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if s := p.blocks[id].state; s != stateFree {
+			return kvbmerr.Detail(ErrState, "claim block "+strconv.Itoa(id)+", which is "+s.String()+", not free")
+		}
+	}
+	claimed := p.epoch // checkIDs marked each id of the call with it
+	free := p.free[:0]
+	for _, id := range p.free {
+		if p.blocks[id].mark != claimed {
+			free = append(free, id)
+		}
+	}
+	p.free = free
+	for _, id := range ids {
+		p.set(int32(id), stateAllocated, Key{})
+		p.blocks[id].pins = 0
+	}
+	return nil
+}
+
 // Register makes keys[i] present in block ids[i], once its data has
 // landed. Each block must be allocated, or storing keys[i]; no key may be
 // present already. The blocks become evictable, most recently used last.

@@ -40,6 +40,10 @@ type DiskFile struct {
 	// fails it with the returned error.
 	fault func(op string, off int64, n int) error
 
+	// named: the file has a name and outlives the process
+	// (OpenNamedDiskFile); reused: its bytes are an earlier run's.
+	named, reused bool
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -208,12 +212,17 @@ func reserve(f *os.File, size uint64) error {
 	return f.Sync()
 }
 
-// Path is a name that reaches the file while it is open (/proc/self/fd/N:
-// the file itself has none).
+// Path is a name that reaches the file while it is open (/proc/self/fd/N
+// for a file that has none, else its path).
 func (d *DiskFile) Path() string { return d.path }
 
 // name names the file in errors.
-func (d *DiskFile) name() string { return "the G3 file in " + d.dir }
+func (d *DiskFile) name() string {
+	if d.named {
+		return "the G3 file " + d.path
+	}
+	return "the G3 file in " + d.dir
+}
 
 // Size is the file's length in bytes.
 func (d *DiskFile) Size() uint64 { return d.size }
@@ -277,7 +286,8 @@ func (d *DiskFile) WriteAt(p []byte, off uint64) error {
 	return nil
 }
 
-// Close closes the descriptors; the unnamed file's blocks are freed.
+// Close closes the descriptors; an unnamed file's blocks are freed, a
+// named one's lock is released.
 func (d *DiskFile) Close() error {
 	d.closeOnce.Do(func() {
 		var errs []error

@@ -30,6 +30,10 @@ type Config struct {
 	// DiskDir is where disk layouts create their files; required for
 	// disk layouts, never defaulted.
 	DiskDir string
+	// DiskName, when set, names the disk layout's file in DiskDir, which
+	// then outlives the process (a persistent G3: disk_persist.go); "": a
+	// file with no name, gone with the process.
+	DiskName string
 	// HostWorkers bounds the goroutines doing host memcpy (default
 	// GOMAXPROCS, at least 2).
 	HostWorkers int

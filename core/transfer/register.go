@@ -60,7 +60,12 @@ func (m *Manager) AllocateLayout(kind storage.Kind, cfg layout.Config, shape Sha
 		if m.cfg.DiskDir == "" {
 			return LayoutHandle{}, fmt.Errorf("%w: allocate disk layout: the worker has no disk directory configured", ErrInvalidArgument)
 		}
-		d, err := storage.CreateDiskFile(m.cfg.DiskDir, total)
+		var d *storage.DiskFile
+		if m.cfg.DiskName != "" {
+			d, err = storage.OpenNamedDiskFile(m.cfg.DiskDir, m.cfg.DiskName, total)
+		} else {
+			d, err = storage.CreateDiskFile(m.cfg.DiskDir, total)
+		}
 		if err != nil {
 			return LayoutHandle{}, fmt.Errorf("allocate disk layout: %w", err)
 		}

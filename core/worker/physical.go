@@ -62,6 +62,8 @@ type PhysicalWorker struct {
 
 	// owned is set by NewStandalone: Close closes m.
 	owned bool
+	// g3PersistID: G3 is persistent, its journal for this id (standalone.go).
+	g3PersistID string
 }
 
 type remoteTier struct {

@@ -22,6 +22,13 @@ type StandaloneConfig struct {
 	Driver   cuda.Driver
 	// DiskDir is where G3 files go ("": no G3).
 	DiskDir string
+	// G3PersistID, when set, makes G3 persistent (a warm restart): its file
+	// is named in DiskDir and outlives the process, and the worker's cache
+	// keeps a journal of its blocks beside it, for the next process whose
+	// id is the same. The id says what the keys are (the engine's model,
+	// layout, dtype, rank): another id finds nothing. "": G3 has no name
+	// and goes with the process.
+	G3PersistID string
 	// ObjectDir is the G4 object store's location ("": no G4): a
 	// directory or file:///path for the filesystem store, or
 	// s3://bucket/prefix for S3 (object.Location). Objects are namespaced
@@ -48,8 +55,12 @@ func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
 	if err := checkDevice(cfg.Driver, cfg.Device); err != nil {
 		return nil, err
 	}
-	m, err := transfer.NewManager(transfer.Config{WorkerID: cfg.WorkerID, Device: cfg.Device, Driver: cfg.Driver, DiskDir: cfg.DiskDir,
-		RemoteDeadline: cfg.RemoteDeadline})
+	tc := transfer.Config{WorkerID: cfg.WorkerID, Device: cfg.Device, Driver: cfg.Driver, DiskDir: cfg.DiskDir,
+		RemoteDeadline: cfg.RemoteDeadline}
+	if cfg.G3PersistID != "" {
+		tc.DiskName = G3FileName
+	}
+	m, err := transfer.NewManager(tc)
 	if err != nil {
 		return nil, err
 	}
@@ -66,8 +77,16 @@ func NewStandalone(cfg StandaloneConfig) (*PhysicalWorker, error) {
 		return nil, errors.Join(err, closeStore(pc.Objects), m.Close())
 	}
 	w.owned = true
+	w.g3PersistID = cfg.G3PersistID
 	return w, nil
 }
+
+// G3FileName is a persistent G3's file in the worker's disk directory.
+const G3FileName = "kvbm-g3.blocks"
+
+// G3PersistID is the id of a persistent G3 (StandaloneConfig.G3PersistID);
+// "" when G3 goes with the process.
+func (w *PhysicalWorker) G3PersistID() string { return w.g3PersistID }
 
 // Close stops serving peers, closes the connections to them, and for a
 // worker made by NewStandalone waits for transfers in flight and releases

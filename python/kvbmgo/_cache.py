@@ -94,6 +94,9 @@ class CacheStats:
     written_down: int
     write_down_failed: int
     events_dropped: int
+    #: A persistent G3's blocks vouched for at start, and refused.
+    g3_restored: int = 0
+    g3_refused: int = 0
 
 
 def _mode(value: Any, what: str) -> int:

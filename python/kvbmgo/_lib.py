@@ -53,7 +53,8 @@ class LayoutHandleC(Structure):
 class WorkerConfigC(Structure):
     _fields_ = [("struct_size", c_size_t), ("device_id", c_int32), ("rank", c_int32),
                 ("worker_id", c_uint64), ("disk_dir", c_char_p), ("object_dir", c_char_p),
-                ("remote_deadline_ms", c_uint32), ("advertise_host", c_char_p)]
+                ("remote_deadline_ms", c_uint32), ("advertise_host", c_char_p),
+                ("g3_persist_id", c_char_p)]
 
 
 class BlockScopeC(Structure):
@@ -113,7 +114,7 @@ class CacheStatsC(Structure):
             "g4_known", "g4_hits", "g4_misses", "g4_puts", "g4_put_failures", "g4_corrupt",
             "offloaded", "deduped", "not_admitted", "no_space", "offload_failed", "onboarded",
             "onboarded_from_g2", "onboarded_from_g3", "onboarded_from_g4", "onboard_failed",
-            "written_down", "write_down_failed", "events_dropped")]
+            "written_down", "write_down_failed", "events_dropped", "g3_restored", "g3_refused")]
 
 
 class CacheEventC(Structure):

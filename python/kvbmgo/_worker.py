@@ -51,7 +51,8 @@ class Worker(ObjectOps, Handle):
                  disk_dir: Union[str, "PathLike[str]", None] = None,
                  object_dir: Union[str, "PathLike[str]", None] = None,
                  remote_deadline: Optional[float] = None,
-                 advertise_host: Optional[str] = None) -> None:
+                 advertise_host: Optional[str] = None,
+                 g3_persist_id: Optional[str] = None) -> None:
         """Creates a worker on device device_id of the active backend.
         worker_id must be unique among the live workers of the process;
         disk_dir enables G3, object_dir the G4 object store: a directory,
@@ -62,7 +63,11 @@ class Worker(ObjectOps, Handle):
         serves its layouts to other processes on the transport KVBM_TRANSPORT
         selects (kvbmgo.info().transport); over TCP it listens from its first
         metadata export on advertise_host (the host peers dial: the address a
-        P/D role is given; None: KVBM_TCP_ADVERTISE, else 127.0.0.1). Raises
+        P/D role is given; None: KVBM_TCP_ADVERTISE, else 127.0.0.1).
+        g3_persist_id makes G3 persistent (a warm restart; kvbm.h's
+        g3_persist_id): its file stays in disk_dir with a journal, and a
+        later worker with the same id and G3 layout finds its keys again,
+        each block checked against its checksums first. Raises
         InvalidArgumentError (a
         malformed location, no S3 credentials, no such device; worker_id does
         not fit a uint64, device_id or rank an int32; remote_deadline not
@@ -84,6 +89,7 @@ class Worker(ObjectOps, Handle):
         if remote_deadline is not None:
             c.remote_deadline_ms = millis(remote_deadline, "remote_deadline")
         c.advertise_host = advertise_host.encode() if advertise_host else None
+        c.g3_persist_id = g3_persist_id.encode() if g3_persist_id else None
         h = c_void_p()
         lib.kvbm_worker_create(byref(c), byref(h))
         self.worker_id = worker_id

@@ -60,3 +60,25 @@ def test_g1_access_says_what_the_transports_do_with_g1(env, want):
     """vLLM 0.34's kv_cache_access flags: UCX registers G1, same-host CUDA
     IPC exports it with cuIpcGetMemHandle, the staging path needs nothing."""
     assert g1_access(env) == want
+
+
+def test_g3_persist_needs_a_directory_and_names_what_its_keys_are(tmp_path):
+    assert KvbmConfig.from_extra(None).g3_persist is False
+    assert KvbmConfig.from_extra({"g3_dir": "/d", "g3_persist": True}).g3_persist
+    with pytest.raises(ValueError, match="g3_persist.*needs 'g3_dir'"):
+        KvbmConfig.from_extra({"g3_persist": True})
+    with pytest.raises(ValueError, match="g3_persist.*true or false"):
+        KvbmConfig.from_extra({"g3_dir": "/d", "g3_persist": 1})
+    from types import SimpleNamespace as NS
+    from kvbmgo.vllm.g3_dirs import persist_id, persistent_g3_dir, sweep_g3_dirs
+
+    def vc(model="m", dtype="bfloat16", tp=1):
+        return NS(model_config=NS(model=model, revision=None, dtype=dtype),
+                  cache_config=NS(cache_dtype="auto", block_size=16),
+                  parallel_config=NS(tensor_parallel_size=tp, pipeline_parallel_size=1))
+    ids = {persist_id(vc(), None), persist_id(vc(model="other"), None),
+           persist_id(vc(dtype="float16"), None), persist_id(vc(tp=2), None)}
+    assert len(ids) == 4, ids
+    d = persistent_g3_dir(str(tmp_path), 3)
+    assert d == str(tmp_path / "kvbm-persist-rank3") and (tmp_path / "kvbm-persist-rank3").is_dir()
+    assert sweep_g3_dirs(str(tmp_path)) == [] and (tmp_path / "kvbm-persist-rank3").is_dir()

@@ -25,6 +25,10 @@ class KvbmConfig:
     g3_dir: Optional[str] = None
     g3_blocks: Optional[int] = None
     g3_bytes: int = 16 * _GiB
+    #: G3 outlives the engine (a warm restart): each rank's G3 stays in
+    #: g3_dir/kvbm-persist-rank<R> with a journal, and the next engine with
+    #: the same model, dtype, layout and rank finds its prefixes there.
+    g3_persist: bool = False
     #: G4 (object store): a directory (an s3:// URL once the library takes one).
     g4_dir: Optional[str] = None
     #: When blocks are written down to G3 / G4: auto, off, write_back, write_through.
@@ -76,7 +80,11 @@ class KvbmConfig:
             if f.name not in extra or extra[f.name] is None:
                 continue
             v = extra[f.name]
-            if f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode", "pd_host"):
+            if f.name == "g3_persist":
+                if not isinstance(v, bool):
+                    raise ValueError(f"kv_connector_extra_config['g3_persist']: expected true "
+                                     f"or false, got {v!r}")
+            elif f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode", "pd_host"):
                 if not isinstance(v, str) or not v:
                     raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected a "
                                      f"non-empty string, got {v!r}")
@@ -100,6 +108,9 @@ class KvbmConfig:
         if cfg.pd_port > 65535:
             raise ValueError(f"kv_connector_extra_config['pd_port']: a TCP port, got "
                              f"{cfg.pd_port}")
+        if cfg.g3_persist and cfg.g3_dir is None:
+            raise ValueError("kv_connector_extra_config['g3_persist']: needs 'g3_dir' (where "
+                             "G3 is kept)")
         for name in ("g2_blocks", "g3_blocks", "pd_max_pulls"):
             if getattr(cfg, name) == 0:
                 raise ValueError(f"kv_connector_extra_config[{name!r}]: must be > 0")

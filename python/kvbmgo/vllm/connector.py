@@ -98,10 +98,13 @@ class KvbmConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             from .worker import KvbmWorker
             heads, mla = _kv_heads(vllm_config)
+            from .g3_dirs import persist_id
             self._worker = KvbmWorker(self.config, rank=_rank(), role=kt.kv_role,
                                       engine_id=engine_id, tp_size=tp,
                                       dp_index=_dp_index(pc), kv_heads=heads, mla=mla,
-                                      groups=self.groups)
+                                      groups=self.groups,
+                                      persist_id=persist_id(vllm_config, self.groups)
+                                      if self.config.g3_persist else None)
 
     # ---- scheduler side
 

@@ -1,6 +1,7 @@
 """The per-rank G3 directories of the vLLM connector: each worker makes its
 own under the configured g3_dir (kvbm-rank<R>-pid<P>-…), and removes those
-of processes that are gone."""
+of processes that are gone; with g3_persist, a rank's directory is the same
+every run (kvbm-persist-rank<R>), named by what its keys are (persist_id)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import os
 import re
 import shutil
 import tempfile
-from typing import List
+from typing import Any, List
 
-__all__ = ["make_g3_dir", "sweep_g3_dirs"]
+__all__ = ["make_g3_dir", "sweep_g3_dirs", "persistent_g3_dir", "persist_id"]
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +59,25 @@ def make_g3_dir(g3_dir: str, rank: int) -> str:
     os.makedirs(g3_dir, mode=0o700, exist_ok=True)
     sweep_g3_dirs(g3_dir)
     return tempfile.mkdtemp(prefix=f"kvbm-rank{rank}-pid{os.getpid()}-", dir=g3_dir)
+
+
+def persistent_g3_dir(g3_dir: str, rank: int) -> str:
+    """rank's G3 directory that outlives the engine (g3_persist), made 0700
+    if absent. The library locks the G3 file in it: one engine at a time."""
+    path = os.path.join(g3_dir, f"kvbm-persist-rank{rank}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def persist_id(vllm_config: Any, groups: Any) -> str:
+    """What a persistent G3's keys are, but for the rank and the G1 layout
+    (the worker adds them): the model and its revision, the dtypes, block
+    size, parallel sizes and KV cache groups. vLLM's block hashes name
+    tokens, not the model; a G3 kept under another id is not used."""
+    mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    kinds = ",".join(f"{g.index}:{g.kind}" for g in groups.kept) if groups is not None else ""
+    return (f"kvbm-vllm/1 model={getattr(mc, 'model', '')} "
+            f"revision={getattr(mc, 'revision', None)} dtype={getattr(mc, 'dtype', '')} "
+            f"kv_cache_dtype={getattr(cc, 'cache_dtype', '')} block_size={cc.block_size} "
+            f"tp={getattr(pc, 'tensor_parallel_size', 1)} "
+            f"pp={getattr(pc, 'pipeline_parallel_size', 1)} groups={kinds}")

@@ -18,7 +18,7 @@ from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 from .. import Event, Worker, _control
 from ..errors import AlreadyExistsError, KvbmError
 from .config import KvbmConfig, engine_worker_id
-from .g3_dirs import make_g3_dir
+from .g3_dirs import make_g3_dir, persistent_g3_dir
 from .groups import KvGroups
 from .kv_views import g1_layout, local_kv
 from .metadata import LOST, SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
@@ -49,12 +49,14 @@ class KvbmWorker(WorkerStats):
     def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
                  engine_id: str = "", tp_size: int = 1, dp_index: int = 0,
                  kv_heads: int = 0, mla: bool = False,
-                 groups: Optional[KvGroups] = None) -> None:
+                 groups: Optional[KvGroups] = None, persist_id: Optional[str] = None) -> None:
         """kv_heads: the model's KV heads over all ranks (0: unknown), mla:
         whether its KV is MLA's latent (replicated on every rank); with them a
         decode maps heads from a prefill of another tensor-parallel size.
-        groups: the KV cache groups kept (None: one)."""
+        groups: the KV cache groups kept (None: one). persist_id: G3 is
+        persistent (g3_persist), its keys those of this id (g3_dirs.py)."""
         self.config = config
+        self.persist_id = persist_id
         self.groups = groups
         # Several KV cache groups: a failed load is reported as its request's
         # (failed_recving); vLLM refuses block ids with more than one group.
@@ -144,7 +146,11 @@ class KvbmWorker(WorkerStats):
         c = self.config
         g2, g3 = c.tier_blocks(cfg.block_bytes)
         g4_dir = os.path.join(c.g4_dir, f"rank{self.rank}") if c.g4_dir else None
-        if c.g3_dir is not None:
+        persist = None
+        if c.g3_dir is not None and self.persist_id is not None:
+            self._g3_dir = persistent_g3_dir(c.g3_dir, self.rank)
+            persist = f"{self.persist_id} rank={self.rank} g1={cfg}"
+        elif c.g3_dir is not None:
             self._g3_dir = make_g3_dir(c.g3_dir, self.rank)
         wid = (c.worker_id if c.worker_id is not None else engine_worker_id(self.engine_id)) \
             + self.rank
@@ -155,7 +161,7 @@ class KvbmWorker(WorkerStats):
                 w = Worker(wid + attempt * 0x10000,
                            device_id=buffers[0].device or 0, rank=self.rank,
                            disk_dir=self._g3_dir, object_dir=g4_dir,
-                           advertise_host=c.pd_host)
+                           advertise_host=c.pd_host, g3_persist_id=persist)
                 break
             except AlreadyExistsError:
                 continue
@@ -299,9 +305,9 @@ class KvbmWorker(WorkerStats):
         if self.worker is not None:
             self.worker.close()
             self.worker = None
-        if self._g3_dir is not None:
+        if self._g3_dir is not None and self.persist_id is None:  # a persistent one stays
             shutil.rmtree(self._g3_dir, ignore_errors=True)
-            self._g3_dir = None
+        self._g3_dir = None
 
     # ---- each step
 
