@@ -74,6 +74,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime $(FUZZTIME) ./core/remote/capability
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 	$(GO) test -run '^$$' -fuzz FuzzHeadSlice -fuzztime $(FUZZTIME) ./core/layout
+	$(GO) test -run '^$$' -fuzz FuzzJournalReplay -fuzztime $(FUZZTIME) ./core/cache
 
 # Benchmarks: every figure beside the limit measured in the same run.
 bench: bench-go bench-c bench-py bench-cmd bench-remote-compare

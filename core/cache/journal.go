@@ -60,6 +60,7 @@ type journal struct {
 	live    map[int]journalEntry // block -> its entry
 	records int                  // records in the file
 	blocks  int
+	layers  int
 }
 
 // openJournal reads dir's journal for id and shape: the blocks it vouches
@@ -73,7 +74,7 @@ func openJournal(dir, id string, shape journalShape) (j *journal, reset bool, er
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, false, fmt.Errorf("G3 journal %q: %w", path, err)
 	}
-	j = &journal{header: header, live: map[int]journalEntry{}, blocks: int(shape.Blocks)}
+	j = &journal{header: header, live: map[int]journalEntry{}, blocks: int(shape.Blocks), layers: int(shape.Layers)}
 	if len(old) >= len(header) && bytes.Equal(old[:len(header)], header) {
 		j.replay(old[len(header):])
 	} else {
@@ -115,7 +116,7 @@ func (j *journal) replay(b []byte) {
 		}
 		b = b[8+n:]
 		kind, block, e, ok := decodeRecord(payload)
-		if !ok || block >= j.blocks {
+		if !ok || block >= j.blocks || (kind == recordStored && len(e.crcs) != j.layers) {
 			continue
 		}
 		j.records++
