@@ -398,11 +398,16 @@ def _two_groups_config():
                          hash_block_size=BLOCK)
 
 
-def test_pd_with_several_groups_is_refused_and_computed_here(caplog):
-    # P/D with several groups is not built yet: a decode request asking for
-    # a remote prefill is computed here, a prefill request holds nothing and
-    # returns no kv_transfer_params; said once.
-    e = HybridEngine({"g2_blocks": 16})
+def test_pd_with_a_group_kvbm_cannot_keep_is_refused_and_computed_here(caplog):
+    # P/D with full + sliding-window groups: test_disagg_hybrid.py. With a
+    # group kvbm keeps nothing of (Mamba, until its state is kept) a decode
+    # request asking for a remote prefill is computed here, a prefill
+    # request holds nothing and returns no kv_transfer_params; said once.
+    page = HEADS * BLOCK * 2 * HEAD * 2
+    mamba = MambaSpec(block_size=BLOCK, shapes=((page,),), dtypes=(torch.int8,),
+                      mamba_cache_mode="align")
+    e = HybridEngine({"g2_blocks": 16}, max_batched=32,
+                     extra_groups=[KVCacheGroupSpec(["model.layers.4.mixer"], mamba)])
     try:
         remote = dict(do_remote_prefill=True, remote_engine_id="p", remote_request_id="x",
                       remote_host="127.0.0.1", remote_port=1, remote_block_ids=([1], [2]))
@@ -415,8 +420,8 @@ def test_pd_with_several_groups_is_refused_and_computed_here(caplog):
             {"D": "LENGTH", "P": "LENGTH"}
         assert e.finished["P"].kv_transfer_params is None
         assert not e.sched.requests  # nothing held for a decode
-        said = [r for r in caplog.records if "prefill->decode is not supported" in r.getMessage()]
-        assert len(said) == 1
+        said = [r for r in caplog.records if "prefill->decode is off" in r.getMessage()]
+        assert len(said) == 1 and "MambaSpec" in said[0].getMessage()
     finally:
         e.close()
 
