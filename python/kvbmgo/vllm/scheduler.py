@@ -200,12 +200,7 @@ class KvbmScheduler:
         limit = min(limit, groups.num_blocks(hashes))
         full = [g for g in groups.kept if g.kind == "full"]
         window = [g for g in groups.kept if g.kind == "window"]
-        end = start
-        while end < limit:
-            h = groups.block_hash(hashes, end)
-            if any(groups.key(h, g) not in tiers for g in full):
-                break
-            end += 1
+        end = groups.held_run(hashes, start, limit, tiers, full)
         while end > start and window:
             missing = -1
             for g in window:
@@ -224,17 +219,7 @@ class KvbmScheduler:
         """The keys and G1 blocks of a hit's load: each kept group's blocks
         after start that vLLM allocated (its nulls, a window's skipped
         blocks, are not loaded)."""
-        groups = self.groups
-        keys: List[bytes] = []
-        ids: List[int] = []
-        for j in range(start, start + nb):
-            h = groups.block_hash(request.block_hashes, j)
-            for g in groups.kept:
-                b = tables[g.index][j]
-                if b != NULL_BLOCK:
-                    keys.append(groups.key(h, g))
-                    ids.append(b)
-        return keys, ids
+        return self.groups.block_keys(request.block_hashes, tables, start, start + nb)
 
     def _hybrid_store(self, st: _Request, full: int) -> Tuple[List[bytes], List[int]]:
         """The keys and G1 blocks of st's blocks next_store..full, every
