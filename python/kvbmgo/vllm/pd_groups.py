@@ -127,9 +127,19 @@ def _their_layout(params: dict) -> Any:
     if lay is not None:
         return lay
     ids = params.get("remote_block_ids")
-    if isinstance(ids, (list, tuple)) and (not ids or not isinstance(ids[0], (list, tuple))):
-        return None  # one group: its block size is the decode's to check (as before)
+    if isinstance(ids, (list, tuple)) and (not ids or not isinstance(ids[0], (list, tuple))
+                                           or len(ids) == 1):
+        # One group (NixlConnector's form of it: a list of one list): its
+        # block size is the decode's to check, as before.
+        return None
     return "several lists and no kvbm_groups (not a kvbm prefill with several groups)"
+
+
+def _one_list(ids: Any) -> List[int]:
+    """A one-group prefill's blocks, flat or NixlConnector's [[...]]."""
+    if isinstance(ids, (list, tuple)) and len(ids) == 1 and isinstance(ids[0], (list, tuple)):
+        ids = ids[0]
+    return _ids(ids) or []
 
 
 def _ids(lst: Any) -> Optional[List[int]]:
@@ -151,7 +161,7 @@ def pairs(groups: KvGroups, params: dict, tables: Sequence[Sequence[int]], start
     theirs = _their_layout(params)
     if not groups.hybrid:
         if theirs is None:  # one group on both sides: positional, as before
-            ids = _ids(params.get("remote_block_ids")) or []
+            ids = _one_list(params.get("remote_block_ids"))
             return ids[start:end], list(tables[0][start:end]), ""
         return [], list(tables[0][start:end]), _refusal(theirs, groups)
     mine = layout(groups)

@@ -216,3 +216,53 @@ def test_a_failed_pull_fails_the_request_not_its_blocks():
         assert d.finished["R-decode"].finish_reason.name == "LENGTH"
     finally:
         d.close()
+
+
+# ---- the wire format alone (pd_groups.py)
+
+def _groups(*kinds):
+    from kvbmgo.vllm.groups import KvGroup, KvGroups
+    kept = tuple(KvGroup(i, k, BLOCK, WINDOW if k == "window" else 0)
+                 for i, k in enumerate(kinds))
+    return KvGroups(kept, len(kept), BLOCK)
+
+
+def test_a_mamba_group_sends_its_state_slot_only():
+    """The place of a Mamba group (kind "mamba", once kvbm keeps its state):
+    NixlConnector's clip_ssm_state_blocks, one block, paired with the
+    decode's own state slot."""
+    from kvbmgo.vllm import pd_groups
+    g = _groups("full", "mamba")
+    lists, held = pd_groups.sent(g, ([1, 2, 3], [0, 0, 7]))
+    assert lists == ([1, 2, 3], [7]) and held == [1, 2, 3, 7]
+    params = {"remote_block_ids": json.loads(json.dumps(lists)),
+              "kvbm_groups": pd_groups.layout(g), "remote_num_tokens": 3 * BLOCK}
+    assert pd_groups.pairs(g, params, ([4, 5, 6], [0, 0, 9]), 0, 3 * BLOCK) == \
+        ([1, 2, 3, 7], [4, 5, 6, 9], "")
+
+
+def test_the_decode_pairs_from_the_tail_and_refuses_what_it_cannot_pair():
+    from kvbmgo.vllm import pd_groups
+    g = _groups("full", "window")
+    lay = pd_groups.layout(g)
+    p = {"remote_block_ids": [[1, 2, 3, 4, 5, 6], [8, 11, 12]], "kvbm_groups": lay,
+         "remote_num_tokens": 5 * BLOCK + 5}
+    # A local GPU hit of 2 blocks: the rest pulled; the window's null
+    # (out-of-window) positions skipped.
+    remote, local, why = pd_groups.pairs(g, p, ([21, 22, 23, 24, 25, 26],
+                                                [0, 0, 0, 37, 38, 39]), 2, 3 * BLOCK + 5)
+    assert why == "" and remote == [3, 4, 5, 6, 8, 11, 12] and \
+        local == [23, 24, 25, 26, 37, 38, 39]
+    # A full group's list shorter than the decode needs: refused.
+    short = dict(p, remote_block_ids=[[1, 2], [8, 11, 12]])
+    assert "did not send block" in pd_groups.pairs(g, short, ([1] * 6, [1] * 6), 0,
+                                                   5 * BLOCK + 5)[2]
+    for bad in ([[1, 2]], [[1], ["x"]], "12", [[1, 2], [3], [4]]):
+        assert pd_groups.pairs(g, dict(p, remote_block_ids=bad), ([1] * 6, [1] * 6), 0,
+                               5 * BLOCK + 5)[2]
+    # One group: flat, or NixlConnector's list of one list.
+    one = _groups("full")
+    one = type(one)(one.kept, 1, BLOCK)
+    for ids in ([1, 2, 3], [[1, 2, 3]]):
+        assert pd_groups.pairs(one, {"remote_block_ids": ids}, ([4, 5, 6],), 1, 2 * BLOCK) \
+            == ([2, 3], [5, 6], "")
