@@ -266,3 +266,19 @@ def test_the_decode_pairs_from_the_tail_and_refuses_what_it_cannot_pair():
     for ids in ([1, 2, 3], [[1, 2, 3]]):
         assert pd_groups.pairs(one, {"remote_block_ids": ids}, ([4, 5, 6],), 1, 2 * BLOCK) \
             == ([2, 3], [5, 6], "")
+
+
+def test_groups_with_other_heads_pull_between_equal_tp_sizes_only(caplog):
+    """A head slice is planned from the first group's views: groups whose
+    views hold other head counts turn P/D between TP sizes off (said), not
+    slice a window group's blocks wrong."""
+    with caplog.at_level(logging.WARNING, logger="kvbmgo"):
+        other = HybridEngine({"g2_blocks": 8}, window_heads=1)
+        same = HybridEngine({"g2_blocks": 8})
+    try:
+        assert other.worker._worker._local is None
+        assert same.worker._worker._local is not None
+        assert any("heads per block" in r.getMessage() for r in caplog.records)
+    finally:
+        other.close()
+        same.close()
