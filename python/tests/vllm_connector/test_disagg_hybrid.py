@@ -145,6 +145,37 @@ def test_every_group_is_handed_over_byte_for_byte(pd, wire):
     assert p.sched.kv_cache_manager.block_pool.get_num_free_blocks() == p.kvc.num_blocks - 1
 
 
+def test_a_local_hit_shortens_the_pull_to_the_blocks_after_it(pd):
+    """The decode's own prefix cache holds the first blocks: it pulls each
+    group's blocks after them only, from the same positions of the
+    prefill's, and every block it keeps holds its KV."""
+    p, d = pd
+    params, _, _ = prefill(p)
+    d.add("L", PROMPT[:3 * BLOCK] + [9] * 3)
+    d.run()
+    d.verify = True
+    pulls = []
+    seen = {}
+
+    def grab(so):
+        pulls.extend(x for x in so.kv_connector_metadata.pulls if x.block_ids)
+        if "R-decode" in so.num_scheduled_tokens and "n" not in seen:
+            seen["n"] = so.num_scheduled_tokens["R-decode"]
+            seen["tables"] = d.tables("R-decode")
+    d.add("R-decode", PROMPT, max_tokens=2, kv_transfer_params=params)
+    run_both(p, d, before_forward=grab)
+    (pull,) = pulls
+    tables = seen["tables"]
+    hit = min(i for i, b in enumerate(tables[0]) if b in pull.block_ids)
+    assert hit >= 1, "the decode's prefix cache served nothing"
+    want = [b for b in tables[0][hit:]] + [b for b in tables[1][hit:] if b != NULL]
+    assert sorted(pull.block_ids) == sorted(want)
+    assert not set(pull.block_ids) & set(tables[0][:hit])
+    assert seen["n"] == 1
+    assert d.finished["R-decode"].finish_reason.name == "LENGTH"
+    assert not any(o.failed_recving for o in d.outputs)
+
+
 def _refused(p, d, caplog, params, prompt=PROMPT):
     """Runs a decode request that d must refuse: it fails through
     failed_recving, nothing is written, the prefill lets go. Returns the
