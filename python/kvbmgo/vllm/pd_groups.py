@@ -8,7 +8,8 @@ The prefill's kv_transfer_params (``sent``):
   block ids per kept group (groups.KvGroups.kept, vLLM's order), clipped as
   NixlConnector's ``get_exchange_clipped_blocks`` clips them: a full
   attention group's every computed block; a sliding window's in-window
-  tail, ``cdiv(window, block_size) + 1`` entries (its out-of-window entries
+  tail, ``cdiv(window, block_size) + 1`` entries (window plus vLLM's
+  extra retained tokens, 0 unless a spec sets them; its out-of-window entries
   were nulled by vLLM before, and the tail may start with such nulls); a
   Mamba group (kind ``"mamba"``) only its running state's slot, one block
   (the speculative scratch slots after it dropped). Null ids (0) are never
@@ -210,7 +211,7 @@ def pairs(groups: KvGroups, params: dict, tables: Sequence[Sequence[int]], start
 def _refusal(theirs: Any, groups: KvGroups) -> str:
     mine = describe(layout(groups)) if groups.hybrid else \
         f"one group ({groups.block_size} tokens/block)"
-    them = f"one group (a flat remote_block_ids)" if theirs is None else (
+    them = "one group (a flat remote_block_ids)" if theirs is None else (
         theirs if isinstance(theirs, str) else describe(theirs))
     return (f"the prefill's KV cache groups are {them}, this decode's {mine}: P/D needs the "
             f"same groups on both sides")
