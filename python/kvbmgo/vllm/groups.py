@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, FrozenSet, List, Optional, Sequence, Tuple
+from itertools import islice
+from typing import Any, Container, FrozenSet, List, Optional, Sequence, Tuple
 
 __all__ = ["KvGroup", "KvGroups", "NULL_BLOCK"]
 
@@ -255,3 +256,52 @@ class KvGroups:
             return {}
         return {"group_idx": g.index, "kv_cache_spec_kind": g.spec_kind,
                 "kv_cache_spec_sliding_window": g.window if g.kind == "window" else None}
+
+    # ---- keys in bulk: the scheduler's loops over a request's blocks (a
+    # 32k-token request has 2,048), without a call per block and group
+
+    def tag(self, group: KvGroup) -> bytes:
+        """What key appends to a block hash for group."""
+        return _TAG + b"%03d" % group.index if self.hybrid else b""
+
+    def held_run(self, hashes: Sequence[Any], start: int, limit: int,
+                 tiers: Container[bytes], groups: Sequence[KvGroup]) -> int:
+        """The end of the run of blocks from start (before limit) whose key
+        tiers holds in every one of groups."""
+        tags = [self.tag(g) for g in groups]
+        hpb = self.hashes_per_block
+        end = start
+        # vLLM's BlockHash is bytes at run time: joined as it is.
+        run = islice(hashes, (start + 1) * hpb - 1, limit * hpb, hpb)
+        if len(tags) == 1:  # one full-attention group: the usual hybrid
+            t = tags[0]
+            for h in run:
+                if h + t not in tiers:
+                    break
+                end += 1
+            return end
+        for h in run:
+            for t in tags:
+                if h + t not in tiers:
+                    return end
+            end += 1
+        return end
+
+    def block_keys(self, hashes: Sequence[Any], tables: Sequence[Sequence[int]], start: int,
+                   stop: int) -> Tuple[List[bytes], List[int]]:
+        """The keys and G1 blocks of blocks start..stop of every kept group
+        whose table entry (tables: one per vLLM group) is not null, block
+        by block."""
+        cols = [(self.tag(g), tables[g.index]) for g in self.kept]
+        hpb = self.hashes_per_block
+        keys: List[bytes] = []
+        ids: List[int] = []
+        j = start
+        for h in islice(hashes, (start + 1) * hpb - 1, stop * hpb, hpb):
+            for t, table in cols:
+                b = table[j]
+                if b != NULL_BLOCK:
+                    keys.append(h + t)
+                    ids.append(b)
+            j += 1
+        return keys, ids

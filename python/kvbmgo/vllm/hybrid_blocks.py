@@ -27,12 +27,7 @@ def match(groups: KvGroups, hashes: Any, start: int, limit: int, tiers: Containe
     full = [g for g in groups.kept if g.kind == "full"]
     window = [g for g in groups.kept if g.kind == "window"]
     mamba = groups.mamba
-    end = start
-    while end < limit:
-        h = groups.block_hash(hashes, end)
-        if any(groups.key(h, g) not in tiers for g in full):
-            break
-        end += 1
+    end = groups.held_run(hashes, start, limit, tiers, full)
     while end > start:
         missing = -1
         for g in window:
@@ -57,9 +52,11 @@ def load(groups: KvGroups, hashes: Any, tables: Any, start: int, nb: int
     after start that vLLM allocated (its nulls, a window's skipped blocks,
     are not loaded), and each Mamba group's state at the hit's end, into
     the block vLLM's align mode reads it from (the hit's last entry)."""
+    end = start + nb
+    if not groups.mamba:  # attention groups only: every allocated block
+        return groups.block_keys(hashes, tables, start, end)
     keys: List[bytes] = []
     ids: List[int] = []
-    end = start + nb
     for j in range(start, end):
         h = groups.block_hash(hashes, j)
         for g in groups.kept:

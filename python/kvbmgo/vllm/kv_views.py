@@ -167,6 +167,14 @@ def local_kv(kv_caches: Dict[str, Any], index: Dict[str, int], rank: int, tp_siz
     views: Dict[int, Any] = {}
     for name, i in index.items():
         views.setdefault(i, kv_caches[name])
+    # A hybrid model's groups over the same pages (groups.py) are sliced
+    # by the first one's heads: only when every group's views hold as many.
+    heads = {int(kv_caches[name].shape[1]) for name in index if name in kv_caches}
+    if len(heads) > 1:
+        log.warning("kvbm: P/D between tensor-parallel sizes is off: the KV cache groups' "
+                    "views hold %s heads per block (a decode pulls from a prefill of its "
+                    "own TP size only)", sorted(heads))
+        return None
     try:
         return LocalKv([views[i] for i in sorted(views)], rank, tp_size, total_heads, mla)
     except ValueError as e:

@@ -62,7 +62,9 @@ class RemotePull:
     block_ids[i]. No block ids: only tell the prefill to let go. token:
     the request's secret (kv_transfer_params kvbm_token); worker_id: the
     prefill's rank-0 kvbm worker id when its config names one
-    (kvbm_worker_id; None: derived from engine_id)."""
+    (kvbm_worker_id; None: derived from engine_id). refused: why nothing
+    is pulled ("" when it is: pd_groups.pairs): the decode tells the
+    prefill to let go and reports the request failed."""
     req_id: str
     engine_id: str
     remote_request_id: str
@@ -73,6 +75,7 @@ class RemotePull:
     block_ids: List[int]
     token: str = ""
     worker_id: Optional[int] = None
+    refused: str = ""
 
 
 @dataclass

@@ -39,6 +39,7 @@ from .._worker import Worker
 from . import pd_wire as wire
 from .metadata import RemotePull
 from .pd_connections import Conn, Connections
+from .pd_groups import log_refusal
 from .pd_wire import Refused, Unanswered
 from .tp_mapping import Plan, Read, owned, plan, refusal
 
@@ -128,11 +129,13 @@ class DecodePuller:
     def __init__(self, worker: Any, rank: int, tp_size: int, timeout_s: float,
                  max_pulls: int, allow_hosts: Optional[Tuple[str, ...]] = None, *,
                  local: Any = None, engine_id: str = "",
-                 key: Optional[_control.KeyChoice] = None) -> None:
+                 key: Optional[_control.KeyChoice] = None, by_request: bool = False) -> None:
         """local: this worker's KV (kv_views.LocalKv; None: pulls rank to rank
         only, as before heterogeneous TP); engine_id: this decode's (its
         done messages say which decode rank they are from); key: the side
-        channel's (_control.choose_key for allow_hosts by default)."""
+        channel's (_control.choose_key for allow_hosts by default);
+        by_request: a failed pull is its request's (take_failed_requests),
+        not its blocks' (several KV cache groups: vLLM takes no block ids)."""
         import zmq
         self._worker = worker
         self.rank, self.tp_size, self.timeout_s = rank, tp_size, timeout_s
@@ -150,11 +153,17 @@ class DecodePuller:
         self._allow = None if allow_hosts is None else _control.AllowList(allow_hosts)
         self._refused_hosts: Set[Tuple[str, str]] = set()  # (host, why): logged once each
         self._pending: Dict[str, Tuple[Future, List[int]]] = {}
+        self._by_request = by_request
+        self._refused: Set[str] = set()      # pulls refused (RemotePull.refused)
+        self._failed_reqs: Set[str] = set()  # failed as requests, not yet taken
+        self._failed_req_ids: Set[int] = set()
         self._stop = threading.Event()
 
     def start(self, pull: RemotePull) -> None:
         """Starts pull in the background (a release alone when it has no blocks)."""
         deadline = time.monotonic() + self.timeout_s
+        if pull.refused and pull.block_ids:
+            self._refused.add(pull.req_id)
         fut = self._pool.submit(self._run, pull, deadline)
         if pull.block_ids:
             self._pending[pull.req_id] = (fut, list(pull.block_ids))
@@ -169,11 +178,24 @@ class DecodePuller:
             del self._pending[req_id]
             done.add(req_id)
             try:
-                failed.update(fut.result())
+                lost = list(fut.result())
             except Exception:  # noqa: BLE001 - a bug in a pull: fail it closed
                 log.exception("kvbm: pull of request %s", req_id)
-                failed.update(ids)
+                lost = ids
+            failed.update(lost)
+            if lost and (self._by_request or req_id in self._refused):
+                self._failed_reqs.add(req_id)
+                self._failed_req_ids.update(lost)
+            self._refused.discard(req_id)
         return done, failed
+
+    def take_failed_requests(self) -> Tuple[Set[str], Set[int]]:
+        """(the requests among those finished() reported whose pull failed
+        as a request's: refused, or any with by_request; their G1 blocks,
+        which finished() counted among the failed ones)."""
+        reqs, ids = self._failed_reqs, self._failed_req_ids
+        self._failed_reqs, self._failed_req_ids = set(), set()
+        return reqs, ids
 
     def close(self) -> None:
         """Ends the handshakes still waiting, waits for the transfers in flight."""
@@ -196,6 +218,9 @@ class DecodePuller:
             log.error("kvbm: request %s: its kv_transfer_params carry no kvbm_token (a prefill "
                       "that is not kvbm's, or older): nothing is pulled", p.req_id)
             return list(p.block_ids)
+        if p.refused:  # pd_groups.pairs: said once per prefill engine and reason
+            log_refusal(p.req_id, p.engine_id, p.refused)
+            why = p.refused
         if why is not None:
             # Refused: the prefill ranks this rank answers for let go now.
             self._release_all(p, plan, sources, deadline)

@@ -25,7 +25,7 @@ from vllm.v1.request import RequestStatus
 
 from .._control import new_token
 from .config import KvbmConfig
-from . import hybrid_blocks
+from . import hybrid_blocks, pd_groups
 from .groups import NULL_BLOCK, KvGroups
 from .stats import KvbmConnectorStats
 from .stores_in_flight import StoresInFlight
@@ -72,14 +72,6 @@ def _remote_prefill(request: Any) -> Optional[dict]:
         params["do_remote_prefill"] = False
         return None
     return params
-
-
-def _flat_ids(ids: Any) -> List[int]:
-    """remote_block_ids as a list: ours are one list; a hybrid-cache prefill
-    sends one list per KV cache group (the first is the attention's)."""
-    if ids and isinstance(ids[0], (list, tuple)):
-        ids = ids[0]
-    return [int(b) for b in ids]
 
 
 def _known(event: type, fields: dict) -> dict:
@@ -177,9 +169,10 @@ class KvbmScheduler:
         return n
 
     def _remote_prefill(self, request: Any) -> Optional[dict]:
-        """_remote_prefill, but a hybrid model's request is computed here:
-        P/D with several KV cache groups is not supported yet (said once)."""
-        if self.groups.hybrid:
+        """_remote_prefill, but a hybrid model whose groups kvbm cannot keep
+        (groups.inert) or that has a Mamba group (P/D of its states is not
+        built) computes the request here (said once)."""
+        if self._pd_off() is not None:
             params = getattr(request, "kv_transfer_params", None)
             if params and params.get("do_remote_prefill"):
                 self._warn_pd()
@@ -187,12 +180,21 @@ class KvbmScheduler:
             return None
         return _remote_prefill(request)
 
+    def _pd_off(self) -> Optional[str]:
+        """Why P/D is off for this model (None: on)."""
+        if self.groups.inert is not None:
+            return self.groups.inert
+        if self.groups.mamba:
+            return (f"Mamba group {self.groups.mamba[0].index}: a decode's Mamba state after "
+                    f"the prompt is not pulled yet")
+        return None
+
     def _warn_pd(self) -> None:
         if not self._warned_pd:
             self._warned_pd = True
-            log.warning("kvbm: disaggregated prefill->decode is not supported with %d KV "
-                        "cache groups yet: requests that ask for it are computed here and "
-                        "prefills hold nothing for a decode", self.groups.num_groups)
+            log.warning("kvbm: disaggregated prefill->decode is off for this model (%s): "
+                        "requests that ask for it are computed here and prefills hold "
+                        "nothing for a decode", self._pd_off())
 
     # ---- several KV cache groups (groups.py, hybrid_blocks.py)
 
@@ -295,18 +297,18 @@ class KvbmScheduler:
         params["do_remote_prefill"] = False
         local: List[int] = []
         remote: List[int] = []
+        refused = ""
         if num_external_tokens > 0:
-            bs = self.block_size
-            end = -(-(start * bs + num_external_tokens) // bs)
-            local = list(blocks.get_block_ids()[0][start:end])
-            remote = _flat_ids(params["remote_block_ids"])[start:end]
-            # Lengths that differ (another block size, a shorter list) fail
-            # the pull, every block of it.
+            # Per KV cache group, or refused (pd_groups.py). Lengths that
+            # differ (another block size, a shorter list) fail the pull.
+            remote, local, refused = pd_groups.pairs(self.groups, params,
+                                                     blocks.get_block_ids(), start,
+                                                     num_external_tokens)
         self._pulls.append(RemotePull(
             request.request_id, str(params["remote_engine_id"]),
             str(params["remote_request_id"]), str(params["remote_host"]),
             int(params["remote_port"]), int(params.get("tp_size") or 1), remote, local,
-            str(params.get("kvbm_token") or ""), params.get("kvbm_worker_id")))
+            str(params.get("kvbm_token") or ""), params.get("kvbm_worker_id"), refused))
 
     def build_connector_meta(self, scheduler_output: Any) -> KvbmConnectorMetadata:
         """This step's loads, the stores of every block this step completes,
@@ -450,14 +452,22 @@ class KvbmScheduler:
     def request_finished_all_groups(self, request: Any, block_ids: Tuple[List[int], ...]
                                     ) -> Tuple[bool, Optional[dict]]:
         """vLLM's call with its hybrid KV cache manager on: one list of
-        blocks per KV cache group. One group: request_finished. Several:
-        nothing is held (P/D with several groups is not supported yet)."""
+        blocks per KV cache group. One group: request_finished. Several: a
+        prefill request holds each kept group's blocks a decode pulls
+        (pd_groups.sent) and names them per group."""
         if not self.groups.hybrid:
             return self.request_finished(request, list(block_ids[0]) if block_ids else [])
         params = getattr(request, "kv_transfer_params", None) or {}
-        if self.producer and params.get("do_remote_decode"):
+        if not (self.producer and params.get("do_remote_decode")):
+            return self.request_finished(request, [])
+        if self._pd_off() is not None:
             self._warn_pd()
-        return self.request_finished(request, [])
+            return self.request_finished(request, [])
+        lists, held = pd_groups.sent(self.groups, block_ids)
+        hold, out = self.request_finished(request, held)
+        if out is not None:
+            out.update(remote_block_ids=lists, kvbm_groups=pd_groups.layout(self.groups))
+        return hold, out
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Feeds the workers' cache events into the index and into

@@ -276,7 +276,8 @@ class KvbmWorker(WorkerStats):
             c = self.config
             self._puller = DecodePuller(self.worker, self.rank, self.tp_size, c.pd_timeout_s,
                                         c.pd_max_pulls, c.pd_allow_hosts, local=self._local,
-                                        engine_id=self.engine_id, key=self._pd_key())
+                                        engine_id=self.engine_id, key=self._pd_key(),
+                                        by_request=self.hybrid)
         return self._puller
 
     def shutdown(self) -> None:
@@ -530,6 +531,10 @@ class KvbmWorker(WorkerStats):
             self._load_errors.update(failed)
             for req_id in pulled:
                 self._pulled(req_id, failed)
+            # Failed as requests (several groups, or refused: pd_groups.py).
+            reqs, ids = self._puller.take_failed_requests()
+            self._failed_recving |= reqs
+            self._load_errors.difference_update(ids)
         for req_id, (n, ids) in list(self._async_loads.items()):
             if n is None or n.done():
                 failed = self._finish(n)

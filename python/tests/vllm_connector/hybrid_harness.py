@@ -76,12 +76,13 @@ class HybridEngine(Engine):
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=64, policy="recompute",
                  max_batched=64, serial=False, pipelined=False, extra_groups=(),
-                 window_heads=HEADS, hash_block=BLOCK):
+                 window_heads=HEADS, hash_block=BLOCK, role="kv_both", engine_id=None):
         """extra_groups: more KVCacheGroupSpecs after the two (their layers
         get no tensor: the connector must not need them). window_heads: the
         window group's KV heads (its head size keeps its page's bytes).
         hash_block: tokens per request block hash (vLLM's hash_block_size,
-        prefix_match_unit: it divides BLOCK)."""
+        prefix_match_unit: it divides BLOCK). role, engine_id: the
+        KVTransferConfig's (P/D)."""
         self.hasher = get_request_block_hasher(hash_block, sha256)
         self.per_block = BLOCK // hash_block
         self.serial = serial
@@ -95,7 +96,8 @@ class HybridEngine(Engine):
         cc = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
                          enable_prefix_caching=True)
         kt = KVTransferConfig(kv_connector="KvbmConnector", kv_connector_module_path="kvbmgo.vllm",
-                              kv_role="kv_both", kv_load_failure_policy=policy,
+                              kv_role=role, engine_id=engine_id,
+                              kv_load_failure_policy=policy,
                               kv_connector_extra_config=dict(extra or {}))
         with hybrid_platform() as self.config_log:
             self.vc = vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,

@@ -400,11 +400,16 @@ def _two_groups_config():
                          hash_block_size=BLOCK)
 
 
-def test_pd_with_several_groups_is_refused_and_computed_here(caplog):
-    # P/D with several groups is not built yet: a decode request asking for
-    # a remote prefill is computed here, a prefill request holds nothing and
-    # returns no kv_transfer_params; said once.
-    e = HybridEngine({"g2_blocks": 16})
+def test_pd_with_a_group_kvbm_cannot_keep_is_refused_and_computed_here(caplog):
+    # P/D with full + sliding-window groups: test_disagg_hybrid.py; with a
+    # Mamba group: test_mamba.py. With a group kvbm keeps nothing of
+    # (chunked local attention) a decode request asking for a remote
+    # prefill is computed here, a prefill request holds nothing and returns
+    # no kv_transfer_params; said once.
+    chunked = ChunkedLocalAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
+                                        dtype=torch.float16, attention_chunk_size=2 * BLOCK)
+    e = HybridEngine({"g2_blocks": 16}, max_batched=32,
+                     extra_groups=[KVCacheGroupSpec(["model.layers.4.attn"], chunked)])
     try:
         remote = dict(do_remote_prefill=True, remote_engine_id="p", remote_request_id="x",
                       remote_host="127.0.0.1", remote_port=1, remote_block_ids=([1], [2]))
@@ -417,8 +422,8 @@ def test_pd_with_several_groups_is_refused_and_computed_here(caplog):
             {"D": "LENGTH", "P": "LENGTH"}
         assert e.finished["P"].kv_transfer_params is None
         assert not e.sched.requests  # nothing held for a decode
-        said = [r for r in caplog.records if "prefill->decode is not supported" in r.getMessage()]
-        assert len(said) == 1
+        said = [r for r in caplog.records if "prefill->decode is off" in r.getMessage()]
+        assert len(said) == 1 and "ChunkedLocalAttentionSpec" in said[0].getMessage()
     finally:
         e.close()
 

@@ -1,0 +1,229 @@
+"""P/D with several KV cache groups (vLLM's hybrid KV cache manager): which
+of a prefill's blocks a decode pulls, per group, in NixlConnector's
+convention, and the refusal of two engines whose groups differ.
+
+The prefill's kv_transfer_params (``sent``):
+
+- ``remote_block_ids``: a tuple (a list once JSON) with one list of G1
+  block ids per kept group (groups.KvGroups.kept, vLLM's order), clipped as
+  NixlConnector's ``get_exchange_clipped_blocks`` clips them: a full
+  attention group's every computed block; a sliding window's in-window
+  tail, ``cdiv(window, block_size) + 1`` entries (window plus vLLM's
+  extra retained tokens, 0 unless a spec sets them; its out-of-window entries
+  were nulled by vLLM before, and the tail may start with such nulls); a
+  Mamba group (kind ``"mamba"``) only its running state's slot, one block
+  (the speculative scratch slots after it dropped). Null ids (0) are never
+  read.
+- ``kvbm_groups``: each kept group's layout (``layout``): its index, kind,
+  tokens per block, and a window's tokens. A prefill with one group sends
+  none, and a flat ``remote_block_ids`` (as before HMA).
+
+The decode (``pairs``) takes a list per group from the tail, as
+NixlConnector's worker does: the prefill's list ends at its last computed
+block, which is the decode's last prompt block. Each group's block at a
+position goes into the decode's own block of that group at that position;
+a position where the decode's table is null is skipped, and so is a window
+block before the window the decode needs (the token it computes again
+attends back ``window - 1`` tokens): out-of-window blocks are never pulled.
+A block the decode needs that the prefill did not send (a full group's
+shorter list, a window block the prefill had let go) fails the request.
+
+Two engines whose groups differ (one hybrid, one not, or other kinds,
+block sizes, windows) are refused: the decode names both layouts once per
+prefill engine, pulls nothing, tells the prefill to let go, and reports the
+request failed (failed_recving, vLLM's one failure report with several
+groups; with one group too, since its blocks are not what it asked).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from .groups import NULL_BLOCK, KvGroup, KvGroups
+
+__all__ = ["layout", "describe", "sent", "pairs", "log_refusal", "State"]
+
+log = logging.getLogger(__name__)
+
+#: A decode request's pull: (remote ids, local ids, why refused or "").
+State = Tuple[List[int], List[int], str]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def layout(groups: KvGroups) -> List[Dict[str, Any]]:
+    """The kept groups as kv_transfer_params kvbm_groups says them (a
+    prefill's), or as a decode compares them (with one group: the full
+    attention group 0 a prefill without kvbm_groups has)."""
+    out = []
+    for g in groups.kept:
+        d: Dict[str, Any] = {"group": g.index, "kind": g.kind, "block_size": g.block_size}
+        if g.kind == "window":
+            d["window"] = g.window
+        out.append(d)
+    return out
+
+
+def describe(lay: Any) -> str:
+    """A layout for a message: "none (one full-attention group)" style."""
+    if not isinstance(lay, list):
+        return repr(lay)[:200]
+    parts = []
+    for d in lay[:16]:
+        if not isinstance(d, dict):
+            parts.append(repr(d)[:40])
+            continue
+        s = f"group {d.get('group')} {d.get('kind')} ({d.get('block_size')} tokens/block"
+        if d.get("kind") == "window":
+            s += f", window {d.get('window')} tokens"
+        parts.append(s + ")")
+    return "[" + "; ".join(parts) + "]"
+
+
+def _state_slot(blocks: Sequence[int], spec_blocks: int) -> List[int]:
+    """A Mamba group's running state's slot: the last entry once the
+    speculative scratch slots after it are dropped (vLLM's
+    clip_ssm_state_blocks)."""
+    if not blocks:
+        return []
+    scratch = min(spec_blocks, len(blocks) - 1)
+    blocks = list(blocks[:len(blocks) - scratch])
+    return blocks[-1:]
+
+
+def _clip(g: KvGroup, blocks: Sequence[int]) -> List[int]:
+    """What a prefill sends of group g's blocks (NixlConnector's clipping)."""
+    blocks = [int(b) for b in blocks]
+    if g.kind == "window":
+        return blocks[-(_cdiv(g.window + g.retained, g.block_size) + 1):]
+    if g.kind == "mamba":
+        return _state_slot(blocks, int(getattr(g, "spec_blocks", 0) or 0))
+    return blocks
+
+
+def sent(groups: KvGroups, block_ids: Sequence[Sequence[int]]
+         ) -> Tuple[Tuple[List[int], ...], List[int]]:
+    """(remote_block_ids: each kept group's clipped list, the G1 blocks
+    they name that are not null: what the prefill holds for the decode)
+    from vLLM's block ids of a finished request, one list per group."""
+    lists = tuple(_clip(g, block_ids[g.index] if g.index < len(block_ids) else ())
+                  for g in groups.kept)
+    held: List[int] = []
+    seen: Set[int] = set()
+    for lst in lists:
+        for b in lst:
+            if b != NULL_BLOCK and b not in seen:
+                seen.add(b)
+                held.append(b)
+    return lists, held
+
+
+def _their_layout(params: dict) -> Any:
+    """The prefill's layout: kvbm_groups, or one full-attention group when
+    it sends a flat list (a prefill with one group, or before HMA)."""
+    lay = params.get("kvbm_groups")
+    if lay is not None:
+        return lay
+    ids = params.get("remote_block_ids")
+    if isinstance(ids, (list, tuple)) and (not ids or not isinstance(ids[0], (list, tuple))
+                                           or len(ids) == 1):
+        # One group (NixlConnector's form of it: a list of one list): its
+        # block size is the decode's to check, as before.
+        return None
+    return "several lists and no kvbm_groups (not a kvbm prefill with several groups)"
+
+
+def _one_list(ids: Any) -> List[int]:
+    """A one-group prefill's blocks, flat or NixlConnector's [[...]]."""
+    if isinstance(ids, (list, tuple)) and len(ids) == 1 and isinstance(ids[0], (list, tuple)):
+        ids = ids[0]
+    return _ids(ids) or []
+
+
+def _ids(lst: Any) -> Optional[List[int]]:
+    if not isinstance(lst, (list, tuple)) or len(lst) > 1 << 20:
+        return None
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in lst):
+        return None
+    return [int(b) for b in lst]
+
+
+def pairs(groups: KvGroups, params: dict, tables: Sequence[Sequence[int]], start: int,
+          num_external_tokens: int) -> State:
+    """The pull of a decode request whose blocks from start on (num_external_tokens
+    tokens) come from the prefill that params (its kv_transfer_params) name:
+    (the prefill's G1 blocks, this decode's, in pairs; why it is refused, or
+    ""). tables: the decode's block tables, one per vLLM group."""
+    bs = groups.block_size
+    end = _cdiv(start * bs + num_external_tokens, bs)
+    theirs = _their_layout(params)
+    if not groups.hybrid:
+        if theirs is None:  # one group on both sides: positional, as before
+            ids = _one_list(params.get("remote_block_ids"))
+            return ids[start:end], list(tables[0][start:end]), ""
+        return [], list(tables[0][start:end]), _refusal(theirs, groups)
+    mine = layout(groups)
+    local_all = [b for g in groups.kept for b in tables[g.index][start:end] if b != NULL_BLOCK]
+    if theirs != mine:
+        return [], local_all, _refusal(theirs, groups)
+    lists = params.get("remote_block_ids")
+    if not isinstance(lists, (list, tuple)) or len(lists) != len(groups.kept):
+        return [], local_all, "remote_block_ids is not one list per KV cache group"
+    n = end
+    tokens = params.get("remote_num_tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+        n = _cdiv(tokens, bs)  # the prefill's lists end at its last computed block
+    remote: List[int] = []
+    local: List[int] = []
+    for g, lst in zip(groups.kept, lists):
+        ids = _ids(lst)
+        if ids is None:
+            return [], local_all, f"group {g.index}'s remote_block_ids are not block ids"
+        table = tables[g.index]
+        if g.kind == "mamba":
+            mine_slot = _state_slot(table[:end], int(getattr(g, "spec_blocks", 0) or 0))
+            if mine_slot and ids and mine_slot[0] != NULL_BLOCK and ids[-1] != NULL_BLOCK:
+                remote.append(ids[-1])
+                local.append(mine_slot[0])
+            elif mine_slot and mine_slot[0] != NULL_BLOCK:
+                return [], local_all, f"the prefill sent no state for group {g.index}"
+            continue
+        # The first block this decode needs: a window's, for the token it
+        # computes again (the last prompt token) attending back.
+        need = g.first_kept_block(start * bs + num_external_tokens - 1)
+        first = n - len(ids)
+        for pos in range(start, end):
+            mine_b = table[pos] if pos < len(table) else NULL_BLOCK
+            if mine_b == NULL_BLOCK or pos < need:
+                continue
+            theirs_b = ids[pos - first] if first <= pos < n else NULL_BLOCK
+            if theirs_b == NULL_BLOCK:
+                return [], local_all, (f"the prefill did not send block {pos} of group "
+                                       f"{g.index} ({g.kind}), which this decode needs")
+            remote.append(theirs_b)
+            local.append(mine_b)
+    return remote, local, ""
+
+
+def _refusal(theirs: Any, groups: KvGroups) -> str:
+    mine = describe(layout(groups)) if groups.hybrid else \
+        f"one group ({groups.block_size} tokens/block)"
+    them = "one group (a flat remote_block_ids)" if theirs is None else (
+        theirs if isinstance(theirs, str) else describe(theirs))
+    return (f"the prefill's KV cache groups are {them}, this decode's {mine}: P/D needs the "
+            f"same groups on both sides")
+
+
+_logged: Set[Tuple[str, str]] = set()
+
+
+def log_refusal(req_id: str, engine_id: str, why: str) -> None:
+    """Says a refused pull's reason once per prefill engine and reason."""
+    if (engine_id, why) in _logged or len(_logged) >= 1024:
+        return
+    _logged.add((engine_id, why))
+    log.error("kvbm: request %s from prefill engine %s: %s; nothing is pulled and the request "
+              "fails (every such request)", req_id, engine_id[:128], why)
