@@ -18,11 +18,18 @@ stdout; vLLM's own output goes to stderr):
       prefill holds a finished request for a decode instance at the step
       after it finished (a server's engine loop keeps stepping while vLLM
       holds blocks; LLM.generate returns before)
-  {"op": "break", "reverse": bool}    the broken connector on or off
-      -> {"was": bool}
-  {"op": "digests", "block_ids": [[ids]]}  digests of G1 blocks (hex), per
-      rank: {"digests": [rank 0's [[hex]], rank 1's, ...]}
+  {"op": "break", "reverse": bool, "stale_window": bool (optional)}  the
+      broken connectors (recording.py) on or off
+      -> {"was": bool, "was_stale_window": bool}
+  {"op": "digests", "block_ids": [[ids]], "group": g (optional)}  digests
+      of G1 blocks (hex; of group g's layers only, hybrid), per rank:
+      {"digests": [rank 0's [[hex]], rank 1's, ...]}
   {"op": "stats"}                     each rank's kvbm cache counters
+  {"op": "groups"}                    the engine's KV cache groups (vLLM's
+      kv_cache_config) and whether its hybrid KV cache manager is on:
+      {"hma": bool, "hash_block_size": n, "num_blocks": n, "groups":
+      [{"spec", "block_size", "page_size_bytes", "sliding_window",
+      "layers"}]}
   {"op": "quit"}
 Records are those the recording connector made since the last answer (a
 worker side's name their rank)."""
@@ -101,9 +108,12 @@ def main() -> None:
             for _ in range(int(cmd["n"])):
                 llm.llm_engine.step()
         elif op == "break":
-            ans["was"] = ranks(recording.set_break, bool(cmd["reverse"]))[0]
+            was = ranks(recording.set_break, bool(cmd["reverse"]), cmd.get("stale_window"))[0]
+            ans["was"], ans["was_stale_window"] = was
         elif op == "digests":
-            ans["digests"] = ranks(recording.digests, cmd["block_ids"])
+            ans["digests"] = ranks(recording.digests, cmd["block_ids"], cmd.get("group"))
+        elif op == "groups":
+            ans.update(describe_groups(llm))
         elif op == "stats":
             ans["stats"] = [s for st in ranks(recording.stats) for s in st]
         elif op == "quit":
@@ -115,6 +125,24 @@ def main() -> None:
     del llm
     import gc
     gc.collect()
+
+
+def describe_groups(llm) -> dict:
+    """What the engine core's scheduler was built with (the engine core
+    runs in this process)."""
+    core = llm.llm_engine.engine_core.engine_core
+    kcc = core.scheduler.kv_cache_config
+    out = []
+    for g in kcc.kv_cache_groups:
+        spec = g.kv_cache_spec
+        out.append({"spec": type(spec).__name__, "block_size": int(spec.block_size),
+                    "page_size_bytes": int(spec.page_size_bytes),
+                    "sliding_window": getattr(spec, "sliding_window", None),
+                    "layers": list(g.layer_names)})
+    return {"hma": not llm.llm_engine.vllm_config.scheduler_config
+            .disable_hybrid_kv_cache_manager,
+            "hash_block_size": getattr(kcc, "hash_block_size", None),
+            "num_blocks": int(kcc.num_blocks), "groups": out}
 
 
 if __name__ == "__main__":
