@@ -30,8 +30,7 @@ well stay equal): BREAK["reverse"] makes the worker load a request's keys
 into its block ids reversed; BREAK["stale_window"] makes it store each
 sliding-window block from a stale id, the one of its request's block before
 it in that group (an id vLLM frees as the window moves on and hands to
-another request),
-while the reference digests stay those of the right ids.
+another request), while the reference digests stay those of the right ids.
 KVBM_E2E_BREAK=reverse (or stale_window) starts with it on, which must fail
 every scenario that loads."""
 
