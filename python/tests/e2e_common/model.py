@@ -11,10 +11,7 @@ VOCAB = 1000
 def make_model(path: str) -> None:
     """Writes the model (config, weights, tokenizer) into path."""
     import torch
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=KV_HEADS * 2 * HEAD, intermediate_size=256,
@@ -23,11 +20,28 @@ def make_model(path: str) -> None:
                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                       tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).to(torch.float32)
-    with torch.no_grad():  # larger weights than the default init: far-apart logits
+    randomize(model)
+    model.save_pretrained(path)
+    save_tokenizer(path)
+
+
+def randomize(model) -> None:
+    """Larger weights than the default init: far-apart logits, so that a
+    wrong KV byte shows in the tokens more often."""
+    import torch
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.2)
-    model.save_pretrained(path)
+
+
+def save_tokenizer(path: str) -> None:
+    """The offline word-level tokenizer of every tiny model: w3..w999."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
     vocab.update({f"w{i}": i for i in range(3, VOCAB)})
     tok = Tokenizer(WordLevel(vocab, unk_token="<pad>"))

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from e2e_common.engine_process import skip_or_require
-from e2e_helpers import Engine, make_model
+from e2e_helpers import Engine, make_model, make_swa_model, swa_engine
 
 
 def _why_no_vllm():
@@ -40,10 +40,8 @@ def model_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def baseline(model_dir):
-    """The engine without a connector: the tokens every scenario must give."""
-    e = Engine(model_dir, name="baseline")
+def _expect(e):
+    """The tokens e gives prompts (asked once each)."""
     cache = {}
 
     def expect(prompts, max_tokens):
@@ -51,5 +49,29 @@ def baseline(model_dir):
         if key not in cache:
             cache[key] = e.generate(prompts, max_tokens)["tokens"]
         return cache[key]
-    yield expect
+    return expect
+
+
+@pytest.fixture(scope="session")
+def baseline(model_dir):
+    """The engine without a connector: the tokens every scenario must give."""
+    e = Engine(model_dir, name="baseline")
+    yield _expect(e)
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def swa_model_dir(tmp_path_factory):
+    """The hybrid model: a sliding-window layer and a full-attention one."""
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
+    path = str(tmp_path_factory.mktemp("tiny-gemma3-swa"))
+    make_swa_model(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def swa_baseline(swa_model_dir):
+    """The hybrid model's engine without a connector."""
+    e = swa_engine(swa_model_dir, name="swa-baseline")
+    yield _expect(e)
     e.close()

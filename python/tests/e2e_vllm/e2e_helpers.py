@@ -1,9 +1,12 @@
 """Helpers of the real-engine tests (conftest.py has the fixtures): Engine,
-one engine.py process driven over a pipe; the tiny model and prompts come
-from e2e_common."""
+one engine.py process driven over a pipe; the tiny models and prompts come
+from e2e_common. swa_engine and require_groups_loaded are the hybrid
+(sliding-window) model's, for its scenarios on one engine or two (P/D)."""
 import os
 
 from e2e_common.engine_process import EngineProcess
+from e2e_common.hybrid_model import MAMBA_ENGINE_ARGS, WINDOW, make_mamba_model, \
+    make_swa_model  # noqa: F401
 from e2e_common.model import HEAD, KV_HEADS, LAYERS, free_port, make_model, prompt  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -12,6 +15,16 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
 BLOCK = 32                 # tokens per block (CPU attention: a multiple of 32)
 BLOCK_BYTES = LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 4   # float32, K and V
 G1_BLOCKS = 24             # small: four long requests at once are preempted
+# The sliding-window model: a block of each group is a page of its one layer
+# (the groups share G1's pages). vLLM wants 34 of them at least for a
+# max_model_len of 512 (its check adds up each group's most: a request's 16
+# full-attention blocks, and the window's with a batch of tokens); four long
+# requests at once are preempted.
+SWA_PAGE_BYTES = 2 * BLOCK * KV_HEADS * HEAD * 4
+SWA_G1_BLOCKS = 34
+# The Mamba model: vLLM grows the attention block to 64 tokens, whose page
+# (32 KiB) holds the Mamba state too (hybrid_model.make_mamba_model).
+MAMBA_PAGE_BYTES = 2 * 64 * KV_HEADS * HEAD * 4
 
 
 class Engine(EngineProcess):
@@ -19,9 +32,9 @@ class Engine(EngineProcess):
 
     def __init__(self, model: str, connector=None, role: str = "kv_both",
                  kv_bytes: int = G1_BLOCKS * BLOCK_BYTES, name: str = "engine",
-                 tp: int = 1) -> None:
+                 tp: int = 1, engine_args=None) -> None:
         cfg = {"model": model, "kv_bytes": kv_bytes, "connector": connector, "role": role,
-               "tp": tp}
+               "tp": tp, "engine_args": engine_args}
         env = dict(os.environ)
         env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
@@ -59,3 +72,49 @@ def require_bytes_checked(ans, blocks: int, is_async: bool = False, tp: int = 1)
     for r in loaded:
         per_rank[r["rank"]] = per_rank.get(r["rank"], 0) + r["blocks"]
     assert per_rank == {rank: blocks for rank in range(tp)}, loaded
+
+
+def swa_engine(model_dir: str, connector=None, name: str = "swa", role: str = "kv_both",
+               g1_blocks: int = SWA_G1_BLOCKS) -> Engine:
+    """An engine of the sliding-window model (e2e_common/hybrid_model.py),
+    with a G1 of g1_blocks pages."""
+    return Engine(model_dir, connector, role=role, kv_bytes=g1_blocks * SWA_PAGE_BYTES,
+                  name=name)
+
+
+def mamba_engine(model_dir: str, connector=None, name: str = "mamba", role: str = "kv_both",
+                 g1_blocks: int = 64) -> Engine:
+    """An engine of the Mamba model (e2e_common/hybrid_model.py), with a G1
+    of g1_blocks pages, in vLLM's "align" mode (prefix caching on)."""
+    return Engine(model_dir, connector, role=role, kv_bytes=g1_blocks * MAMBA_PAGE_BYTES,
+                  name=name, engine_args=MAMBA_ENGINE_ARGS)
+
+
+def require_groups_loaded(ans, per_group: dict):
+    """Hybrid: the loads of this answer (async, as every load with several
+    groups) brought per_group[g] blocks of group g, each holding the bytes
+    stored under its key, into the ids vLLM's table gives that group and
+    block: never the null block, and a sliding window's blocks exactly
+    those in the window (recording.load_map)."""
+    maps = records(ans, "load_map")
+    assert maps, f"no load was mapped: {ans['records']}"
+    for m in maps:
+        assert m["null"] == m["wrong"] == m["out_of_window"] == m["window_missing"] == 0, m
+    loaded = records(ans, "loaded")
+    assert loaded, f"no load was checked: {ans['records']}"
+    got = {}
+    for r in loaded:
+        assert r["bad"] == 0 and r["unknown"] == 0 and r["failed"] == 0, r
+        assert r["async"], r
+        for g, (n, _) in r["groups"].items():
+            got[int(g)] = got.get(int(g), 0) + n
+    assert got == per_group, loaded
+
+
+def bad_per_group(ans) -> dict:
+    """{group: blocks loaded with wrong bytes} over this answer's loads."""
+    out = {}
+    for r in records(ans, "loaded"):
+        for g, (_, bad) in r["groups"].items():
+            out[int(g)] = out.get(int(g), 0) + bad
+    return out

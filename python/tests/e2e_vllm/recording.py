@@ -16,11 +16,23 @@ runs that side (the engine core runs in the driver's process:
 VLLM_ENABLE_V1_MULTIPROCESSING=0; at TP > 1 each rank's worker side runs in
 a process of its own, and engine.py reaches it through the functions at the
 end, called by vLLM's collective_rpc). A worker side's records name its
-rank. BREAK["reverse"]
-makes the worker load a request's keys into its block ids reversed (the
-deliberately broken connector the byte check must catch);
-KVBM_E2E_BREAK=reverse starts with it on, which must fail every scenario
-that loads (tokens may well stay equal)."""
+rank.
+
+With several KV cache groups (vLLM's hybrid KV cache manager) a key names
+its group (groups.py) and a block's bytes are its group's layers' pages
+only, so the digests are per group, and the scheduler side also checks each
+load against vLLM's own block table ("load_map": every id the one vLLM
+allocated for that group and block, never the null block, and a
+sliding-window group's blocks exactly those in the window of the hit's end).
+
+The deliberately broken connectors the byte check must catch (tokens may
+well stay equal): BREAK["reverse"] makes the worker load a request's keys
+into its block ids reversed; BREAK["stale_window"] makes it store each
+sliding-window block from a stale id, the one of its request's block before
+it in that group (an id vLLM frees as the window moves on and hands to
+another request), while the reference digests stay those of the right ids.
+KVBM_E2E_BREAK=reverse (or stale_window) starts with it on, which must fail
+every scenario that loads."""
 
 from __future__ import annotations
 
@@ -33,7 +45,7 @@ from kvbmgo.vllm import KvbmConnector
 from kvbmgo.vllm.metadata import KvbmConnectorMetadata
 
 RECORDS: List[Dict[str, Any]] = []
-BREAK = {"reverse": os.environ.get("KVBM_E2E_BREAK") == "reverse"}
+BREAK = {k: os.environ.get("KVBM_E2E_BREAK") == k for k in ("reverse", "stale_window")}
 #: The worker-side instances (the driver scribbles over their KV caches).
 WORKERS: List["RecordingKvbmConnector"] = []
 
@@ -47,6 +59,14 @@ class RecordingKvbmConnector(KvbmConnector):
         self._sync_checks: List[Tuple[str, List[bytes], List[int]]] = []
         self._async_checks: Dict[str, Tuple[List[bytes], List[int]]] = {}
         self._pull_checks: Dict[str, List[int]] = {}
+        self._stores: List[Any] = []
+        self._last_window: Dict[Tuple[str, int], int] = {}   # stale_window's ids
+        groups = list(getattr(kv_cache_config_of(self), "kv_cache_groups", None) or ())
+        #: Each group's layers (a hybrid key's bytes are these layers' pages),
+        #: and the sliding windows (tokens) of the sliding-window groups.
+        self._layers = [list(g.layer_names) for g in groups]
+        self._windows = {i: int(g.kv_cache_spec.sliding_window) for i, g in enumerate(groups)
+                         if "SlidingWindow" in type(g.kv_cache_spec).__name__}
         if self._worker is not None:
             WORKERS.append(self)
 
@@ -57,7 +77,12 @@ class RecordingKvbmConnector(KvbmConnector):
         if num_external_tokens > 0:
             RECORDS.append({"ev": "external", "req": request.request_id,
                             "tokens": int(num_external_tokens)})
+        loads = self._scheduler._loads
+        n = len(loads)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if self.groups.hybrid:
+            for ld in loads[n:]:
+                RECORDS.append(load_map(self.groups, self._windows, request, blocks, ld))
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         pre = getattr(scheduler_output, "preempted_req_ids", None) or ()
@@ -80,11 +105,16 @@ class RecordingKvbmConnector(KvbmConnector):
                     if d:
                         self._versions.setdefault(bytes.fromhex(k), set()).add(bytes.fromhex(d))
 
-    def _digest(self, block: int) -> bytes:
+    def _digest(self, block: int, group: "int | None" = None) -> bytes:
+        """The bytes of block: of group's layers (None: every layer)."""
         h = hashlib.sha256()
-        for v in self._kv.values():
-            h.update(v[block].contiguous().cpu().numpy().tobytes())
+        names = self._kv if group is None else self._layers[group]
+        for name in names:
+            h.update(self._kv[name][block].contiguous().cpu().numpy().tobytes())
         return h.digest()
+
+    def _key_digest(self, key: bytes, block: int) -> bytes:
+        return self._digest(block, self.groups.split(key)[1])
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -108,10 +138,26 @@ class RecordingKvbmConnector(KvbmConnector):
         for p in md.pulls:
             if p.block_ids:
                 self._pull_checks[p.req_id] = list(p.block_ids)
+        self._stores = list(md.stores)  # the right ids, whatever is broken
         if BREAK["reverse"] and md.loads:
-            self._connector_metadata = replace(
-                md, loads=[replace(ld, block_ids=list(reversed(ld.block_ids)))
-                           for ld in md.loads])
+            md = replace(md, loads=[replace(ld, block_ids=list(reversed(ld.block_ids)))
+                                    for ld in md.loads])
+        if BREAK["stale_window"] and md.stores and self._windows:
+            md = replace(md, stores=[replace(st, block_ids=self._stale(st))
+                                     for st in md.stores])
+        self._connector_metadata = md
+
+    def _stale(self, st: Any) -> List[int]:
+        """st's ids with each sliding-window block's the id of the block its
+        request stored in that group before it, in this step or an earlier
+        one (its first block's: its own)."""
+        ids = list(st.block_ids)
+        for i, k in enumerate(st.keys):
+            g = self.groups.split(k)[1]
+            if g in self._windows:
+                ids[i] = self._last_window.get((st.req_id, g), ids[i])
+                self._last_window[(st.req_id, g)] = st.block_ids[i]
+        return ids
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self._prep()
@@ -120,17 +166,21 @@ class RecordingKvbmConnector(KvbmConnector):
     def _check(self, req_id: str, keys: List[bytes], ids: List[int], is_async: bool) -> None:
         errors = set(self._worker._load_errors)
         bad = unknown = failed = 0
+        per_group: Dict[str, List[int]] = {}   # group: [blocks, bad]
         for k, b in zip(keys, ids):
+            g = per_group.setdefault(str(self.groups.split(k)[1]), [0, 0])
+            g[0] += 1
             if b in errors:
                 failed += 1
                 continue
             seen = self._versions.get(k)
             if not seen:
                 unknown += 1
-            elif self._digest(b) not in seen:
+            elif self._key_digest(k, b) not in seen:
                 bad += 1
+                g[1] += 1
         RECORDS.append({"ev": "loaded", "req": req_id, "rank": self._worker.rank,
-                        "blocks": len(ids), "bad": bad,
+                        "blocks": len(ids), "bad": bad, "groups": per_group,
                         "unknown": unknown, "failed": failed, "async": is_async})
 
     def wait_for_save(self) -> None:
@@ -139,14 +189,14 @@ class RecordingKvbmConnector(KvbmConnector):
         checks, self._sync_checks = self._sync_checks, []
         for req_id, keys, ids in checks:
             self._check(req_id, keys, ids, False)
-        md = self._get_connector_metadata()
         path = os.environ.get("KVBM_E2E_VERSIONS")
         lines = []
-        for st in md.stores:
+        for st in self._stores:
             for k, b in zip(st.keys, st.block_ids):
-                d = self._digest(b)
+                d = self._key_digest(k, b)
                 self._versions.setdefault(k, set()).add(d)
                 lines.append(f"{k.hex()} {d.hex()}\n")
+        self._stores = []
         if path and lines:  # kept for the process after this one (a SIGKILL included)
             with open(path, "a") as f:
                 f.write("".join(lines))
@@ -171,6 +221,41 @@ class RecordingKvbmConnector(KvbmConnector):
         return self._worker.worker.cache.stats()
 
 
+def kv_cache_config_of(connector: Any) -> Any:
+    """The KVCacheConfig vLLM built the connector with (None: not given)."""
+    return getattr(connector, "_kv_cache_config", None)
+
+
+def load_map(groups: Any, windows: Dict[int, int], request: Any, blocks: Any,
+             ld: Any) -> Dict[str, Any]:
+    """Checks a hybrid load against vLLM's block table (blocks: what it
+    allocated the request, one table per group): each key of group g and
+    block j goes into vLLM's id of (g, j), which is never the null block
+    (0); a sliding-window group loads exactly its blocks after the load's
+    first that reach into the window of the token after the hit."""
+    tables = blocks.get_block_ids()
+    bs = groups.block_size
+    at = {groups.block_hash(request.block_hashes, j): j
+          for j in range(groups.num_blocks(request.block_hashes))}
+    placed = [(g, at.get(h, -1), b) for h, g, b in
+              ((*groups.split(k), b) for k, b in zip(ld.keys, ld.block_ids))]
+    js = [j for _, j, _ in placed]
+    start, end = min(js), max(js) + 1   # the hit: blocks start..end-1
+    first_in = {g: max(start, (end * bs - w + 1) // bs) for g, w in windows.items()}
+    per_group: Dict[str, int] = {}
+    null = wrong = out = 0
+    for g, j, b in placed:
+        per_group[str(g)] = per_group.get(str(g), 0) + 1
+        null += b == 0
+        wrong += j < 0 or j >= len(tables[g]) or tables[g][j] != b
+        out += g in first_in and j < first_in[g]
+    loaded = {(g, j) for g, j, _ in placed}
+    missing = sum(1 for g, f in first_in.items() for j in range(f, end) if (g, j) not in loaded)
+    return {"ev": "load_map", "req": ld.req_id, "groups": per_group, "null": null,
+            "wrong": wrong, "out_of_window": out, "window_missing": missing,
+            "hit_blocks": [start, end]}
+
+
 # ---- the worker ops of engine.py: run in each rank's process (collective_rpc
 # passes vLLM's worker first; engine.py passes None at TP 1)
 
@@ -186,18 +271,26 @@ def scribble(_worker: Any) -> None:
     g = torch.Generator().manual_seed(1234)
     for w in WORKERS:
         for t in w._kv.values():
-            t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+            if t.dtype.is_floating_point:
+                t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+            else:  # a Mamba layer's state pages (int8 views)
+                t.copy_(torch.randint(-128, 128, t.shape, generator=g, dtype=t.dtype))
 
 
-def set_break(_worker: Any, reverse: bool) -> bool:
-    was = BREAK["reverse"]
+def set_break(_worker: Any, reverse: bool, stale_window: "bool | None" = None) -> List[bool]:
+    """Sets the breaks (stale_window None: left as it is); the old values."""
+    was = [BREAK["reverse"], BREAK["stale_window"]]
     BREAK["reverse"] = reverse
+    if stale_window is not None:
+        BREAK["stale_window"] = stale_window
     return was
 
 
-def digests(_worker: Any, block_ids: List[List[int]]) -> List[List[str]]:
+def digests(_worker: Any, block_ids: List[List[int]], group: "int | None" = None
+            ) -> List[List[str]]:
+    """The digests of blocks: of group's layers (None: every layer)."""
     w = WORKERS[0]
-    return [[w._digest(b).hex() for b in ids] for ids in block_ids]
+    return [[w._digest(b, group).hex() for b in ids] for ids in block_ids]
 
 
 def stats(_worker: Any) -> List[Dict[str, Any]]:
