@@ -59,6 +59,7 @@ class RecordingKvbmConnector(KvbmConnector):
         self._sync_checks: List[Tuple[str, List[bytes], List[int]]] = []
         self._async_checks: Dict[str, Tuple[List[bytes], List[int]]] = {}
         self._pull_checks: Dict[str, List[int]] = {}
+        self._pull_remote: Dict[str, List[int]] = {}
         self._stores: List[Any] = []
         self._last_window: Dict[Tuple[str, int], int] = {}   # stale_window's ids
         groups = list(getattr(kv_cache_config_of(self), "kv_cache_groups", None) or ())
@@ -138,6 +139,7 @@ class RecordingKvbmConnector(KvbmConnector):
         for p in md.pulls:
             if p.block_ids:
                 self._pull_checks[p.req_id] = list(p.block_ids)
+                self._pull_remote[p.req_id] = list(p.remote_block_ids)
         self._stores = list(md.stores)  # the right ids, whatever is broken
         if BREAK["reverse"] and md.loads:
             md = replace(md, loads=[replace(ld, block_ids=list(reversed(ld.block_ids)))
@@ -211,10 +213,15 @@ class RecordingKvbmConnector(KvbmConnector):
                 # P/D: the test compares these with the prefill's blocks.
                 ids = self._pull_checks.pop(r)
                 errors = set(self._worker._load_errors)
-                RECORDS.append({"ev": "pulled", "req": r, "rank": self._worker.rank,
-                                "block_ids": ids,
-                                "failed": len(errors.intersection(ids)),
-                                "digests": [self._digest(b).hex() for b in ids]})
+                rec = {"ev": "pulled", "req": r, "rank": self._worker.rank,
+                       "block_ids": ids, "remote_block_ids": self._pull_remote.pop(r, []),
+                       "failed": len(errors.intersection(ids)),
+                       "digests": [self._digest(b).hex() for b in ids]}
+                if self.groups.hybrid:  # each block over each group's layers
+                    rec["group_digests"] = {g.index: [self._digest(b, g.index).hex()
+                                                      for b in ids]
+                                            for g in self.groups.kept}
+                RECORDS.append(rec)
         return sending, recving
 
     def cache_stats(self) -> Any:
