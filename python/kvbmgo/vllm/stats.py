@@ -154,7 +154,8 @@ class KvbmPromMetrics(KVConnectorPromMetrics):
                                         "Blocks loaded into the GPU from kvbm, by tier.",
                                         ["tier"]),
             "onboarded_bytes": counter("vllm:kvbm_onboarded_bytes_total",
-                                       "Bytes loaded into the GPU from kvbm (all ranks)."),
+                                       "Bytes loaded into the GPU by kvbm, from its tiers and from "
+                                       "prefill instances (P/D pulls; all ranks)."),
             "offloaded_blocks": counter("vllm:kvbm_offloaded_blocks_total",
                                         "Blocks stored from the GPU into kvbm's G2."),
             "offloaded_bytes": counter("vllm:kvbm_offloaded_bytes_total",

@@ -54,6 +54,9 @@ class WorkerStats:
                 st.add("pull_failures")
                 st.add("failed_blocks", lost, "pull")
         st.add("pull_bytes", (len(ids) - lost) * self._block_bytes)
+        # Loaded into the GPU by kvbm too (from a prefill instance): in the
+        # bytes an operator reads as kvbm's onboards.
+        st.add("onboarded_bytes", (len(ids) - lost) * self._block_bytes)
         self._moved = True
 
     def get_stats(self) -> Any:

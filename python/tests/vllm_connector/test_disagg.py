@@ -135,6 +135,14 @@ def test_a_request_is_handed_over_byte_for_byte(pd):
     assert sending == [{"R"}]
     assert not p.sched.requests and not d.sched.requests
     assert p.sched.kv_cache_manager.block_pool.get_num_free_blocks() == p.kvc.num_blocks - 1
+    # The pull's bytes are in the decode's figures, as pulled and as loaded
+    # into the GPU by kvbm (vllm:kvbm_onboarded_bytes_total, beside the
+    # cache's onboards).
+    block_bytes = d.worker._worker._block_bytes
+    sums = {k: sum(st[k] for st in d.stats if k in st)
+            for k in ("pulls", "pull_bytes", "onboarded_bytes")}
+    assert sums == {"pulls": 1, "pull_bytes": 3 * block_bytes,
+                    "onboarded_bytes": 3 * block_bytes}, sums
 
 
 def test_decode_token_arithmetic(pd):
