@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvbm/kvbm/core/cache"
+	"github.com/kvbm/kvbm/core/loadplan"
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
@@ -192,6 +193,9 @@ func kvbmgo_worker_cache_stats(h C.uintptr_t, out *C.kvbm_cache_stats_t) (st C.k
 		return statusOK
 	}
 	full.g3_restored, full.g3_refused = u(s.G3Restored), u(s.G3Refused)
+	for t := range 5 {
+		full.load_rate[t], full.load_queued[t] = C.double(s.LoadRate[t]), C.double(s.LoadQueued[t])
+	}
 	*out = full
 	return statusOK
 }
@@ -244,5 +248,33 @@ func kvbmgo_worker_cache_reset(h C.uintptr_t, g2, g3 *C.uint64_t) (st C.kvbm_sta
 	if g3 != nil {
 		*g3 = C.uint64_t(n3)
 	}
+	return statusOK
+}
+
+//export kvbmgo_load_plan
+func kvbmgo_load_plan(tiers *C.int32_t, n C.size_t, in *C.kvbm_load_plan_input_t, out *C.size_t) (st C.kvbm_status_t) {
+	defer recoverStatus(&st)
+	if in == nil || out == nil || (tiers == nil && n > 0) {
+		return fail(errInvalidArgument, "load_plan: input and blocks must not be NULL, nor tiers when num_blocks > 0")
+	}
+	if in.struct_size < C.sizeof_kvbm_load_plan_input_t {
+		return fail(errInvalidArgument, "load_plan: struct_size %d is less than %d (use KVBM_LOAD_PLAN_INPUT_INIT)",
+			in.struct_size, C.sizeof_kvbm_load_plan_input_t)
+	}
+	p := loadplan.Input{BlockBytes: float64(in.block_bytes), TokensPerBlock: int(in.tokens_per_block),
+		PrefillRate: float64(in.prefill_tokens_per_s), Margin: float64(in.margin)}
+	if n > 0 {
+		for _, t := range unsafe.Slice((*int32)(unsafe.Pointer(tiers)), int(n)) {
+			p.Tiers = append(p.Tiers, int(t))
+		}
+	}
+	for t := range 5 {
+		p.Load[t] = loadplan.Tier{Rate: float64(in.load_rate[t]), Queued: float64(in.load_queued[t])}
+	}
+	d, err := loadplan.Plan(p)
+	if err != nil {
+		return failErr(err)
+	}
+	*out = C.size_t(d.Blocks)
 	return statusOK
 }

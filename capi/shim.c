@@ -266,6 +266,10 @@ kvbm_status_t kvbm_worker_cache_onboard(kvbm_worker_t w, const uint8_t *const *k
 kvbm_status_t kvbm_worker_cache_stats(kvbm_worker_t w, kvbm_cache_stats_t *stats) {
     FORWARD(kvbmgo_worker_cache_stats(H(w), stats));
 }
+kvbm_status_t kvbm_load_plan(const int32_t *tiers, size_t num_blocks,
+                             const kvbm_load_plan_input_t *input, size_t *blocks) {
+    FORWARD(kvbmgo_load_plan((int32_t *)tiers, num_blocks, (kvbm_load_plan_input_t *)input, blocks));
+}
 kvbm_status_t kvbm_worker_cache_reset(kvbm_worker_t w, uint64_t *g2_removed, uint64_t *g3_removed) {
     FORWARD(kvbmgo_worker_cache_reset(H(w), g2_removed, g3_removed));
 }

@@ -904,16 +904,48 @@ typedef struct kvbm_cache_stats {
      * struct_size covers them. */
     uint64_t g3_restored;
     uint64_t g3_refused;
+    /* The bytes per second loads from each tier ran at lately, by tier
+     * number (2, 3, 4; 0 until measured: G3 and G4 their staging, G2 the
+     * copy into G1 every block takes), and the bytes of each tier's loads
+     * in flight: what kvbm_load_plan weighs. Filled when struct_size
+     * covers them. */
+    double load_rate[5];
+    double load_queued[5];
 } kvbm_cache_stats_t;
 #define KVBM_CACHE_TIER_STATS_ZERO_ {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 #define KVBM_CACHE_STATS_INIT                                                                      \
     {sizeof(kvbm_cache_stats_t), KVBM_CACHE_TIER_STATS_ZERO_, KVBM_CACHE_TIER_STATS_ZERO_, 0, 0, 0, \
-     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}}
 
 /* Fills *stats (struct_size set by the caller, KVBM_CACHE_STATS_INIT).
  * Returns KVBM_OK, KVBM_ERR_INVALID_ARGUMENT, KVBM_ERR_FAILED_PRECONDITION
  * (no cache), KVBM_ERR_INVALID_HANDLE. */
 kvbm_status_t kvbm_worker_cache_stats(kvbm_worker_t worker, kvbm_cache_stats_t *stats);
+
+/* What kvbm_load_plan weighs besides the prefix's tiers. */
+typedef struct kvbm_load_plan_input {
+    size_t struct_size;
+    double block_bytes;          /* of one block on one rank; > 0 */
+    uint32_t tokens_per_block;   /* > 0 */
+    double prefill_tokens_per_s; /* the engine's prefill rate; 0: not known
+                                    (every block is loaded) */
+    double margin;               /* fraction of the recompute time a load
+                                    must save, in [0, 1) */
+    double load_rate[5];         /* kvbm_cache_stats_t's, by tier number */
+    double load_queued[5];
+} kvbm_load_plan_input_t;
+#define KVBM_LOAD_PLAN_INPUT_INIT {sizeof(kvbm_load_plan_input_t), 0, 0, 0, 0.1, {0}, {0}}
+
+/* Load or recompute: of a matched prefix whose block i is in tier tiers[i]
+ * (2, 3 or 4, as kvbm_worker_cache_match says), how many leading blocks
+ * are worth loading: those whose load is expected to end before computing
+ * them would, by the margin (the tiers' measured rates and queues against
+ * the prefill rate; a tier not measured yet counts as fast). *blocks is
+ * that count (0: recompute all). Pure: no worker, any thread. Returns
+ * KVBM_OK, KVBM_ERR_INVALID_ARGUMENT (NULL, struct_size, a tier out of
+ * range, a size or rate that is not a number >= 0, margin outside [0, 1)). */
+kvbm_status_t kvbm_load_plan(const int32_t *tiers, size_t num_blocks,
+                             const kvbm_load_plan_input_t *input, size_t *blocks);
 
 /* Forgets every key G2 and G3 hold (an engine's reset of its prefix
  * cache): a KVBM_CACHE_EVENT_REMOVED is recorded for each, their blocks

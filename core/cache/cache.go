@@ -51,6 +51,10 @@ type Cache struct {
 	closed   bool
 	// persist is set for a persistent G3 (persist.go).
 	persist *persist
+	// rates are the loads' measured throughput (rates.go); blockBytes the
+	// bytes of a G1 block.
+	rates      loadRates
+	blockBytes int
 
 	// inflight counts background work; Close waits for it.
 	inflight sync.WaitGroup
@@ -78,7 +82,7 @@ func New(cfg Config) (*Cache, error) {
 		return nil, fmt.Errorf("cache: G1: %w", err)
 	}
 	c := &Cache{w: w, m: m, g1Blocks: g1.Config().NumBlocks, g1Layers: g1.Config().NumLayers,
-		events: pool.NewEventQueue(max(cfg.MaxEvents, 0))}
+		blockBytes: g1.Config().BlockSize(), events: pool.NewEventQueue(max(cfg.MaxEvents, 0))}
 	c.g3Mode, c.g4Mode = cfg.G3, cfg.G4
 	if hs.G3 == nil {
 		c.g3Mode = WriteOff

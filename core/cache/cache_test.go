@@ -448,3 +448,26 @@ func TestResetForgetsG2AndG3(t *testing.T) {
 	_, _, err = f.c.Reset()
 	require.ErrorIs(t, err, transfer.ErrClosed)
 }
+
+func TestLoadsAreMeasuredPerTier(t *testing.T) {
+	// Onboards from G2 and from G3 (staged through G2) leave a rate for
+	// each tier they read, and nothing in flight once they are over.
+	f := newFixture(t, tiers{g1: 16, g2: 4, g3: 16}, Config{G3: WriteThrough})
+	require.Zero(t, f.c.Stats().LoadRate[worker.G2])
+	f.offload(0, seq(0, 4))
+	f.quiesce()
+	f.offload(4, seq(4, 4)) // evicts keys 0..3 from G2: they are G3's only
+	f.quiesce()
+	f.clearG1()
+	for _, from := range []int{4, 0} { // G2, then G3
+		n, err := f.c.Onboard(keyRange(from, 4), seq(8, 4), nil, nil)
+		require.NoError(t, err)
+		require.NoError(t, n.WaitTimeout(10*time.Second))
+		f.requireLoaded(seq(8, 4), from)
+	}
+	st := f.c.Stats()
+	require.Positive(t, st.LoadRate[worker.G2])
+	require.Positive(t, st.LoadRate[worker.G3], "%+v", st)
+	require.Zero(t, st.LoadRate[worker.G4])
+	require.Equal(t, [5]float64{}, st.LoadQueued)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvbm/kvbm/core/object"
 	"github.com/kvbm/kvbm/core/pool"
@@ -32,6 +33,10 @@ type onboard struct {
 	readyFrom []worker.Tier
 	failures  transfer.Failures // by G1 block
 	wd        writeDown
+	// copyStart is when the G2→G1 copy started; planned the bytes planned
+	// per tier (rates.go).
+	copyStart time.Time
+	planned   [5]float64
 }
 
 // Onboard loads keys[i] into G1 block g1[i] from the tier that caches it:
@@ -77,11 +82,13 @@ func (c *Cache) Onboard(raw [][]byte, g1 []int, events []cuda.Event, stream *cud
 		return transfer.Go(func() error {
 			defer c.inflight.Done()
 			c.stage(o)
+			o.copyStart = time.Now()
 			n, err := c.w.ExecuteLocalTransfer(worker.G2, worker.G1, o.ready.src, o.ready.dst, transfer.Options{Stream: stream})
 			return c.loaded(o, len(keys), n, err)
 		}), nil
 	}
 	c.stage(o)
+	o.copyStart = time.Now()
 	n, err := c.w.ExecuteLayerwiseOnboard(o.ready.src, o.ready.dst, events, stream)
 	return transfer.Go(func() error {
 		defer c.inflight.Done()
@@ -137,14 +144,24 @@ func (c *Cache) planOnboard(keys []pool.Key, g1 []int) *onboard {
 	}
 	o.wd = c.planWriteDown()
 	c.collectEvents()
+	o.planned[worker.G2] = c.bytesOf(len(o.ready.keys) + len(o.from3.keys) + len(o.from4.keys))
+	o.planned[worker.G3] = c.bytesOf(len(o.from3.keys) + len(o.direct3.keys))
+	o.planned[worker.G4] = c.bytesOf(len(o.from4.keys) + len(o.direct4.keys))
+	for _, t := range []worker.Tier{worker.G2, worker.G3, worker.G4} {
+		c.rates.start(t, o.planned[t])
+	}
 	return o
 }
+
+// bytesOf is the bytes of n blocks.
+func (c *Cache) bytesOf(n int) float64 { return float64(n) * float64(c.blockBytes) }
 
 // stage writes down what staging evicted, then brings G3 and G4 blocks
 // into their G2 blocks, and adds those that arrived to o.ready. A G3 or G4
 // block that fails is removed from its tier.
 func (c *Cache) stage(o *onboard) {
 	c.runWriteDown(o.wd)
+	t3 := time.Now()
 	g3 := c.startCopy(worker.G3, worker.G2, o.from3.src, o.stage3)
 	g3direct := c.startCopy(worker.G3, worker.G1, o.direct3.src, o.direct3.dst)
 	var results4, direct4 []object.Result
@@ -154,10 +171,14 @@ func (c *Cache) stage(o *onboard) {
 	if len(o.direct4.keys) > 0 {
 		direct4 = c.w.GetBlocks(context.Background(), objectKeys(o.direct4.keys), worker.G1, o.direct4.dst)
 	}
+	d4 := time.Since(t3)
 	failed3, err3 := g3()
 	failed3direct, err3direct := g3direct()
+	d3 := time.Since(t3)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.rates.done(worker.G3, o.planned[worker.G3], d3)
+	c.rates.done(worker.G4, o.planned[worker.G4], d4)
 	for i, k := range o.from3.keys {
 		if c.fromG3(k, o.from3.src[i], failed3(o.stage3[i]), err3, o.from3.dst[i], o) {
 			o.ready.add(k, o.stage3[i], o.from3.dst[i])
@@ -266,6 +287,7 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 	bad := o.failures.Blocks()
 	c.counters.onboardFailed += uint64(len(bad))
 	c.collectEvents()
+	c.rates.done(worker.G2, o.planned[worker.G2], time.Since(o.copyStart))
 	c.mu.Unlock()
 	if len(bad) == 0 {
 		return nil

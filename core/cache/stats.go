@@ -41,6 +41,10 @@ type Stats struct {
 	// named at start that were vouched for (registered) or not (their
 	// bytes were not what was written, or could not be read).
 	G3Restored, G3Refused uint64
+	// LoadRate is the bytes per second the loads from each tier ran at
+	// lately (by tier number: 2, 3, 4; 0 until measured), LoadQueued the
+	// bytes of each tier's loads in flight: what core/loadplan weighs.
+	LoadRate, LoadQueued [5]float64
 }
 
 // Stats returns the pools' occupancy and the cache's counters.
@@ -57,6 +61,7 @@ func (c *Cache) Stats() Stats {
 		WrittenDown: k.writtenDown, WriteDownFailed: k.writeDownFailed,
 		EventsDropped: c.events.Dropped(),
 		G3Restored:    k.g3Restored, G3Refused: k.g3Refused,
+		LoadRate: c.rates.rate, LoadQueued: c.rates.queued,
 	}
 	if c.g3 != nil {
 		s.G3 = c.g3.Stats()

@@ -26,6 +26,7 @@ from ._worker import Worker
 from ._cache import (CacheEvent, CacheEventKind, CacheStats, CacheTierStats, Decision, PrefixCache,
                      WriteMode)
 from ._coordinated import CoordinatedWorker
+from ._loadplan import plan_load
 from ._handoff import (Action, ActionKind, Completion, FactKind, HandoffCoordinator, HandoffOrder,
                        OutcomeKind, TimingMode)
 from .errors import *  # noqa: F401,F403
@@ -39,5 +40,5 @@ __all__ = [
     "LayoutHandle", "Notification", "OutcomeKind", "TransferPath", "PathCounters", "Stream", "Tier", "TimingMode", "Worker",
     "handle_count", "info", "status_string", "version", "BlockDim", "LayoutConfig",
     "LayoutKind", "__version__", "CacheEvent", "CacheEventKind", "CacheStats", "CacheTierStats",
-    "Decision", "PrefixCache", "WriteMode", "Buffer", "dense_span", "HeadSlice",
+    "Decision", "PrefixCache", "WriteMode", "Buffer", "dense_span", "HeadSlice", "plan_load",
 ] + list(errors.__all__)

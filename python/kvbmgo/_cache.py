@@ -97,6 +97,10 @@ class CacheStats:
     #: A persistent G3's blocks vouched for at start, and refused.
     g3_restored: int = 0
     g3_refused: int = 0
+    #: Bytes per second each tier's loads ran at lately, by tier number
+    #: (indices 2, 3, 4; 0 until measured), and bytes in flight (load_plan).
+    load_rate: Tuple[float, ...] = (0.0,) * 5
+    load_queued: Tuple[float, ...] = (0.0,) * 5
 
 
 def _mode(value: Any, what: str) -> int:
@@ -191,6 +195,8 @@ class PrefixCache:
         def tier(t: Any) -> CacheTierStats:
             return CacheTierStats(*(getattr(t, f.name) for f in fields(CacheTierStats)))
         rest = [getattr(c, f.name) for f in fields(CacheStats)[2:]]
+        rest = [tuple(v) if f.name.startswith("load_") else v
+                for f, v in zip(fields(CacheStats)[2:], rest)]
         return CacheStats(tier(c.g2), tier(c.g3), *rest)
 
     def reset(self) -> Tuple[int, int]:

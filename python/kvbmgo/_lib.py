@@ -114,7 +114,14 @@ class CacheStatsC(Structure):
             "g4_known", "g4_hits", "g4_misses", "g4_puts", "g4_put_failures", "g4_corrupt",
             "offloaded", "deduped", "not_admitted", "no_space", "offload_failed", "onboarded",
             "onboarded_from_g2", "onboarded_from_g3", "onboarded_from_g4", "onboard_failed",
-            "written_down", "write_down_failed", "events_dropped", "g3_restored", "g3_refused")]
+            "written_down", "write_down_failed", "events_dropped", "g3_restored", "g3_refused")] + [
+        ("load_rate", c_double * 5), ("load_queued", c_double * 5)]
+
+
+class LoadPlanInputC(Structure):
+    _fields_ = [("struct_size", c_size_t), ("block_bytes", c_double),
+                ("tokens_per_block", c_uint32), ("prefill_tokens_per_s", c_double),
+                ("margin", c_double), ("load_rate", c_double * 5), ("load_queued", c_double * 5)]
 
 
 class CacheEventC(Structure):
@@ -248,6 +255,8 @@ FUNCTIONS: Dict[str, Tuple[Any, List[Any], Optional[Any]]] = {
     "kvbm_worker_cache_onboard": (_status, [_p, _p, _p, c_size_t, _p, _p, c_size_t, _p,
                                             POINTER(c_void_p)], _S),
     "kvbm_worker_cache_stats": (_status, [_p, POINTER(CacheStatsC)], _S),
+    "kvbm_load_plan": (_status, [POINTER(c_int32), c_size_t, POINTER(LoadPlanInputC),
+                                 POINTER(c_size_t)], _S),
     "kvbm_worker_cache_events": (_status, [_p, POINTER(CacheEventC), c_size_t,
                                            POINTER(c_size_t)], _S),
     "kvbm_worker_cache_reset": (_status, [_p, POINTER(c_uint64), POINTER(c_uint64)], _S),

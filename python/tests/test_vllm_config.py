@@ -32,7 +32,7 @@ def test_pd_defaults():
     ({"pd_host": ""}, "pd_host"), ({"pd_port": 70000}, "pd_port"),
     ({"pd_timeout_s": 0}, "pd_timeout_s"), ({"pd_timeout_s": float("inf")}, "pd_timeout_s"),
     ({"pd_timeout_s": "30"}, "pd_timeout_s"), ({"pd_hold_s": -1}, "pd_hold_s"),
-    ({"pd_max_pulls": 0}, "pd_max_pulls"),
+    ({"pd_max_pulls": 0}, "pd_max_pulls"), ({"load_policy": "sometimes"}, "load_policy"),
 ])
 def test_bad_values_name_the_key(extra, what):
     with pytest.raises(ValueError, match=what):

@@ -29,6 +29,7 @@ var pure = map[string][]string{
 	"./core/layout":            {"os", "time", "net", "syscall"},
 	"./core/pool":              {"os", "time", "net", "syscall"},
 	"./core/handoff":           {"os", "time", "net", "syscall"},
+	"./core/loadplan":          {"os", "time", "net", "syscall"},
 	"./kvbmerr":                {"os", "time", "net", "syscall", "context"},
 	"./core/remote/capability": {"net"},
 }

@@ -36,6 +36,11 @@ class KvbmConfig:
     g4_mode: str = "auto"
     #: Offload a block once it was offered this many times (0 or 1: always).
     admit_after: int = 0
+    #: always: every block the cache holds is loaded (a hit is claimed as far
+    #: as it goes); auto: only as far as loading is expected to end before
+    #: recomputing would (kvbm_load_plan: the tiers' measured load rates and
+    #: queues against the engine's measured prefill rate, 10% margin).
+    load_policy: str = "always"
     #: sync: loads run layer by layer before the forward that needs them;
     #: async: the request waits for its load outside the forward pass.
     load_mode: str = "sync"
@@ -84,7 +89,8 @@ class KvbmConfig:
                 if not isinstance(v, bool):
                     raise ValueError(f"kv_connector_extra_config['g3_persist']: expected true "
                                      f"or false, got {v!r}")
-            elif f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode", "pd_host"):
+            elif f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode", "pd_host",
+                            "load_policy"):
                 if not isinstance(v, str) or not v:
                     raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected a "
                                      f"non-empty string, got {v!r}")
@@ -102,6 +108,9 @@ class KvbmConfig:
                                      f"integer >= 0, got {v!r}")
             kw[f.name] = v
         cfg = cls(**kw)
+        if cfg.load_policy not in ("always", "auto"):
+            raise ValueError(f"kv_connector_extra_config['load_policy']: 'always' or 'auto', "
+                             f"got {cfg.load_policy!r}")
         if cfg.load_mode not in ("sync", "async"):
             raise ValueError(f"kv_connector_extra_config['load_mode']: 'sync' or 'async', "
                              f"got {cfg.load_mode!r}")

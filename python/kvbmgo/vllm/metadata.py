@@ -109,6 +109,10 @@ WireEvent = Tuple[int, int, bytes]
 LOST = 3
 
 
+#: (rates, queued, block bytes): KvbmWorkerMetadata.load.
+LoadReport = Tuple[Tuple[float, ...], Tuple[float, ...], int]
+
+
 @dataclass
 class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
     """The cache events a worker drained this step, in order, and the
@@ -116,10 +120,25 @@ class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
     last step: their blocks' events are among these or earlier ones."""
     events: List[WireEvent] = field(default_factory=list)
     settled: List[int] = field(default_factory=list)
+    #: What the cache measured of its loads lately, when it changed: (bytes
+    #: per second by tier number, bytes in flight by tier, bytes of a block)
+    #: for the load policy (load_policy "auto").
+    load: Optional[LoadReport] = None
 
     def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KvbmWorkerMetadata":
         # Several ranks: their events, one after the other. The scheduler's
         # index is a mirror, and a block one rank lacks fails its load
         # (reported through get_block_ids_with_load_errors), never a wrong byte.
+        # Loads: the slowest rank's (every rank loads its share at once).
         assert isinstance(other, KvbmWorkerMetadata)
-        return KvbmWorkerMetadata(self.events + other.events, self.settled + other.settled)
+        return KvbmWorkerMetadata(self.events + other.events, self.settled + other.settled,
+                                  slowest(self.load, other.load))
+
+
+def slowest(a: Optional[LoadReport], b: Optional[LoadReport]) -> Optional[LoadReport]:
+    """Two ranks' load reports as one: each tier's lower measured rate and
+    larger queue."""
+    if a is None or b is None:
+        return a if b is None else b
+    rate = tuple(min(x, y) if x and y else (x or y) for x, y in zip(a[0], b[0]))
+    return rate, tuple(max(x, y) for x, y in zip(a[1], b[1])), max(a[2], b[2])

@@ -27,6 +27,7 @@ from .._control import new_token
 from .config import KvbmConfig
 from . import hybrid_blocks, pd_groups
 from .groups import NULL_BLOCK, KvGroups
+from .load_policy import LoadPolicy
 from .stats import KvbmConnectorStats
 from .stores_in_flight import StoresInFlight
 from .metadata import (LOST, SYNC_FAILURE_STEPS, BlockLoad, BlockStore, KvbmConnectorMetadata,
@@ -117,6 +118,7 @@ class KvbmScheduler:
         self._stats = KvbmConnectorStats()
         self._reset = False  # reset_cache was called: tell the workers
         self._recent_sync: Deque[Set[int]] = deque(maxlen=SYNC_FAILURE_STEPS)
+        self._policy = LoadPolicy(config.load_policy == "auto", self.block_size)
 
     # ---- vLLM's scheduler calls, in its order
 
@@ -150,6 +152,13 @@ class KvbmScheduler:
                 and self._in_flight.may_wait(request.request_id):
             return None, False
         self._in_flight.done_waiting(request.request_id)
+        if n and self._policy.enabled:  # load or recompute (load_policy.py)
+            m = self._policy.blocks_to_load(self._block_tiers(hashes, start, n))
+            if m < n:
+                # A hybrid hit still ends where every kept group restores.
+                m = match(hashes, start, start + m, self._tiers) if self.groups.hybrid else m
+                self._stats.add("declined_tokens", (n - m) * bs)
+                n = m
         self._remember(request, (start, n), False, max(0, limit - start) * bs)
         if self.groups.hybrid:
             return (n * bs, True) if n else (0, False)
@@ -167,6 +176,17 @@ class KvbmScheduler:
                 break
             n += 1
         return n
+
+    def _block_tiers(self, hashes: Any, start: int, n: int) -> List[int]:
+        """The fastest tier holding each of blocks start..start+n (a hybrid
+        block: its first kept group's key)."""
+        groups = self.groups
+        out = []
+        for j in range(start, start + n):
+            key = groups.key(groups.block_hash(hashes, j), groups.kept[0]) \
+                if groups.hybrid else bytes(hashes[j])
+            out.append(min(self._tiers.get(key) or (2,)))
+        return out
 
     def _remote_prefill(self, request: Any) -> Optional[dict]:
         """_remote_prefill, but a hybrid model whose groups kvbm cannot keep
@@ -405,6 +425,7 @@ class KvbmScheduler:
             if st is not None:
                 st.block_ids = []
         self._in_flight.expire()
+        self._policy.step_started(scheduler_output.total_num_scheduled_tokens)
         md = KvbmConnectorMetadata(loads=self._loads, stores=stores, allocated=allocated,
                                    preempted=preempted, sends=self._sends, pulls=self._pulls,
                                    reset_cache=self._reset,
@@ -476,6 +497,7 @@ class KvbmScheduler:
         if isinstance(md, KvbmWorkerMetadata):
             self.apply_events(md.events)
             self._in_flight.settled(md.settled)
+        self._policy.step_ended(md.load if isinstance(md, KvbmWorkerMetadata) else None)
 
     def apply_events(self, events: Iterable[Tuple[int, int, bytes]]) -> None:
         bs = self.block_size

@@ -32,7 +32,8 @@ TIERS = ("G2", "G3", "G4")
 FAILURE_CAUSES = ("load", "store", "pull", "computed_over_failed_load")
 
 _COUNTS = ("lookup_tokens", "hit_tokens", "offloaded_blocks", "offloaded_bytes",
-           "onboarded_bytes", "pulls", "pull_blocks", "pull_bytes", "pull_failures")
+           "onboarded_bytes", "pulls", "pull_blocks", "pull_bytes", "pull_failures",
+           "declined_tokens")
 _BY = {"onboarded_blocks": TIERS, "onboarded_tokens": TIERS, "failed_blocks": FAILURE_CAUSES}
 _SERIES = ("load_seconds", "store_seconds", "pull_seconds")
 #: At most this many observations of each series per payload (an interval
@@ -147,6 +148,10 @@ class KvbmPromMetrics(KVConnectorPromMetrics):
                                      "kvbm's cache."),
             "hit_tokens": counter("vllm:kvbm_hit_tokens_total",
                                   "Tokens kvbm's cache matched (loaded instead of computed)."),
+            "declined_tokens": counter("vllm:kvbm_declined_tokens_total",
+                                       "Tokens kvbm's cache held but the load policy had "
+                                       "recomputed: loading them was expected to take longer "
+                                       "(load_policy auto)."),
             "onboarded_tokens": counter("vllm:kvbm_onboarded_tokens_total",
                                         "Tokens loaded into the GPU from kvbm, by the tier "
                                         "that held them.", ["tier"]),

@@ -583,7 +583,8 @@ class KvbmWorker(WorkerStats):
         settled, self._settled = self._settled, []
         # After the batches' ends: their blocks' events are drained too.
         events = self.worker.cache.events() if self.worker is not None else []
-        if not events and not lost and not settled:
+        load = self._load_news()
+        if not events and not lost and not settled and load is None:
             return None
         return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events] +
-                                  [(LOST, 0, k) for k in lost], settled)
+                                  [(LOST, 0, k) for k in lost], settled, load)

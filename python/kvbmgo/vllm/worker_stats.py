@@ -27,6 +27,19 @@ class WorkerStats:
     _block_bytes: int
     _block_tokens: int
 
+    def _load_news(self) -> Any:
+        """The cache's load rates and queues at the last look at its
+        counters (get_stats), with the block's bytes, when they changed since
+        they were last sent (metadata.LoadReport); else None."""
+        st = self._cache_seen
+        if st is None or not self._block_bytes:
+            return None
+        load = (tuple(st.load_rate), tuple(st.load_queued), self._block_bytes)
+        if load == getattr(self, "_load_sent", None):
+            return None
+        self._load_sent = load
+        return load
+
     def _stat(self) -> Any:
         if self._stats is None:
             from .stats import KvbmConnectorStats

@@ -1,0 +1,83 @@
+"""Load or recompute (load_policy "auto"): a hit is claimed only as far as
+loading it is expected to end before recomputing it would, by the library's
+policy (kvbm_load_plan) over what the workers measured of their loads and
+what the scheduler measured of the engine's prefill; "always" (the default)
+claims every block held."""
+from harness import require_vllm
+
+require_vllm()
+
+from harness import BLOCK, Engine  # noqa: E402
+
+PROMPT = list(range(11, 11 + 4 * BLOCK + 3))
+
+
+def _cached(e):
+    e.add("A", PROMPT)
+    e.run()
+    e.settle()
+    assert e.sched.reset_prefix_cache()
+    e.raw.zero_()
+
+
+def _hit(e, name):
+    """Runs request name (A's prompt and more) checked before every forward;
+    the tokens its lookup claimed from kvbm."""
+    e.verify = True
+    seen = []
+    orig = e.connector._scheduler.get_num_new_matched_tokens
+
+    def look(request, computed):
+        out = orig(request, computed)
+        if request.request_id == name and out[0] is not None:
+            seen.append(out[0])
+        return out
+    e.connector._scheduler.get_num_new_matched_tokens = look
+    try:
+        e.add(name, PROMPT + [5, 5, 5])
+        e.run()
+    finally:
+        e.connector._scheduler.get_num_new_matched_tokens = orig
+    assert e.finished[name].finish_reason.name == "LENGTH"
+    return seen[0]
+
+
+def _declined(e):
+    return sum(s.get("declined_tokens", 0) for s in e.stats)
+
+
+def test_a_tier_slower_than_recomputing_is_recomputed():
+    e = Engine({"g2_blocks": 32, "load_policy": "auto"}, serial=True)
+    try:
+        _cached(e)
+        policy = e.connector._scheduler._policy
+        # The workers reported their loads and the scheduler timed prefills.
+        assert policy.load is not None and policy.load[2] > 0
+        assert policy.prefill_rate > 0
+        # G2 measured at 1 kB/s against a prefill of a million tokens a
+        # second: recomputing wins, nothing is claimed, nothing lost.
+        policy.load = ((0.0, 0.0, 1e3, 0.0, 0.0), (0.0,) * 5, policy.load[2])
+        policy.prefill_rate = 1e6
+        assert _hit(e, "B") == 0
+        assert _declined(e) == 4 * BLOCK
+        # G2 as fast as memory against a slow prefill: the whole prefix.
+        assert e.sched.reset_prefix_cache()
+        policy.load = ((0.0, 0.0, 20e9, 0.0, 0.0), (0.0,) * 5, policy.load[2])
+        policy.prefill_rate = 100.0
+        assert _hit(e, "C") == 4 * BLOCK
+    finally:
+        e.close()
+
+
+def test_always_claims_every_block_whatever_was_measured():
+    e = Engine({"g2_blocks": 32}, serial=True)
+    try:
+        _cached(e)
+        policy = e.connector._scheduler._policy
+        assert not policy.enabled
+        policy.load = ((0.0, 0.0, 1e3, 0.0, 0.0), (0.0,) * 5, 4096)
+        policy.prefill_rate = 1e6
+        assert _hit(e, "B") == 4 * BLOCK
+        assert _declined(e) == 0
+    finally:
+        e.close()
