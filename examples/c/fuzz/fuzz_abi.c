@@ -347,12 +347,41 @@ static void op_handoff(input_t *in) {
     if (kvbm_handoff_free(h) != KVBM_OK) abort();
 }
 
+/* Load or recompute: any tiers, sizes and rates (NaN, negative, huge); a
+ * result never beyond the blocks given, an error for what is not valid. */
+static void op_load_plan(input_t *in) {
+    int32_t tiers[16];
+    size_t n = u8(in) % 17;
+    for (size_t i = 0; i < n; i++) tiers[i] = (int32_t)(u8(in) % 7) - 1;
+    kvbm_load_plan_input_t p = KVBM_LOAD_PLAN_INPUT_INIT;
+    uint64_t bits = u64(in);
+    memcpy(&p.block_bytes, &bits, sizeof bits);
+    if (u8(in) & 1) p.block_bytes = (double)(u64(in) % (1u << 24));
+    p.tokens_per_block = (uint32_t)u64(in);
+    p.prefill_tokens_per_s = (double)(u64(in) % 100000);
+    p.margin = (double)(u8(in) % 120) / 100.0;
+    for (int t = 0; t < 5; t++) {
+        bits = u64(in);
+        memcpy(&p.load_rate[t], &bits, sizeof bits);
+        p.load_queued[t] = (double)(u64(in) % (1u << 30));
+    }
+    if (u8(in) % 8 == 0) p.struct_size = u8(in);
+    size_t blocks = 0;
+    kvbm_status_t st = kvbm_load_plan(n ? tiers : NULL, n, &p, &blocks);
+    if (st == KVBM_OK && blocks > n) abort();
+    if (st != KVBM_OK && st != KVBM_ERR_INVALID_ARGUMENT) {
+        fprintf(stderr, "load_plan: %s\n", kvbm_status_string(st));
+        abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!worker) setup();
     input_t in = {data, size};
     for (int ops = 0; in.n > 0 && ops < 16; ops++) {
-        switch (u8(&in) % 7) {
+        switch (u8(&in) % 8) {
         case 0: op_transfer(&in); break;
+        case 7: op_load_plan(&in); break;
         case 6: op_scope(&in); break;
         case 1: op_import(&in); break;
         case 2: op_objects(&in); break;
