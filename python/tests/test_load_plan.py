@@ -6,7 +6,7 @@ import pytest
 from kvbmgo import plan_load
 from kvbmgo.errors import InvalidArgumentError
 
-from test_cache import cached, compute, block_hashes, PAGE  # noqa: F401 - the fixture
+from test_cache import cached, check_loaded, compute, block_hashes, PAGE  # noqa: F401 - the fixture
 
 MIB = 1 << 20
 FAST = 20e9
@@ -54,3 +54,72 @@ def test_the_cache_measures_each_tiers_loads(cached):
     st = w.cache.stats()
     assert st.load_rate[2] > 0 and st.load_rate[3] == st.load_rate[4] == 0
     assert st.load_queued == (0.0,) * 5
+
+
+def test_a_throttled_store_is_measured_as_such_and_turned_down(tmp_path):
+    """A real S3 server behind a proxy serving 4 MB/s: the cache's loads from
+    G4 (eight 192 KiB blocks) are measured near that rate, and the policy
+    then recomputes a G4 prefix an engine prefilling 5,000 tokens/s would
+    compute faster; the same server unthrottled is measured far faster."""
+    import os
+    import uuid
+    from urllib.parse import urlparse
+    from kvbmgo import LayoutConfig, Worker
+    from conftest import new_worker_id
+    from e2e_common.throttle import Throttle
+    from test_cache import BLOCKS, LAYERS, OUTER
+    INNER = 4096  # 192 KiB blocks: the transfer, not the request's round trip, dominates
+    bucket, ep = os.environ.get("KVBM_S3_BUCKET"), os.environ.get("AWS_ENDPOINT_URL_S3")
+    if not bucket or not ep:
+        why = "no S3 server (`make test` starts one)"
+        if os.environ.get("KVBM_REQUIRE_S3") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    u = urlparse(ep)
+    cfg = LayoutConfig(num_blocks=BLOCKS, num_layers=LAYERS, outer_dim=OUTER, page_size=PAGE,
+                       inner_dim=INNER, dtype_width=2, layout="layer_separate", block_dim="first")
+
+    def g4_rate(endpoint):
+        layers = [np.zeros((BLOCKS, OUTER, PAGE, INNER), dtype=np.uint16) for _ in range(LAYERS)]
+        loc = f"s3://{bucket}/load-plan/{uuid.uuid4().hex}?endpoint={endpoint}"
+        with Worker(new_worker_id(), object_dir=loc) as w:
+            w.register_g1(cfg, layers)
+            w.allocate_g2(cfg.replace(layout="fully_contiguous", num_blocks=8))
+            w.enable_cache(g4="write-through")
+            keys = block_hashes(list(range(8 * PAGE)), parent=uuid.uuid4().bytes)
+            for b, key in zip(range(8), keys):
+                for i, a in enumerate(layers):
+                    a[b] = np.frombuffer(key * (a[b].nbytes // 32), dtype=np.uint16).reshape(
+                        a[b].shape) + i
+            n, _ = w.cache.offload(keys, list(range(8)))
+            with n:
+                assert n.wait(30)
+            import time
+            deadline = time.monotonic() + 30
+            while w.cache.stats().g4_puts < 8:
+                assert time.monotonic() < deadline, w.cache.stats()
+                time.sleep(0.01)
+            w.cache.reset()  # G2 forgets them: G4's only
+            matched, tiers = w.cache.match(keys[:8])
+            assert matched == 8 and list(tiers) == [4] * 8
+            n = w.cache.onboard(keys[:8], list(range(12, 16)) + [0, 1, 2, 3])
+            with n:
+                assert n.wait(60)
+            for b, key in zip(list(range(12, 16)) + [0, 1, 2, 3], keys[:8]):
+                for i, a in enumerate(layers):
+                    want = np.frombuffer(key * (a[b].nbytes // 32), dtype=np.uint16).reshape(
+                        a[b].shape) + i
+                    np.testing.assert_array_equal(a[b], want)
+            st = w.cache.stats()
+            return st.load_rate, cfg.block_bytes
+    throttle = Throttle(u.hostname, u.port, 4e6)
+    try:
+        slow, block_bytes = g4_rate(f"http://127.0.0.1:{throttle.port}")
+    finally:
+        throttle.stop()
+    fast, _ = g4_rate(ep)
+    assert 1.5e6 < slow[4] < 5e6, slow          # about the throttle's 4 MB/s
+    assert fast[4] > 3 * slow[4], (fast, slow)
+    kw = dict(block_bytes=block_bytes, tokens_per_block=PAGE, prefill_tokens_per_s=5000)
+    assert plan_load([4] * 8, load_rate=slow, **kw) == 0
+    assert plan_load([2] * 2 + [4] * 6, load_rate=slow, **kw) == 2
