@@ -105,8 +105,12 @@ type Manager struct {
 	entries map[LayoutHandle]*entry
 	nextID  uint16
 	// withdrawn are the handles Withdraw took out, with its reason: a
-	// lookup of one says why it is gone, and its id is not given again.
-	withdrawn map[LayoutHandle]string
+	// lookup of one says why it is gone, and its id is not given again
+	// while another is free; withdrawnOrder, oldest first, is the order
+	// their ids are given again in once none is (an engine that sleeps and
+	// wakes 65,535 times).
+	withdrawn      map[LayoutHandle]string
+	withdrawnOrder []LayoutHandle
 	// view is a copy of entries that lookups read without the lock (every
 	// transfer looks up two layouts; layouts change rarely): replaced,
 	// never changed, under mu after each change of entries. nil once
@@ -313,7 +317,11 @@ func (m *Manager) insert(e *entry) (LayoutHandle, error) {
 	if m.closedLocked() {
 		return LayoutHandle{}, ErrClosed
 	}
-	for range 1 << 16 {
+	tries := 1 << 16
+	if len(m.entries)+len(m.withdrawn) >= 1<<16-1 {
+		tries = 0 // every id is registered or withdrawn: reuse the oldest withdrawn one
+	}
+	for range tries {
 		id := m.nextID
 		m.nextID++
 		if m.nextID == 0 {
@@ -327,6 +335,18 @@ func (m *Manager) insert(e *entry) (LayoutHandle, error) {
 			m.published()
 			return h, nil
 		}
+	}
+	for len(m.withdrawnOrder) > 0 { // the id withdrawn longest ago
+		h := m.withdrawnOrder[0]
+		m.withdrawnOrder = m.withdrawnOrder[1:]
+		if _, gone := m.withdrawn[h]; !gone {
+			continue
+		}
+		delete(m.withdrawn, h)
+		e.handle = h
+		m.entries[h] = e
+		m.published()
+		return h, nil
 	}
 	return LayoutHandle{}, fmt.Errorf("worker %x has no free layout id (65535 registered)", m.cfg.WorkerID)
 }

@@ -39,6 +39,7 @@ func (m *Manager) Withdraw(h LayoutHandle, reason string) error {
 			m.withdrawn = map[LayoutHandle]string{}
 		}
 		m.withdrawn[h] = reason
+		m.withdrawnOrder = append(m.withdrawnOrder, h)
 		m.published()
 	}
 	m.mu.Unlock()

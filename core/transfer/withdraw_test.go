@@ -133,3 +133,29 @@ func TestWithdrawIsTheExportersOnly(t *testing.T) {
 type exporterOf struct{ m *Manager }
 
 func (x exporterOf) Attach(Descriptor) (Attachment, error) { return Attachment{Exporter: x.m}, nil }
+
+// An engine that sleeps and wakes more often than there are layout ids
+// (65,535) still registers G1: once no id is free, the one withdrawn
+// longest ago is given again; the latest withdrawn handles still say why.
+func TestWithdrawnIDsAreGivenAgainOnceNoneIsFree(t *testing.T) {
+	f := newFixture(t)
+	cfg := smallConfig(2)
+	mem, err := storage.AllocDevice(f.drv, 0, uint64(cfg.BlockSize()*2))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, mem.Close()) })
+	var last LayoutHandle
+	seen := map[LayoutHandle]bool{}
+	for i := range 1<<16 + 10 {
+		h, err := f.m.RegisterExternal(storage.Device, cfg, FullyContiguous, []uint64{mem.Addr()})
+		require.NoError(t, err, "registration %d", i)
+		if i == 1<<16+9 {
+			require.True(t, seen[h], "an id is given again only once none is free")
+		}
+		seen[h] = true
+		require.NoError(t, f.m.Withdraw(h, "sleep"))
+		last = h
+	}
+	_, err = f.m.Describe(last)
+	require.ErrorIs(t, err, ErrWithdrawn)
+	require.ErrorContains(t, err, "sleep")
+}
