@@ -843,7 +843,8 @@ kvbm_status_t kvbm_worker_cache_offload(kvbm_worker_t worker, const uint8_t *con
                                         int32_t *decisions, kvbm_notification_t *notification);
 
 /* Loads keys[i] into G1 block g1_ids[i] from the tier that caches it (G2;
- * G3 and G4 staged through G2, where they stay). The notification fails
+ * G3 and G4 staged through G2's free blocks, where they stay; the others go
+ * straight to G1 and into G2 after the load, in the background). The notification fails
  * naming the G1 blocks not loaded (a key no longer cached, a corrupt block
  * — removed from its tier — or a failed copy); the others are loaded. With
  * layer_events (num_events = the number of layers) the G2 -> G1 copies go

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvbm/kvbm/core/object"
@@ -247,33 +248,60 @@ func (d *demo) record(path string, elapsed time.Duration, lim func(int64) (limit
 
 // tierLimit is the limit of an onboard of blocks from several tiers: each
 // tier's bytes at that tier's plain rate (G2 a copy, G3 an O_DIRECT read,
-// G4 a file read), one after the other.
+// G4 a file read), read the faster of two plain ways: one tier after
+// another, or all tiers at once (the three plain reads run together and
+// the slowest sets the time). Both are named with the figure.
 func (d *demo) tierLimit(byTier map[worker.Tier]int) (limit, error) {
 	var total int64
-	var seconds float64
+	var sequential, atOnce float64 // seconds
+	var mu sync.Mutex
+	var errs []error
+	rate := func(t worker.Tier, b int64) (float64, error) {
+		switch t {
+		case worker.G3:
+			l, err := d.diskRead(b)
+			return l.gbs, err
+		case worker.G4:
+			l, err := d.fileRead(b)
+			return l.gbs, err
+		}
+		return d.copy.LimitGBs(b), nil
+	}
+	var wg sync.WaitGroup
 	for _, t := range []worker.Tier{worker.G2, worker.G3, worker.G4} {
 		b := int64(byTier[t]) * int64(d.blockSize)
 		if b == 0 {
 			continue
 		}
-		l := limit{gbs: d.copy.LimitGBs(b)}
-		var err error
-		switch t {
-		case worker.G3:
-			l, err = d.diskRead(b)
-		case worker.G4:
-			l, err = d.fileRead(b)
-		}
+		total += b
+		gbs, err := rate(t, b)
 		if err != nil {
 			return limit{}, err
 		}
-		total += b
-		seconds += float64(b) / (l.gbs * 1e9)
+		sequential += float64(b) / (gbs * 1e9)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gbs, err := rate(t, b)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			atOnce = max(atOnce, float64(b)/(gbs*1e9))
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return limit{}, err
 	}
 	if total == 0 {
 		return limit{name: "G2 copy, G3 O_DIRECT read, G4 file read"}, nil
 	}
-	return limit{name: "G2 copy, G3 O_DIRECT read, G4 file read", gbs: float64(total) / seconds / 1e9}, nil
+	seq, once := float64(total)/sequential/1e9, float64(total)/atOnce/1e9
+	name := fmt.Sprintf("G2 copy, G3 O_DIRECT read, G4 file read: one after another %.2f GB/s, at once %.2f GB/s; the faster", seq, once)
+	return limit{name: name, gbs: max(seq, once)}, nil
 }
 
 // limits of the disk and object rows.

@@ -125,6 +125,7 @@ func TestOnboardPromotesFromG3(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, note.WaitTimeout(10*time.Second))
 	f.requireLoaded(seq(8, 2), 0)
+	f.quiesce() // G2 full: loaded straight into G1, promoted after (promote.go)
 	n, ts, err := f.c.Match(keyRange(0, 8))
 	require.NoError(t, err)
 	require.Equal(t, 8, n)

@@ -17,8 +17,12 @@
 //	    block once it landed in G2; presence is asked of the store, with a
 //	    small cache of answers
 //
-// Onboard stages G3 and G4 blocks through G2 (two hops, each block pinned
-// while in flight) and keeps them there, so that the next hit is from G2.
+// Onboard stages G3 and G4 blocks through G2's free blocks (two hops, each
+// block pinned while in flight) and keeps them there, so that the next hit
+// is from G2; those G2 has no free block for go straight to G1 and are
+// promoted into G2 after the load, in the background (promote.go), so that
+// making room in G2 (evicting, and writing the evicted blocks down first)
+// is never on the load's path.
 // A block that fails anywhere is reported failed, never loaded; a corrupt
 // G3 or G4 block is removed from its tier.
 package cache

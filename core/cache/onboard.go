@@ -37,6 +37,9 @@ type onboard struct {
 	// per tier (rates.go).
 	copyStart time.Time
 	planned   [5]float64
+	// promote are the keys loaded straight from G3 or G4 (G2 had no free
+	// block to stage them in), for G2 after the load (promote.go).
+	promote []pool.Key
 }
 
 // Onboard loads keys[i] into G1 block g1[i] from the tier that caches it:
@@ -119,8 +122,10 @@ func (c *Cache) planOnboard(keys []pool.Key, g1 []int) *onboard {
 		}
 		o.failures.Add(fmt.Errorf("%w: key %v is in no tier", ErrNotCached, k), g1[i])
 	}
-	// Stage what G2 has room for, in key order; the rest go to G1 directly.
-	room := min(len(staged), c.g2.Available())
+	// Stage what G2 has free blocks for, in key order; the rest go to G1
+	// directly. Not into blocks it would evict: their write-down would come
+	// first, on the load's path (the staged copy is only for a later hit).
+	room := min(len(staged), c.g2.Stats().Free)
 	stageIDs, _ := c.g2.Allocate(room, nil) // room was checked
 	for j, i := range staged {
 		k := keys[i]
@@ -191,6 +196,7 @@ func (c *Cache) stage(o *onboard) {
 		if c.fromG3(k, o.direct3.src[i], failed3direct(o.direct3.dst[i]), err3direct, o.direct3.dst[i], o) {
 			c.counters.onboarded++
 			c.counters.onboardedFrom[worker.G3]++
+			o.promote = append(o.promote, k)
 		}
 	}
 	for i, k := range o.from4.keys {
@@ -205,6 +211,7 @@ func (c *Cache) stage(o *onboard) {
 		if c.fromG4(k, direct4[i].Err, o.direct4.dst[i], o) {
 			c.counters.onboarded++
 			c.counters.onboardedFrom[worker.G4]++
+			o.promote = append(o.promote, k)
 		}
 	}
 	c.collectEvents()
@@ -288,6 +295,10 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 	c.counters.onboardFailed += uint64(len(bad))
 	c.collectEvents()
 	c.rates.done(worker.G2, o.planned[worker.G2], time.Since(o.copyStart))
+	if len(o.promote) > 0 && !c.closed {
+		c.inflight.Add(1)
+		go c.promote(o.promote, len(o.ready.keys))
+	}
 	c.mu.Unlock()
 	if len(bad) == 0 {
 		return nil
