@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"time"
 
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/core/transfer"
@@ -83,10 +84,7 @@ func (c *Cache) restore(ids []int, entries map[int]journalEntry) {
 	}
 	buf := make([]byte, bio.BlockSize())
 	for i, id := range ids {
-		c.mu.Lock()
-		closed := c.closed
-		c.mu.Unlock()
-		if closed {
+		if !c.roomForEvents() {
 			c.refuse(ids[i:], transfer.ErrClosed)
 			return
 		}
@@ -110,6 +108,26 @@ func (c *Cache) restore(ids []int, entries map[int]journalEntry) {
 		c.mu.Unlock()
 	}
 }
+
+// roomForEvents waits until the event queue is at most half full, so that
+// the STORED event of a restored block is not dropped (an engine drains
+// events once a step, and one that takes no steps yet drains none: the
+// restore then waits for it); false once the cache is closed.
+func (c *Cache) roomForEvents() bool {
+	for {
+		c.mu.Lock()
+		c.collectEvents()
+		closed, full := c.closed, c.events.Cap() > 0 && c.events.Len() >= c.events.Cap()/2
+		c.mu.Unlock()
+		if closed || !full {
+			return !closed
+		}
+		time.Sleep(restoreWait)
+	}
+}
+
+// restoreWait is how long a restore waits for the engine to drain events.
+const restoreWait = 10 * time.Millisecond
 
 // refuse frees claimed blocks that were not vouched for.
 func (c *Cache) refuse(ids []int, err error) {

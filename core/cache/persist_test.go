@@ -35,7 +35,7 @@ type persistent struct {
 	close func()
 }
 
-func newPersistent(t *testing.T, dir, id string, g3 int) (*persistent, error) {
+func newPersistent(t *testing.T, dir, id string, g3 int, opts ...func(*Config)) (*persistent, error) {
 	t.Helper()
 	f := &fixture{t: t, emu: cuda.NewEmulated(1), diskDir: dir}
 	w, err := worker.NewStandalone(worker.StandaloneConfig{WorkerID: 9, Driver: f.emu, DiskDir: dir, G3PersistID: id})
@@ -67,7 +67,11 @@ func newPersistent(t *testing.T, dir, id string, g3 int) (*persistent, error) {
 		release()
 		return nil, err
 	}
-	if f.c, err = New(Config{Worker: w, G3: WriteThrough}); err != nil {
+	cfg := Config{Worker: w, G3: WriteThrough}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if f.c, err = New(cfg); err != nil {
 		release()
 		return nil, err
 	}
@@ -142,27 +146,27 @@ func TestAPersistentG3ComesBackInANewWorker(t *testing.T) {
 }
 
 func TestAnotherIDOrLayoutFindsNothing(t *testing.T) {
-	dir := t.TempDir()
-	a, err := newPersistent(t, dir, persistID, 16)
-	require.NoError(t, err)
-	a.write(0, 4)
-	a.close()
-
-	b, err := newPersistent(t, dir, persistID+";other-model", 16)
-	require.NoError(t, err)
-	st := b.restored()
-	require.Zero(t, st.G3Restored)
-	require.Zero(t, st.G3.Registered)
-	matched, _, err := b.c.Match(keyRange(0, 4))
-	require.NoError(t, err)
-	require.Zero(t, matched)
-	b.close()
-
-	// Another G3 size is another layout: nothing either (and the first
-	// id's blocks are gone with the other id's run).
-	c, err := newPersistent(t, dir, persistID, 12)
-	require.NoError(t, err)
-	require.Zero(t, c.restored().G3Restored)
+	for _, c := range []struct {
+		name string
+		id   string
+		g3   int
+	}{{"another id", persistID + ";other-model", 16}, {"another G3 size", persistID, 12}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			a, err := newPersistent(t, dir, persistID, 16)
+			require.NoError(t, err)
+			a.write(0, 4)
+			a.close()
+			b, err := newPersistent(t, dir, c.id, c.g3)
+			require.NoError(t, err)
+			st := b.restored()
+			require.Zero(t, st.G3Restored)
+			require.Zero(t, st.G3.Registered)
+			matched, _, err := b.c.Match(keyRange(0, 4))
+			require.NoError(t, err)
+			require.Zero(t, matched)
+		})
+	}
 }
 
 func TestABlockWhoseBytesChangedIsNeverAHit(t *testing.T) {
@@ -298,4 +302,28 @@ func mustKey(t *testing.T, b []byte) pool.Key {
 	k, err := pool.NewKey(b)
 	require.NoError(t, err)
 	return k
+}
+
+// A restore never drops its STORED events: with a queue of 4 it waits for
+// the engine to drain them, and every restored key is announced.
+func TestARestoreWaitsForTheEngineToDrainItsEvents(t *testing.T) {
+	dir := t.TempDir()
+	a, err := newPersistent(t, dir, persistID, 16)
+	require.NoError(t, err)
+	a.write(0, 12)
+	a.close()
+	b, err := newPersistent(t, dir, persistID, 16, func(c *Config) { c.MaxEvents = 4 })
+	require.NoError(t, err)
+	var stored int
+	require.Eventually(t, func() bool {
+		for _, e := range b.c.DrainEvents(nil, 0) {
+			if e.Kind == pool.Stored && e.Tier == int(worker.G3) {
+				stored++
+			}
+		}
+		return stored == 12
+	}, 10*time.Second, restoreWait)
+	st := b.restored()
+	require.Equal(t, uint64(12), st.G3Restored)
+	require.Zero(t, st.EventsDropped)
 }

@@ -74,6 +74,10 @@ func (q *EventQueue) Drain(dst []Event, max int) []Event {
 // Len is the number of events not yet drained.
 func (q *EventQueue) Len() int { return len(q.events) }
 
+// Cap is how many events the queue keeps before it drops new ones (0: it
+// records none).
+func (q *EventQueue) Cap() int { return max(q.max, 0) }
+
 // Dropped counts the events lost because the queue was full.
 func (q *EventQueue) Dropped() uint64 { return q.dropped }
 

@@ -88,7 +88,8 @@ def max_len() -> int:
 
 
 class Engine(EngineProcess):
-    def __init__(self, model: str, connector, kv_tokens: int, name: str) -> None:
+    def __init__(self, model: str, connector, kv_tokens: int, name: str,
+                 env_extra=None) -> None:
         """kv_tokens: G1's size (at least a longest prompt and two blocks,
         as vLLM needs)."""
         kv_tokens = max(kv_tokens, max_len() + 2 * BLOCK)
@@ -98,6 +99,7 @@ class Engine(EngineProcess):
         env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        env.update(env_extra or {})
         os.environ.setdefault("KVBM_E2E_LOGDIR", OUT)
         super().__init__(os.path.join(HERE, "e2e_engine.py"), cfg, env, name,
                          f"bench-e2e-{name}")
@@ -159,20 +161,23 @@ def odirect_read_rate(directory: str, n: int) -> float:
             finally:
                 os.close(fd)
     except OSError:  # no O_DIRECT here (tmpfs): a buffered read
-        return buffered_read_rate(directory, n)
+        return -buffered_read_rate(directory, n)  # negative: say so
     finally:
         os.remove(path)
     return n / best
 
 
-def buffered_read_rate(directory: str, n: int) -> float:
+def buffered_read_rate(directory: str, n: int, cold: bool = True) -> float:
+    """A buffered read of n bytes: cold (page cache dropped first) or hot
+    (just written, as the file store reads an object it wrote through)."""
     path = os.path.join(directory, "plain-read-buffered")
     _file(path, n)
     best = float("inf")
     for _ in range(3):
         fd = os.open(path, os.O_RDONLY)
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if cold:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             t0 = time.perf_counter()
             while os.read(fd, 1 << 20):
                 pass
@@ -229,21 +234,25 @@ def hit_rows(model: str, rng: random.Random, tmp: str):
     s3 = None
     if os.environ.get("AWS_ENDPOINT_URL_S3"):
         s3 = f"s3://{os.environ['KVBM_S3_BUCKET']}/bench-e2e-{os.getpid()}"
-    tiers = [("kvbm G2", {"g2_blocks": 4 * blocks}, False),
+    tiers = [("kvbm G2", {"g2_blocks": 4 * blocks}, False, "onboarded_from_g2"),
              ("kvbm G3", {"g2_blocks": blocks + 2, "g3_dir": os.path.join(tmp, "g3"),
-                          "g3_blocks": 4 * blocks, "g3_mode": "write_through"}, True),
+                          "g3_blocks": 4 * blocks, "g3_mode": "write_through"}, True,
+              "onboarded_from_g3"),
              ("kvbm G4 (file)", {"g2_blocks": blocks + 2, "g4_dir": os.path.join(tmp, "g4"),
-                                 "g4_mode": "write_through"}, True)]
+                                 "g4_mode": "write_through"}, True, "onboarded_from_g4")]
     if s3:
         tiers.append(("kvbm G4 (S3)", {"g2_blocks": blocks + 2, "g4_dir": s3,
-                                       "g4_mode": "write_through"}, True))
-    for name, connector, push_out in tiers:
+                                       "g4_mode": "write_through"}, True, "onboarded_from_g4"))
+    kvbm_cold = []
+    for name, connector, push_out, counter in tiers:
         e = Engine(model, dict(connector, load_mode="sync"), 2 * TOKENS, name.split()[1])
         try:
             got = []
             for _ in range(REPS):
                 p = tokens(rng, TOKENS)
-                e.ttft(p)
+                t = e.ttft(p)
+                if name == "kvbm G2":
+                    kvbm_cold.append(t)  # a miss with kvbm: the prefill and its stores
                 e.call("settle")
                 if push_out:  # another prompt takes G2: the prefix is only below
                     e.ttft(tokens(rng, TOKENS))
@@ -252,12 +261,68 @@ def hit_rows(model: str, rng: random.Random, tmp: str):
                 before = e.call("stats")["stats"]
                 got.append(e.ttft(p))
                 after = e.call("stats")["stats"]
-                assert after["onboarded"] - before["onboarded"] >= hit_tokens // BLOCK, \
-                    f"{name}: the prefix did not come from kvbm: {before} {after}"
+                # Most of the prefix from the row's tier (a block or two may be
+                # G2's, which the pushing prompt left there).
+                assert after[counter] - before[counter] >= hit_tokens // BLOCK - 4, \
+                    f"{name}: the prefix did not come from its tier: {before} {after}"
             rows[name] = got
+            if name == "kvbm G2":
+                rows["cold, with kvbm"] = kvbm_cold
         finally:
             e.close()
+    if s3:
+        rows.update(throttled_rows(model, rng, blocks, hit_tokens))
     return rows, prefix_bytes
+
+
+#: The throttled S3 rows' rate: a remote store far slower than recomputing.
+THROTTLE_BPS = float(os.environ.get("BENCH_E2E_THROTTLE_BPS", 4e6 if QUICK else 8e6))
+
+
+def throttled_rows(model: str, rng: random.Random, blocks: int, hit_tokens: int):
+    """The prefix on G4 (the same S3 server behind a proxy serving
+    THROTTLE_BPS), with load_policy always and auto. A first round, not
+    timed, measures the tier (and the prefill) as an engine would on its
+    first such hit; then each round is a cold prefill (timed: the row's
+    own cold) and the hit."""
+    from urllib.parse import urlparse
+    from e2e_common.throttle import Throttle
+    u = urlparse(os.environ["AWS_ENDPOINT_URL_S3"])
+    throttle = Throttle(u.hostname, u.port, THROTTLE_BPS)
+    rows = {}
+    try:
+        for policy in ("always", "auto"):
+            name = f"kvbm G4 (S3 at {THROTTLE_BPS / 1e6:g} MB/s), {policy}"
+            connector = {"g2_blocks": blocks + 2, "load_mode": "sync", "load_policy": policy,
+                         "g4_dir": f"s3://{os.environ['KVBM_S3_BUCKET']}/bench-e2e-"
+                                   f"{os.getpid()}-{policy}", "g4_mode": "write_through"}
+            e = Engine(model, connector, 2 * TOKENS, f"throttled-{policy}",
+                       {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{throttle.port}"})
+            try:
+                got, cold, loaded = [], [], 0
+                for r in range(REPS + 1):
+                    p = tokens(rng, TOKENS)
+                    t_cold = e.ttft(p)
+                    e.call("settle")
+                    e.ttft(tokens(rng, TOKENS))  # another prompt takes G2
+                    e.call("settle")
+                    e.call("reset")
+                    before = e.call("stats")["stats"]
+                    t = e.ttft(p)
+                    after = e.call("stats")["stats"]
+                    if r:  # the first round measured the tier
+                        got.append(t)
+                        cold.append(t_cold)
+                        loaded += after["onboarded"] - before["onboarded"]
+                rows[name] = got
+                rows[f"  (its cold, {policy})"] = cold
+                print(f"{name}: {loaded} blocks loaded over {REPS} hits of "
+                      f"{hit_tokens // BLOCK} blocks", file=sys.stderr)
+            finally:
+                e.close()
+    finally:
+        throttle.stop()
+    return rows
 
 
 def ctx_tokens(turn: int) -> int:
@@ -310,9 +375,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
         os.makedirs(os.path.join(tmp, "g3"), mode=0o700)
         rows, prefix = hit_rows(model, rng, tmp)
+        g3 = odirect_read_rate(os.path.join(tmp, "g3"), prefix)
         rates = {"kvbm G2": ("memcpy", memcpy_rate(prefix)),
-                 "kvbm G3": ("O_DIRECT read", odirect_read_rate(os.path.join(tmp, "g3"), prefix)),
-                 "kvbm G4 (file)": ("buffered read, cold", buffered_read_rate(tmp, prefix))}
+                 "kvbm G3": ("O_DIRECT read" if g3 > 0 else "buffered read (no O_DIRECT)",
+                             abs(g3)),
+                 # The file store reads objects it just wrote through: hot.
+                 "kvbm G4 (file)": ("buffered read, hot",
+                                    buffered_read_rate(tmp, prefix, cold=False))}
         s3 = s3_get_rate(prefix)
         if s3 is not None:
             rates["kvbm G4 (S3)"] = ("curl GET", s3)

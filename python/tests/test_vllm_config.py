@@ -1,4 +1,5 @@
 """kvbmgo.vllm's extra config keys (pure Python: runs without vllm)."""
+import os
 import sys
 
 import pytest
@@ -79,6 +80,6 @@ def test_g3_persist_needs_a_directory_and_names_what_its_keys_are(tmp_path):
     ids = {persist_id(vc(), None), persist_id(vc(model="other"), None),
            persist_id(vc(dtype="float16"), None), persist_id(vc(tp=2), None)}
     assert len(ids) == 4, ids
-    d = persistent_g3_dir(str(tmp_path), 3)
-    assert d == str(tmp_path / "kvbm-persist-rank3") and (tmp_path / "kvbm-persist-rank3").is_dir()
-    assert sweep_g3_dirs(str(tmp_path)) == [] and (tmp_path / "kvbm-persist-rank3").is_dir()
+    d = persistent_g3_dir(str(tmp_path), "dp0-pp1-rank3")
+    assert d == str(tmp_path / "kvbm-persist-dp0-pp1-rank3") and os.path.isdir(d)
+    assert sweep_g3_dirs(str(tmp_path)) == [] and os.path.isdir(d)

@@ -46,6 +46,14 @@ def _rank() -> int:
         return 0
 
 
+def _pp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+        return int(get_pp_group().rank_in_group)
+    except Exception:  # noqa: BLE001 - no PP group (a test, one process)
+        return 0
+
+
 def _dp_index(parallel_config: Any) -> int:
     """The data-parallel rank that picks this engine's side-channel ports
     (NixlConnector adds the same to its port)."""
@@ -104,7 +112,8 @@ class KvbmConnector(KVConnectorBase_V1, SupportsHMA):
                                       dp_index=_dp_index(pc), kv_heads=heads, mla=mla,
                                       groups=self.groups,
                                       persist_id=persist_id(vllm_config, self.groups)
-                                      if self.config.g3_persist else None)
+                                      if self.config.g3_persist else None,
+                                      pp_rank=_pp_rank())
 
     # ---- scheduler side
 

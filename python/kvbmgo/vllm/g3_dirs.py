@@ -1,7 +1,8 @@
 """The per-rank G3 directories of the vLLM connector: each worker makes its
 own under the configured g3_dir (kvbm-rank<R>-pid<P>-…), and removes those
 of processes that are gone; with g3_persist, a rank's directory is the same
-every run (kvbm-persist-rank<R>), named by what its keys are (persist_id)."""
+every run (kvbm-persist-dp<D>-pp<P>-rank<R>), named by what its keys are
+(persist_id)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,12 @@ def make_g3_dir(g3_dir: str, rank: int) -> str:
     return tempfile.mkdtemp(prefix=f"kvbm-rank{rank}-pid{os.getpid()}-", dir=g3_dir)
 
 
-def persistent_g3_dir(g3_dir: str, rank: int) -> str:
-    """rank's G3 directory that outlives the engine (g3_persist), made 0700
-    if absent. The library locks the G3 file in it: one engine at a time."""
-    path = os.path.join(g3_dir, f"kvbm-persist-rank{rank}")
+def persistent_g3_dir(g3_dir: str, rank: str) -> str:
+    """The G3 directory of rank (its data-parallel, pipeline and tensor
+    ranks, e.g. "dp0-pp0-rank0") that outlives the engine (g3_persist),
+    made 0700 if absent. The library locks the G3 file in it: one engine
+    at a time."""
+    path = os.path.join(g3_dir, f"kvbm-persist-{rank}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 

@@ -125,10 +125,12 @@ def _check_alias(name: str, v: Any, first: str, f: Any) -> None:
 def _page_layout(kv_caches: Dict[str, Any], first_of: Dict[int, str]
                  ) -> Tuple[LayoutConfig, List[Any], Dict[str, int]]:
     """G1 of layers whose views differ in shape (a Mamba group's state
-    pages beside attention pages, vLLM's hybrid layout): each distinct
-    layer's memory as whole pages of bytes, a page per block (its block
-    stride, padding included), as vLLM's layer-outer layouts keep every
-    group's pages of one size. The bytes are moved as they are."""
+    pages beside attention pages, vLLM's hybrid layouts), as pages of bytes
+    moved as they are. Layer-outer (each layer's blocks one after another,
+    a block its padded page): a kvbm layer per distinct layer memory, a
+    block its block stride. Block-outer (every layer's page of a block
+    packed together, the block stride spanning them all): one kvbm layer
+    over the whole allocation, a block the packed block."""
     views = [kv_caches[n] for n in first_of.values()]
     strides = {int(v.stride(0)) * int(v.element_size()) for v in views}
     blocks = {int(v.shape[0]) for v in views}
@@ -139,19 +141,32 @@ def _page_layout(kv_caches: Dict[str, Any], first_of: Dict[int, str]
         raise ValueError(f"register_kv_caches: KV views of different block strides or block "
                          f"counts ({described}); kvbm registers layers of one page size")
     stride, nb = strides.pop(), blocks.pop()
-    if any(_block_bytes(v) > stride for v in views):
-        raise ValueError(f"register_kv_caches: a block of a KV view spans more than its block "
-                         f"stride ({described}): the block is not the outermost dimension")
+    spans = [_block_bytes(v) for v in views]
+    if any(b <= 0 or b > stride for b in spans):
+        raise ValueError(f"register_kv_caches: a block of a KV view is not one dense region "
+                         f"within its block stride ({described})")
     from .._memory import Buffer
-    buffers = []
-    for v in views:
-        dev = v.device
-        device = (dev.index or 0) if dev.type == "cuda" else None
-        buffers.append(Buffer(int(v.data_ptr()), nb * stride, 1, device, v))
-    index = {n: i for i, n in enumerate(first_of.values())}
-    for name in kv_caches:
-        index.setdefault(name, index[first_of[int(kv_caches[name].data_ptr())]])
-    cfg = LayoutConfig(num_blocks=nb, num_layers=len(views), outer_dim=1, page_size=1,
+    dev = views[0].device
+    device = (dev.index or 0) if dev.type == "cuda" else None
+    ptrs = sorted(int(v.data_ptr()) for v in views)
+    if all(b < stride for b in spans) and ptrs[-1] - ptrs[0] < stride:
+        # Block-outer: the views start inside the first block, at their
+        # layer's offset; block b of every layer is [b*stride, (b+1)*stride).
+        buffers = [Buffer(ptrs[0], nb * stride, 1, device, views)]
+        index = {name: 0 for name in kv_caches}
+        num_layers = 1
+    else:
+        for a, b in zip(ptrs, ptrs[1:]):
+            if a + nb * stride > b:
+                raise ValueError(f"register_kv_caches: the KV views' memory overlaps across "
+                                 f"layers as neither a layer-outer nor a block-outer layout "
+                                 f"keeps it ({described})")
+        buffers = [Buffer(int(v.data_ptr()), nb * stride, 1, device, v) for v in views]
+        index = {n: i for i, n in enumerate(first_of.values())}
+        for name in kv_caches:
+            index.setdefault(name, index[first_of[int(kv_caches[name].data_ptr())]])
+        num_layers = len(views)
+    cfg = LayoutConfig(num_blocks=nb, num_layers=num_layers, outer_dim=1, page_size=1,
                        inner_dim=stride, dtype_width=1, layout="layer_separate",
                        block_dim="first")
     return cfg, buffers, index

@@ -49,7 +49,8 @@ class KvbmWorker(WorkerStats):
     def __init__(self, config: KvbmConfig, rank: int = 0, *, role: str = "kv_both",
                  engine_id: str = "", tp_size: int = 1, dp_index: int = 0,
                  kv_heads: int = 0, mla: bool = False,
-                 groups: Optional[KvGroups] = None, persist_id: Optional[str] = None) -> None:
+                 groups: Optional[KvGroups] = None, persist_id: Optional[str] = None,
+                 pp_rank: int = 0) -> None:
         """kv_heads: the model's KV heads over all ranks (0: unknown), mla:
         whether its KV is MLA's latent (replicated on every rank); with them a
         decode maps heads from a prefill of another tensor-parallel size.
@@ -57,6 +58,8 @@ class KvbmWorker(WorkerStats):
         persistent (g3_persist), its keys those of this id (g3_dirs.py)."""
         self.config = config
         self.persist_id = persist_id
+        # A persistent G3 is this (data-parallel, pipeline, tensor) rank's.
+        self.persist_rank = f"dp{dp_index}-pp{pp_rank}-rank{rank}"
         self.groups = groups
         # Several KV cache groups: a failed load is reported as its request's
         # (failed_recving); vLLM refuses block ids with more than one group.
@@ -148,8 +151,10 @@ class KvbmWorker(WorkerStats):
         g4_dir = os.path.join(c.g4_dir, f"rank{self.rank}") if c.g4_dir else None
         persist = None
         if c.g3_dir is not None and self.persist_id is not None:
-            self._g3_dir = persistent_g3_dir(c.g3_dir, self.rank)
-            persist = f"{self.persist_id} rank={self.rank} g1={cfg}"
+            self._g3_dir = persistent_g3_dir(c.g3_dir, self.persist_rank)
+            # G1's layout but its block count (vLLM sizes G1 from the memory
+            # it finds free: it may differ between runs of one model).
+            persist = f"{self.persist_id} {self.persist_rank} g1={cfg.replace(num_blocks=0)}"
         elif c.g3_dir is not None:
             self._g3_dir = make_g3_dir(c.g3_dir, self.rank)
         wid = (c.worker_id if c.worker_id is not None else engine_worker_id(self.engine_id)) \

@@ -51,7 +51,7 @@ def test_a_prefix_survives_sigkill_and_nothing_wrong_is_loaded(model_dir, baseli
         _wait(a, lambda st: st["g3"]["registered"] >= HIT // BLOCK, "G3 written")
     finally:
         _kill(a)
-    rank_dir = os.path.join(warm["g3_dir"], "kvbm-persist-rank0")
+    rank_dir = os.path.join(warm["g3_dir"], "kvbm-persist-dp0-pp0-rank0")
     assert sorted(os.listdir(rank_dir)) == ["kvbm-g3.blocks", "kvbm-g3.journal"]
 
     # A new engine, same model and directory: the prefix is a G3 hit.

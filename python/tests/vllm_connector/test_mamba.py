@@ -55,18 +55,29 @@ def test_vllm_keeps_hma_and_kvbm_keeps_the_mamba_group():
 
 
 @pytest.mark.parametrize("window,layout,attention_layers", [
-    (False, "LBNHC", 2), (True, "LBNHC", 2), (False, "BLNHC", 2), (False, "LBNHC", 1)])
+    (False, "LBNHC", 2), (True, "LBNHC", 2), (False, "BLNHC", 2), (False, "LBNHC", 1),
+    (False, "BLNHC", 1)])
 def test_states_come_back_at_a_boundary_byte_for_byte(window, layout, attention_layers):
     # Layouts: layer-outer, block-outer, and a Mamba layer whose pages no
     # attention layer shares (G1 then registered as pages of bytes).
     e = MambaEngine({"g2_blocks": 96}, window=window, max_batched=64, layout=layout,
                     attention_layers=attention_layers)
     try:
-        cfg, _, index = g1_layout(e.views)
+        cfg, buffers, index = g1_layout(e.views)
         # A kvbm layer per distinct page; Mamba layers alias attention ones
-        # but where none does (pages of bytes: the padded page).
-        assert cfg.num_layers == 2 and len(set(index.values())) == 2
-        assert (cfg.inner_dim == 2048 and cfg.dtype_width == 1) == (attention_layers == 1)
+        # but where none does (pages of bytes: the padded page, or under a
+        # block-outer layout the whole packed block, one region).
+        raw = (int(e.raw.data_ptr()), int(e.raw.data_ptr()) + e.raw.numel())
+        spans = sorted((b.address, b.address + b.nbytes) for b in buffers)
+        assert all(raw[0] <= a and z <= raw[1] for a, z in spans), (spans, raw)
+        assert all(z <= a2 for (_, z), (a2, _) in zip(spans, spans[1:])), spans
+        if attention_layers == 2:
+            assert cfg.num_layers == 2 and len(set(index.values())) == 2
+            assert cfg.dtype_width == 2
+        elif layout == "LBNHC":
+            assert (cfg.num_layers, cfg.inner_dim, cfg.dtype_width) == (2, 2048, 1)
+        else:
+            assert (cfg.num_layers, cfg.inner_dim, cfg.dtype_width) == (1, 4096, 1)
         prompt = list(range(11, 11 + 9 * BLOCK + 6))  # 150 tokens: chunks end at 64, 128, 144
         a_hashes = _cached(e, prompt)
         # The states vLLM offered were stored: after 64, 128 and 144 tokens.
