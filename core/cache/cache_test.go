@@ -453,6 +453,8 @@ func TestResetForgetsG2AndG3(t *testing.T) {
 func TestLoadsAreMeasuredPerTier(t *testing.T) {
 	// Onboards from G2 and from G3 (staged through G2) leave a rate for
 	// each tier they read, and nothing in flight once they are over.
+	defer func(was float64) { minSampleBytes = was }(minSampleBytes)
+	minSampleBytes = 4 * float64(shape(1).BlockSize()) // these blocks are small
 	f := newFixture(t, tiers{g1: 16, g2: 4, g3: 16}, Config{G3: WriteThrough})
 	require.Zero(t, f.c.Stats().LoadRate[worker.G2])
 	f.offload(0, seq(0, 4))
@@ -471,4 +473,10 @@ func TestLoadsAreMeasuredPerTier(t *testing.T) {
 	require.Positive(t, st.LoadRate[worker.G3], "%+v", st)
 	require.Zero(t, st.LoadRate[worker.G4])
 	require.Equal(t, [5]float64{}, st.LoadQueued)
+	// A load smaller than the sample size is not measured: the rate stays.
+	minSampleBytes = 1 << 20
+	n, err := f.c.Onboard(keyRange(4, 1), seq(8, 1), nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.WaitTimeout(10*time.Second))
+	require.Equal(t, st.LoadRate, f.c.Stats().LoadRate)
 }

@@ -20,13 +20,18 @@ type loadRates struct {
 // rateWeight is the weight of the newest measurement in the average.
 const rateWeight = 0.3
 
+// minSampleBytes: a load smaller than this is not measured: its time is
+// mostly the call's fixed cost, which as a rate would make the tier look
+// slow for the large prefixes the policy weighs.
+var minSampleBytes = float64(1 << 20) // a variable: tests of small blocks lower it
+
 // start counts bytes of tier t as in flight.
 func (r *loadRates) start(t worker.Tier, bytes float64) { r.queued[t] += bytes }
 
 // done ends bytes of tier t that took d (0 bytes: nothing to measure).
 func (r *loadRates) done(t worker.Tier, bytes float64, d time.Duration) {
 	r.queued[t] = max(0, r.queued[t]-bytes)
-	if bytes <= 0 || d <= 0 {
+	if bytes < minSampleBytes || d <= 0 {
 		return
 	}
 	sample := bytes / d.Seconds()
