@@ -41,6 +41,9 @@ def test_config_from_extra_config():
     ({"g3_pages": True}, "g3_pages must be an integer"),
     ({"staging_pages": 0}, "staging_pages must be at least 1"),
     ({"disk_dir": "/d"}, "disk_dir needs g3_pages"),
+    ({"prefill_tokens_per_s": -1}, "prefill_tokens_per_s must be a number >= 0"),
+    ({"prefill_tokens_per_s": "fast"}, "prefill_tokens_per_s must be a number"),
+    ({"prefill_tokens_per_s": float("nan")}, "prefill_tokens_per_s must be a number"),
 ])
 def test_config_refusals(extra, match):
     with pytest.raises(ValueError, match=match):

@@ -51,6 +51,11 @@ class KvbmHiCacheConfig:
     #: of min(32, the pool's pages) pages (a state can be megabytes), G3 of
     #: g3_pages.
     pools: Optional[Mapping[str, Mapping[str, int]]] = None
+    #: Load or recompute (kvbm_load_plan): the engine's prefill rate in
+    #: tokens per second; a hit query then answers only as far as loading
+    #: is expected to end before recomputing would, by the tiers' measured
+    #: rates. 0: every page held is a hit.
+    prefill_tokens_per_s: float = 0.0
 
     @classmethod
     def from_extra_config(cls, extra: Optional[Mapping[str, Any]]) -> "KvbmHiCacheConfig":
@@ -71,6 +76,11 @@ class KvbmHiCacheConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"kvbm HiCache storage: {name} must be an integer >= 0, "
                                  f"got {v!r}")
+        p = c.prefill_tokens_per_s
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not p >= 0 or \
+                p == float("inf"):
+            raise ValueError(f"kvbm HiCache storage: prefill_tokens_per_s must be a number "
+                             f">= 0, got {p!r}")
         if c.staging_pages < 1:
             raise ValueError("kvbm HiCache storage: staging_pages must be at least 1")
         if c.disk_dir and c.g3_pages < 1:

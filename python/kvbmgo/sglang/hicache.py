@@ -303,8 +303,20 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
                 kb = kb[:i]
                 break
             seen.add(k)
-        matched, _ = self._worker.cache.match(kb)
+        matched, tiers = self._worker.cache.match(kb)
+        if matched and self.config.prefill_tokens_per_s:
+            matched = self._worth_loading(list(tiers)[:matched])
         return matched
+
+    def _worth_loading(self, tiers: List[int]) -> int:
+        """Load or recompute (prefill_tokens_per_s set): the leading pages
+        whose load is expected to end before recomputing them would."""
+        from .. import plan_load
+        st = self._worker.cache.stats()
+        return plan_load(tiers, block_bytes=self.layout.page_bytes,
+                         tokens_per_block=self.layout.config.page_size,
+                         prefill_tokens_per_s=self.config.prefill_tokens_per_s,
+                         load_rate=st.load_rate, load_queued=st.load_queued)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1

@@ -433,3 +433,36 @@ def test_storage_metrics_through_sglangs_collector(close_after):
     assert sample("sglang:backup_bandwidth_sum") > 0
     # Taken: the next call reports only what moved since.
     assert b.get_stats().backup_pgs == []
+
+
+def test_a_hit_query_answers_only_what_is_worth_loading(close_after):
+    """prefill_tokens_per_s set: batch_exists asks kvbm's load policy
+    (kvbm_load_plan) with the cache's measured load rates: pages on a tier
+    measured slower than recomputing are no hit, on a fast one they are;
+    before anything was measured every page held is."""
+    import dataclasses
+    from kvbmgo import CacheStats
+    host = host_pool("page_first")
+    b = create_backend(host, kvbm_extra(v1=True, prefill_tokens_per_s=1e6))
+    close_after(b)
+    ctl = controller(b, host)
+    n = 4
+    src = host.alloc(n * PAGE)
+    fill_pages(host, src, seed=3)
+    keys, _ = backup(ctl, src, tokens(n, base=500))
+    assert b.batch_exists(keys) == n  # nothing measured yet
+    cache = b._worker.cache
+    real = type(cache).stats
+
+    def measured(g2_rate):
+        def stats(self):
+            return dataclasses.replace(real(self), load_rate=(0.0, 0.0, g2_rate, 0.0, 0.0))
+        return stats
+    try:
+        type(cache).stats = measured(1e3)   # 1 kB/s against a million tokens a second
+        assert b.batch_exists(keys) == 0
+        type(cache).stats = measured(50e9)
+        assert b.batch_exists(keys) == n
+    finally:
+        type(cache).stats = real
+    assert isinstance(cache.stats(), CacheStats)
