@@ -67,7 +67,8 @@ STRUCTS = {"kvbm_info_t": _lib.InfoC, "kvbm_layout_config_t": _lib.LayoutConfigC
            "kvbm_handoff_action_t": _lib.HandoffActionC,
            "kvbm_cache_config_t": _lib.CacheConfigC,
            "kvbm_cache_tier_stats_t": _lib.CacheTierStatsC,
-           "kvbm_cache_stats_t": _lib.CacheStatsC, "kvbm_cache_event_t": _lib.CacheEventC}
+           "kvbm_cache_stats_t": _lib.CacheStatsC, "kvbm_cache_event_t": _lib.CacheEventC,
+           "kvbm_load_plan_input_t": _lib.LoadPlanInputC}
 
 
 def parse_type(decl, named=True):
