@@ -19,6 +19,7 @@ class WorkerStats:
 
     rank: int
     worker: Any
+    config: Any
     _stats: Any
     _cache_seen: Any
     _started_at: Dict[str, Tuple[float, List[int]]]
@@ -32,7 +33,8 @@ class WorkerStats:
         counters (get_stats), with the block's bytes, when they changed since
         they were last sent (metadata.LoadReport); else None."""
         st = self._cache_seen
-        if st is None or not self._block_bytes:
+        if st is None or not self._block_bytes or self.worker is None or \
+                self.config.load_policy != "auto":  # only the policy reads them
             return None
         load = (tuple(st.load_rate), tuple(st.load_queued), self._block_bytes)
         if load == getattr(self, "_load_sent", None):
