@@ -37,7 +37,8 @@ another request), while the reference digests stay those of the right ids;
 BREAK["stale_mamba"] makes the worker load, into a Mamba group's state
 block, the state stored under another key of that group: the state at the
 boundary a block before the hit's end when this process stored it, else
-the last other state it stored (another prompt's), while the check's
+the last other state it stored (another prompt's), else the page of the
+hit's last attention block, while the check's
 reference stays the right key's digests.
 KVBM_E2E_BREAK=reverse (or stale_window, stale_mamba) starts with it on,
 which must fail every scenario that loads."""
@@ -166,9 +167,11 @@ class RecordingKvbmConnector(KvbmConnector):
         self._connector_metadata = md
 
     def _stale_states(self, ld: Any) -> List[bytes]:
-        """ld's keys with each Mamba state's that of another key of its
-        group this process stored: the boundary a block before (the hash of
-        the load's block before the last), else the last other state."""
+        """ld's keys with each Mamba state's that of another key this
+        process stored: its group's at the boundary a block before (the
+        hash of the load's block before the last), else its group's last
+        other state, else (none yet) the page of the attention block of its
+        hash."""
         keys = list(ld.keys)
         hashes: List[bytes] = []
         for k in keys:
@@ -180,11 +183,15 @@ class RecordingKvbmConnector(KvbmConnector):
             if g not in self._mamba:
                 continue
             earlier = hashes[-2] + k[len(h):] if len(hashes) > 1 else None
+            others = [s for s in self._last_states.get(g, ()) if s != k]
+            attention = [o for o in ld.keys if o[:len(h)] == h and len(o) == len(k)
+                         and self.groups.split(o)[1] not in self._mamba]
             if earlier is not None and earlier in self._versions:
                 keys[i], how = earlier, "earlier boundary"
-            elif [s for s in self._last_states.get(g, ()) if s != k]:
-                keys[i] = [s for s in self._last_states[g] if s != k][-1]
-                how = "another prompt's"
+            elif others:
+                keys[i], how = others[-1], "another prompt's"
+            elif attention:
+                keys[i], how = attention[0], "an attention block's"
             else:
                 how = "none"
             RECORDS.append({"ev": "stale_mamba", "req": ld.req_id, "group": g, "from": how})
