@@ -94,12 +94,14 @@ def require_groups_loaded(ans, per_group: dict):
     """Hybrid: the loads of this answer (async, as every load with several
     groups) brought per_group[g] blocks of group g, each holding the bytes
     stored under its key, into the ids vLLM's table gives that group and
-    block: never the null block, and a sliding window's blocks exactly
-    those in the window (recording.load_map)."""
+    block: never the null block, a sliding window's blocks exactly
+    those in the window, a Mamba group's one state in the entry of the
+    hit's last block (recording.load_map)."""
     maps = records(ans, "load_map")
     assert maps, f"no load was mapped: {ans['records']}"
     for m in maps:
         assert m["null"] == m["wrong"] == m["out_of_window"] == m["window_missing"] == 0, m
+        assert m["state_wrong"] == 0, m
     loaded = records(ans, "loaded")
     assert loaded, f"no load was checked: {ans['records']}"
     got = {}

@@ -19,9 +19,10 @@ stdout; vLLM's own output goes to stderr):
       prefill holds a finished request for a decode instance at the step
       after it finished (a server's engine loop keeps stepping while vLLM
       holds blocks; LLM.generate returns before)
-  {"op": "break", "reverse": bool, "stale_window": bool (optional)}  the
-      broken connectors (recording.py) on or off
-      -> {"was": bool, "was_stale_window": bool}
+  {"op": "break", "reverse": bool, "stale_window": bool (optional),
+   "stale_mamba": bool (optional)}  the broken connectors (recording.py)
+      on or off -> {"was": bool, "was_stale_window": bool,
+      "was_stale_mamba": bool}
   {"op": "digests", "block_ids": [[ids]], "group": g (optional)}  digests
       of G1 blocks (hex; of group g's layers only, hybrid), per rank:
       {"digests": [rank 0's [[hex]], rank 1's, ...]}
@@ -111,8 +112,9 @@ def main() -> None:
             for _ in range(int(cmd["n"])):
                 llm.llm_engine.step()
         elif op == "break":
-            was = ranks(recording.set_break, bool(cmd["reverse"]), cmd.get("stale_window"))[0]
-            ans["was"], ans["was_stale_window"] = was
+            was = ranks(recording.set_break, bool(cmd["reverse"]), cmd.get("stale_window"),
+                        cmd.get("stale_mamba"))[0]
+            ans["was"], ans["was_stale_window"], ans["was_stale_mamba"] = was
         elif op == "digests":
             ans["digests"] = ranks(recording.digests, cmd["block_ids"], cmd.get("group"))
         elif op == "groups":

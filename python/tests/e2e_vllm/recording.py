@@ -22,17 +22,26 @@ With several KV cache groups (vLLM's hybrid KV cache manager) a key names
 its group (groups.py) and a block's bytes are its group's layers' pages
 only, so the digests are per group, and the scheduler side also checks each
 load against vLLM's own block table ("load_map": every id the one vLLM
-allocated for that group and block, never the null block, and a
-sliding-window group's blocks exactly those in the window of the hit's end).
+allocated for that group and block, never the null block, a
+sliding-window group's blocks exactly those in the window of the hit's end,
+and a Mamba group's one state, the hit's end's, in its table entry for the
+hit's last block). A Mamba layer's view is its state page as int8 (vLLM's
+[blocks, 1, 1, state bytes]): its digest is the state's bytes.
 
 The deliberately broken connectors the byte check must catch (tokens may
 well stay equal): BREAK["reverse"] makes the worker load a request's keys
 into its block ids reversed; BREAK["stale_window"] makes it store each
 sliding-window block from a stale id, the one of its request's block before
 it in that group (an id vLLM frees as the window moves on and hands to
-another request), while the reference digests stay those of the right ids.
-KVBM_E2E_BREAK=reverse (or stale_window) starts with it on, which must fail
-every scenario that loads."""
+another request), while the reference digests stay those of the right ids;
+BREAK["stale_mamba"] makes the worker load, into a Mamba group's state
+block, the state stored under another key of that group: the state at the
+boundary a block before the hit's end when this process stored it, else
+the last other state it stored (another prompt's), else the page of the
+hit's last attention block, while the check's
+reference stays the right key's digests.
+KVBM_E2E_BREAK=reverse (or stale_window, stale_mamba) starts with it on,
+which must fail every scenario that loads."""
 
 from __future__ import annotations
 
@@ -45,7 +54,8 @@ from kvbmgo.vllm import KvbmConnector
 from kvbmgo.vllm.metadata import KvbmConnectorMetadata
 
 RECORDS: List[Dict[str, Any]] = []
-BREAK = {k: os.environ.get("KVBM_E2E_BREAK") == k for k in ("reverse", "stale_window")}
+BREAK = {k: os.environ.get("KVBM_E2E_BREAK") == k
+         for k in ("reverse", "stale_window", "stale_mamba")}
 #: The worker-side instances (the driver scribbles over their KV caches).
 WORKERS: List["RecordingKvbmConnector"] = []
 
@@ -62,12 +72,17 @@ class RecordingKvbmConnector(KvbmConnector):
         self._pull_remote: Dict[str, List[int]] = {}
         self._stores: List[Any] = []
         self._last_window: Dict[Tuple[str, int], int] = {}   # stale_window's ids
+        #: stale_mamba's: group -> the last two state keys stored (newest last).
+        self._last_states: Dict[int, List[bytes]] = {}
         groups = list(getattr(kv_cache_config_of(self), "kv_cache_groups", None) or ())
         #: Each group's layers (a hybrid key's bytes are these layers' pages),
         #: and the sliding windows (tokens) of the sliding-window groups.
         self._layers = [list(g.layer_names) for g in groups]
         self._windows = {i: int(g.kv_cache_spec.sliding_window) for i, g in enumerate(groups)
                          if "SlidingWindow" in type(g.kv_cache_spec).__name__}
+        #: The Mamba (linear-attention) groups: a state per block boundary.
+        self._mamba = {i for i, g in enumerate(groups)
+                       if type(g.kv_cache_spec).__name__ == "MambaSpec"}
         if self._worker is not None:
             WORKERS.append(self)
 
@@ -83,7 +98,8 @@ class RecordingKvbmConnector(KvbmConnector):
         super().update_state_after_alloc(request, blocks, num_external_tokens)
         if self.groups.hybrid:
             for ld in loads[n:]:
-                RECORDS.append(load_map(self.groups, self._windows, request, blocks, ld))
+                RECORDS.append(load_map(self.groups, self._windows, request, blocks, ld,
+                                        self._mamba))
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         pre = getattr(scheduler_output, "preempted_req_ids", None) or ()
@@ -147,7 +163,41 @@ class RecordingKvbmConnector(KvbmConnector):
         if BREAK["stale_window"] and md.stores and self._windows:
             md = replace(md, stores=[replace(st, block_ids=self._stale(st))
                                      for st in md.stores])
+        if BREAK["stale_mamba"] and md.loads and self._mamba:
+            md = replace(md, loads=[replace(ld, keys=self._stale_states(ld))
+                                    for ld in md.loads])
         self._connector_metadata = md
+
+    def _stale_states(self, ld: Any) -> List[bytes]:
+        """ld's keys with each Mamba state's that of another key this
+        process stored: its group's at the boundary a block before (the
+        hash of the load's block before the last), else its group's last
+        other state, else (none yet) the page of the attention block of its
+        hash."""
+        keys = list(ld.keys)
+        hashes: List[bytes] = []
+        for k in keys:
+            h = self.groups.split(k)[0]
+            if not hashes or hashes[-1] != h:
+                hashes.append(h)
+        for i, k in enumerate(keys):
+            h, g = self.groups.split(k)
+            if g not in self._mamba:
+                continue
+            earlier = hashes[-2] + k[len(h):] if len(hashes) > 1 else None
+            others = [s for s in self._last_states.get(g, ()) if s != k]
+            attention = [o for o in ld.keys if o[:len(h)] == h and len(o) == len(k)
+                         and self.groups.split(o)[1] not in self._mamba]
+            if earlier is not None and earlier in self._versions:
+                keys[i], how = earlier, "earlier boundary"
+            elif others:
+                keys[i], how = others[-1], "another prompt's"
+            elif attention:
+                keys[i], how = attention[0], "an attention block's"
+            else:
+                how = "none"
+            RECORDS.append({"ev": "stale_mamba", "req": ld.req_id, "group": g, "from": how})
+        return keys
 
     def _stale(self, st: Any) -> List[int]:
         """st's ids with each sliding-window block's the id of the block its
@@ -196,6 +246,9 @@ class RecordingKvbmConnector(KvbmConnector):
         for st in self._stores:
             for k, b in zip(st.keys, st.block_ids):
                 d = self._key_digest(k, b)
+                g = self.groups.split(k)[1]
+                if g in self._mamba and k not in self._last_states.get(g, ()):
+                    self._last_states[g] = (self._last_states.get(g, []) + [k])[-2:]
                 self._versions.setdefault(k, set()).add(d)
                 lines.append(f"{k.hex()} {d.hex()}\n")
         self._stores = []
@@ -234,12 +287,14 @@ def kv_cache_config_of(connector: Any) -> Any:
 
 
 def load_map(groups: Any, windows: Dict[int, int], request: Any, blocks: Any,
-             ld: Any) -> Dict[str, Any]:
+             ld: Any, mamba: Set[int] = frozenset()) -> Dict[str, Any]:
     """Checks a hybrid load against vLLM's block table (blocks: what it
     allocated the request, one table per group): each key of group g and
     block j goes into vLLM's id of (g, j), which is never the null block
     (0); a sliding-window group loads exactly its blocks after the load's
-    first that reach into the window of the token after the hit."""
+    first that reach into the window of the token after the hit; a Mamba
+    group (mamba) exactly one state, the hit's end's, into its entry for the
+    hit's last block (state_wrong counts what is not so)."""
     tables = blocks.get_block_ids()
     bs = groups.block_size
     at = {groups.block_hash(request.block_hashes, j): j
@@ -258,9 +313,11 @@ def load_map(groups: Any, windows: Dict[int, int], request: Any, blocks: Any,
         out += g in first_in and j < first_in[g]
     loaded = {(g, j) for g, j, _ in placed}
     missing = sum(1 for g, f in first_in.items() for j in range(f, end) if (g, j) not in loaded)
+    states = {g: [j for gg, j, _ in placed if gg == g] for g in mamba}
+    state_wrong = sum(js != [end - 1] for js in states.values())
     return {"ev": "load_map", "req": ld.req_id, "groups": per_group, "null": null,
             "wrong": wrong, "out_of_window": out, "window_missing": missing,
-            "hit_blocks": [start, end]}
+            "state_wrong": state_wrong, "hit_blocks": [start, end]}
 
 
 # ---- the worker ops of engine.py: run in each rank's process (collective_rpc
@@ -284,12 +341,15 @@ def scribble(_worker: Any) -> None:
                 t.copy_(torch.randint(-128, 128, t.shape, generator=g, dtype=t.dtype))
 
 
-def set_break(_worker: Any, reverse: bool, stale_window: "bool | None" = None) -> List[bool]:
-    """Sets the breaks (stale_window None: left as it is); the old values."""
-    was = [BREAK["reverse"], BREAK["stale_window"]]
+def set_break(_worker: Any, reverse: bool, stale_window: "bool | None" = None,
+              stale_mamba: "bool | None" = None) -> List[bool]:
+    """Sets the breaks (stale_window, stale_mamba None: left as they are);
+    the old values."""
+    was = [BREAK["reverse"], BREAK["stale_window"], BREAK["stale_mamba"]]
     BREAK["reverse"] = reverse
-    if stale_window is not None:
-        BREAK["stale_window"] = stale_window
+    for k, v in (("stale_window", stale_window), ("stale_mamba", stale_mamba)):
+        if v is not None:
+            BREAK[k] = v
     return was
 
 
