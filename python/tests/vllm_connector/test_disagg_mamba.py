@@ -15,7 +15,7 @@ require_vllm()
 import pytest  # noqa: E402
 
 from harness import BLOCK, Engine  # noqa: E402
-from mamba_harness import NULL, MambaEngine  # noqa: E402
+from mamba_harness import MambaEngine  # noqa: E402
 from test_disagg import free_port, run_both  # noqa: E402
 from test_disagg_hybrid import _refused  # noqa: E402
 
