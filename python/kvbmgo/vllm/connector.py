@@ -121,6 +121,9 @@ class KvbmConnector(KVConnectorBase_V1, SupportsHMA):
                                    ) -> "tuple[int | None, bool]":
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    def on_new_request(self, request: Any) -> None:
+        self._scheduler.on_new_request(request)
+
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)

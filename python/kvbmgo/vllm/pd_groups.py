@@ -28,6 +28,16 @@ attends back ``window - 1`` tokens): out-of-window blocks are never pulled.
 A block the decode needs that the prefill did not send (a full group's
 shorter list, a window block the prefill had let go) fails the request.
 
+A Mamba group (NixlConnector's convention, ``_prefill_backoff``): a
+decode needs the state after N-1 prompt tokens, h(N-1), to compute the
+last prompt token itself (a state after N tokens cannot take that token
+again). The prefill stops one token short (``truncate_for_prefill``, once
+per request, as vLLM adds it: its prompt loses its last token and it
+samples one), so its state slot holds h(N-1) and its lists end at its block
+for N-1 tokens; the decode loads N-1 prompt tokens (``remote_tokens``), the
+state slot into its own block that vLLM's align mode reads h(N-1) from
+(table entry cdiv(N-1, block_size) - 1), and computes the last one.
+
 Two engines whose groups differ (one hybrid, one not, or other kinds,
 block sizes, windows) are refused: the decode names both layouts once per
 prefill engine, pulls nothing, tells the prefill to let go, and reports the
@@ -42,7 +52,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .groups import NULL_BLOCK, KvGroup, KvGroups
 
-__all__ = ["layout", "describe", "sent", "pairs", "log_refusal", "State"]
+__all__ = ["layout", "describe", "sent", "pairs", "log_refusal", "State", "backoff",
+           "remote_tokens", "truncate_for_prefill"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,62 @@ def describe(lay: Any) -> str:
             s += f", window {d.get('window')} tokens"
         parts.append(s + ")")
     return "[" + "; ".join(parts) + "]"
+
+
+def backoff(groups: KvGroups) -> int:
+    """Prompt tokens a prefill leaves for the decode to compute (vLLM's
+    NixlConnector ``_prefill_backoff``): 1 with a Mamba group, else 0."""
+    return 1 if groups.mamba else 0
+
+
+def remote_tokens(groups: KvGroups, prompt_tokens: int) -> int:
+    """The prompt tokens a decode loads from its prefill (NixlConnector's
+    ``_get_remote_prefill_token_count``): all but the backoff."""
+    b = backoff(groups)
+    return prompt_tokens - b if b and prompt_tokens > b else prompt_tokens
+
+
+def _skips_external_kv(request: Any) -> bool:
+    """A request that reads no external KV (prompt logprobs): the decode
+    loads nothing for it, so its prefill computes it whole."""
+    skip = getattr(request, "skip_reading_external_kv", None)  # vLLM 0.34
+    if skip is None:
+        get = getattr(request, "get_skip_reading_prefix_cache", None)  # 0.33
+        skip = get() if callable(get) else False
+    return bool(skip)
+
+
+def truncate_for_prefill(groups: KvGroups, request: Any) -> bool:
+    """A prefill request (do_remote_decode) of a model with a Mamba group
+    loses its last backoff prompt tokens and samples one token, so that its
+    state is h(N-1) (NixlConnector's ``_truncate_request_for_prefill``);
+    once per request (kv_transfer_params ``_p_side_truncated``: a preempted
+    request is added again as it is). Returns whether it truncated."""
+    b = backoff(groups)
+    params = getattr(request, "kv_transfer_params", None)
+    if not b or not params or not params.get("do_remote_decode") \
+            or params.get("_p_side_truncated") or request.num_prompt_tokens <= b \
+            or _skips_external_kv(request):
+        return False
+    if request.prompt_token_ids is not None:
+        del request.prompt_token_ids[-b:]
+    elif getattr(request, "prompt_embeds", None) is not None:
+        request.prompt_embeds = request.prompt_embeds[:-b]
+    else:
+        return False
+    del request._all_token_ids[-b:]
+    request.num_prompt_tokens -= b
+    request.max_tokens = 1
+    # Hashes of blocks the tokens dropped no longer fill (vLLM 0.34 has a
+    # call for it; 0.33 computed them as the request was made).
+    hbs = max(1, groups.block_size // max(1, groups.hashes_per_block))
+    trunc = getattr(request, "truncate_block_hashes", None)
+    if callable(trunc):
+        trunc(hbs)
+    else:
+        del request.block_hashes[max(0, request.num_tokens) // hbs:]
+    params["_p_side_truncated"] = True
+    return True
 
 
 def _state_slot(blocks: Sequence[int], spec_blocks: int) -> List[int]:
@@ -184,7 +251,9 @@ def pairs(groups: KvGroups, params: dict, tables: Sequence[Sequence[int]], start
             return [], local_all, f"group {g.index}'s remote_block_ids are not block ids"
         table = tables[g.index]
         if g.kind == "mamba":
-            mine_slot = _state_slot(table[:end], int(getattr(g, "spec_blocks", 0) or 0))
+            # The block vLLM's align mode reads the state after the loaded
+            # tokens from: entry cdiv(tokens, block_size) - 1.
+            mine_slot = [table[end - 1]] if 0 < end <= len(table) else []
             if mine_slot and ids and mine_slot[0] != NULL_BLOCK and ids[-1] != NULL_BLOCK:
                 remote.append(ids[-1])
                 local.append(mine_slot[0])

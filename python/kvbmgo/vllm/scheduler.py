@@ -132,11 +132,14 @@ class KvbmScheduler:
         A decode request of a remote prefill (kv_transfer_params
         do_remote_prefill) loads, asynchronously, every prompt token not
         computed here, the partial last block's too, as NixlConnector
-        does; vLLM then recomputes only the last prompt token."""
+        does; vLLM then recomputes only the last prompt token. With a
+        Mamba group all but the last (pd_groups.remote_tokens): the
+        prefill computed no more."""
         bs = self.block_size
         start = num_computed_tokens // bs
         if self.consumer and self._remote_prefill(request) is not None:
-            count = len(request.prompt_token_ids or ()) - num_computed_tokens
+            count = pd_groups.remote_tokens(self.groups, len(request.prompt_token_ids or ())) \
+                - num_computed_tokens
             if count > 0:
                 self._remember(request, (start, -(-count // bs)), True)
                 return count, True
@@ -188,10 +191,15 @@ class KvbmScheduler:
             out.append(min(self._tiers.get(key) or (2,)))
         return out
 
+    def on_new_request(self, request: Any) -> None:
+        """A prefill request of a model with a Mamba group stops one prompt
+        token short, as NixlConnector's (pd_groups.truncate_for_prefill)."""
+        if self.producer and self.groups.mamba and self._pd_off() is None:
+            pd_groups.truncate_for_prefill(self.groups, request)
+
     def _remote_prefill(self, request: Any) -> Optional[dict]:
         """_remote_prefill, but a hybrid model whose groups kvbm cannot keep
-        (groups.inert) or that has a Mamba group (P/D of its states is not
-        built) computes the request here (said once)."""
+        (groups.inert) computes the request here (said once)."""
         if self._pd_off() is not None:
             params = getattr(request, "kv_transfer_params", None)
             if params and params.get("do_remote_prefill"):
@@ -202,12 +210,7 @@ class KvbmScheduler:
 
     def _pd_off(self) -> Optional[str]:
         """Why P/D is off for this model (None: on)."""
-        if self.groups.inert is not None:
-            return self.groups.inert
-        if self.groups.mamba:
-            return (f"Mamba group {self.groups.mamba[0].index}: a decode's Mamba state after "
-                    f"the prompt is not pulled yet")
-        return None
+        return self.groups.inert
 
     def _warn_pd(self) -> None:
         if not self._warned_pd:

@@ -12,9 +12,12 @@ the request's state block for start (its table entry cdiv(start, BLOCK) - 1)
 and writes its state after end tokens into the entry for end. A state
 after a whole number of blocks is a pattern of the prefix's block hash (so
 a stored and loaded state can be checked byte for byte); after a partial
-block, a pattern of the request and its token count. A step that reads a
+block, a pattern of the tokens (so a prefill's state after N-1 prompt
+tokens is the one a decode of the same prompt expects). A step that reads a
 wrong state (or a wrong attention block) writes junk, as a model would
 compute junk from it."""
+import hashlib
+
 import numpy as np
 
 from harness import require_vllm
@@ -59,9 +62,10 @@ class MambaEngine(Engine):
 
     def __init__(self, extra=None, *, layout="LBNHC", num_blocks=96, policy="recompute",
                  max_batched=64, window=False, serial=False, mode="align",
-                 attention_layers=2):
+                 attention_layers=2, role="kv_both", engine_id=None):
         """attention_layers: 1 leaves the second Mamba layer's pages aliased
-        by no attention layer (G1 registered as pages of bytes)."""
+        by no attention layer (G1 registered as pages of bytes). role,
+        engine_id: the KVTransferConfig's (P/D)."""
         self.serial = serial
         self.verify = False
         self.pipelined = False
@@ -73,7 +77,8 @@ class MambaEngine(Engine):
         cc = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
                          enable_prefix_caching=True, mamba_cache_mode=mode)
         kt = KVTransferConfig(kv_connector="KvbmConnector", kv_connector_module_path="kvbmgo.vllm",
-                              kv_role="kv_both", kv_load_failure_policy=policy,
+                              kv_role=role, engine_id=engine_id,
+                              kv_load_failure_policy=policy,
                               kv_connector_extra_config=dict(extra or {}))
         with hybrid_platform() as self.config_log:
             self.vc = vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
@@ -160,9 +165,8 @@ class MambaEngine(Engine):
         if tokens % BLOCK == 0:
             seed = bytes(self.bh(r, tokens // BLOCK - 1))
         else:
-            seed = (r.request_id.encode() + b"#%d" % tokens).ljust(8, b".")
-            seed = int.from_bytes(seed[:8], "little") ^ tokens
-            seed = seed.to_bytes(8, "little")
+            ids = np.asarray(list(r.all_token_ids[:tokens]), dtype=np.int64)
+            seed = hashlib.sha256(ids.tobytes() + b"#%d" % tokens).digest()
         return state(seed, layer, self.state_bytes)
 
     def state_block(self, table, tokens):
