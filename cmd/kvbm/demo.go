@@ -267,18 +267,24 @@ func (d *demo) tierLimit(byTier map[worker.Tier]int) (limit, error) {
 		}
 		return d.copy.LimitGBs(b), nil
 	}
-	var wg sync.WaitGroup
+	tiers := []worker.Tier{}
 	for _, t := range []worker.Tier{worker.G2, worker.G3, worker.G4} {
-		b := int64(byTier[t]) * int64(d.blockSize)
-		if b == 0 {
-			continue
+		if byTier[t] > 0 {
+			tiers = append(tiers, t)
 		}
-		total += b
-		gbs, err := rate(t, b)
+	}
+	bytesOf := func(t worker.Tier) int64 { return int64(byTier[t]) * int64(d.blockSize) }
+	for _, t := range tiers { // one after another
+		gbs, err := rate(t, bytesOf(t))
 		if err != nil {
 			return limit{}, err
 		}
-		sequential += float64(b) / (gbs * 1e9)
+		total += bytesOf(t)
+		sequential += float64(bytesOf(t)) / (gbs * 1e9)
+	}
+	var wg sync.WaitGroup
+	for _, t := range tiers { // then all at once
+		b := bytesOf(t)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

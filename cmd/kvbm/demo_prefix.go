@@ -139,6 +139,7 @@ func runPrefix(drv cuda.Driver, root string, lim func(map[worker.Tier]int) (limi
 	if run.loaded, err = cacheOnboardLayerwise(drv, c, keysB[:n], g1B[:n]); err != nil {
 		return nil, err
 	}
+	c.Quiesce() // the promotions into G2 the load started: not beside the limit's reads
 	if run.limit, err = lim(run.byTier); err != nil {
 		return nil, err
 	}

@@ -149,6 +149,11 @@ func (c *Cache) Close() error {
 	return nil
 }
 
+// Quiesce waits until the background work started by calls that have
+// returned (write-through, promotions into G2, the tails of offloads and
+// onboards) has ended: for a figure taken right after a load, or a test.
+func (c *Cache) Quiesce() { c.inflight.Wait() }
+
 // begin starts a call under c.mu: it fails once the cache is closed, and
 // counts the call as in flight until done is called.
 func (c *Cache) begin() error {
