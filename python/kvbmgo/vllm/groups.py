@@ -35,6 +35,7 @@ Imports neither vllm nor torch: specs are classified by their class name.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from itertools import islice
@@ -146,6 +147,8 @@ class KvGroups:
     #: step starts, before the connector hears of the step: no store may
     #: read G1 past the step that offered it.
     zeroed: bool = False
+    #: vLLM's KV cache blocks (0: not known): what every G1 view must count.
+    g1_blocks: int = 0
 
     @property
     def hybrid(self) -> bool:
@@ -164,8 +167,9 @@ class KvGroups:
     def from_config(cls, kv_cache_config: Any, block_size: int) -> "KvGroups":
         """From vLLM's KVCacheConfig (None or one group: not hybrid)."""
         groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+        g1_blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
         if len(groups) <= 1:
-            return cls.single(block_size)
+            return dataclasses.replace(cls.single(block_size), g1_blocks=g1_blocks)
         ids = getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
         ids = range(len(groups)) if ids is None else ids
         kept: List[KvGroup] = []
@@ -199,7 +203,7 @@ class KvGroups:
         if zeroed is None:  # a vLLM before it: Mamba layers are why it zeroes
             zeroed = any(_kind(g.kv_cache_spec) == "mamba" for g in groups)
         return cls(tuple(kept), len(groups), bs, max(1, bs // hbs), inert, layers, layout,
-                   bool(zeroed))
+                   bool(zeroed), g1_blocks)
 
     def shapes(self, views: Any) -> str:
         """Each kept group's KV view shape and dtype (its first layer's),

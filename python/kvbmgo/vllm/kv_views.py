@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .. import HeadSlice, LayoutConfig, dense_span
 from .tp_mapping import Read, kv_heads
 
-__all__ = ["g1_layout", "local_kv", "LocalKv"]
+__all__ = ["g1_layout", "local_kv", "LocalKv", "check_block_count"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,18 @@ def g1_layout(kv_caches: Dict[str, Any]) -> Tuple[LayoutConfig, List[Any], Dict[
     for name in names:  # the layers sharing another's cache
         index.setdefault(name, index[first_of[int(kv_caches[name].data_ptr())]])
     return cfg, buffers, index
+
+
+def check_block_count(kv_caches: Dict[str, Any], blocks: int) -> None:
+    """Refuses, at start, views that do not count vLLM's blocks (blocks;
+    0: not known): with an attention kernel's block smaller than vLLM's,
+    dim 0 counts kernel blocks, which kvbm would take for vLLM's blocks."""
+    split = sorted(n for n, t in kv_caches.items() if blocks and int(t.shape[0]) != blocks)
+    if split:
+        raise ValueError(f"register_kv_caches: the KV views of {', '.join(split[:3])} hold "
+                         f"{int(kv_caches[split[0]].shape[0])} blocks, vLLM's KV cache has "
+                         f"{blocks}: views of kernel blocks (an attention kernel's block "
+                         f"smaller than vLLM's block) are not supported yet")
 
 
 def _block_bytes(v: Any) -> int:

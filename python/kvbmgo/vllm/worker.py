@@ -20,7 +20,7 @@ from ..errors import AlreadyExistsError, KvbmError
 from .config import KvbmConfig, engine_worker_id
 from .g3_dirs import make_g3_dir, persistent_g3_dir
 from .groups import KvGroups
-from .kv_views import g1_layout, local_kv
+from .kv_views import check_block_count, g1_layout, local_kv
 from .metadata import LOST, SYNC_FAILURE_STEPS, KvbmConnectorMetadata, KvbmWorkerMetadata
 from .pd_wire import LABEL
 from .worker_stats import WorkerStats
@@ -131,6 +131,7 @@ class KvbmWorker(WorkerStats):
         if self.groups is not None and self.groups.layer_names is not None:
             # Only the kept groups' layers are G1 (groups.py).
             kv_caches = {n: t for n, t in kv_caches.items() if n in self.groups.layer_names}
+        check_block_count(kv_caches, self.groups.g1_blocks if self.groups is not None else 0)
         try:
             cfg, buffers, self._layer_index = g1_layout(kv_caches)
         except ValueError as e:

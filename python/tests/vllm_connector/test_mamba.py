@@ -231,3 +231,26 @@ def test_no_store_reads_a_block_vllm_zeroed():
         assert not any(o.failed_recving for o in e.outputs)
     finally:
         e.close()
+
+
+def test_views_of_kernel_blocks_fail_at_start_naming_the_layer():
+    # An attention kernel's block smaller than vLLM's (a Mamba hybrid
+    # scales vLLM's attention block up to the state's page): dim 0 of the
+    # views counts kernel blocks. kvbm would take them for vLLM's blocks;
+    # it refuses at start instead, never mid-request.
+    from kvbmgo.vllm.config import KvbmConfig
+    from kvbmgo.vllm.worker import KvbmWorker
+    from mamba_harness import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16,
+                             dtype=torch.float16)
+    cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["a"], full)])
+    groups = KvGroups.from_config(cfg, BLOCK)
+    assert groups.g1_blocks == 8
+    w = KvbmWorker(KvbmConfig(g2_blocks=4), groups=groups, engine_id="kernel-blocks")
+    try:
+        with pytest.raises(ValueError, match=r"views of a hold 16 blocks, vLLM's KV cache has 8"):
+            w.register_kv_caches({"a": torch.zeros(16, 2, BLOCK // 2, 32, dtype=torch.float16)})
+        assert w.worker is None
+    finally:
+        w.shutdown()
