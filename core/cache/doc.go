@@ -19,10 +19,10 @@
 //
 // Onboard stages G3 and G4 blocks through G2's free blocks (two hops, each
 // block pinned while in flight) and keeps them there, so that the next hit
-// is from G2; those G2 has no free block for go straight to G1 and are
-// promoted into G2 after the load, in the background (promote.go), so that
-// making room in G2 (evicting, and writing the evicted blocks down first)
-// is never on the load's path.
+// is from G2; those G2 has no free block for go straight to G1 (making
+// room in G2 would evict, and writing the evicted blocks down would come
+// first, on the load's path), and into G2's free blocks after the load, in
+// the background (promote.go).
 // A block that fails anywhere is reported failed, never loaded; a corrupt
 // G3 or G4 block is removed from its tier.
 package cache

@@ -297,7 +297,7 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 	c.rates.done(worker.G2, o.planned[worker.G2], time.Since(o.copyStart))
 	if len(o.promote) > 0 && !c.closed {
 		c.inflight.Add(1)
-		go c.promote(o.promote, len(o.ready.keys))
+		go c.promote(o.promote)
 	}
 	c.mu.Unlock()
 	if len(bad) == 0 {

@@ -2,15 +2,13 @@ package cache
 
 import "github.com/kvbm/kvbm/core/pool"
 
-// promote brings keys an onboard loaded straight from G3 or G4 into G2,
-// after that load and in the background, so that the next hit is from G2
-// while this one did not wait for what making room in G2 takes (evicting,
-// and writing the evicted blocks down first). What G2 cannot take now (its
-// blocks held by transfers) stays where it is, and so does what would take
-// the place of the keep blocks the same load left in G2 (the most recently
-// used: promotion evicts only blocks older than the load). Started with
-// c.inflight counted for it.
-func (c *Cache) promote(keys []pool.Key, keep int) {
+// promote brings keys an onboard loaded straight from G3 or G4 into G2's
+// free blocks, after that load and in the background, so that the next hit
+// is from G2. It evicts nothing: an evicted block is in no tier until its
+// write-down lands, and a load right behind this one (SGLang's next
+// prefetch batch) would then miss it. What G2 has no free block for stays
+// where it is. Started with c.inflight counted for it.
+func (c *Cache) promote(keys []pool.Key) {
 	defer c.inflight.Done()
 	c.mu.Lock()
 	o := &onboard{}
@@ -20,7 +18,7 @@ func (c *Cache) promote(keys []pool.Key, keep int) {
 			wanted = append(wanted, k)
 		}
 	}
-	ids, _ := c.g2.Allocate(min(len(wanted), max(0, c.g2.Available()-keep)), nil)
+	ids, _ := c.g2.Allocate(min(len(wanted), c.g2.Stats().Free), nil)
 	for j, id := range ids {
 		k := wanted[j]
 		if c.g3 != nil {
