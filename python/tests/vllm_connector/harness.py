@@ -348,3 +348,18 @@ class Engine:
             so, _ = self.step(before_forward)
             if not so.num_scheduled_tokens:
                 time.sleep(0.001)
+
+
+def on_a_free_port(make, tries=5):
+    """make(port) on a port free a moment ago; again on another if something
+    took it meanwhile (a side channel that binds fails with EADDRINUSE)."""
+    import socket
+    for i in range(tries):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            return make(port)
+        except OSError as e:
+            if "Address already in use" not in str(e) or i == tries - 1:
+                raise

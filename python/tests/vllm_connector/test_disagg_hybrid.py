@@ -16,7 +16,7 @@ require_vllm()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from harness import BLOCK, Engine  # noqa: E402
+from harness import BLOCK, Engine, on_a_free_port  # noqa: E402
 from hybrid_harness import GROUP_LAYERS, LAYERS, NULL, WINDOW, HybridEngine  # noqa: E402
 from test_disagg import free_port, run_both  # noqa: E402
 
@@ -27,8 +27,8 @@ TAIL = -(-WINDOW // BLOCK) + 1
 
 
 def prefill_engine(role="kv_producer", **kw):
-    return HybridEngine({"g2_blocks": 8, "pd_port": free_port()}, role=role,
-                        engine_id="prefill-engine", **kw)
+    return on_a_free_port(lambda port: HybridEngine({"g2_blocks": 8, "pd_port": port}, role=role,
+                                                    engine_id="prefill-engine", **kw))
 
 
 def decode_engine(policy="fail", role="kv_consumer", timeout_s=10.0, **kw):

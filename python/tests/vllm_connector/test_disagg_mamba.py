@@ -14,7 +14,7 @@ require_vllm()
 
 import pytest  # noqa: E402
 
-from harness import BLOCK, Engine  # noqa: E402
+from harness import BLOCK, Engine, on_a_free_port  # noqa: E402
 from mamba_harness import MambaEngine  # noqa: E402
 from test_disagg import free_port, run_both  # noqa: E402
 from test_disagg_hybrid import _refused  # noqa: E402
@@ -32,8 +32,9 @@ def cdiv(a, b):
 
 
 def prefill_engine(role="kv_producer", **kw):
-    return MambaEngine({"g2_blocks": 8, "pd_port": free_port(), "pd_mamba": True}, role=role,
-                       engine_id="prefill-engine", **kw)
+    return on_a_free_port(lambda port: MambaEngine(
+        {"g2_blocks": 8, "pd_port": port, "pd_mamba": True}, role=role,
+        engine_id="prefill-engine", **kw))
 
 
 def decode_engine(policy="fail", role="kv_consumer", timeout_s=10.0, **kw):
