@@ -12,13 +12,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from harness import BLOCK  # noqa: E402
+from hybrid_harness import key  # noqa: E402
 from mamba_harness import NULL, MambaEngine  # noqa: E402
 from kvbmgo.vllm.groups import KvGroups  # noqa: E402
 from kvbmgo.vllm.kv_views import g1_layout  # noqa: E402
-
-
-def key(block_hash, group):
-    return bytes(block_hash) + b"/g%03d" % group
 
 
 def _cached(e, prompt, max_tokens=1):
