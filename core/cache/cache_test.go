@@ -340,8 +340,12 @@ func TestLayerwiseOnboard(t *testing.T) {
 	for _, ev := range events {
 		require.NoError(t, f.emu.EventSynchronize(ev))
 	}
-	require.NoError(t, note.WaitTimeout(10*time.Second))
+	// The events alone vouch for every block, those G2 held (copied while
+	// G3's were staged) and those staged.
 	f.requireLoaded(seq(4, 4), 0)
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	require.EqualValues(t, 2, f.c.Stats().OnboardedFromG2)
+	require.EqualValues(t, 2, f.c.Stats().OnboardedFromG3)
 }
 
 // Many threads offload, match and onboard at once (run with -race); every

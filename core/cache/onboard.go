@@ -33,8 +33,12 @@ type onboard struct {
 	readyFrom []worker.Tier
 	failures  transfer.Failures // by G1 block
 	wd        writeDown
-	// copyStart is when the G2→G1 copy started; planned the bytes planned
-	// per tier (rates.go).
+	// early is the copy of the blocks G2 held at the start, run while G3
+	// and G4 blocks are staged (nil when there is nothing to stage): the
+	// first early.n entries of ready.
+	early *g2Copy
+	// copyStart is when the G2→G1 copy after staging started; planned the
+	// bytes planned per tier (rates.go).
 	copyStart time.Time
 	planned   [5]float64
 	// promote are the keys loaded straight from G3 or G4 (G2 had no free
@@ -84,15 +88,18 @@ func (c *Cache) Onboard(raw [][]byte, g1 []int, events []cuda.Event, stream *cud
 	if events == nil {
 		return transfer.Go(func() error {
 			defer c.inflight.Done()
-			c.stage(o)
-			o.copyStart = time.Now()
-			n, err := c.w.ExecuteLocalTransfer(worker.G2, worker.G1, o.ready.src, o.ready.dst, transfer.Options{Stream: stream})
+			c.stageBeside(o, stream)
+			src, dst := o.ready.src[o.early.count():], o.ready.dst[o.early.count():]
+			n, err := c.w.ExecuteLocalTransfer(worker.G2, worker.G1, src, dst, transfer.Options{Stream: stream})
 			return c.loaded(o, len(keys), n, err)
 		}), nil
 	}
-	c.stage(o)
-	o.copyStart = time.Now()
-	n, err := c.w.ExecuteLayerwiseOnboard(o.ready.src, o.ready.dst, events, stream)
+	// The layers' events are recorded after the staged blocks' copies, and
+	// the early copy is over before those start (stageBeside): each event
+	// covers every block of its layer.
+	c.stageBeside(o, stream)
+	src, dst := o.ready.src[o.early.count():], o.ready.dst[o.early.count():]
+	n, err := c.w.ExecuteLayerwiseOnboard(src, dst, events, stream)
 	return transfer.Go(func() error {
 		defer c.inflight.Done()
 		return c.loaded(o, len(keys), n, err)
@@ -160,6 +167,23 @@ func (c *Cache) planOnboard(keys []pool.Key, g1 []int) *onboard {
 
 // bytesOf is the bytes of n blocks.
 func (c *Cache) bytesOf(n int) float64 { return float64(n) * float64(c.blockBytes) }
+
+// stageBeside stages o's G3 and G4 blocks while the blocks G2 holds are
+// copied into G1 (the two share no resource but the host's memory bus),
+// waits for that copy, and marks when the copy of the staged blocks starts.
+func (c *Cache) stageBeside(o *onboard, stream *cuda.Stream) {
+	if len(o.ready.keys) > 0 && o.staging() {
+		o.early = c.startG2Copy(o.ready.src, o.ready.dst, stream)
+	}
+	c.stage(o)
+	o.early.wait()
+	o.copyStart = time.Now()
+}
+
+// staging reports whether o brings blocks from G3 or G4.
+func (o *onboard) staging() bool {
+	return len(o.from3.keys)+len(o.direct3.keys)+len(o.from4.keys)+len(o.direct4.keys) > 0
+}
 
 // stage writes down what staging evicted, then brings G3 and G4 blocks
 // into their G2 blocks, and adds those that arrived to o.ready. A G3 or G4
@@ -264,8 +288,9 @@ func (c *Cache) fromG4(k pool.Key, err error, g1 int, o *onboard) bool {
 // start) is over: it releases the G2 pins, keeps the staged blocks in G2,
 // and reports the G1 blocks that failed.
 func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err error) error {
+	early := o.early.count()
 	failed := func(int) bool { return true }
-	if len(o.ready.keys) == 0 {
+	if len(o.ready.keys) == early {
 		failed = func(int) bool { return false }
 		if err == nil && n != nil {
 			_ = n.Wait(context.Background())
@@ -273,9 +298,12 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 	} else {
 		failed, err = failedOf(n, err)
 	}
+	took := time.Since(o.copyStart)
 	c.mu.Lock()
 	for i, k := range o.ready.keys {
-		if failed(o.ready.dst[i]) {
+		if i < early && o.early.failed(o.ready.dst[i]) {
+			o.failures.Add(fmt.Errorf("onboard G2→G1: %w", o.early.err), o.ready.dst[i])
+		} else if i >= early && failed(o.ready.dst[i]) {
 			o.failures.Add(fmt.Errorf("onboard G2→G1: %w", err), o.ready.dst[i])
 		} else {
 			c.counters.onboarded++
@@ -294,7 +322,7 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 	bad := o.failures.Blocks()
 	c.counters.onboardFailed += uint64(len(bad))
 	c.collectEvents()
-	c.rates.done(worker.G2, o.planned[worker.G2], time.Since(o.copyStart))
+	c.rates.done(worker.G2, o.planned[worker.G2], took+o.early.duration())
 	if len(o.promote) > 0 && !c.closed {
 		c.inflight.Add(1)
 		go c.promote(o.promote)

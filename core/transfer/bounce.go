@@ -117,22 +117,32 @@ func (m *Manager) callerBounce(p *plan, b *Bounce) (*entry, []int, error) {
 	return e, b.BlockIDs, nil
 }
 
-// twoHop moves a plan through a bounce buffer, as many blocks at a time as
-// the buffer holds: source → bounce, then bounce → destination. The bounce
-// is shaped as the source, so a head slice is taken on the second hop.
+// twoHop moves a plan through a bounce buffer: source → bounce, then
+// bounce → destination. The bounce is used as two halves, so that a chunk's
+// second hop runs while the next chunk's first hop fills the other half (a
+// disk read beside a device copy); a half is filled again only once its
+// second hop is over. The bounce is shaped as the source, so a head slice
+// is taken on the second hop.
 func (m *Manager) twoHop(p *plan, opts Options) error {
 	b, ids, release, err := m.bounceFor(p)
 	if err != nil {
 		return err
 	}
 	defer release()
+	halves := [][]int{ids}
+	if len(ids) >= 2 {
+		halves = [][]int{ids[:len(ids)/2], ids[len(ids)/2:]}
+	}
 	var failed Failures
 	hop1Opts := Options{Precondition: opts.Precondition}
-	for lo := 0; lo < len(p.srcIDs); lo += len(ids) {
-		hi := min(lo+len(ids), len(p.srcIDs))
-		staged := ids[:hi-lo]
+	var pending func() // the second hop in flight, recording its failures
+	for lo, c := 0, 0; lo < len(p.srcIDs); c++ {
+		half := halves[c%len(halves)]
+		hi := min(lo+len(half), len(p.srcIDs))
+		staged := half[:hi-lo]
 		if p.ctx.Err() != nil {
 			failed.addPlanRange(lo, hi, context.Cause(p.ctx))
+			lo = hi
 			continue
 		}
 		hop1 := subPlan(p.src, b, p.srcIDs[lo:hi], staged, p.layers)
@@ -142,20 +152,45 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 		if err != nil {
 			failed.addPlanRange(lo, hi, fmt.Errorf("first hop (%v -> bounce): %w", p.src.kind, err))
 		}
+		if pending != nil {
+			pending()
+			pending = nil
+		}
 		// The bounce holds what an earlier transfer left there (another
 		// request's bytes, perhaps): a block whose first hop failed is not
 		// taken on its second, and its destination keeps its bytes.
-		keep := hopSurvivors(err, hi-lo)
-		if len(keep) == 0 {
-			continue
+		if keep := hopSurvivors(err, hi-lo); len(keep) > 0 {
+			hop2 := headHop(p, b, p.dst, pick(staged, keep), pick(p.dstIDs[lo:hi], keep))
+			hop2.ctx = p.ctx
+			wait := m.startHop(hop2)
+			from := lo
+			pending = func() {
+				if err := wait(); err != nil {
+					failed.addPlanPicked(from, keep, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
+				}
+			}
 		}
-		hop2 := headHop(p, b, p.dst, pick(staged, keep), pick(p.dstIDs[lo:hi], keep))
-		hop2.ctx = p.ctx
-		if err := m.runHop(hop2, Options{}); err != nil {
-			failed.addPlanPicked(lo, keep, fmt.Errorf("second hop (bounce -> %v): %w", p.dst.kind, err))
-		}
+		lo = hi
+	}
+	if pending != nil {
+		pending()
 	}
 	return failed.err()
+}
+
+// startHop starts one single-hop plan and returns the wait for it: a device
+// copy is enqueued, any other hop runs on a goroutine of its own.
+func (m *Manager) startHop(p *plan) (wait func() error) {
+	if strat, kind, err := strategyOf(p.src, p.dst); err == nil && strat == deviceCopy {
+		wait, err := m.enqueueDevice(p, kind, Options{})
+		if err != nil {
+			return func() error { return err }
+		}
+		return wait
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.runHop(p, Options{}) }()
+	return func() error { return <-done }
 }
 
 // runHop executes one single-hop plan and waits for it.

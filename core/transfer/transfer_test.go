@@ -247,6 +247,50 @@ func TestDiskCorruptionDetected(t *testing.T) {
 	}
 }
 
+// A disk read into the device through a bounce buffer far smaller than
+// the transfer runs in chunks, through the bounce's two halves in turn,
+// each chunk's copy beside the next chunk's read: every block lands in its
+// destination, and a corrupt block in a middle chunk fails alone, its
+// destination keeping its bytes (not what a chunk before left in its slot).
+func TestTwoHopChunksThroughTheBounceHalves(t *testing.T) {
+	drv, _ := testDriver(t)
+	m, err := NewManager(Config{WorkerID: 0xA2, Driver: drv, DiskDir: t.TempDir(), HostWorkers: 2, BounceBlocks: 4})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, m.Close()) })
+	f := &fixture{t: t, drv: drv, m: m}
+	const n = 11 // chunks of 2: six, the last one short
+	cfg := smallConfig(n)
+	src := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	disk := f.alloc(storage.Disk, cfg, FullyContiguous)
+	dst := f.alloc(storage.Device, cfg, FullyContiguous)
+	f.fill(src, 100)
+	ids := seqInts(n)
+	require.NoError(t, f.transfer(src, ids, disk, ids, Options{}))
+	l, _, _ := f.m.Layout(disk)
+	fh, err := os.OpenFile(diskOf(t, f.m, disk).Path(), os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = fh.WriteAt([]byte{0xFF}, int64(l.Fragment(5, 1, 0).Addr+3)) // in the third chunk
+	require.NoError(t, err)
+	require.NoError(t, fh.Close())
+
+	f.fill(dst, 500)
+	rev := make([]int, n)
+	for i := range rev {
+		rev[i] = n - 1 - i
+	}
+	nt, err := f.m.ExecuteTransfer(disk, ids, dst, rev, Options{})
+	require.NoError(t, err)
+	require.ErrorIs(t, nt.WaitTimeout(-1), ErrCorrupt)
+	require.Equal(t, []int{n - 1 - 5}, nt.FailedBlocks())
+	for i := range ids {
+		want := pattern(cfg.BlockSize(), 100+uint64(i))
+		if i == 5 {
+			want = pattern(cfg.BlockSize(), 500+uint64(rev[i]))
+		}
+		require.Equal(t, want, f.readBlock(dst, rev[i]), "source block %d", i)
+	}
+}
+
 // A disk file cut short after the write fails the blocks it no longer
 // holds as corrupt data (not an internal error), and only those blocks.
 func TestDiskTruncatedFileIsCorruption(t *testing.T) {
