@@ -484,3 +484,46 @@ func TestLoadsAreMeasuredPerTier(t *testing.T) {
 	require.NoError(t, n.WaitTimeout(10*time.Second))
 	require.Equal(t, st.LoadRate, f.c.Stats().LoadRate)
 }
+
+// A load queued on the caller's stream behind the caller's own work (an
+// engine's forward) is measured from when the stream reached it: the G2
+// rate is the copy's, not the copy's plus the wait.
+func TestALoadBehindTheCallersWorkIsMeasuredFromWhenItStarts(t *testing.T) {
+	defer func(was float64) { minSampleBytes = was }(minSampleBytes)
+	minSampleBytes = 4 * float64(shape(1).BlockSize())
+	f := newFixture(t, tiers{g1: 16, g2: 4}, Config{})
+	f.offload(0, seq(0, 4))
+	f.quiesce()
+	f.clearG1()
+	stream, err := f.emu.StreamCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.emu.StreamDestroy(stream)) }()
+	// The caller's work: a 3-byte copy that holds the stream until released.
+	src, err := f.emu.HostAlloc(0, 8)
+	require.NoError(t, err)
+	dst, err := f.emu.MemAlloc(0, 8)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.emu.HostFree(src)); require.NoError(t, f.emu.MemFree(dst)) }()
+	release := make(chan struct{})
+	f.emu.InjectCopyFault(func(_ cuda.CopyKind, c cuda.Copy) error {
+		if c.Size == 3 {
+			<-release
+		}
+		return nil
+	})
+	defer f.emu.InjectCopyFault(nil)
+	require.NoError(t, f.emu.MemcpyAsync(cuda.HostToDevice, cuda.Copy{Dst: dst, Src: src, Size: 3}, stream))
+
+	const held = time.Second
+	note, err := f.c.Onboard(keyRange(0, 4), seq(8, 4), nil, &stream)
+	require.NoError(t, err)
+	time.Sleep(held)
+	close(release)
+	require.NoError(t, note.WaitTimeout(10*time.Second))
+	f.requireLoaded(seq(8, 4), 0)
+	bytes := 4 * float64(shape(1).BlockSize())
+	rate := f.c.Stats().LoadRate[worker.G2]
+	require.Positive(t, rate)
+	require.Less(t, bytes/rate, (held / 2).Seconds(),
+		"the copy of 4 small blocks is timed as taking %.3f s: the wait behind the caller's copy counted", bytes/rate)
+}

@@ -38,8 +38,11 @@ type onboard struct {
 	// first early.n entries of ready.
 	early *g2Copy
 	// copyStart is when the G2→G1 copy after staging started; planned the
-	// bytes planned per tier (rates.go).
+	// bytes planned per tier (rates.go). reached, on the caller's stream,
+	// says when the stream reached the first copy (the copies' time starts
+	// there, not behind the caller's work).
 	copyStart time.Time
+	reached   <-chan time.Time
 	planned   [5]float64
 	// promote are the keys loaded straight from G3 or G4 (G2 had no free
 	// block to stage them in), for G2 after the load (promote.go).
@@ -172,12 +175,30 @@ func (c *Cache) bytesOf(n int) float64 { return float64(n) * float64(c.blockByte
 // copied into G1 (the two share no resource but the host's memory bus),
 // waits for that copy, and marks when the copy of the staged blocks starts.
 func (c *Cache) stageBeside(o *onboard, stream *cuda.Stream) {
+	if stream != nil {
+		o.reached = c.m.StreamReached(*stream)
+	}
 	if len(o.ready.keys) > 0 && o.staging() {
 		o.early = c.startG2Copy(o.ready.src, o.ready.dst, stream)
 	}
 	c.stage(o)
 	o.early.wait()
 	o.copyStart = time.Now()
+}
+
+// g2Time is how long o's copies into G1 ran, once they are over: the early
+// copy's time and the copy's after staging (which starts with the stream
+// clear of the caller's work when there was an early copy).
+func (o *onboard) g2Time() time.Duration {
+	end := time.Now()
+	var reached time.Time
+	if o.reached != nil {
+		reached = <-o.reached
+	}
+	if o.early != nil {
+		return o.early.ran(reached) + end.Sub(o.copyStart)
+	}
+	return end.Sub(later(o.copyStart, reached))
 }
 
 // staging reports whether o brings blocks from G3 or G4.
@@ -298,7 +319,7 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 	} else {
 		failed, err = failedOf(n, err)
 	}
-	took := time.Since(o.copyStart)
+	took := o.g2Time()
 	c.mu.Lock()
 	for i, k := range o.ready.keys {
 		if i < early && o.early.failed(o.ready.dst[i]) {
@@ -322,7 +343,7 @@ func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err erro
 	bad := o.failures.Blocks()
 	c.counters.onboardFailed += uint64(len(bad))
 	c.collectEvents()
-	c.rates.done(worker.G2, o.planned[worker.G2], took+o.early.duration())
+	c.rates.done(worker.G2, o.planned[worker.G2], took)
 	if len(o.promote) > 0 && !c.closed {
 		c.inflight.Add(1)
 		go c.promote(o.promote)
