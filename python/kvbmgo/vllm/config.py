@@ -43,8 +43,9 @@ class KvbmConfig:
     #: always: every block the cache holds is loaded (a hit is claimed as far
     #: as it goes); auto: only as far as loading is expected to end before
     #: recomputing would (kvbm_load_plan: the tiers' measured load rates and
-    #: queues against the engine's measured prefill rate, 10% margin).
-    load_policy: str = "always"
+    #: queues against the engine's measured prefill rate, 10% margin; what
+    #: is not measured yet is loaded).
+    load_policy: str = "auto"
     #: sync: loads run layer by layer before the forward that needs them;
     #: async: the request waits for its load outside the forward pass.
     load_mode: str = "sync"

@@ -1,7 +1,7 @@
 """Load or recompute (load_policy "auto"): a hit is claimed only as far as
 loading it is expected to end before recomputing it would, by the library's
 policy (kvbm_load_plan) over what the workers measured of their loads and
-what the scheduler measured of the engine's prefill; "always" (the default)
+what the scheduler measured of the engine's prefill (the default); "always"
 claims every block held."""
 from harness import require_vllm
 
@@ -70,7 +70,7 @@ def test_a_tier_slower_than_recomputing_is_recomputed():
 
 
 def test_always_claims_every_block_whatever_was_measured():
-    e = Engine({"g2_blocks": 32}, serial=True)
+    e = Engine({"g2_blocks": 32, "load_policy": "always"}, serial=True)
     try:
         _cached(e)
         policy = e.connector._scheduler._policy
@@ -79,5 +79,13 @@ def test_always_claims_every_block_whatever_was_measured():
         policy.prefill_rate = 1e6
         assert _hit(e, "B") == 4 * BLOCK
         assert _declined(e) == 0
+    finally:
+        e.close()
+
+
+def test_auto_is_the_default():
+    e = Engine({"g2_blocks": 32}, serial=True)
+    try:
+        assert e.connector._scheduler._policy.enabled
     finally:
         e.close()
