@@ -57,8 +57,11 @@ test: vet test-cuda-abi test-go deps-c test-c test-py test-wheel test-vllm test-
 
 # KVBM_REQUIRE_S3=1: an S3 test that finds no server fails instead of skipping.
 # KVBM_REQUIRE_UCX=1 (set by CI): a UCX test that cannot load libucp fails.
+# The UCX transport's tests run again against a current UCX (1.22, from
+# PyPI: scripts/ucx-current.sh) beside Debian's 1.13.
 test-go: deps deps-ucx $(VERSITYGW)
 	KVBM_REQUIRE_S3=1 $(WITH_S3) $(GO) test $(GOFLAGS_TEST) ./...
+	KVBM_UCX_LIB=$$(scripts/ucx-current.sh) $(GO) test $(GOFLAGS_TEST) ./core/remote/ucx
 
 # Fuzz every decoder and the C ABI's input paths for a while (not part of
 # `make test`): FUZZTIME per Go target, FUZZ_SECONDS for the ABI.

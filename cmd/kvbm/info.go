@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/remote/tcp"
+	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/internal/version"
 )
@@ -72,6 +73,9 @@ func transports() []string {
 		} else if name == choice {
 			line += " (selected)"
 		}
+		if name == "ucx" {
+			line += "; " + ucxLibrary()
+		}
 		if name == "tcp" {
 			if err := tcp.SameHostStatus(); err != nil {
 				line += "; same host: " + err.Error()
@@ -85,6 +89,19 @@ func transports() []string {
 		out = append(out, "KVBM_TRANSPORT: "+err.Error())
 	}
 	return out
+}
+
+// ucxLibrary names the libucp that loads here, its version and the
+// transport resources it finds (whatever the transport's own status).
+func ucxLibrary() string {
+	if err := ucx.Available(); err != nil {
+		return "library: " + err.Error()
+	}
+	rs, err := ucx.Resources()
+	if err != nil {
+		return fmt.Sprintf("library UCX %s: %v", ucx.Version(), err)
+	}
+	return fmt.Sprintf("library UCX %s, resources %s", ucx.Version(), strings.Join(rs, " "))
 }
 
 func infoCommand(args []string, stdout, stderr io.Writer) error {

@@ -207,17 +207,38 @@ func (d *decoder) count(what string, min int) int {
 }
 
 // checkRkey checks the frame of a packed rkey, which UCX unpacks without
-// being told its length: the memory domain map (u64), the memory type
-// (u8), then for each domain in the map its key's size (u8) and bytes;
-// what follows (the system device and distances) is optional. This frame
-// is the same from UCX 1.10 to 1.19 (ucp_rkey_pack_memh in
-// src/ucp/core/ucp_rkey.c).
-func checkRkey(rkey []byte) error {
+// being told its length, by the rules of the loaded UCX (rkeyFrame120).
+func checkRkey(rkey []byte) error { return checkRkeyFrame(rkey, rkeyFrame120) }
+
+// rkeyFrame120 is set when the loaded UCX is 1.20 or newer (lib.go).
+var rkeyFrame120 bool
+
+// UCX's system device byte: unknown, and the flag bit a known one may carry.
+const (
+	sysDevUnknown   = 0xFF
+	sysDevFlushBit  = 0x80
+	rkeyDistanceLen = 3 // system device, latency, bandwidth
+)
+
+// checkRkeyFrame checks an rkey's frame (ucp_rkey_pack_memh and the rkey
+// unpack of src/ucp/core/ucp_rkey.c): the memory domain map (u64), the
+// memory type (u8), then for each domain in the map its key's size (u8)
+// and bytes. Up to UCX 1.19 what follows (system device, distances) is
+// optional, and an empty map reaches no memory domain. From 1.20 an empty
+// map is the key of memory reached through UCX's software emulation (its
+// transports register nothing: tcp, shared memory); a map that is not
+// empty is followed by the system device byte, and when that device is
+// known by distances of 3 bytes up to an 0xFF terminator, which UCX reads
+// until it finds one: each must be inside the key.
+func checkRkeyFrame(rkey []byte, frame120 bool) error {
 	if len(rkey) < 9 {
 		return fmt.Errorf("rkey of %d bytes is shorter than its 9-byte header", len(rkey))
 	}
 	mdMap := binary.LittleEndian.Uint64(rkey)
 	if mdMap == 0 {
+		if frame120 {
+			return nil
+		}
 		return fmt.Errorf("rkey names no memory domain")
 	}
 	p := 9
@@ -227,5 +248,24 @@ func checkRkey(rkey []byte) error {
 		}
 		p += 1 + int(rkey[p])
 	}
-	return nil
+	if !frame120 {
+		return nil
+	}
+	if p >= len(rkey) {
+		return fmt.Errorf("rkey truncated: %d bytes, no system device after its memory domains", len(rkey))
+	}
+	if rkey[p] == sysDevUnknown {
+		return nil
+	}
+	for p++; ; p += rkeyDistanceLen {
+		if p >= len(rkey) {
+			return fmt.Errorf("rkey of %d bytes: its distances have no terminator", len(rkey))
+		}
+		if rkey[p] == sysDevUnknown {
+			return nil
+		}
+		if p+rkeyDistanceLen > len(rkey) {
+			return fmt.Errorf("rkey of %d bytes: a distance at byte %d is cut", len(rkey), p)
+		}
+	}
 }

@@ -49,7 +49,23 @@ func TestCheckRkey(t *testing.T) {
 	for n := 0; n < len(rk); n++ {
 		require.Error(t, checkRkey(rk[:n]), "%d bytes", n)
 	}
-	require.ErrorContains(t, checkRkey(make([]byte, 9)), "no memory domain")
+	require.ErrorContains(t, checkRkeyFrame(make([]byte, 9), false), "no memory domain")
+}
+
+// From UCX 1.20 an empty map is software emulation's key, and a key with
+// domains carries its system device, and distances up to a terminator
+// when the device is known: UCX reads them until it finds one.
+func TestCheckRkeyFrom120(t *testing.T) {
+	require.NoError(t, checkRkeyFrame(make([]byte, 9), true))
+	rk := fakeRkey()
+	require.ErrorContains(t, checkRkeyFrame(rk, true), "no system device")
+	require.NoError(t, checkRkeyFrame(append(rk, 0xFF), true), "device unknown")
+	known := append(append([]byte{}, rk...), 0x81, 2, 7, 7, 3, 7, 7, 0xFF)
+	require.NoError(t, checkRkeyFrame(known, true))
+	for n := len(rk); n < len(known); n++ {
+		require.Error(t, checkRkeyFrame(known[:n], true), "%d bytes", n)
+	}
+	require.NoError(t, checkRkeyFrame(known, false), "before 1.20 the tail is not read")
 }
 
 // FuzzDecodeEndpoint: any input decodes or fails with ErrBadEndpoint,

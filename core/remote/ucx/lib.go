@@ -55,6 +55,7 @@ func load() error {
 		var major, minor, release C.uint
 		C.kvbm_ucx_version(&major, &minor, &release)
 		version = fmt.Sprintf("%d.%d.%d", major, minor, release)
+		rkeyFrame120 = major == 1 && minor >= 20
 		if major != 1 || minor < minMinor {
 			loadErr = fmt.Errorf("ucx: %s is UCX %s; need 1.%d or newer 1.x", path, version, minMinor)
 		}

@@ -41,3 +41,6 @@ func (*Transport) Connect(context.Context, []byte) (remote.Peer, error) { return
 func (*Transport) Close() error { return nil }
 
 var _ remote.Transport = (*Transport)(nil)
+
+// Resources fails: see Available.
+func Resources() ([]string, error) { return nil, Available() }

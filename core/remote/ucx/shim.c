@@ -174,6 +174,7 @@ static struct {
 	ucs_status_ptr_t (*get_nbx)(ucp_ep_h, void *, size_t, uint64_t, ucp_rkey_h, const ucp_request_param_t *);
 	void (*request_free)(void *);
 	void (*ep_print_info)(ucp_ep_h, FILE *);
+	void (*context_print_info)(ucp_context_h, FILE *);
 } U;
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -223,6 +224,7 @@ static void load(void) {
 	SYM(get_nbx, "ucp_get_nbx");
 	SYM(request_free, "ucp_request_free");
 	SYM(ep_print_info, "ucp_ep_print_info");
+	SYM(context_print_info, "ucp_context_print_info");
 	// The library is never closed: one per process, like libkvbm.so.
 	load_rc = 0;
 }
@@ -513,6 +515,20 @@ size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len) {
 		return 0;
 	}
 	U.ep_print_info((ucp_ep_h)(uintptr_t)ep, f);
+	fclose(f);
+	return strlen(buf);
+}
+
+size_t kvbm_ucx_print_context(uint64_t context, char *buf, size_t len) {
+	if (len == 0) {
+		return 0;
+	}
+	memset(buf, 0, len);
+	FILE *f = fmemopen(buf, len - 1, "w");
+	if (!f) {
+		return 0;
+	}
+	U.context_print_info((ucp_context_h)(uintptr_t)context, f);
 	fclose(f);
 	return strlen(buf);
 }

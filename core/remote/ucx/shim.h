@@ -91,6 +91,9 @@ void kvbm_ucx_flush(uint64_t ep, kvbm_ucx_batch_t *b);
 // kvbm_ucx_print_ep writes ucp_ep_print_info's text into buf (at most
 // len bytes, NUL-terminated); it returns the length written.
 size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len);
+// kvbm_ucx_print_context writes ucp_context_print_info's text into buf, as
+// kvbm_ucx_print_ep does.
+size_t kvbm_ucx_print_context(uint64_t context, char *buf, size_t len);
 
 #pragma GCC visibility pop
 

@@ -1,0 +1,31 @@
+//go:build cgo
+
+package ucx
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Resources lists the transport resources a UCX context finds on this
+// machine with the process's UCX settings (UCX_TLS, UCX_NET_DEVICES), as
+// "transport/device" ("tcp/eth0", "rc_mlx5/mlx5_0:1", "posix/memory",
+// "cuda_copy/cuda"), from ucp_context_print_info.
+func Resources() ([]string, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	var ctx C.uint64_t
+	if err := status(C.kvbm_ucx_init(nil, nil, 0, &ctx)); err != nil {
+		return nil, fmt.Errorf("ucx: ucp_init: %w", err)
+	}
+	defer C.kvbm_ucx_cleanup(ctx)
+	buf := make([]byte, 64<<10)
+	n := C.kvbm_ucx_print_context(ctx, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	return parseResources(string(buf[:n])), nil
+}
