@@ -76,6 +76,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzParseRegions -fuzztime $(FUZZTIME) ./core/remote/tcp
 	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime $(FUZZTIME) ./core/remote/capability
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
+	$(GO) test -run '^$$' -fuzz FuzzCheckRkeyFrame -fuzztime $(FUZZTIME) ./core/remote/ucx
 	$(GO) test -run '^$$' -fuzz FuzzHeadSlice -fuzztime $(FUZZTIME) ./core/layout
 	$(GO) test -run '^$$' -fuzz FuzzJournalReplay -fuzztime $(FUZZTIME) ./core/cache
 

@@ -87,3 +87,19 @@ func FuzzDecodeEndpoint(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckRkeyFrame: any bytes are accepted or refused without a panic,
+// and a key accepted by 1.20's rules that names domains ends in bytes UCX
+// stops at (its system device unknown, or a terminator) inside the key.
+func FuzzCheckRkeyFrame(f *testing.F) {
+	f.Add(fakeRkey())
+	f.Add(append(fakeRkey(), 0x81, 2, 7, 7, 0xFF))
+	f.Add(make([]byte, 9))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_ = checkRkeyFrame(b, false)
+		if checkRkeyFrame(b, true) != nil || binary.LittleEndian.Uint64(b) == 0 {
+			return
+		}
+		require.Contains(t, b[9:], byte(sysDevUnknown))
+	})
+}
