@@ -6,12 +6,18 @@
  * G1 is host memory registered as the engine's KV cache (under the
  * emulated device it becomes device memory the program can read). */
 #define _GNU_SOURCE
+#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
 
 enum { G1_BLOCKS = 16, G2_BLOCKS = 8, G3_BLOCKS = 16 };
 enum { NUM_LAYERS = 4, OUTER = 2, PAGE = 4, INNER = 64, WIDTH = 2 };
@@ -226,6 +232,7 @@ int main(void) {
     CHECK(kvbm_worker_destroy(w));
     expect_no_handles();
     for (int l = 0; l < NUM_LAYERS; l++) free(layers[l]);
+    EXPECT(nftw(dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS) == 0); // the G3 and G4 directories
     printf("prefix cache: every byte verified\n");
     return 0;
 }
