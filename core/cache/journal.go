@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/kvbm/kvbm/core/pool"
 	"github.com/kvbm/kvbm/internal/crc32c"
@@ -55,12 +57,22 @@ type journalEntry struct {
 }
 
 type journal struct {
-	f       *os.File
-	header  []byte
-	live    map[int]journalEntry // block -> its entry
-	records int                  // records in the file
-	blocks  int
-	layers  int
+	header []byte
+	file   string // its path
+	blocks int
+	layers int
+	live   map[int]journalEntry // block -> its entry; the caller's (c.mu)
+
+	// A compaction runs in the background (compact): the records appended
+	// meanwhile wait in pending and follow the live ones into the new file.
+	mu         sync.Mutex
+	f          *os.File
+	records    int // records in the file
+	compactAt  int // records at which the next compaction starts
+	compacting bool
+	pending    [][]byte
+	done       sync.WaitGroup
+	failures   int // compactions that failed in a row (logged once)
 }
 
 // openJournal reads dir's journal for id and shape: the blocks it vouches
@@ -74,13 +86,13 @@ func openJournal(dir, id string, shape journalShape) (j *journal, reset bool, er
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, false, fmt.Errorf("G3 journal %q: %w", path, err)
 	}
-	j = &journal{header: header, live: map[int]journalEntry{}, blocks: int(shape.Blocks), layers: int(shape.Layers)}
+	j = &journal{header: header, file: path, live: map[int]journalEntry{}, blocks: int(shape.Blocks), layers: int(shape.Layers)}
 	if len(old) >= len(header) && bytes.Equal(old[:len(header)], header) {
 		j.replay(old[len(header):])
 	} else {
 		reset = true
 	}
-	if err := j.rewrite(path); err != nil {
+	if err := j.rewrite(); err != nil {
 		return nil, false, err
 	}
 	return j, reset, nil
@@ -182,29 +194,55 @@ func encodeRecord(kind byte, block int, e journalEntry) []byte {
 	return frame(nil, p)
 }
 
-// rewrite replaces the file at path with the header and the live records
-// (a new file renamed over it, so that a kill leaves the old or the new),
-// and keeps it open for appending.
-func (j *journal) rewrite(path string) error {
-	buf := append([]byte(nil), j.header...)
-	for block, e := range j.live {
+// rewrite replaces the file at path with the header and the live records,
+// and keeps it open for appending. Callers hold j.mu, with no compaction
+// running.
+func (j *journal) rewrite() error {
+	tmp, err := j.writeNew(snapshot(j.live))
+	if err == nil {
+		err = j.install(tmp, len(j.live))
+	}
+	return err
+}
+
+// snapshot encodes the live records.
+func snapshot(live map[int]journalEntry) []byte {
+	var buf []byte
+	for block, e := range live {
 		buf = append(buf, encodeRecord(recordStored, block, e)...)
 	}
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, buf, privdir.FileMode); err != nil {
-		return fmt.Errorf("G3 journal %q: %w", tmp, err)
+	return buf
+}
+
+// writeNew writes the header and records into a new file beside the
+// journal and returns it, open.
+func (j *journal) writeNew(records []byte) (*os.File, error) {
+	tmp := j.file + ".new"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, privdir.FileMode)
+	if err == nil {
+		if _, err = f.Write(append(append([]byte(nil), j.header...), records...)); err != nil {
+			f.Close()
+		}
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("G3 journal %q: %w", path, err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
-		return fmt.Errorf("G3 journal %q: %w", path, err)
+		return nil, fmt.Errorf("G3 journal %q: %w", tmp, err)
+	}
+	return f, nil
+}
+
+// install renames the new file over the journal (a kill leaves the old or
+// the new) and appends to it from now on; it holds records records.
+// Callers hold j.mu.
+func (j *journal) install(f *os.File, records int) error {
+	if err := os.Rename(f.Name(), j.file); err != nil {
+		f.Close()
+		return fmt.Errorf("G3 journal %q: %w", j.file, err)
 	}
 	if j.f != nil {
 		j.f.Close()
 	}
-	j.f, j.records = f, len(j.live)
+	j.f, j.records = f, records
+	j.compactAt = records + compactAfterLog*j.blocks + 1024
 	return nil
 }
 
@@ -221,23 +259,75 @@ func (j *journal) removed(block int, key pool.Key) error {
 	return j.append(encodeRecord(recordRemoved, block, journalEntry{key: key}))
 }
 
-// clear records that G3 holds nothing.
+// clear records that G3 holds nothing, once a compaction running is over.
 func (j *journal) clear() error {
+	j.done.Wait()
 	clear(j.live)
-	return j.rewrite(j.f.Name())
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.rewrite()
 }
 
+// append writes one record, or queues it while a compaction runs; past
+// compactAt records it starts one, in the background: the live records are
+// encoded here (the caller holds them), written out there.
 func (j *journal) append(rec []byte) error {
-	if _, err := j.f.Write(rec); err != nil {
-		return fmt.Errorf("G3 journal %q: %w", j.f.Name(), err)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.compacting {
+		j.pending = append(j.pending, rec)
+		return nil
 	}
-	if j.records++; j.records > len(j.live)+compactAfterLog*j.blocks+1024 {
-		return j.rewrite(j.f.Name())
+	if _, err := j.f.Write(rec); err != nil {
+		return fmt.Errorf("G3 journal %q: %w", j.file, err)
+	}
+	if j.records++; j.records >= j.compactAt {
+		j.compacting = true
+		j.done.Add(1)
+		go j.compact(snapshot(j.live), len(j.live))
 	}
 	return nil
 }
 
+// compact writes live, then the records appended meanwhile, into a new
+// file and puts it in place. A compaction that fails (a full disk) leaves
+// the old file, appends the queued records to it, and is tried again only
+// after as many records again.
+func (j *journal) compact(live []byte, n int) {
+	defer j.done.Done()
+	f, err := j.writeNew(live)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err == nil {
+		if _, err = f.Write(bytes.Join(j.pending, nil)); err != nil {
+			f.Close()
+		} else {
+			err = j.install(f, n+len(j.pending))
+		}
+	}
+	pending := j.pending
+	j.pending, j.compacting = nil, false
+	if err == nil {
+		j.failures = 0
+		return
+	}
+	if j.failures++; j.failures == 1 {
+		slog.Warn("kvbm: persistent G3: journal compaction failed; the journal keeps growing", "err", err)
+	}
+	j.compactAt = j.records + compactAfterLog*j.blocks + 1024
+	for _, rec := range pending {
+		if _, werr := j.f.Write(rec); werr != nil {
+			slog.Warn("kvbm: persistent G3: journal", "err", werr)
+			return
+		}
+		j.records++
+	}
+}
+
 func (j *journal) close() error {
+	j.done.Wait()
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	if j.f == nil {
 		return nil
 	}
