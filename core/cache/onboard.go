@@ -193,7 +193,12 @@ func (o *onboard) g2Time() time.Duration {
 	end := time.Now()
 	var reached time.Time
 	if o.reached != nil {
-		reached = <-o.reached
+		// Stamped by another goroutine: after end when it woke later than
+		// this one, and then the copies' own time is not known (0: no
+		// sample).
+		if reached = <-o.reached; reached.After(end) {
+			return 0
+		}
 	}
 	if o.early != nil {
 		return o.early.ran(reached) + end.Sub(o.copyStart)
