@@ -41,8 +41,10 @@ PROMPT_TOKENS = 300
 #: vLLM offers of a prompt's 64-token chunks).
 #: - LFM2 is not: four 300-token prompts at once give other tokens than
 #:   each alone from the 3rd to 7th generated one, with no connector, no
-#:   preemption (a G1 of 80 pages), prefix caching on or off; its
-#:   preemption scenario checks bytes and vLLM's table, not tokens.
+#:   preemption (a G1 of 80 pages), prefix caching on or off (vLLM's CPU
+#:   rotary op turns LFM2's attention by the forward's token count:
+#:   rope_check.py); its preemption scenario checks bytes and vLLM's table,
+#:   not tokens.
 #: - Granite's 64-token prefill chunks (MAMBA_ENGINE_ARGS) must be a whole
 #:   block in align mode, so a request's first chunk waits for a step with
 #:   no decode: 300-token prompts run one after another and never preempt.
