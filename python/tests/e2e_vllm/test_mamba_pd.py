@@ -61,10 +61,10 @@ def _engine(m, connector, name, role="kv_both"):
 @pytest.fixture(scope="module")
 def pd(model):
     name = model["name"]
-    p = _engine(model, {"g2_blocks": 32, "pd_port": free_port(), "pd_mamba": True},
+    p = _engine(model, {"g2_blocks": 32, "pd_port": free_port()},
                 f"{name}-prefill", role="kv_producer")
     try:
-        d = _engine(model, {"g2_blocks": 32, "pd_port": free_port(), "pd_mamba": True},
+        d = _engine(model, {"g2_blocks": 32, "pd_port": free_port()},
                     f"{name}-decode", role="kv_consumer")
     except BaseException:
         p.close()

@@ -33,12 +33,12 @@ def cdiv(a, b):
 
 def prefill_engine(role="kv_producer", **kw):
     return on_a_free_port(lambda port: MambaEngine(
-        {"g2_blocks": 8, "pd_port": port, "pd_mamba": True}, role=role,
+        {"g2_blocks": 8, "pd_port": port}, role=role,
         engine_id="prefill-engine", **kw))
 
 
 def decode_engine(policy="fail", role="kv_consumer", timeout_s=10.0, **kw):
-    return MambaEngine({"g2_blocks": 8, "pd_timeout_s": timeout_s, "pd_mamba": True}, role=role,
+    return MambaEngine({"g2_blocks": 8, "pd_timeout_s": timeout_s}, role=role,
                        engine_id="decode-engine", policy=policy, **kw)
 
 

@@ -253,10 +253,10 @@ def test_views_of_kernel_blocks_fail_at_start_naming_the_layer():
         w.shutdown()
 
 
-def test_pd_with_a_mamba_group_is_an_opt_in(caplog):
-    # Without "pd_mamba": a request asking for a remote prefill is computed
-    # here, and a prefill holds nothing for a decode; said once, naming the
-    # group (test_disagg_mamba.py runs P/D with the opt-in).
+def test_pd_with_a_mamba_group_can_be_turned_off(caplog):
+    # With "pd_mamba": false a request asking for a remote prefill is
+    # computed here, and a prefill holds nothing for a decode; said once,
+    # naming the group (test_disagg_mamba.py runs P/D, on by default).
     import logging
     from types import SimpleNamespace as NS
     from mamba_harness import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
@@ -270,7 +270,8 @@ def test_pd_with_a_mamba_group_is_an_opt_in(caplog):
         num_blocks=8, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["m"], mamba)]), BLOCK)
     with caplog.at_level(logging.WARNING, logger="kvbmgo"):
-        s = KvbmScheduler(KvbmConfig(), BLOCK, role="kv_both", groups=groups)
+        assert KvbmConfig().pd_mamba, "on by default"
+        s = KvbmScheduler(KvbmConfig(pd_mamba=False), BLOCK, role="kv_both", groups=groups)
         params = {"do_remote_prefill": True, "remote_engine_id": "p", "remote_request_id": "r",
                   "remote_host": "127.0.0.1", "remote_port": 1, "remote_block_ids": [[1], [2]]}
         r = NS(request_id="R", block_hashes=[], num_tokens=3 * BLOCK,
