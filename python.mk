@@ -146,9 +146,10 @@ bench-e2e: lib $(VERSITYGW)
 
 # kvbmgo comes from python/ (the script puts it on sys.path) with this
 # checkout's library, as in test-vllm.
-bench-remote-compare: lib
+bench-remote-compare: lib deps-ucx
 	venv=$$(python/bench/remote-compare-venv.sh) && \
-	  KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) "$$venv/bin/python" python/bench/remote_compare.py
+	  KVBM_BENCH_UCX_LIB=$$(scripts/ucx-current.sh) KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) \
+	  "$$venv/bin/python" python/bench/remote_compare.py
 
 install-py: lib
 	$(PY) -m pip install ./python

@@ -19,6 +19,10 @@ one that crashes or hangs takes nothing else down.
   dimension ([K|V][block][page][inner] per layer, vLLM's FlashAttention
   shape) and only every other block moved, so each block is 64 separate,
   non-adjacent 32 KiB pieces there (one contiguous 2 MiB G2 block here).
+- kvbm over its UCX transport (KVBM_TRANSPORT=ucx, accepted with
+  KVBM_UCX_ACCEPT_LATE_WRITES=1 for the figures), on the UCX transports
+  NIXL runs on below (UCX_TLS=sm, UCX_TLS=tcp), with Debian's UCX 1.13
+  and with NIXL's generation of it, 1.22 (scripts/ucx-current.sh).
 - NIXL (nixl-cu12), UCX backend, DRAM registrations, over shared memory
   (UCX_TLS=sm; ucx_error_handling_mode=none, without which NIXL 1.5.1 cannot
   create the UCX endpoint there; UCX then reads and writes with CMA, one
@@ -172,6 +176,8 @@ def raw_stream(c, buf, n, push):
 class Kvbm:
     SERVER, CLIENT, INSTANCE = 0xB1, 0xDEC, 1
 
+    transport = "tcp"
+
     def __init__(self, same_host):
         # The server's env decides the route: without its same-host socket
         # in the endpoint the initiator can only dial TCP.
@@ -187,8 +193,8 @@ class Kvbm:
     def serve(self):
         import kvbmgo
         from kvbmgo import Worker
-        if kvbmgo.info().transport != "tcp":
-            raise RuntimeError(f"kvbm transport is {kvbmgo.info().transport!r}, not tcp")
+        if kvbmgo.info().transport != self.transport:
+            raise RuntimeError(f"kvbm transport is {kvbmgo.info().transport!r}, not {self.transport}")
         self.w = Worker(self.SERVER)
         cfg = self.config(FRAG_REGION_BLOCKS, layout="layer_separate", block_dim="second")
         self.g1 = [np.ones(cfg.layer_bytes // WIDTH, dtype=np.uint16) for _ in range(LAYERS)]
@@ -217,6 +223,23 @@ class Kvbm:
                 n.wait()
             return time.perf_counter() - start
         return run
+
+
+class KvbmUcx(Kvbm):
+    """kvbm over its UCX transport, on the UCX transports NIXL runs on, with
+    the libucp NIXL's own wheel does not bring: Debian's (the default) or
+    another named by KVBM_UCX_LIB (make bench-remote-compare passes the
+    current one of scripts/ucx-current.sh as KVBM_BENCH_UCX_LIB)."""
+    transport = "ucx"
+
+    def __init__(self, tls, lib=None):
+        self.env = {"KVBM_TRANSPORT": "ucx", "KVBM_UCX_ACCEPT_LATE_WRITES": "1", "UCX_TLS": tls}
+        if lib:
+            self.env["KVBM_UCX_LIB"] = lib
+
+
+def _current_ucx():
+    return os.environ.get("KVBM_BENCH_UCX_LIB") or None
 
 
 class Nixl:
@@ -330,6 +353,10 @@ class Mooncake:
 SYSTEMS = {
     "kvbm-same-host": ("kvbm, same host", lambda: Kvbm(True)),
     "kvbm-tcp": ("kvbm, TCP", lambda: Kvbm(False)),
+    "kvbm-ucx-shm": ("kvbm, UCX shared memory", lambda: KvbmUcx("sm")),
+    "kvbm-ucx-tcp": ("kvbm, UCX TCP", lambda: KvbmUcx("tcp")),
+    "kvbm-ucx122-shm": ("kvbm, UCX 1.22 shared memory", lambda: KvbmUcx("sm", _current_ucx())),
+    "kvbm-ucx122-tcp": ("kvbm, UCX 1.22 TCP", lambda: KvbmUcx("tcp", _current_ucx())),
     "nixl-ucx-shm": ("NIXL{v}, UCX shared memory", lambda: Nixl("sm")),
     "nixl-ucx-tcp": ("NIXL{v}, UCX TCP", lambda: Nixl("tcp")),
     "mooncake-tcp": ("Mooncake TE{v}, TCP", Mooncake),
@@ -429,6 +456,8 @@ def label(name):
 def why(name):
     """The reason a system cannot run here, or None. Looked up, not
     imported: the initiator's process finds out whether it loads."""
+    if name.startswith("kvbm-ucx122") and not _current_ucx():
+        return "no current UCX named (KVBM_BENCH_UCX_LIB; make bench-remote-compare sets it)"
     pkg = package_of(name)
     if pkg is None:
         return None
