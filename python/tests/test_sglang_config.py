@@ -44,6 +44,7 @@ def test_config_from_extra_config():
     ({"prefill_tokens_per_s": -1}, "prefill_tokens_per_s must be a number >= 0"),
     ({"prefill_tokens_per_s": "fast"}, "prefill_tokens_per_s must be a number"),
     ({"prefill_tokens_per_s": float("nan")}, "prefill_tokens_per_s must be a number"),
+    ({"load_policy": "sometimes"}, "load_policy must be"),
 ])
 def test_config_refusals(extra, match):
     with pytest.raises(ValueError, match=match):

@@ -51,10 +51,14 @@ class KvbmHiCacheConfig:
     #: of min(32, the pool's pages) pages (a state can be megabytes), G3 of
     #: g3_pages.
     pools: Optional[Mapping[str, Mapping[str, int]]] = None
-    #: Load or recompute (kvbm_load_plan): the engine's prefill rate in
-    #: tokens per second; a hit query then answers only as far as loading
-    #: is expected to end before recomputing would, by the tiers' measured
-    #: rates. 0: every page held is a hit.
+    #: Load or recompute (kvbm_load_plan): auto, a hit query answers only as
+    #: far as loading is expected to end before recomputing would, by the
+    #: tiers' measured rates and the prefill rate; always: every page held
+    #: is a hit.
+    load_policy: str = "auto"
+    #: The engine's prefill rate in tokens per second; 0: learned from the
+    #: pages SGLang computes after a miss (prefill_rate.py). Until it is
+    #: known every page held is a hit.
     prefill_tokens_per_s: float = 0.0
 
     @classmethod
@@ -81,6 +85,9 @@ class KvbmHiCacheConfig:
                 p == float("inf"):
             raise ValueError(f"kvbm HiCache storage: prefill_tokens_per_s must be a number "
                              f">= 0, got {p!r}")
+        if c.load_policy not in ("auto", "always"):
+            raise ValueError(f"kvbm HiCache storage: load_policy must be 'auto' or 'always', "
+                             f"got {c.load_policy!r}")
         if c.staging_pages < 1:
             raise ValueError("kvbm HiCache storage: staging_pages must be at least 1")
         if c.disk_dir and c.g3_pages < 1:

@@ -44,6 +44,7 @@ from .cache_moves import chunks as _chunks, load_blocks, save_blocks
 from .config import KvbmHiCacheConfig, namespace_of
 from .hicache_v2 import HiCacheV2, page_ids
 from .host_pool import HostPoolLayout, host_pool_layout
+from .prefill_rate import PrefillRate
 
 __all__ = ["KvbmHiCacheStorage"]
 
@@ -91,6 +92,7 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
         # (the prefetch and backup threads add, the scheduler's takes).
         self._stats_lock = threading.Lock()
         self._moved: Dict[str, List[float]] = _no_moves()
+        self._prefill = PrefillRate(self.config.prefill_tokens_per_s, 0)
         self._v2_init()  # the other host pools of a hybrid model
 
     # ---- setup
@@ -110,6 +112,7 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
                              "supported")
         c = self.config
         sc = self.storage_config
+        self._prefill.tokens_per_page = layout.config.page_size
         self._namespace = namespace_of(sc, layout.layout, layout.config.page_size,
                                        layout.config.dtype_width)
         if c.disk_dir:
@@ -264,6 +267,7 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
         key) under keys; True per page stored (or already present)."""
         if not keys:
             return []
+        self._prefill.backed_up(keys)
         if not self._v1("batch_set_v1"):
             return [False] * len(keys)
         pages = self._pages(len(keys), host_indices)
@@ -304,18 +308,20 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
                 break
             seen.add(k)
         matched, tiers = self._worker.cache.match(kb)
-        if matched and self.config.prefill_tokens_per_s:
+        if matched < len(keys):
+            self._prefill.missed(keys[matched], len(keys) - matched)
+        if matched and self.config.load_policy == "auto" and self._prefill.tokens_per_s():
             matched = self._worth_loading(list(tiers)[:matched])
         return matched
 
     def _worth_loading(self, tiers: List[int]) -> int:
-        """Load or recompute (prefill_tokens_per_s set): the leading pages
-        whose load is expected to end before recomputing them would."""
+        """Load or recompute: the leading pages whose load is expected to end
+        before recomputing them would (prefill_rate.py: the rate)."""
         from .. import plan_load
         st = self._worker.cache.stats()
         return plan_load(tiers, block_bytes=self.layout.page_bytes,
                          tokens_per_block=self.layout.config.page_size,
-                         prefill_tokens_per_s=self.config.prefill_tokens_per_s,
+                         prefill_tokens_per_s=self._prefill.tokens_per_s(),
                          load_rate=st.load_rate, load_queued=st.load_queued)
 
     def exists(self, key: str) -> bool:
@@ -337,6 +343,7 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
                   target_sizes: Any = None) -> bool:
         """Saves flat pages values[i] (SGLang's get_data_page(..., flat=True))
         under keys; True when every page was stored."""
+        self._prefill.backed_up(keys or [])
         return all(self._set_pages(keys, values)) if keys else True
 
     def set(self, key: str, value: Any = None, target_location: Any = None,

@@ -466,3 +466,42 @@ def test_a_hit_query_answers_only_what_is_worth_loading(close_after):
     finally:
         type(cache).stats = real
     assert isinstance(cache.stats(), CacheStats)
+
+
+def test_the_prefill_rate_is_learned_from_misses_and_their_backups(close_after):
+    """No prefill_tokens_per_s: a hit query that misses starts a clock for
+    the pages SGLang will compute, their backup stops it; from then on
+    batch_exists asks the load policy (auto, the default) with that rate,
+    and "load_policy": "always" never does."""
+    import dataclasses
+    import time
+    host = host_pool("page_first")
+    b = create_backend(host, kvbm_extra(v1=True))
+    close_after(b)
+    n = 4
+    src = host.alloc(n * PAGE)
+    fill_pages(host, src, seed=5)
+    keys = [f"learn-{i}" for i in range(n)]
+    assert b.batch_exists(keys) == 0  # a miss: SGLang computes these pages
+    assert b._prefill.tokens_per_s() == 0
+    time.sleep(0.2)
+    assert all(b.batch_set_v1(keys, src))  # and backs them up
+    rate = b._prefill.tokens_per_s()
+    assert 0 < rate <= n * PAGE / 0.2, rate
+    cache = b._worker.cache
+    real = type(cache).stats
+
+    def measured(g2_rate):
+        def stats(self):
+            return dataclasses.replace(real(self), load_rate=(0.0, 0.0, g2_rate, 0.0, 0.0))
+        return stats
+    try:
+        type(cache).stats = measured(1.0)  # a byte a second: recomputing wins
+        assert b.batch_exists(keys) == 0
+        type(cache).stats = measured(50e9)
+        assert b.batch_exists(keys) == n
+        type(cache).stats = measured(1.0)
+        b.config = dataclasses.replace(b.config, load_policy="always")
+        assert b.batch_exists(keys) == n
+    finally:
+        type(cache).stats = real
