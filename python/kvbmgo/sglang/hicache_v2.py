@@ -266,7 +266,8 @@ class HiCacheV2:
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[Any]] = None,
                         extra_info: Any = None) -> Any:
         """The usable prefix of keys (KV page hashes): the KV pool's leading
-        run, cut by each pool's policy. ALL_PAGES: the pool's leading run.
+        run as far as it is worth loading (batch_exists: the load policy),
+        cut by each pool's policy. ALL_PAGES: the pool's leading run.
         TRAILING_PAGES (a state covering the last len(transfer.keys) pages):
         a prefix of p pages is restorable when the pool has pages p-n..p-1,
         so prefixes are scattered. BLOCK_GROUPS: the pages the pool's
@@ -315,6 +316,8 @@ class HiCacheV2:
     def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
         """Saves each transfer's pages (host_indices, the pool's slots) under
         its keys; per transfer, True per page stored (or already there)."""
+        for t in transfers or []:  # the prefill rate's clocks (prefill_rate.py)
+            self._prefill.backed_up(t.keys or [])
         return self._move_v2("backup", transfers)
 
     def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:

@@ -457,3 +457,33 @@ def test_prefetch_and_backup_threads_at_once(close_after):
     back = m.alloc(8)
     got = b.batch_get_v2([transfer(PoolName.MAMBA, [f"b{i}" for i in range(8)], back)])
     assert got == {PoolName.MAMBA: [True] * 8} and check.mismatches == []
+
+
+def test_the_load_policy_cuts_the_kv_run_before_the_pools(close_after):
+    """batch_exists_v2 answers as far as loading the KV pages is worth it
+    (load_policy auto, the prefill rate learned from a miss and its backup):
+    a KV tier measured slower than recomputing restores nothing, whatever
+    the state pools hold."""
+    import dataclasses
+    kv, m = host_pool("page_first_direct"), mamba_pool()
+    b, ctl = hybrid(close_after, {PoolName.KV: kv, PoolName.MAMBA: m})
+    toks, keys, src = prompt(kv)
+    want = [transfer(PoolName.MAMBA, ["__placeholder__"])]
+    assert b.batch_exists_v2(keys, want).kv_hit_pages == 0  # a miss: the clock starts
+    time.sleep(0.1)
+    s1 = m.alloc(1)
+    fill(m, int(s1[0]), 7)
+    backup_node(ctl, src, toks, keys, 0, 6, [transfer(PoolName.MAMBA, [keys[5]], s1)])
+    assert b._prefill.tokens_per_s() > 0
+    assert b.batch_exists_v2(keys, want).restorable_prefix_pages == [N]
+    cache = b._worker.cache
+    real = type(cache).stats
+
+    def stats(self):
+        return dataclasses.replace(real(self), load_rate=(0.0, 0.0, 1.0, 0.0, 0.0))
+    try:
+        type(cache).stats = stats  # G2 at a byte a second
+        r = b.batch_exists_v2(keys, want)
+        assert (r.kv_hit_pages, r.restorable_prefix_pages) == (0, [])
+    finally:
+        type(cache).stats = real
