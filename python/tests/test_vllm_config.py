@@ -80,6 +80,23 @@ def test_g3_persist_needs_a_directory_and_names_what_its_keys_are(tmp_path):
     ids = {persist_id(vc(), None), persist_id(vc(model="other"), None),
            persist_id(vc(dtype="float16"), None), persist_id(vc(tp=2), None)}
     assert len(ids) == 4, ids
+    # A local model directory whose weights changed is another model.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"w" * 8)
+    before = persist_id(vc(model=str(model)), None)
+    assert persist_id(vc(model=str(model)), None) == before
+    (model / "model.safetensors").write_bytes(b"w" * 9)
+    assert persist_id(vc(model=str(model)), None) != before
+    assert "snapshot=" in persist_id(vc(model="org/not-in-any-cache"), None)
+    # fp8 KV whose scales each run computes cannot be kept.
+    fp8 = vc()
+    fp8.cache_config = NS(cache_dtype="fp8_e4m3", block_size=16, calculate_kv_scales=True)
+    with pytest.raises(ValueError, match="calculate_kv_scales"):
+        persist_id(fp8, None)
+    fp8.cache_config.calculate_kv_scales = False
+    assert "kv_cache_dtype=fp8_e4m3" in persist_id(fp8, None)
     d = persistent_g3_dir(str(tmp_path), "dp0-pp1-rank3")
     assert d == str(tmp_path / "kvbm-persist-dp0-pp1-rank3") and os.path.isdir(d)
     assert sweep_g3_dirs(str(tmp_path)) == [] and os.path.isdir(d)

@@ -6,6 +6,7 @@ every run (kvbm-persist-dp<D>-pp<P>-rank<R>), named by what its keys are
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -72,15 +73,58 @@ def persistent_g3_dir(g3_dir: str, rank: str) -> str:
     return path
 
 
+#: The files of a model directory whose content the weights are.
+_WEIGHT_FILES = re.compile(r".*\.(safetensors|bin|pt|pth|gguf)$|config\.json$")
+
+
+def weights_id(model: str) -> str:
+    """What the model's weights are, beyond its name: for a local directory
+    the names, sizes and modification times of its weight and config files
+    (a directory whose weights were replaced is another model); for a hub
+    name the commit of the snapshot vLLM's cache holds, when there is one
+    (a name or revision such as "main" that moved is another model)."""
+    if os.path.isdir(model):
+        parts = []
+        for name in sorted(os.listdir(model)):
+            if _WEIGHT_FILES.match(name):
+                st = os.stat(os.path.join(model, name))
+                parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+        return "files=" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        path = try_to_load_from_cache(model, "config.json")
+    except Exception:  # noqa: BLE001 - no hub, an odd name: the name is all we have
+        path = None
+    if isinstance(path, str):
+        return "snapshot=" + os.path.basename(os.path.dirname(path))
+    return "snapshot=unknown"
+
+
+def check_persistable(vllm_config: Any) -> None:
+    """Raises ValueError for a model whose KV cannot be kept across runs:
+    fp8 KV with scales vLLM computes at its first forward (each run its
+    own: the bytes kept would be read with other scales)."""
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    if str(getattr(cc, "cache_dtype", "")).startswith("fp8") and \
+            getattr(cc, "calculate_kv_scales", False):
+        raise ValueError("kv_connector_extra_config['g3_persist']: the KV cache is "
+                         f"{cc.cache_dtype} with calculate_kv_scales, whose scales each run "
+                         f"computes anew, so KV kept on disk would be read with other "
+                         f"scales; turn one of them off ({getattr(mc, 'model', '')})")
+
+
 def persist_id(vllm_config: Any, groups: Any) -> str:
     """What a persistent G3's keys are, but for the rank and the G1 layout
-    (the worker adds them): the model and its revision, the dtypes, block
-    size, parallel sizes and KV cache groups. vLLM's block hashes name
-    tokens, not the model; a G3 kept under another id is not used."""
+    (the worker adds them): the model, its revision and its weights
+    (weights_id), the dtypes, block size, parallel sizes and KV cache
+    groups. vLLM's block hashes name tokens, not the model; a G3 kept under
+    another id is not used."""
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    check_persistable(vllm_config)
     kinds = ",".join(f"{g.index}:{g.kind}" for g in groups.kept) if groups is not None else ""
-    return (f"kvbm-vllm/1 model={getattr(mc, 'model', '')} "
-            f"revision={getattr(mc, 'revision', None)} dtype={getattr(mc, 'dtype', '')} "
+    return (f"kvbm-vllm/2 model={getattr(mc, 'model', '')} "
+            f"revision={getattr(mc, 'revision', None)} "
+            f"weights={weights_id(str(getattr(mc, 'model', '')))} dtype={getattr(mc, 'dtype', '')} "
             f"kv_cache_dtype={getattr(cc, 'cache_dtype', '')} block_size={cc.block_size} "
             f"tp={getattr(pc, 'tensor_parallel_size', 1)} "
             f"pp={getattr(pc, 'pipeline_parallel_size', 1)} groups={kinds}")
