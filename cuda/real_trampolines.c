@@ -471,10 +471,14 @@ int kv_cuModuleLoadData(uint64_t ctx, uint64_t *mod, const void *image) {
 	*mod = (uint64_t)(uintptr_t)m;
 	return r;
 }
-int kv_cuModuleGetFunction(uint64_t *fn, uint64_t mod, const char *name) {
+int kv_cuModuleGetFunction(uint64_t ctx, uint64_t *fn, uint64_t mod, const char *name) {
 	CUfunction f = NULL;
-	LOADED_OR_FAIL();
-	CUresult r = cu.cuModuleGetFunction(&f, (CUmodule)(uintptr_t)mod, name);
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuModuleGetFunction(&f, (CUmodule)(uintptr_t)mod, name);
+		ctx_leave(&g);
+	}
 	*fn = (uint64_t)(uintptr_t)f;
 	return r;
 }

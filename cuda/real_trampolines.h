@@ -92,7 +92,9 @@ int kv_cuMemHostUnregister(uint64_t ctx, uint64_t p);
 int kv_cuPointerGetAttribute(uint64_t ctx, void *data, int attr, uint64_t p);
 
 int kv_cuModuleLoadData(uint64_t ctx, uint64_t *mod, const void *image);
-int kv_cuModuleGetFunction(uint64_t *fn, uint64_t mod, const char *name);
+// kv_cuModuleGetFunction needs the module's context current, as every
+// call on a context's objects does.
+int kv_cuModuleGetFunction(uint64_t ctx, uint64_t *fn, uint64_t mod, const char *name);
 int kv_cuModuleUnload(uint64_t ctx, uint64_t mod);
 // kv_launch_copy launches the fragment-copy kernel fn on s.
 int kv_launch_copy(uint64_t ctx, uint64_t fn, unsigned grid, unsigned block, uint64_t s,

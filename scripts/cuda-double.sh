@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The real CUDA backend (cuda/real_*.go) over the CUDA double: a
+# libcuda.so.1 and libnvidia-ml.so.1 that run on the CPU
+# (cuda/testdriver/), built against the real cuda.h of CUDA 13.0 (the
+# headers scripts/cuda-abi-check.sh fetches) into build/cuda-double/VARIANT.
+#
+#   scripts/cuda-double.sh build VARIANT...  build those variants
+#   scripts/cuda-double.sh test              what `make test-cuda-double` runs
+#
+# Variants: default (a CUDA 13.0 driver: both cuMemcpyBatchAsync), cuda12
+# (12.8: the one with failIdx), old (10.2: no cuDevicePrimaryCtxRelease_v2),
+# and three broken drivers that the conformance suite must catch:
+# broken-order (a stream runs its newest work first), broken-wait
+# (cuStreamWaitEvent does nothing), broken-short (copies one byte short).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CC="${CC:-gcc}"
+GO="${GO:-go}"
+out=build/cuda-double
+source scripts/cuda-headers.sh
+
+declare -A flags=(
+  [default]=""
+  [cuda12]="-DKVD_CUDA12"
+  [old]="-DKVD_CUDA10"
+  [broken-order]="-DKVD_BREAK_STREAM_ORDER"
+  [broken-wait]="-DKVD_BREAK_EVENT_WAIT"
+  [broken-short]="-DKVD_BREAK_SHORT_COPY"
+)
+# Symbols a variant's driver does not have.
+declare -A omit=(
+  [cuda12]="cuMemcpyBatchAsync_v2"
+  [old]="cuDevicePrimaryCtxRelease_v2 cuMemcpyBatchAsync cuMemcpyBatchAsync_v2"
+)
+
+# build VARIANT: build/cuda-double/VARIANT/{libcuda.so.1,libnvidia-ml.so.1}.
+# Only the driver's entry points (cu*) are exported, less the variant's
+# omitted ones.
+build() {
+  local v=$1 dir="$out/$1" inc nvml
+  [[ -v "flags[$v]" ]] || { echo "cuda-double: unknown variant $v" >&2; exit 2; }
+  inc=$(cuda_headers 13.0.96 nvidia-cuda-runtime)
+  nvml=$("$GO" list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
+  mkdir -p "$dir/obj"
+  local objs=()
+  for src in context stream memory module; do
+    # shellcheck disable=SC2086
+    "$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -pthread -I "$inc" ${flags[$v]} \
+      -c "cuda/testdriver/$src.c" -o "$dir/obj/$src.o"
+    objs+=("$dir/obj/$src.o")
+  done
+  {
+    echo "{ global:"
+    nm -g --defined-only "${objs[@]}" |
+      awk -v omit=" ${omit[$v]:-} " '$2 == "T" && $3 ~ /^cu/ && index(omit, " " $3 " ") == 0 { print "  " $3 ";" }'
+    echo "local: *; };"
+  } > "$dir/obj/exports.map"
+  "$CC" -shared -pthread -Wl,-soname,libcuda.so.1 -Wl,--version-script="$dir/obj/exports.map" \
+    -o "$dir/libcuda.so.1" "${objs[@]}"
+  "$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -I "$nvml" -Wl,-soname,libnvidia-ml.so.1 \
+    -o "$dir/libnvidia-ml.so.1" cuda/testdriver/nvml.c
+}
+
+# expect_fail VARIANT: the conformance suite must fail over that driver.
+expect_fail() {
+  local log="$out/$1/conformance.log"
+  if (cd cuda && env "${double_env[@]}" LD_LIBRARY_PATH="$PWD/../$out/$1" \
+        "../$out/cuda.test" -test.run '^TestRealConformance$' -test.count=1 >"../$log" 2>&1); then
+    echo "cuda-double: the conformance suite passed over the $1 driver (see $log)" >&2
+    exit 1
+  fi
+  echo "cuda-double: the $1 driver fails the conformance suite, as it must: $(grep -m1 -- '--- FAIL: TestRealConformance/' "$log" | sed 's/^ *//')"
+}
+
+# Copies take time (20 GB/s): work that is not ordered after a copy sees
+# the bytes it had before, as on a GPU, instead of a race it usually wins.
+double_env=(KVBM_DEVICE=cuda KVBM_CUDA_DOUBLE_PS_PER_BYTE=50)
+
+run_tests() {
+  for v in "${!flags[@]}"; do build "$v"; done
+  "$GO" test -c -race -o "$out/cuda.test" ./cuda
+  local lib="$PWD/$out/default"
+  # The real backend's own tests, every path on: the batch API, CUDA IPC.
+  (cd cuda && env "${double_env[@]}" KVBM_CUDA_MEMCPY_BATCH=1 KVBM_CUDA_IPC=1 LD_LIBRARY_PATH="$lib" \
+    "../$out/cuda.test" -test.run '^TestReal' -test.count=1)
+  # CUDA 12.8's cuMemcpyBatchAsync (with failIdx).
+  (cd cuda && env "${double_env[@]}" KVBM_CUDA_MEMCPY_BATCH=1 LD_LIBRARY_PATH="$PWD/../$out/cuda12" \
+    "../$out/cuda.test" -test.run '^TestRealConformanceBatchAPI$' -test.count=1)
+  for v in broken-order broken-wait broken-short; do expect_fail "$v"; done
+  # The transfer manager and the workers over it: the same tests as on the
+  # emulated device (KVBM_DEVICE=cuda makes their fixtures open the driver).
+  env "${double_env[@]}" LD_LIBRARY_PATH="$lib" "$GO" test -race -count=1 ./core/transfer ./core/worker
+}
+
+case "${1:-}" in
+  build) shift; for v in "$@"; do build "$v"; done ;;
+  test) run_tests ;;
+  *) echo "usage: $0 build VARIANT... | test" >&2; exit 2 ;;
+esac
