@@ -31,6 +31,16 @@ func TestRealConformance(t *testing.T) {
 	testDriverConformance(t, r)
 }
 
+// A second device: its own primary context, streams and events (the CUDA
+// double has as many devices as KVBM_CUDA_DOUBLE_DEVICES says).
+func TestRealConformanceSecondDevice(t *testing.T) {
+	r := openRealOrSkip(t)
+	if n, _ := r.DeviceCount(); n < 2 {
+		t.Skipf("the CUDA driver has %d device(s)", n)
+	}
+	testDeviceConformance(t, r, 1)
+}
+
 func TestRealConformanceBatchAPI(t *testing.T) {
 	r := openRealOrSkip(t)
 	if !r.batchOK {

@@ -6,6 +6,8 @@
 #
 #   scripts/cuda-double.sh build VARIANT...  build those variants
 #   scripts/cuda-double.sh test              what `make test-cuda-double` runs
+#                                            (needs build/libkvbm.so and $PYBIN,
+#                                            a python with kvbmgo: make py-venv)
 #
 # Variants: default (a CUDA 13.0 driver: both cuMemcpyBatchAsync), cuda12
 # (12.8: the one with failIdx), old (10.2: no cuDevicePrimaryCtxRelease_v2),
@@ -16,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CC="${CC:-gcc}"
 GO="${GO:-go}"
+PYBIN="${PYBIN:-build/pyvenv/bin/python}"
 out=build/cuda-double
 source scripts/cuda-headers.sh
 
@@ -80,16 +83,24 @@ run_tests() {
   for v in "${!flags[@]}"; do build "$v"; done
   "$GO" test -c -race -o "$out/cuda.test" ./cuda
   local lib="$PWD/$out/default"
-  # The real backend's own tests, every path on: the batch API, CUDA IPC.
-  (cd cuda && env "${double_env[@]}" KVBM_CUDA_MEMCPY_BATCH=1 KVBM_CUDA_IPC=1 LD_LIBRARY_PATH="$lib" \
-    "../$out/cuda.test" -test.run '^TestReal' -test.count=1)
+  # The real backend's own tests on two devices, every path on: the batch
+  # API, CUDA IPC.
+  (cd cuda && env "${double_env[@]}" KVBM_CUDA_DOUBLE_DEVICES=2 KVBM_CUDA_MEMCPY_BATCH=1 KVBM_CUDA_IPC=1 \
+    LD_LIBRARY_PATH="$lib" "../$out/cuda.test" -test.run '^TestReal' -test.count=1)
   # CUDA 12.8's cuMemcpyBatchAsync (with failIdx).
   (cd cuda && env "${double_env[@]}" KVBM_CUDA_MEMCPY_BATCH=1 LD_LIBRARY_PATH="$PWD/../$out/cuda12" \
     "../$out/cuda.test" -test.run '^TestRealConformanceBatchAPI$' -test.count=1)
   for v in broken-order broken-wait broken-short; do expect_fail "$v"; done
   # The transfer manager and the workers over it: the same tests as on the
-  # emulated device (KVBM_DEVICE=cuda makes their fixtures open the driver).
-  env "${double_env[@]}" LD_LIBRARY_PATH="$lib" "$GO" test -race -count=1 ./core/transfer ./core/worker
+  # emulated device (KVBM_DEVICE=cuda makes their fixtures open the driver);
+  # G1 crosses processes by CUDA IPC.
+  env "${double_env[@]}" KVBM_CUDA_IPC=1 LD_LIBRARY_PATH="$lib" "$GO" test -race -count=1 ./core/transfer ./core/worker
+  # The C examples through libkvbm.so (those whose G1 is host memory skip,
+  # saying why), and kvbmgo: a worker, and a too-old driver's error.
+  cmake -S . -B "$out/cmake" -DKVBM_LIBRARY="$PWD/build/libkvbm.so" >/dev/null
+  cmake --build "$out/cmake" -j >/dev/null
+  env "${double_env[@]}" LD_LIBRARY_PATH="$lib" ctest --test-dir "$out/cmake" --output-on-failure
+  (cd python && KVBM_CUDA_DOUBLE="$PWD/../$out" "../$PYBIN" -m pytest -q -p no:cacheprovider tests/test_cuda_double.py)
 }
 
 case "${1:-}" in

@@ -46,6 +46,7 @@ static void wait_ok(kvbm_notification_t n) {
 }
 
 int main(void) {
+    skip_unless_emulated_g1("offload_onboard");
     kvbm_info_t info = KVBM_INFO_INIT;
     CHECK(kvbm_info(&info));
     printf("kvbm %u (ABI %u), device backend %s with %d device(s)\n", kvbm_version(),

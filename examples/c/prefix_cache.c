@@ -65,6 +65,7 @@ static size_t wait_failed(kvbm_notification_t n) {
 }
 
 int main(void) {
+    skip_unless_emulated_g1("prefix_cache");
     make_keys();
     char dir[] = "/tmp/kvbm-prefix-XXXXXX";
     EXPECT(mkdtemp(dir) != NULL);

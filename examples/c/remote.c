@@ -72,6 +72,7 @@ static uint8_t *export_metadata(kvbm_worker_t w, size_t *len) {
 }
 
 int main(void) {
+    skip_unless_emulated_g1("remote");
     uint8_t *g1a, *g1b;
     kvbm_worker_t a = make_worker(WORKER_A, &g1a);
     kvbm_worker_t b = make_worker(WORKER_B, &g1b);

@@ -109,6 +109,7 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
+    skip_unless_emulated_g1("remote_processes");
     for (uint32_t i = 0; i < NUM_BLOCKS; i++) ids[i] = i;
     if (argc > 1 && strcmp(argv[1], "--prefill") == 0) return prefill();
 
