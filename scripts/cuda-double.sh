@@ -85,22 +85,43 @@ run_tests() {
   local lib="$PWD/$out/default"
   # The real backend's own tests on two devices, every path on: the batch
   # API, CUDA IPC.
+  rm -f "$out"/trace-*
   (cd cuda && env "${double_env[@]}" KVBM_CUDA_DOUBLE_DEVICES=2 KVBM_CUDA_MEMCPY_BATCH=1 KVBM_CUDA_IPC=1 \
-    LD_LIBRARY_PATH="$lib" "../$out/cuda.test" -test.run '^TestReal' -test.count=1)
+    KVBM_CUDA_DOUBLE_TRACE="$PWD/../$out/trace-cuda" LD_LIBRARY_PATH="$lib" \
+    "../$out/cuda.test" -test.run '^TestReal' -test.count=1)
   # CUDA 12.8's cuMemcpyBatchAsync (with failIdx).
   (cd cuda && env "${double_env[@]}" KVBM_CUDA_MEMCPY_BATCH=1 LD_LIBRARY_PATH="$PWD/../$out/cuda12" \
+    KVBM_CUDA_DOUBLE_TRACE="$PWD/../$out/trace-cuda12" \
     "../$out/cuda.test" -test.run '^TestRealConformanceBatchAPI$' -test.count=1)
   for v in broken-order broken-wait broken-short; do expect_fail "$v"; done
   # The transfer manager and the workers over it: the same tests as on the
   # emulated device (KVBM_DEVICE=cuda makes their fixtures open the driver);
   # G1 crosses processes by CUDA IPC.
-  env "${double_env[@]}" KVBM_CUDA_IPC=1 LD_LIBRARY_PATH="$lib" "$GO" test -race -count=1 ./core/transfer ./core/worker
+  env "${double_env[@]}" KVBM_CUDA_IPC=1 KVBM_CUDA_DOUBLE_TRACE="$PWD/$out/trace-core" LD_LIBRARY_PATH="$lib" \
+    "$GO" test -race -count=1 ./core/transfer ./core/worker
   # The C examples through libkvbm.so (those whose G1 is host memory skip,
   # saying why), and kvbmgo: a worker, and a too-old driver's error.
   cmake -S . -B "$out/cmake" -DKVBM_LIBRARY="$PWD/build/libkvbm.so" >/dev/null
   cmake --build "$out/cmake" -j >/dev/null
-  env "${double_env[@]}" LD_LIBRARY_PATH="$lib" ctest --test-dir "$out/cmake" --output-on-failure
-  (cd python && KVBM_CUDA_DOUBLE="$PWD/../$out" "../$PYBIN" -m pytest -q -p no:cacheprovider tests/test_cuda_double.py)
+  env "${double_env[@]}" KVBM_CUDA_DOUBLE_TRACE="$PWD/$out/trace-examples" LD_LIBRARY_PATH="$lib" \
+    ctest --test-dir "$out/cmake" --output-on-failure
+  (cd python && KVBM_CUDA_DOUBLE="$PWD/../$out" KVBM_CUDA_DOUBLE_TRACE="$PWD/../$out/trace-python" \
+    "../$PYBIN" -m pytest -q -p no:cacheprovider tests/test_cuda_double.py)
+  coverage
+}
+
+# coverage prints, for every driver call kvbm resolves (the double's
+# exports), the runs above that reached it and how often.
+coverage() {
+  echo "cuda-double: driver calls reached (calls per run: cuda = the real backend's tests, cuda12, core = core/transfer and core/worker, examples, python):"
+  nm -D --defined-only "$out/default/libcuda.so.1" | awk '$2 == "T" { print $3 }' | sort | while read -r sym; do
+    local line="" g n
+    for g in cuda cuda12 core examples python; do
+      n=$(awk -v s="$sym" '$1 == s { t += $2 } END { print t + 0 }' "$out/trace-$g" 2>/dev/null || echo 0)
+      line+=" $g=$n"
+    done
+    printf '  %-32s%s\n' "$sym" "$line"
+  done
 }
 
 case "${1:-}" in

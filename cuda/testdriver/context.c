@@ -20,6 +20,36 @@ CUresult kvd_unsupported(const char *call, const char *what) {
 
 struct CUctx_st *kvd_thread_ctx(void) { return current; }
 
+// Calls per entry point, written at exit to KVBM_CUDA_DOUBLE_TRACE (one
+// "name count" line each, appended): which driver calls a test reached.
+static struct {
+	const char *name;
+	unsigned long n;
+} calls[64];
+static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void kvd_called(const char *name) {
+	pthread_mutex_lock(&calls_mu);
+	for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+		if (!calls[i].name || calls[i].name == name || !strcmp(calls[i].name, name)) {
+			calls[i].name = name;
+			calls[i].n++;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&calls_mu);
+}
+
+__attribute__((destructor)) static void write_trace(void) {
+	const char *path = getenv("KVBM_CUDA_DOUBLE_TRACE");
+	FILE *f = path ? fopen(path, "a") : NULL;
+	if (!f)
+		return;
+	for (size_t i = 0; i < sizeof calls / sizeof calls[0] && calls[i].name; i++)
+		fprintf(f, "%s %lu\n", calls[i].name, calls[i].n);
+	fclose(f);
+}
+
 CUresult kvd_current(struct CUctx_st **c) {
 	if (!kvd_initialized)
 		return CUDA_ERROR_NOT_INITIALIZED;
@@ -57,9 +87,13 @@ static CUresult init_locked(unsigned flags) {
 	return kvd_devices ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 
-CUresult cuInit(unsigned int flags) { LOCKED(init_locked(flags)); }
+CUresult cuInit(unsigned int flags) {
+	kvd_called(__func__);
+	LOCKED(init_locked(flags));
+}
 
 CUresult cuDriverGetVersion(int *v) {
+	kvd_called(__func__);
 	if (!v)
 		return CUDA_ERROR_INVALID_VALUE;
 	*v = KVD_DRIVER_VERSION;
@@ -73,6 +107,7 @@ static CUresult device_ok(CUdevice d) {
 }
 
 CUresult cuDeviceGetCount(int *n) {
+	kvd_called(__func__);
 	if (!kvd_initialized)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!n)
@@ -82,6 +117,7 @@ CUresult cuDeviceGetCount(int *n) {
 }
 
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+	kvd_called(__func__);
 	CUresult r = device_ok(ordinal);
 	if (r == CUDA_SUCCESS && !d)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -91,6 +127,7 @@ CUresult cuDeviceGet(CUdevice *d, int ordinal) {
 }
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+	kvd_called(__func__);
 	CUresult r = device_ok(d);
 	if (r)
 		return r;
@@ -104,6 +141,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
 #define KVD_DEVICE_MEMORY (16ULL << 30)
 
 CUresult cuDeviceTotalMem(size_t *bytes, CUdevice d) {
+	kvd_called(__func__);
 	CUresult r = device_ok(d);
 	if (r)
 		return r;
@@ -114,6 +152,7 @@ CUresult cuDeviceTotalMem(size_t *bytes, CUdevice d) {
 }
 
 CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
+	kvd_called(__func__);
 	CUresult r = device_ok(d);
 	if (r)
 		return r;
@@ -143,6 +182,7 @@ CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
 }
 
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice d) {
+	kvd_called(__func__);
 	CUresult r = device_ok(d);
 	if (r)
 		return r;
@@ -168,7 +208,10 @@ static CUresult retain_locked(CUcontext *pctx, CUdevice d) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) { LOCKED(retain_locked(pctx, d)); }
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
+	kvd_called(__func__);
+	LOCKED(retain_locked(pctx, d));
+}
 
 // The last release destroys the primary context, with everything made in
 // it, whichever threads still have it current.
@@ -189,9 +232,13 @@ static CUresult release_locked(CUdevice d) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRelease(CUdevice d) { LOCKED(release_locked(d)); }
+CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
+	kvd_called(__func__);
+	LOCKED(release_locked(d));
+}
 
 CUresult cuCtxGetCurrent(CUcontext *pctx) {
+	kvd_called(__func__);
 	if (!kvd_initialized)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (!pctx)
@@ -201,6 +248,7 @@ CUresult cuCtxGetCurrent(CUcontext *pctx) {
 }
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {
+	kvd_called(__func__);
 	if (!kvd_initialized)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (ctx && (ctx < &kvd_ctx[0] || ctx >= &kvd_ctx[kvd_devices]))
@@ -254,5 +302,11 @@ static CUresult error_text(CUresult code, const char **s, int name) {
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult cuGetErrorName(CUresult code, const char **s) { return error_text(code, s, 1); }
-CUresult cuGetErrorString(CUresult code, const char **s) { return error_text(code, s, 0); }
+CUresult cuGetErrorName(CUresult code, const char **s) {
+	kvd_called(__func__);
+	return error_text(code, s, 1);
+}
+CUresult cuGetErrorString(CUresult code, const char **s) {
+	kvd_called(__func__);
+	return error_text(code, s, 0);
+}

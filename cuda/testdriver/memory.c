@@ -135,7 +135,10 @@ static CUresult mem_alloc(CUdeviceptr *p, size_t size) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuMemAlloc(CUdeviceptr *p, size_t size) { LOCKED(mem_alloc(p, size)); }
+CUresult cuMemAlloc(CUdeviceptr *p, size_t size) {
+	kvd_called(__func__);
+	LOCKED(mem_alloc(p, size));
+}
 
 static void dalloc_unlink(struct dalloc *a) {
 	for (struct dalloc **pp = &dallocs; *pp; pp = &(*pp)->next) {
@@ -164,7 +167,10 @@ static CUresult mem_free(CUdeviceptr p) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuMemFree(CUdeviceptr p) { LOCKED(mem_free(p)); }
+CUresult cuMemFree(CUdeviceptr p) {
+	kvd_called(__func__);
+	LOCKED(mem_free(p));
+}
 
 static struct pinned *pinned_overlap(const char *p, size_t n) {
 	for (struct pinned *h = pins; h; h = h->next)
@@ -209,7 +215,10 @@ static CUresult host_alloc(void **pp, size_t size, unsigned flags) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) { LOCKED(host_alloc(pp, size, flags)); }
+CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+	kvd_called(__func__);
+	LOCKED(host_alloc(pp, size, flags));
+}
 
 static CUresult free_host(void *p) {
 	struct CUctx_st *c;
@@ -224,7 +233,10 @@ static CUresult free_host(void *p) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuMemFreeHost(void *p) { LOCKED(free_host(p)); }
+CUresult cuMemFreeHost(void *p) {
+	kvd_called(__func__);
+	LOCKED(free_host(p));
+}
 
 static CUresult host_register(void *p, size_t size, unsigned flags) {
 	struct CUctx_st *c;
@@ -259,7 +271,10 @@ static CUresult host_register(void *p, size_t size, unsigned flags) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) { LOCKED(host_register(p, size, flags)); }
+CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) {
+	kvd_called(__func__);
+	LOCKED(host_register(p, size, flags));
+}
 
 static CUresult host_unregister(void *p) {
 	struct CUctx_st *c;
@@ -274,7 +289,10 @@ static CUresult host_unregister(void *p) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuMemHostUnregister(void *p) { LOCKED(host_unregister(p)); }
+CUresult cuMemHostUnregister(void *p) {
+	kvd_called(__func__);
+	LOCKED(host_unregister(p));
+}
 
 static CUresult pointer_attribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
 	struct CUctx_st *c;
@@ -303,6 +321,7 @@ static CUresult pointer_attribute(void *data, CUpointer_attribute attr, CUdevice
 }
 
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
+	kvd_called(__func__);
 	LOCKED(pointer_attribute(data, attr, p));
 }
 
@@ -322,6 +341,7 @@ static CUresult get_address_range(CUdeviceptr *base, size_t *size, CUdeviceptr p
 }
 
 CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+	kvd_called(__func__);
 	LOCKED(get_address_range(base, size, p));
 }
 
@@ -364,12 +384,15 @@ static CUresult copy_async(const char *call, uint64_t dst, int dst_dev, uint64_t
 }
 
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
+	kvd_called(__func__);
 	LOCKED(copy_async("cuMemcpyHtoDAsync_v2", dst, 1, (uint64_t)(uintptr_t)src, 0, n, h));
 }
 CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream h) {
+	kvd_called(__func__);
 	LOCKED(copy_async("cuMemcpyDtoHAsync_v2", (uint64_t)(uintptr_t)dst, 0, src, 1, n, h));
 }
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+	kvd_called(__func__);
 	LOCKED(copy_async("cuMemcpyDtoDAsync_v2", dst, 1, src, 1, n, h));
 }
 
@@ -421,6 +444,7 @@ static CUresult batch(const char *call, CUdeviceptr *dsts, CUdeviceptr *srcs, si
 // CUDA 13's cuMemcpyBatchAsync_v2 (cuda.h maps the name to it).
 CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                             CUmemcpyAttributes *attrs, size_t *attr_idx, size_t n_attrs, CUstream h) {
+	kvd_called(__func__);
 	size_t fail;
 	LOCKED(batch("cuMemcpyBatchAsync_v2", dsts, srcs, sizes, count, attrs, attr_idx, n_attrs, &fail, h));
 }
@@ -432,6 +456,7 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
 CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                             CUmemcpyAttributes *attrs, size_t *attr_idx, size_t n_attrs, size_t *fail_idx,
                             CUstream h) {
+	kvd_called(__func__);
 	size_t fail;
 	pthread_mutex_lock(&kvd_mu);
 	CUresult r = batch("cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, attr_idx, n_attrs, &fail, h);
@@ -471,7 +496,10 @@ static CUresult ipc_get(CUipcMemHandle *out, CUdeviceptr p) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuIpcGetMemHandle(CUipcMemHandle *out, CUdeviceptr p) { LOCKED(ipc_get(out, p)); }
+CUresult cuIpcGetMemHandle(CUipcMemHandle *out, CUdeviceptr p) {
+	kvd_called(__func__);
+	LOCKED(ipc_get(out, p));
+}
 
 // open_exported opens the exporter's memfd through /proc, after checking
 // the descriptor still is that allocation's (by the memfd's name).
@@ -531,6 +559,7 @@ static CUresult ipc_open(CUdeviceptr *p, CUipcMemHandle handle, unsigned flags) 
 }
 
 CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle handle, unsigned int flags) {
+	kvd_called(__func__);
 	LOCKED(ipc_open(p, handle, flags));
 }
 
@@ -549,7 +578,10 @@ static CUresult ipc_close(CUdeviceptr p) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuIpcCloseMemHandle(CUdeviceptr p) { LOCKED(ipc_close(p)); }
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+	kvd_called(__func__);
+	LOCKED(ipc_close(p));
+}
 
 void kvd_memory_destroy(struct CUctx_st *c) {
 	for (struct dalloc **pp = &dallocs; *pp;) {

@@ -177,6 +177,7 @@ static CUresult module_load(CUmodule *out, const void *image) {
 }
 
 CUresult cuModuleLoadData(CUmodule *out, const void *image) {
+	kvd_called(__func__);
 	pthread_mutex_lock(&kvd_mu);
 	CUresult r = module_load(out, image);
 	pthread_mutex_unlock(&kvd_mu);
@@ -225,6 +226,7 @@ static CUresult get_function(CUfunction *out, CUmodule h, const char *name) {
 }
 
 CUresult cuModuleGetFunction(CUfunction *out, CUmodule h, const char *name) {
+	kvd_called(__func__);
 	pthread_mutex_lock(&kvd_mu);
 	CUresult r = get_function(out, h, name);
 	pthread_mutex_unlock(&kvd_mu);
@@ -245,6 +247,7 @@ static CUresult module_unload(CUmodule h) {
 }
 
 CUresult cuModuleUnload(CUmodule h) {
+	kvd_called(__func__);
 	pthread_mutex_lock(&kvd_mu);
 	CUresult r = module_unload(h);
 	pthread_mutex_unlock(&kvd_mu);
@@ -304,6 +307,7 @@ static CUresult launch(CUfunction h, unsigned gx, unsigned gy, unsigned gz, unsi
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params,
                         void **extra) {
+	kvd_called(__func__);
 	pthread_mutex_lock(&kvd_mu);
 	CUresult r = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
 	pthread_mutex_unlock(&kvd_mu);

@@ -235,7 +235,10 @@ static CUresult stream_create(CUstream *ph, unsigned flags) {
 	return stream_new(c, flags, 0, ph);
 }
 
-CUresult cuStreamCreate(CUstream *ph, unsigned int flags) { LOCKED(stream_create(ph, flags)); }
+CUresult cuStreamCreate(CUstream *ph, unsigned int flags) {
+	kvd_called(__func__);
+	LOCKED(stream_create(ph, flags));
+}
 
 static CUresult stream_destroy(CUstream h) {
 	struct CUstream_st *s;
@@ -250,7 +253,10 @@ static CUresult stream_destroy(CUstream h) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuStreamDestroy(CUstream h) { LOCKED(stream_destroy(h)); }
+CUresult cuStreamDestroy(CUstream h) {
+	kvd_called(__func__);
+	LOCKED(stream_destroy(h));
+}
 
 static CUresult stream_query(CUstream h) {
 	struct CUstream_st *s;
@@ -262,7 +268,10 @@ static CUresult stream_query(CUstream h) {
 	return s->done >= s->enq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
-CUresult cuStreamQuery(CUstream h) { LOCKED(stream_query(h)); }
+CUresult cuStreamQuery(CUstream h) {
+	kvd_called(__func__);
+	LOCKED(stream_query(h));
+}
 
 static CUresult live_event(CUevent h, struct CUevent_st **out) {
 	for (struct CUevent_st *e = events; e; e = e->next) {
@@ -300,7 +309,10 @@ static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags) { LOCKED(stream_wait_event(h, ev, flags)); }
+CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags) {
+	kvd_called(__func__);
+	LOCKED(stream_wait_event(h, ev, flags));
+}
 
 static CUresult stream_get_ctx(CUstream h, CUcontext *pctx) {
 	if (!kvd_initialized)
@@ -325,7 +337,10 @@ static CUresult stream_get_ctx(CUstream h, CUcontext *pctx) {
 	return CUDA_ERROR_INVALID_HANDLE;
 }
 
-CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx) { LOCKED(stream_get_ctx(h, pctx)); }
+CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx) {
+	kvd_called(__func__);
+	LOCKED(stream_get_ctx(h, pctx));
+}
 
 static CUresult event_create(CUevent *ph, unsigned flags) {
 	struct CUctx_st *c;
@@ -349,7 +364,10 @@ static CUresult event_create(CUevent *ph, unsigned flags) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuEventCreate(CUevent *ph, unsigned int flags) { LOCKED(event_create(ph, flags)); }
+CUresult cuEventCreate(CUevent *ph, unsigned int flags) {
+	kvd_called(__func__);
+	LOCKED(event_create(ph, flags));
+}
 
 static CUresult event_destroy(CUevent h) {
 	struct CUctx_st *c;
@@ -364,7 +382,10 @@ static CUresult event_destroy(CUevent h) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuEventDestroy(CUevent h) { LOCKED(event_destroy(h)); }
+CUresult cuEventDestroy(CUevent h) {
+	kvd_called(__func__);
+	LOCKED(event_destroy(h));
+}
 
 static CUresult event_record(CUevent h, CUstream hs) {
 	struct CUstream_st *s;
@@ -383,7 +404,10 @@ static CUresult event_record(CUevent h, CUstream hs) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuEventRecord(CUevent h, CUstream hs) { LOCKED(event_record(h, hs)); }
+CUresult cuEventRecord(CUevent h, CUstream hs) {
+	kvd_called(__func__);
+	LOCKED(event_record(h, hs));
+}
 
 static CUresult event_query(CUevent h) {
 	struct CUevent_st *e;
@@ -397,4 +421,7 @@ static CUresult event_query(CUevent h) {
 	return !e->stream || e->stream->done >= e->seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
-CUresult cuEventQuery(CUevent h) { LOCKED(event_query(h)); }
+CUresult cuEventQuery(CUevent h) {
+	kvd_called(__func__);
+	LOCKED(event_query(h));
+}
