@@ -115,9 +115,12 @@ struct CUevent_st {
 	struct CUevent_st *next;
 };
 
-// kvd_stream resolves a handle (0 and CU_STREAM_LEGACY: the current
-// context's legacy stream) in the current context. kvd_mu held.
-CUresult kvd_stream(const char *call, CUstream h, struct CUstream_st **s);
+// kvd_stream resolves a stream handle (0 and CU_STREAM_LEGACY: the
+// current context's legacy stream). current_only: work queued on it (a
+// copy, a launch) must be on a stream of the current context, else
+// CUDA_ERROR_INVALID_HANDLE; a stream's own calls (query, wait, record,
+// destroy) take any. kvd_mu held.
+CUresult kvd_stream(const char *call, CUstream h, int current_only, struct CUstream_st **s);
 // kvd_enqueue appends op to s (and the legacy stream's implicit waits);
 // kvd_mu held.
 void kvd_enqueue(struct CUstream_st *s, struct kvd_op *op);

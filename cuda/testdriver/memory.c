@@ -351,7 +351,7 @@ CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
 // of work.
 static CUresult enqueue_copies(const char *call, CUstream h, struct kvd_copy *copies, size_t n) {
 	struct CUstream_st *s;
-	CUresult r = kvd_stream(call, h, &s);
+	CUresult r = kvd_stream(call, h, 1, &s);
 	if (r) {
 		free(copies);
 		return r;

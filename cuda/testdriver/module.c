@@ -287,7 +287,7 @@ static CUresult launch(CUfunction h, unsigned gx, unsigned gy, unsigned gz, unsi
 		return CUDA_ERROR_INVALID_VALUE;
 	if (gy != 1 || gz != 1 || shared)
 		return kvd_unsupported("cuLaunchKernel", "2D/3D grids and dynamic shared memory");
-	if ((r = kvd_stream("cuLaunchKernel", hs, &s)))
+	if ((r = kvd_stream("cuLaunchKernel", hs, 1, &s)))
 		return r;
 	// The parameters are read now: the caller may reuse them on return.
 	struct kvd_op *op = calloc(1, sizeof *op);

@@ -130,12 +130,12 @@ static CUresult stream_new(struct CUctx_st *c, unsigned flags, int legacy, struc
 	return CUDA_SUCCESS;
 }
 
-CUresult kvd_stream(const char *call, CUstream h, struct CUstream_st **out) {
-	struct CUctx_st *c;
-	CUresult r = kvd_current(&c);
-	if (r)
-		return r;
+CUresult kvd_stream(const char *call, CUstream h, int current_only, struct CUstream_st **out) {
+	struct CUctx_st *c = NULL;
+	CUresult r;
 	if (h == NULL || h == CU_STREAM_LEGACY) {
+		if ((r = kvd_current(&c)))
+			return r;
 		if (!c->legacy && (r = stream_new(c, 0, 1, &c->legacy)))
 			return r;
 		*out = c->legacy;
@@ -143,11 +143,16 @@ CUresult kvd_stream(const char *call, CUstream h, struct CUstream_st **out) {
 	}
 	if (h == CU_STREAM_PER_THREAD)
 		return kvd_unsupported(call, "the per-thread default stream (CU_STREAM_PER_THREAD)");
+	if (current_only && (r = kvd_current(&c)))
+		return r;
+	if (!kvd_initialized)
+		return CUDA_ERROR_NOT_INITIALIZED;
 	for (struct CUstream_st *s = streams; s; s = s->next) {
 		if (s == h && !s->dead && !s->legacy) {
-			// Work goes on a stream of the current context.
-			if (s->ctx != c)
+			if (c && s->ctx != c)
 				return CUDA_ERROR_INVALID_HANDLE;
+			if (s->ctx->sticky)
+				return s->ctx->sticky;
 			*out = s;
 			return CUDA_SUCCESS;
 		}
@@ -244,7 +249,7 @@ static CUresult stream_destroy(CUstream h) {
 	struct CUstream_st *s;
 	if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
 		return CUDA_ERROR_INVALID_HANDLE;
-	CUresult r = kvd_stream("cuStreamDestroy_v2", h, &s);
+	CUresult r = kvd_stream("cuStreamDestroy_v2", h, 0, &s);
 	if (r)
 		return r;
 	// Work queued still runs; the thread exits once it has.
@@ -260,7 +265,7 @@ CUresult cuStreamDestroy(CUstream h) {
 
 static CUresult stream_query(CUstream h) {
 	struct CUstream_st *s;
-	CUresult r = kvd_stream("cuStreamQuery", h, &s);
+	CUresult r = kvd_stream("cuStreamQuery", h, 0, &s);
 	if (r)
 		return r;
 	if (s->ctx->sticky)
@@ -286,7 +291,7 @@ static CUresult live_event(CUevent h, struct CUevent_st **out) {
 static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags) {
 	struct CUstream_st *s;
 	struct CUevent_st *e;
-	CUresult r = kvd_stream("cuStreamWaitEvent", h, &s);
+	CUresult r = kvd_stream("cuStreamWaitEvent", h, 0, &s);
 	if (r)
 		return r;
 	if ((r = live_event(ev, &e)))
@@ -390,7 +395,7 @@ CUresult cuEventDestroy(CUevent h) {
 static CUresult event_record(CUevent h, CUstream hs) {
 	struct CUstream_st *s;
 	struct CUevent_st *e;
-	CUresult r = kvd_stream("cuEventRecord", hs, &s);
+	CUresult r = kvd_stream("cuEventRecord", hs, 0, &s);
 	if (r)
 		return r;
 	if ((r = live_event(h, &e)))
