@@ -84,8 +84,12 @@ double_env=(KVBM_DEVICE=cuda KVBM_CUDA_DOUBLE_PS_PER_BYTE=50)
 
 run_tests() {
   for v in "${!flags[@]}"; do build "$v"; done
-  "$GO" test -c -race -o "$out/cuda.test" ./cuda
   local lib="$PWD/$out/default"
+  # The double's own rules (its loud refusals on stderr are expected).
+  "$CC" -std=c11 -O1 -g -Wall -Wextra -Werror -I "$(cuda_headers 13.0.96 nvidia-cuda-runtime)" \
+    cuda/testdriver/selftest.c -o "$out/selftest" -L"$lib" -l:libcuda.so.1 -ldl
+  LD_LIBRARY_PATH="$lib" "$out/selftest" cuda/kernels/copy.ptx
+  "$GO" test -c -race -o "$out/cuda.test" ./cuda
   # The real backend's own tests on two devices, every path on: the batch
   # API, CUDA IPC.
   rm -f "$out"/trace-*
