@@ -118,13 +118,13 @@ run_tests() {
 }
 
 # coverage prints, for every driver call kvbm resolves (the double's
-# exports), the runs above that reached it and how often.
+# exports), how many processes of each run above called it.
 coverage() {
-  echo "cuda-double: driver calls reached (calls per run: cuda = the real backend's tests, cuda12, core = core/transfer and core/worker, examples, python):"
+  echo "cuda-double: processes that called each driver call (cuda: the real backend's tests; cuda12; core: core/transfer and core/worker; examples: the C examples; python: kvbmgo):"
   nm -D --defined-only "$out/default/libcuda.so.1" | awk '$2 == "T" { print $3 }' | sort | while read -r sym; do
     local line="" g n
     for g in cuda cuda12 core examples python; do
-      n=$(awk -v s="$sym" '$1 == s { t += $2 } END { print t + 0 }' "$out/trace-$g" 2>/dev/null || echo 0)
+      n=$(awk -v s="$sym" '$1 == s { n++ } END { print n + 0 }' "$out/trace-$g" 2>/dev/null || echo 0)
       line+=" $g=$n"
     done
     printf '  %-32s%s\n' "$sym" "$line"

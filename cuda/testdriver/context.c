@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 pthread_mutex_t kvd_mu = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t kvd_cv = PTHREAD_COND_INITIALIZER;
@@ -20,34 +21,31 @@ CUresult kvd_unsupported(const char *call, const char *what) {
 
 struct CUctx_st *kvd_thread_ctx(void) { return current; }
 
-// Calls per entry point, written at exit to KVBM_CUDA_DOUBLE_TRACE (one
-// "name count" line each, appended): which driver calls a test reached.
-static struct {
-	const char *name;
-	unsigned long n;
-} calls[64];
-static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
+// The entry points a process called, each appended to
+// KVBM_CUDA_DOUBLE_TRACE at its first call ("name pid" lines; at once, so
+// that a process killed later still counts): which calls a test reached.
+static const char *called[64];
+static pthread_mutex_t called_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void kvd_called(const char *name) {
-	pthread_mutex_lock(&calls_mu);
-	for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
-		if (!calls[i].name || calls[i].name == name || !strcmp(calls[i].name, name)) {
-			calls[i].name = name;
-			calls[i].n++;
+	const char *path = getenv("KVBM_CUDA_DOUBLE_TRACE");
+	if (!path)
+		return;
+	pthread_mutex_lock(&called_mu);
+	for (size_t i = 0; i < sizeof called / sizeof called[0]; i++) {
+		if (called[i] == name)
+			break;
+		if (!called[i]) {
+			called[i] = name;
+			FILE *f = fopen(path, "a");
+			if (f) {
+				fprintf(f, "%s %d\n", name, (int)getpid());
+				fclose(f);
+			}
 			break;
 		}
 	}
-	pthread_mutex_unlock(&calls_mu);
-}
-
-__attribute__((destructor)) static void write_trace(void) {
-	const char *path = getenv("KVBM_CUDA_DOUBLE_TRACE");
-	FILE *f = path ? fopen(path, "a") : NULL;
-	if (!f)
-		return;
-	for (size_t i = 0; i < sizeof calls / sizeof calls[0] && calls[i].name; i++)
-		fprintf(f, "%s %lu\n", calls[i].name, calls[i].n);
-	fclose(f);
+	pthread_mutex_unlock(&called_mu);
 }
 
 CUresult kvd_current(struct CUctx_st **c) {

@@ -15,8 +15,8 @@
 //   KVBM_CUDA_DOUBLE_PS_PER_BYTE   copy time: a copy reads its source when
 //                                  it starts and writes its destination
 //                                  size*ps later (default 0: at once)
-//   KVBM_CUDA_DOUBLE_TRACE         a file the calls made per entry point are
-//                                  appended to at exit
+//   KVBM_CUDA_DOUBLE_TRACE         a file each entry point a process calls
+//                                  is appended to, at its first call
 //
 // Broken builds, for the tests of the tests (compile-time):
 //   KVD_BREAK_STREAM_ORDER  a stream runs the newest queued work first
@@ -45,7 +45,7 @@
 extern pthread_mutex_t kvd_mu;
 extern pthread_cond_t kvd_cv;
 
-// kvd_called counts a call of an entry point (KVBM_CUDA_DOUBLE_TRACE).
+// kvd_called notes a call of an entry point (KVBM_CUDA_DOUBLE_TRACE).
 void kvd_called(const char *name);
 
 // kvd_unsupported reports, on stderr, a call or a case of one the double
