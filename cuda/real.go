@@ -47,6 +47,7 @@ type Real struct {
 	devAllocs map[uint64]devRange     // MemAlloc: ptr → device and size
 	hostAlloc map[uint64]int          // HostAlloc: ptr → device
 	hostRegs  map[uint64][]span       // HostRegister: ptr → the chunks it pinned (not those adopted)
+	adopted   map[uint64][]span       // HostRegister: ptr → the chunks it adopted (pinned by their owner, maybe in part)
 	devRanges map[uint64][]devRange   // RegisterDeviceRange: ptr → its registrations, latest last
 	ipcOpen   map[uint64]ipcOpened    // IPCOpen: ptr → device, size and opens
 	devIndex  deviceRanges            // MemAlloc, RegisterDeviceRange and IPCOpen ranges per device, for the kernel path
@@ -149,6 +150,7 @@ func OpenReal() (*Real, error) {
 		ipcOpen:   map[uint64]ipcOpened{},
 		hostAlloc: map[uint64]int{},
 		hostRegs:  map[uint64][]span{},
+		adopted:   map[uint64][]span{},
 		devRanges: map[uint64][]devRange{},
 		kernels:   map[int]*copyKernel{},
 		kernelErr: map[int]error{},
@@ -340,4 +342,14 @@ func realCtxGetCurrent() (uint64, error) {
 	var ctx C.uint64_t
 	err := check("cuCtxGetCurrent", C.kv_cuCtxGetCurrent(&ctx))
 	return uint64(ctx), err
+}
+
+// realEnginePin pins [ptr, ptr+size) as an engine would (cudaHostRegister),
+// outside this driver's bookkeeping; for tests.
+func realEnginePin(r *Real, ptr, size uint64, pin bool) error {
+	if pin {
+		return check("cuMemHostRegister", C.kv_cuMemHostRegister(r.anyCtx(), C.uint64_t(ptr), C.uint64_t(size),
+			cuMemHostRegisterPortable|cuMemHostRegisterDeviceMap))
+	}
+	return check("cuMemHostUnregister", C.kv_cuMemHostUnregister(r.anyCtx(), C.uint64_t(ptr)))
 }

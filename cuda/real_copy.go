@@ -179,15 +179,16 @@ func (r *Real) streamDevice(s Stream) int {
 // kernelMayCopy reports whether the kernel on dev may touch every copy's
 // memory: each device side must lie inside one allocation (MemAlloc) or
 // registered range (RegisterDeviceRange) of dev, and each host side inside
-// pinned memory this driver allocated or registered, on a device that can
-// use host pointers. A bad address faults inside the kernel, a sticky
-// error that poisons the whole context (the engine's too), where a bad
-// cuMemcpy only fails its call: anything unknown goes to the copy engines.
+// pinned memory this driver allocated or pinned itself (not a chunk
+// HostRegister adopted), on a device that can use host pointers. A bad
+// address faults inside the kernel, a sticky error that poisons the whole
+// context (the engine's too), where a bad cuMemcpy only fails its call:
+// anything unknown goes to the copy engines.
 func (r *Real) kernelMayCopy(dev int, kind CopyKind, copies []Copy) bool {
 	if kind != DeviceToDevice && !r.devices[dev].hostPtr {
 		return false
 	}
-	host := func(p, n uint64) bool { return r.hosts.lookup(p, n) != nil }
+	host := func(p, n uint64) bool { return r.hosts.lookup(p, n) != nil && !r.adoptedLocked(p, n) }
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, c := range copies {
@@ -208,6 +209,22 @@ func (r *Real) kernelMayCopy(dev int, kind CopyKind, copies []Copy) bool {
 		}
 	}
 	return true
+}
+
+// adoptedLocked reports whether [p, p+n) meets a chunk HostRegister
+// adopted: CUDA said it was registered already, which it also says when
+// its owner pinned only part of it, and the kernel faults on a page that
+// is not pinned. The copy engines take such memory pinned or not. r.mu
+// held.
+func (r *Real) adoptedLocked(p, n uint64) bool {
+	for _, spans := range r.adopted {
+		for _, s := range spans {
+			if p < s.Start+s.Size && s.Start < p+n {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // u64s is n uint64s at addr, memory outside the Go heap (pinned staging).

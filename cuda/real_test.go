@@ -4,7 +4,9 @@ package cuda
 
 import (
 	"runtime"
+	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -149,4 +151,42 @@ func TestRealKernelNeedsKnownDeviceMemory(t *testing.T) {
 	// Past the allocation's end, or an address the driver never gave.
 	require.False(t, r.kernelMayCopy(0, DeviceToDevice, []Copy{{Dst: p + (1 << 20) - 100, Src: p, Size: 4096}}))
 	require.False(t, r.kernelMayCopy(0, DeviceToDevice, []Copy{{Dst: 0x1000, Src: p, Size: 4096}}))
+}
+
+// Host memory the engine pinned only in part: HostRegister adopts the
+// chunk CUDA says is registered already, but the copy kernel may not touch
+// the part that is not pinned (a fault there is a sticky error of the
+// whole context): a batch from it is copied right, by the copy engines.
+func TestRealHostMemoryPinnedInPartByTheEngine(t *testing.T) {
+	r := openRealOrSkip(t)
+	const size = 2 << 20
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, syscall.Munmap(mem)) }()
+	for i := range mem {
+		mem[i] = byte(i * 13)
+	}
+	p := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	require.NoError(t, realEnginePin(r, p, size/2, true)) // the engine's: the first half
+	defer func() { require.NoError(t, realEnginePin(r, p, 0, false)) }()
+	require.NoError(t, r.HostRegister(p, size))
+	defer func() { require.NoError(t, r.HostUnregister(p)) }()
+	d, err := r.MemAlloc(0, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.MemFree(d)) }()
+	s, err := r.StreamCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.StreamDestroy(s)) }()
+	var copies []Copy
+	for i := range 64 { // 64 fragments of 16 KiB from the second half: the kernel's kind of batch
+		off := uint64(size/2 + i*16<<10)
+		copies = append(copies, Copy{Dst: d + off, Src: p + off, Size: 16 << 10})
+	}
+	require.NoError(t, r.MemcpyBatchAsync(HostToDevice, copies, s))
+	out, err := r.HostAlloc(0, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.HostFree(out)) }()
+	require.NoError(t, r.MemcpyAsync(DeviceToHost, Copy{Dst: out, Src: d, Size: size}, s))
+	require.NoError(t, r.StreamSynchronize(s))
+	require.Equal(t, mem[size/2:], view(out, size)[size/2:])
 }
