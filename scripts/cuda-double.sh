@@ -82,8 +82,23 @@ expect_fail() {
 # the bytes it had before, as on a GPU, instead of a race it usually wins.
 double_env=(KVBM_DEVICE=cuda KVBM_CUDA_DOUBLE_PS_PER_BYTE=50)
 
+# exports_match_abi: the default double exports exactly the calls kvbm
+# resolves (cuda/real_abi.h's lists): one kvbm adds is missing here loudly.
+exports_match_abi() {
+  local want have
+  want=$(grep -oE 'X\((cu|nvml)[A-Za-z0-9_]+' cuda/real_abi.h | sed 's/^X(//' | sort)
+  have=$(nm -D --defined-only "$out/default/libcuda.so.1" "$out/default/libnvidia-ml.so.1" |
+    awk '$2 == "T" { print $3 }' | sort)
+  if [[ "$want" != "$have" ]]; then
+    echo "cuda-double: the double's exports differ from the calls cuda/real_abi.h resolves:" >&2
+    diff <(echo "$want") <(echo "$have") >&2 || true
+    exit 1
+  fi
+}
+
 run_tests() {
   for v in "${!flags[@]}"; do build "$v"; done
+  exports_match_abi
   local lib="$PWD/$out/default"
   # The double's own rules (its loud refusals on stderr are expected).
   "$CC" -std=c11 -O1 -g -Wall -Wextra -Werror -I "$(cuda_headers 13.0.96 nvidia-cuda-runtime)" \
