@@ -121,11 +121,11 @@ run_tests() {
   # G1 crosses processes by CUDA IPC.
   env "${double_env[@]}" KVBM_CUDA_IPC=1 KVBM_CUDA_DOUBLE_TRACE="$PWD/$out/trace-core" LD_LIBRARY_PATH="$lib" \
     "$GO" test -race -count=1 ./core/transfer ./core/worker
-  # The C examples through libkvbm.so (those whose G1 is host memory skip,
-  # saying why), and kvbmgo: a worker, and a too-old driver's error.
+  # The C examples through libkvbm.so, G1 in the double's device memory
+  # (examples/c/g1.h), and kvbmgo: a worker, and a too-old driver's error.
   cmake -S . -B "$out/cmake" -DKVBM_LIBRARY="$PWD/build/libkvbm.so" >/dev/null
   cmake --build "$out/cmake" -j >/dev/null
-  env "${double_env[@]}" KVBM_CUDA_DOUBLE_TRACE="$PWD/$out/trace-examples" LD_LIBRARY_PATH="$lib" \
+  env "${double_env[@]}" KVBM_CUDA_IPC=1 KVBM_CUDA_DOUBLE_TRACE="$PWD/$out/trace-examples" LD_LIBRARY_PATH="$lib" \
     ctest --test-dir "$out/cmake" --output-on-failure
   (cd python && KVBM_CUDA_DOUBLE="$PWD/../$out" KVBM_CUDA_DOUBLE_TRACE="$PWD/../$out/trace-python" \
     "../$PYBIN" -m pytest -q -p no:cacheprovider tests/test_cuda_double.py)

@@ -4,7 +4,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <kvbm.h>
 
@@ -33,22 +32,6 @@ static inline void expect_no_handles(void) {
     if (n != 0) {
         fprintf(stderr, "leak: %zu kvbm handles still live\n", n);
         exit(1);
-    }
-}
-
-/* The examples that make G1 from host memory they fill and read with the
- * CPU: the emulated device adopts it as device memory. Under the cuda
- * backend G1 must be device memory, which a C program reaches only through
- * CUDA: such an example skips there, saying why (exit 77: ctest's
- * SKIP_RETURN_CODE). */
-static inline void skip_unless_emulated_g1(const char *example) {
-    kvbm_info_t info = KVBM_INFO_INIT;
-    CHECK(kvbm_info(&info));
-    if (strcmp(info.device_backend, "emulated") != 0) {
-        printf("%s: skipped: its G1 is host memory the program fills and reads, which the %s "
-               "backend does not take as device memory (the emulated device does)\n",
-               example, info.device_backend);
-        exit(77);
     }
 }
 
