@@ -25,7 +25,9 @@ import (
 //     use) is retained at open; each call makes the right context current
 //     on its OS thread inside the same C call: a created resource's device,
 //     a stream's own context (cuStreamGetCtx, so an engine's streams work),
-//     or device 0's for the legacy default stream and for events.
+//     for the legacy and per-thread default streams the calling thread's
+//     current context (CUDA's rule: an engine's thread has its device's),
+//     and device 0's for events and where the thread has none.
 //   - Streams and events are raw CUstream / CUevent values; ones the engine
 //     made (torch.cuda.Event().cuda_event, torch streams) are used as they
 //     are, with no lookup in our tables.
@@ -342,6 +344,13 @@ func realCtxGetCurrent() (uint64, error) {
 	var ctx C.uint64_t
 	err := check("cuCtxGetCurrent", C.kv_cuCtxGetCurrent(&ctx))
 	return uint64(ctx), err
+}
+
+// realCtxSetCurrent makes ctx this OS thread's current context, as an
+// engine's CUDA runtime would; for tests, which lock the goroutine to its
+// thread.
+func realCtxSetCurrent(ctx uint64) error {
+	return check("cuCtxSetCurrent", C.kv_cuCtxSetCurrent(C.uint64_t(ctx)))
 }
 
 // realEnginePin pins [ptr, ptr+size) as an engine would (cudaHostRegister),

@@ -155,17 +155,21 @@ func (r *Real) batchCopy(kind CopyKind, dev int, copies []Copy, s Stream) error 
 	return fmt.Errorf("batch of %d %v copies: %w", len(dst), kind, err)
 }
 
-// streamDevice is the ordinal of the device whose context s belongs to:
-// device 0 for the legacy default stream, -1 when unknown.
+// streamDevice is the ordinal of the device whose context s belongs to,
+// -1 when unknown. The legacy and per-thread default streams (0, 1, 2) are
+// the calling thread's current context's (see stream_ctx_enter), device
+// 0's when it has none. A thread has one only when it is the engine's,
+// calling in through the C ABI: the goroutine stays on it for the call.
 func (r *Real) streamDevice(s Stream) int {
-	if s <= 2 { // 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-		if len(r.devices) == 0 {
-			return -1
-		}
-		return 0
-	}
 	var ctx C.uint64_t
-	if C.kv_cuStreamGetCtx(C.uint64_t(s), &ctx) != 0 {
+	if s <= 2 { // 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+		if C.kv_cuCtxGetCurrent(&ctx) != 0 || ctx == 0 {
+			if len(r.devices) == 0 {
+				return -1
+			}
+			return 0
+		}
+	} else if C.kv_cuStreamGetCtx(C.uint64_t(s), &ctx) != 0 {
 		return -1
 	}
 	for i := range r.devices {

@@ -141,6 +141,49 @@ func TestRealRestoresCurrentContext(t *testing.T) {
 	require.Equal(t, before, currentContext(t), "the thread's current context changed")
 }
 
+// The legacy default stream (0) is the current context's, as in CUDA: on
+// an engine's thread with device 1's context current, device 1's event is
+// recorded on it and device 1's memory copied on it, and the context is
+// left current.
+func TestRealLegacyStreamOfTheCurrentContext(t *testing.T) {
+	r := openRealOrSkip(t)
+	if n, _ := r.DeviceCount(); n < 2 {
+		t.Skipf("the CUDA driver has %d device(s)", n)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before := currentContext(t)
+	require.NoError(t, realCtxSetCurrent(r.devices[1].ctx))
+	defer func() { require.NoError(t, realCtxSetCurrent(before)) }()
+	const size = 1 << 20
+	in, err := r.HostAlloc(1, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.HostFree(in)) }()
+	out, err := r.HostAlloc(1, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.HostFree(out)) }()
+	for i, b := 0, view(in, size); i < size; i++ {
+		b[i] = byte(i * 11)
+	}
+	d, err := r.MemAlloc(1, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.MemFree(d)) }()
+	ev, err := r.EventCreate(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.EventDestroy(ev)) }()
+	s, err := r.StreamCreate(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.StreamDestroy(s)) }()
+
+	require.NoError(t, r.MemcpyAsync(HostToDevice, Copy{Dst: d, Src: in, Size: size}, 0))
+	require.NoError(t, r.EventRecord(ev, 0))
+	require.NoError(t, r.StreamWaitEvent(s, ev))
+	require.NoError(t, r.MemcpyAsync(DeviceToHost, Copy{Dst: out, Src: d, Size: size}, s))
+	require.NoError(t, r.StreamSynchronize(s))
+	require.Equal(t, view(in, size), view(out, size))
+	require.Equal(t, r.devices[1].ctx, currentContext(t), "device 1's context stays current")
+}
+
 func TestRealKernelNeedsKnownDeviceMemory(t *testing.T) {
 	r := openRealOrSkip(t)
 	p, err := r.MemAlloc(0, 1<<20)

@@ -44,6 +44,9 @@ int kv_cuDevicePrimaryCtxRetain(uint64_t *ctx, int dev);
 int kv_cuDevicePrimaryCtxRelease(int dev);
 // kv_cuCtxGetCurrent: this thread's current context (0 when none).
 int kv_cuCtxGetCurrent(uint64_t *ctx);
+// kv_cuCtxSetCurrent makes ctx (0: none) this thread's current context, as
+// an engine's CUDA runtime does; for tests.
+int kv_cuCtxSetCurrent(uint64_t ctx);
 
 int kv_cuStreamCreate(uint64_t ctx, uint64_t *s, unsigned flags);
 int kv_cuStreamDestroy(uint64_t ctx, uint64_t s);

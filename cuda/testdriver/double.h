@@ -124,7 +124,8 @@ CUresult kvd_stream(const char *call, CUstream h, int current_only, struct CUstr
 // kvd_enqueue appends op to s (and the legacy stream's implicit waits);
 // kvd_mu held.
 void kvd_enqueue(struct CUstream_st *s, struct kvd_op *op);
-// kvd_ctx_idle waits until every stream of c has done its work; kvd_mu held.
+// kvd_ctx_idle waits until every stream of c (NULL: of every context) has
+// done its work; kvd_mu held.
 void kvd_ctx_idle(struct CUctx_st *c);
 // kvd_ctx_destroy drops c's streams, events and modules; kvd_mu held.
 void kvd_ctx_destroy(struct CUctx_st *c);

@@ -161,8 +161,9 @@ static CUresult mem_free(CUdeviceptr p) {
 	struct dalloc *a = dalloc_at(p, 1);
 	if (!a || a->dev != p || a->imports)
 		return CUDA_ERROR_INVALID_VALUE;
-	// cuMemFree synchronizes: work still using the memory finishes first.
-	kvd_ctx_idle(a->ctx);
+	// Freeing synchronizes: work still using the memory finishes first, on
+	// whichever context's stream it is (unified addressing lets any reach it).
+	kvd_ctx_idle(NULL);
 	dalloc_unlink(a);
 	return CUDA_SUCCESS;
 }
@@ -228,7 +229,7 @@ static CUresult free_host(void *p) {
 	struct pinned *h = pinned_at((uint64_t)(uintptr_t)p, 1);
 	if (!h || h->p != p || !h->allocated)
 		return CUDA_ERROR_INVALID_VALUE;
-	kvd_ctx_idle(h->ctx);
+	kvd_ctx_idle(NULL);
 	pinned_unlink(h);
 	return CUDA_SUCCESS;
 }
@@ -284,7 +285,7 @@ static CUresult host_unregister(void *p) {
 	struct pinned *h = pinned_at((uint64_t)(uintptr_t)p, 1);
 	if (!h || h->p != p || h->allocated)
 		return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-	kvd_ctx_idle(h->ctx);
+	kvd_ctx_idle(NULL);
 	pinned_unlink(h);
 	return CUDA_SUCCESS;
 }
@@ -572,7 +573,7 @@ static CUresult ipc_close(CUdeviceptr p) {
 	if (!a || a->dev != p || !a->imports)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (--a->imports == 0) {
-		kvd_ctx_idle(a->ctx);
+		kvd_ctx_idle(NULL);
 		dalloc_unlink(a);
 	}
 	return CUDA_SUCCESS;

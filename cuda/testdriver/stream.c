@@ -203,7 +203,7 @@ void kvd_ctx_idle(struct CUctx_st *c) {
 	for (;;) {
 		int busy = 0;
 		for (struct CUstream_st *s = streams; s; s = s->next)
-			if (s->ctx == c && s->done < s->enq)
+			if ((!c || s->ctx == c) && s->done < s->enq)
 				busy = 1;
 		if (!busy)
 			return;
