@@ -53,7 +53,7 @@ deps-ucx:
 	  (apt-get update && apt-get install -y --no-install-recommends libucx0)
 
 # All tests. Runs on a machine without a GPU (emulated device).
-test: vet test-cuda-abi test-go deps-c test-c test-py test-wheel test-vllm test-sglang test-e2e
+test: vet test-cuda-abi test-cuda-double test-go deps-c test-c test-py test-wheel test-vllm test-sglang test-e2e
 
 # KVBM_REQUIRE_S3=1: an S3 test that finds no server fails instead of skipping.
 # KVBM_REQUIRE_UCX=1 (set by CI): a UCX test that cannot load libucp fails.

@@ -15,6 +15,12 @@
 #              against the real cuda.h of CUDA 12.8 and 13.0 (headers from
 #              NVIDIA's pip packages, kept under ~/.cache/kvbm/cuda-headers),
 #              and the check itself against mutations of it; part of make test
+#   test-cuda-double  the real backend over the CUDA double (cuda/testdriver:
+#              a libcuda.so.1 on the CPU, built against that cuda.h): its
+#              own tests, core/transfer and core/worker with KVBM_DEVICE=cuda,
+#              the C examples and kvbmgo's worker over it, and three broken
+#              doubles the conformance suite must catch; part of make test
+#              (scripts/cuda-double.sh)
 #
 # The PTX targets compute_75 (Turing and later, all CUDA 13 GPUs). NVRTC
 # 12.0 emits PTX ISA 8.0, which drivers of CUDA 12.0 and later (r525+) JIT;
@@ -31,7 +37,7 @@ PTXAS_VERSION ?= 12.9.*
 NVRTC_DIR   := $(BUILD)/nvrtc-$(NVRTC_VERSION)
 PTXAS_DIR   := $(BUILD)/ptxas
 
-.PHONY: ptx ptx-check gpu-pack test-cuda-abi
+.PHONY: ptx ptx-check gpu-pack test-cuda-abi test-cuda-double
 
 ptx:
 	@test -f $(NVRTC_DIR)/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 || \
@@ -56,3 +62,6 @@ gpu-pack:
 
 test-cuda-abi: deps deps-c
 	scripts/cuda-abi-check.sh
+
+test-cuda-double: deps deps-c deps-ucx py-venv
+	PYBIN=$(PYBIN) scripts/cuda-double.sh test

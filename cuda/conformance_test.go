@@ -13,31 +13,38 @@ func TestEmulatedConformance(t *testing.T) {
 	testDriverConformance(t, newEmu(t, 1))
 }
 
+func TestEmulatedConformanceSecondDevice(t *testing.T) {
+	testDeviceConformance(t, newEmu(t, 2), 1)
+}
+
 // testDriverConformance checks the behaviour both drivers promise, through
 // the Driver interface only, on device 0: it runs on the emulated device
-// always and on the real driver where a GPU exists (real_test.go). Only
-// pinned host memory is read by the CPU (both drivers' host memory is
-// plain host memory).
-func testDriverConformance(t *testing.T, d Driver) {
+// always and on the real driver where a GPU exists, or the CUDA double
+// (real_test.go). Only pinned host memory is read by the CPU (both
+// drivers' host memory is plain host memory).
+func testDriverConformance(t *testing.T, d Driver) { testDeviceConformance(t, d, 0) }
+
+// testDeviceConformance is testDriverConformance on device dev.
+func testDeviceConformance(t *testing.T, d Driver, dev int) {
 	n, err := d.DeviceCount()
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, n, 1)
-	info, err := d.Device(0)
+	require.Greater(t, n, dev)
+	info, err := d.Device(dev)
 	require.NoError(t, err)
-	require.Equal(t, 0, info.Ordinal)
+	require.Equal(t, dev, info.Ordinal)
 	require.NotEmpty(t, info.Name)
 	require.NotZero(t, info.TotalMemory)
 	_, err = d.Device(n)
 	require.True(t, IsCode(err, ErrCodeInvalidDevice), "%v", err)
 
 	host := func(size uint64) []byte {
-		p, err := d.HostAlloc(0, size)
+		p, err := d.HostAlloc(dev, size)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, d.HostFree(p)) })
 		return view(p, size)
 	}
-	dev := func(size uint64) uint64 {
-		p, err := d.MemAlloc(0, size)
+	devMem := func(size uint64) uint64 {
+		p, err := d.MemAlloc(dev, size)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, d.MemFree(p)) })
 		return p
@@ -48,10 +55,10 @@ func testDriverConformance(t *testing.T, d Driver) {
 			b[i] = byte(i*7) ^ seed
 		}
 	}
-	s, err := d.StreamCreate(0)
+	s, err := d.StreamCreate(dev)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.StreamDestroy(s)) }()
-	s2, err := d.StreamCreate(0)
+	s2, err := d.StreamCreate(dev)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.StreamDestroy(s2)) }()
 
@@ -59,7 +66,7 @@ func testDriverConformance(t *testing.T, d Driver) {
 		const size = 2 << 20
 		in, out := host(size), host(size)
 		pattern(in, 1)
-		a, b := dev(size), dev(size)
+		a, b := devMem(size), devMem(size)
 		require.NoError(t, d.MemcpyAsync(HostToDevice, Copy{Dst: a, Src: addr(in), Size: size}, s))
 		require.NoError(t, d.MemcpyAsync(DeviceToDevice, Copy{Dst: b, Src: a, Size: size}, s))
 		require.NoError(t, d.MemcpyAsync(DeviceToHost, Copy{Dst: addr(out), Src: b, Size: size}, s))
@@ -86,7 +93,7 @@ func testDriverConformance(t *testing.T, d Driver) {
 			span := tc.offset + uint64(tc.frags)*tc.step
 			in, out := host(span), host(span)
 			pattern(in, 3)
-			a, b := dev(span), dev(span)
+			a, b := devMem(span), devMem(span)
 			var h2d, d2d, d2h []Copy
 			// Scatter in reverse order, so a mix-up of fragments shows.
 			for i := range tc.frags {
@@ -111,7 +118,7 @@ func testDriverConformance(t *testing.T, d Driver) {
 		const size = 4096
 		in, out := host(3*size), host(size)
 		pattern(in, 5)
-		a := dev(size)
+		a := devMem(size)
 		var copies []Copy
 		for i := range 16 { // the last write must win
 			copies = append(copies, Copy{Dst: a, Src: addr(in) + uint64(i%3)*size, Size: size})
@@ -126,8 +133,8 @@ func testDriverConformance(t *testing.T, d Driver) {
 		const size = 8 << 20
 		in, out := host(size), host(size)
 		pattern(in, 9)
-		a := dev(size)
-		ev, err := d.EventCreate(0)
+		a := devMem(size)
+		ev, err := d.EventCreate(dev)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, d.EventDestroy(ev)) }()
 		done, err := d.EventQuery(ev) // never recorded: complete
@@ -139,7 +146,7 @@ func testDriverConformance(t *testing.T, d Driver) {
 		require.NoError(t, d.EventRecord(ev, s))
 		require.NoError(t, d.StreamWaitEvent(s2, ev))
 		require.NoError(t, d.MemcpyAsync(DeviceToHost, Copy{Dst: addr(out), Src: a, Size: size}, s2))
-		ev2, err := d.EventCreate(0)
+		ev2, err := d.EventCreate(dev)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, d.EventDestroy(ev2)) }()
 		require.NoError(t, d.EventRecord(ev2, s2))
@@ -160,8 +167,8 @@ func testDriverConformance(t *testing.T, d Driver) {
 		err = d.HostRegister(addr(mem), size)
 		require.True(t, IsCode(err, ErrCodeHostMemoryAlreadyRegistered), "%v", err)
 
-		a := dev(size)
-		require.NoError(t, d.RegisterDeviceRange(0, a+4096, 8192))
+		a := devMem(size)
+		require.NoError(t, d.RegisterDeviceRange(dev, a+4096, 8192))
 		out := host(size)
 		require.NoError(t, d.MemcpyAsync(HostToDevice, Copy{Dst: a, Src: addr(mem), Size: size}, s))
 		require.NoError(t, d.MemcpyAsync(DeviceToHost, Copy{Dst: addr(out), Src: a, Size: size}, s))
@@ -178,7 +185,7 @@ func testDriverConformance(t *testing.T, d Driver) {
 		const size = 64 << 10
 		in, out := host(size), host(size)
 		pattern(in, 13)
-		a := dev(size)
+		a := devMem(size)
 		require.NoError(t, d.MemcpyAsync(HostToDevice, Copy{Dst: a, Src: addr(in), Size: size}, 0))
 		require.NoError(t, d.MemcpyAsync(DeviceToHost, Copy{Dst: addr(out), Src: a, Size: size}, 0))
 		require.NoError(t, d.StreamSynchronize(0))

@@ -25,7 +25,9 @@ import (
 //     use) is retained at open; each call makes the right context current
 //     on its OS thread inside the same C call: a created resource's device,
 //     a stream's own context (cuStreamGetCtx, so an engine's streams work),
-//     or device 0's for the legacy default stream and for events.
+//     for the legacy and per-thread default streams the calling thread's
+//     current context (CUDA's rule: an engine's thread has its device's),
+//     and device 0's for events and where the thread has none.
 //   - Streams and events are raw CUstream / CUevent values; ones the engine
 //     made (torch.cuda.Event().cuda_event, torch streams) are used as they
 //     are, with no lookup in our tables.
@@ -47,6 +49,7 @@ type Real struct {
 	devAllocs map[uint64]devRange     // MemAlloc: ptr → device and size
 	hostAlloc map[uint64]int          // HostAlloc: ptr → device
 	hostRegs  map[uint64][]span       // HostRegister: ptr → the chunks it pinned (not those adopted)
+	adopted   map[uint64][]span       // HostRegister: ptr → the chunks it adopted (pinned by their owner, maybe in part)
 	devRanges map[uint64][]devRange   // RegisterDeviceRange: ptr → its registrations, latest last
 	ipcOpen   map[uint64]ipcOpened    // IPCOpen: ptr → device, size and opens
 	devIndex  deviceRanges            // MemAlloc, RegisterDeviceRange and IPCOpen ranges per device, for the kernel path
@@ -149,6 +152,7 @@ func OpenReal() (*Real, error) {
 		ipcOpen:   map[uint64]ipcOpened{},
 		hostAlloc: map[uint64]int{},
 		hostRegs:  map[uint64][]span{},
+		adopted:   map[uint64][]span{},
 		devRanges: map[uint64][]devRange{},
 		kernels:   map[int]*copyKernel{},
 		kernelErr: map[int]error{},
@@ -340,4 +344,21 @@ func realCtxGetCurrent() (uint64, error) {
 	var ctx C.uint64_t
 	err := check("cuCtxGetCurrent", C.kv_cuCtxGetCurrent(&ctx))
 	return uint64(ctx), err
+}
+
+// realCtxSetCurrent makes ctx this OS thread's current context, as an
+// engine's CUDA runtime would; for tests, which lock the goroutine to its
+// thread.
+func realCtxSetCurrent(ctx uint64) error {
+	return check("cuCtxSetCurrent", C.kv_cuCtxSetCurrent(C.uint64_t(ctx)))
+}
+
+// realEnginePin pins [ptr, ptr+size) as an engine would (cudaHostRegister),
+// outside this driver's bookkeeping; for tests.
+func realEnginePin(r *Real, ptr, size uint64, pin bool) error {
+	if pin {
+		return check("cuMemHostRegister", C.kv_cuMemHostRegister(r.anyCtx(), C.uint64_t(ptr), C.uint64_t(size),
+			cuMemHostRegisterPortable|cuMemHostRegisterDeviceMap))
+	}
+	return check("cuMemHostUnregister", C.kv_cuMemHostUnregister(r.anyCtx(), C.uint64_t(ptr)))
 }

@@ -155,17 +155,21 @@ func (r *Real) batchCopy(kind CopyKind, dev int, copies []Copy, s Stream) error 
 	return fmt.Errorf("batch of %d %v copies: %w", len(dst), kind, err)
 }
 
-// streamDevice is the ordinal of the device whose context s belongs to:
-// device 0 for the legacy default stream, -1 when unknown.
+// streamDevice is the ordinal of the device whose context s belongs to,
+// -1 when unknown. The legacy and per-thread default streams (0, 1, 2) are
+// the calling thread's current context's (see stream_ctx_enter), device
+// 0's when it has none. A thread has one only when it is the engine's,
+// calling in through the C ABI: the goroutine stays on it for the call.
 func (r *Real) streamDevice(s Stream) int {
-	if s <= 2 { // 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-		if len(r.devices) == 0 {
-			return -1
-		}
-		return 0
-	}
 	var ctx C.uint64_t
-	if C.kv_cuStreamGetCtx(C.uint64_t(s), &ctx) != 0 {
+	if s <= 2 { // 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+		if C.kv_cuCtxGetCurrent(&ctx) != 0 || ctx == 0 {
+			if len(r.devices) == 0 {
+				return -1
+			}
+			return 0
+		}
+	} else if C.kv_cuStreamGetCtx(C.uint64_t(s), &ctx) != 0 {
 		return -1
 	}
 	for i := range r.devices {
@@ -179,15 +183,16 @@ func (r *Real) streamDevice(s Stream) int {
 // kernelMayCopy reports whether the kernel on dev may touch every copy's
 // memory: each device side must lie inside one allocation (MemAlloc) or
 // registered range (RegisterDeviceRange) of dev, and each host side inside
-// pinned memory this driver allocated or registered, on a device that can
-// use host pointers. A bad address faults inside the kernel, a sticky
-// error that poisons the whole context (the engine's too), where a bad
-// cuMemcpy only fails its call: anything unknown goes to the copy engines.
+// pinned memory this driver allocated or pinned itself (not a chunk
+// HostRegister adopted), on a device that can use host pointers. A bad
+// address faults inside the kernel, a sticky error that poisons the whole
+// context (the engine's too), where a bad cuMemcpy only fails its call:
+// anything unknown goes to the copy engines.
 func (r *Real) kernelMayCopy(dev int, kind CopyKind, copies []Copy) bool {
 	if kind != DeviceToDevice && !r.devices[dev].hostPtr {
 		return false
 	}
-	host := func(p, n uint64) bool { return r.hosts.lookup(p, n) != nil }
+	host := func(p, n uint64) bool { return r.hosts.lookup(p, n) != nil && !r.adoptedLocked(p, n) }
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, c := range copies {
@@ -208,6 +213,22 @@ func (r *Real) kernelMayCopy(dev int, kind CopyKind, copies []Copy) bool {
 		}
 	}
 	return true
+}
+
+// adoptedLocked reports whether [p, p+n) meets a chunk HostRegister
+// adopted: CUDA said it was registered already, which it also says when
+// its owner pinned only part of it, and the kernel faults on a page that
+// is not pinned. The copy engines take such memory pinned or not. r.mu
+// held.
+func (r *Real) adoptedLocked(p, n uint64) bool {
+	for _, spans := range r.adopted {
+		for _, s := range spans {
+			if p < s.Start+s.Size && s.Start < p+n {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // u64s is n uint64s at addr, memory outside the Go heap (pinned staging).

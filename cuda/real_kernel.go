@@ -71,7 +71,7 @@ func (r *Real) loadKernel(dev int) (*copyKernel, error) {
 	if err == nil {
 		name := C.CString(copyKernelName)
 		defer C.free(unsafe.Pointer(name))
-		res = C.kv_cuModuleGetFunction(&fn, mod, name)
+		res = C.kv_cuModuleGetFunction(ctx, &fn, mod, name)
 		if err = check("cuModuleGetFunction", res); err != nil {
 			_ = C.kv_cuModuleUnload(ctx, mod)
 		}

@@ -117,7 +117,8 @@ func (r *Real) HostFree(ptr uint64) error {
 // HostRegister pins [ptr, ptr+size) with cuMemHostRegister
 // (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP), in chunks
 // of at most 64 GiB. A chunk CUDA says is pinned already (by its owner) is
-// used as it is. If a chunk fails, the chunks before it are unregistered
+// used as it is, by the copy engines only (its owner may have pinned part
+// of it: see kernelMayCopy). If a chunk fails, the chunks before it are unregistered
 // again and the error names the chunk.
 func (r *Real) HostRegister(ptr, size uint64) error {
 	const op = "cuMemHostRegister"
@@ -132,12 +133,13 @@ func (r *Real) HostRegister(ptr, size uint64) error {
 	// already (cudaHostRegister, as engines do for their host KV pools:
 	// CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) is adopted as it is and
 	// left pinned at HostUnregister.
-	var ours []span
+	var ours, adopted []span
 	for i, c := range hostRegisterChunks(ptr, size, hostRegisterChunkMax) {
 		err := check(op, C.kv_cuMemHostRegister(ctx, C.uint64_t(c.Start), C.uint64_t(c.Size),
 			cuMemHostRegisterPortable|cuMemHostRegisterDeviceMap))
 		var ce *Error
 		if errors.As(err, &ce) && ce.Code == ErrCodeHostMemoryAlreadyRegistered {
+			adopted = append(adopted, c)
 			continue
 		}
 		if err != nil {
@@ -157,6 +159,9 @@ func (r *Real) HostRegister(ptr, size uint64) error {
 	}
 	r.mu.Lock()
 	r.hostRegs[ptr] = ours
+	if len(adopted) > 0 {
+		r.adopted[ptr] = adopted
+	}
 	r.mu.Unlock()
 	return nil
 }
@@ -169,6 +174,7 @@ func (r *Real) HostUnregister(ptr uint64) error {
 	chunks, ok := r.hostRegs[ptr]
 	if ok {
 		delete(r.hostRegs, ptr)
+		delete(r.adopted, ptr)
 	}
 	r.mu.Unlock()
 	if !ok {

@@ -4,7 +4,9 @@ package cuda
 
 import (
 	"runtime"
+	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -29,6 +31,16 @@ func openRealOrSkip(t *testing.T) *Real {
 func TestRealConformance(t *testing.T) {
 	r := openRealOrSkip(t)
 	testDriverConformance(t, r)
+}
+
+// A second device: its own primary context, streams and events (the CUDA
+// double has as many devices as KVBM_CUDA_DOUBLE_DEVICES says).
+func TestRealConformanceSecondDevice(t *testing.T) {
+	r := openRealOrSkip(t)
+	if n, _ := r.DeviceCount(); n < 2 {
+		t.Skipf("the CUDA driver has %d device(s)", n)
+	}
+	testDeviceConformance(t, r, 1)
 }
 
 func TestRealConformanceBatchAPI(t *testing.T) {
@@ -129,6 +141,49 @@ func TestRealRestoresCurrentContext(t *testing.T) {
 	require.Equal(t, before, currentContext(t), "the thread's current context changed")
 }
 
+// The legacy default stream (0) is the current context's, as in CUDA: on
+// an engine's thread with device 1's context current, device 1's event is
+// recorded on it and device 1's memory copied on it, and the context is
+// left current.
+func TestRealLegacyStreamOfTheCurrentContext(t *testing.T) {
+	r := openRealOrSkip(t)
+	if n, _ := r.DeviceCount(); n < 2 {
+		t.Skipf("the CUDA driver has %d device(s)", n)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before := currentContext(t)
+	require.NoError(t, realCtxSetCurrent(r.devices[1].ctx))
+	defer func() { require.NoError(t, realCtxSetCurrent(before)) }()
+	const size = 1 << 20
+	in, err := r.HostAlloc(1, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.HostFree(in)) }()
+	out, err := r.HostAlloc(1, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.HostFree(out)) }()
+	for i, b := 0, view(in, size); i < size; i++ {
+		b[i] = byte(i * 11)
+	}
+	d, err := r.MemAlloc(1, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.MemFree(d)) }()
+	ev, err := r.EventCreate(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.EventDestroy(ev)) }()
+	s, err := r.StreamCreate(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.StreamDestroy(s)) }()
+
+	require.NoError(t, r.MemcpyAsync(HostToDevice, Copy{Dst: d, Src: in, Size: size}, 0))
+	require.NoError(t, r.EventRecord(ev, 0))
+	require.NoError(t, r.StreamWaitEvent(s, ev))
+	require.NoError(t, r.MemcpyAsync(DeviceToHost, Copy{Dst: out, Src: d, Size: size}, s))
+	require.NoError(t, r.StreamSynchronize(s))
+	require.Equal(t, view(in, size), view(out, size))
+	require.Equal(t, r.devices[1].ctx, currentContext(t), "device 1's context stays current")
+}
+
 func TestRealKernelNeedsKnownDeviceMemory(t *testing.T) {
 	r := openRealOrSkip(t)
 	p, err := r.MemAlloc(0, 1<<20)
@@ -139,4 +194,42 @@ func TestRealKernelNeedsKnownDeviceMemory(t *testing.T) {
 	// Past the allocation's end, or an address the driver never gave.
 	require.False(t, r.kernelMayCopy(0, DeviceToDevice, []Copy{{Dst: p + (1 << 20) - 100, Src: p, Size: 4096}}))
 	require.False(t, r.kernelMayCopy(0, DeviceToDevice, []Copy{{Dst: 0x1000, Src: p, Size: 4096}}))
+}
+
+// Host memory the engine pinned only in part: HostRegister adopts the
+// chunk CUDA says is registered already, but the copy kernel may not touch
+// the part that is not pinned (a fault there is a sticky error of the
+// whole context): a batch from it is copied right, by the copy engines.
+func TestRealHostMemoryPinnedInPartByTheEngine(t *testing.T) {
+	r := openRealOrSkip(t)
+	const size = 2 << 20
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, syscall.Munmap(mem)) }()
+	for i := range mem {
+		mem[i] = byte(i * 13)
+	}
+	p := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	require.NoError(t, realEnginePin(r, p, size/2, true)) // the engine's: the first half
+	defer func() { require.NoError(t, realEnginePin(r, p, 0, false)) }()
+	require.NoError(t, r.HostRegister(p, size))
+	defer func() { require.NoError(t, r.HostUnregister(p)) }()
+	d, err := r.MemAlloc(0, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.MemFree(d)) }()
+	s, err := r.StreamCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.StreamDestroy(s)) }()
+	var copies []Copy
+	for i := range 64 { // 64 fragments of 16 KiB from the second half: the kernel's kind of batch
+		off := uint64(size/2 + i*16<<10)
+		copies = append(copies, Copy{Dst: d + off, Src: p + off, Size: 16 << 10})
+	}
+	require.NoError(t, r.MemcpyBatchAsync(HostToDevice, copies, s))
+	out, err := r.HostAlloc(0, size)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.HostFree(out)) }()
+	require.NoError(t, r.MemcpyAsync(DeviceToHost, Copy{Dst: out, Src: d, Size: size}, s))
+	require.NoError(t, r.StreamSynchronize(s))
+	require.Equal(t, mem[size/2:], view(out, size)[size/2:])
 }

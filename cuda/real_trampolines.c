@@ -160,15 +160,21 @@ static CUresult ctx_enter(uint64_t ctx, ctx_guard *g) {
 }
 
 // stream_ctx_enter makes current the context of stream s (an engine's
-// stream may belong to any context), or fallback for the legacy and
-// per-thread default streams and when the driver cannot say.
+// stream may belong to any context). The legacy and per-thread default
+// streams (0, 1, 2) are the current context's, as in CUDA: a thread with
+// one (an engine's, on its device) keeps it. Else, and when the driver
+// cannot say, fallback.
 static CUresult stream_ctx_enter(uint64_t fallback, uint64_t s, ctx_guard *g) {
 	CUcontext c = NULL;
 	g->prev = NULL;
 	g->changed = 0;
 	LOADED_OR_FAIL();
-	if (s > 2 && cu.cuStreamGetCtx((CUstream)(uintptr_t)s, &c) == 0 && c)
-		return ctx_enter((uint64_t)(uintptr_t)c, g);
+	if (s > 2) {
+		if (cu.cuStreamGetCtx((CUstream)(uintptr_t)s, &c) == 0 && c)
+			return ctx_enter((uint64_t)(uintptr_t)c, g);
+	} else if (cu.cuCtxGetCurrent(&c) == 0 && c) {
+		return 0;
+	}
 	return ctx_enter(fallback, g);
 }
 
@@ -471,10 +477,14 @@ int kv_cuModuleLoadData(uint64_t ctx, uint64_t *mod, const void *image) {
 	*mod = (uint64_t)(uintptr_t)m;
 	return r;
 }
-int kv_cuModuleGetFunction(uint64_t *fn, uint64_t mod, const char *name) {
+int kv_cuModuleGetFunction(uint64_t ctx, uint64_t *fn, uint64_t mod, const char *name) {
 	CUfunction f = NULL;
-	LOADED_OR_FAIL();
-	CUresult r = cu.cuModuleGetFunction(&f, (CUmodule)(uintptr_t)mod, name);
+	ctx_guard g;
+	CUresult r = ctx_enter(ctx, &g);
+	if (r == 0) {
+		r = cu.cuModuleGetFunction(&f, (CUmodule)(uintptr_t)mod, name);
+		ctx_leave(&g);
+	}
 	*fn = (uint64_t)(uintptr_t)f;
 	return r;
 }
@@ -486,6 +496,10 @@ int kv_launch_copy(uint64_t ctx, uint64_t fn, unsigned grid, unsigned block, uin
 	void *args[] = {&src_table, &dst_table, &size_table, &n};
 	IN_CTX(STREAM_CTX(ctx, s), cu.cuLaunchKernel((CUfunction)(uintptr_t)fn, grid, 1, 1, block, 1, 1, 0,
 	                                             (CUstream)(uintptr_t)s, args, NULL));
+}
+int kv_cuCtxSetCurrent(uint64_t ctx) {
+	LOADED_OR_FAIL();
+	return cu.cuCtxSetCurrent((CUcontext)(uintptr_t)ctx);
 }
 int kv_cuCtxGetCurrent(uint64_t *ctx) {
 	CUcontext c = NULL;

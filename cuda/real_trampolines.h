@@ -44,6 +44,9 @@ int kv_cuDevicePrimaryCtxRetain(uint64_t *ctx, int dev);
 int kv_cuDevicePrimaryCtxRelease(int dev);
 // kv_cuCtxGetCurrent: this thread's current context (0 when none).
 int kv_cuCtxGetCurrent(uint64_t *ctx);
+// kv_cuCtxSetCurrent makes ctx (0: none) this thread's current context, as
+// an engine's CUDA runtime does; for tests.
+int kv_cuCtxSetCurrent(uint64_t ctx);
 
 int kv_cuStreamCreate(uint64_t ctx, uint64_t *s, unsigned flags);
 int kv_cuStreamDestroy(uint64_t ctx, uint64_t s);
@@ -92,7 +95,9 @@ int kv_cuMemHostUnregister(uint64_t ctx, uint64_t p);
 int kv_cuPointerGetAttribute(uint64_t ctx, void *data, int attr, uint64_t p);
 
 int kv_cuModuleLoadData(uint64_t ctx, uint64_t *mod, const void *image);
-int kv_cuModuleGetFunction(uint64_t *fn, uint64_t mod, const char *name);
+// kv_cuModuleGetFunction needs the module's context current, as every
+// call on a context's objects does.
+int kv_cuModuleGetFunction(uint64_t ctx, uint64_t *fn, uint64_t mod, const char *name);
 int kv_cuModuleUnload(uint64_t ctx, uint64_t mod);
 // kv_launch_copy launches the fragment-copy kernel fn on s.
 int kv_launch_copy(uint64_t ctx, uint64_t fn, unsigned grid, unsigned block, uint64_t s,

@@ -176,7 +176,8 @@ kvbm_status_t kvbm_event_create(int32_t device, kvbm_event_t *event);
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_event_destroy(kvbm_event_t event);
 /* Captures the work queued on stream so far (stream NULL: the legacy
- * default stream). Returns KVBM_OK, KVBM_ERR_CUDA,
+ * default stream of the calling thread's current CUDA context, device 0's
+ * when it has none). Returns KVBM_OK, KVBM_ERR_CUDA,
  * KVBM_ERR_FAILED_PRECONDITION. */
 kvbm_status_t kvbm_event_record(kvbm_event_t event, kvbm_stream_t stream);
 /* KVBM_OK when the captured work is done (or the event was never

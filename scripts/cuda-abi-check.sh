@@ -8,31 +8,9 @@
 # a symbol's version) must make it fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root="${KVBM_CACHE:-$HOME/.cache/kvbm}/cuda-headers"
 CC="${CC:-gcc}"
 
-# headers VERSION PACKAGE: the include directory of that package's headers.
-headers() {
-  local dir="$root/$1" tmp
-  if [[ ! -f "$dir/include/cudaTypedefs.h" ]]; then
-    mkdir -p "$root"
-    tmp=$(mktemp -d "$root/.fetch.XXXXXX")
-    python3 -m pip download -q --no-deps --dest "$tmp" "$2==$1" >&2
-    python3 - "$tmp" "$dir" <<'PY'
-import glob, os, sys, zipfile
-tmp, dest = sys.argv[1:]
-whl = glob.glob(os.path.join(tmp, "*.whl"))[0]
-os.makedirs(os.path.join(dest, "include"), exist_ok=True)
-with zipfile.ZipFile(whl) as z:
-    for n in z.namelist():
-        if n.endswith(".h") and "/include/" in n and "/include/cooperative_groups" not in n:
-            with open(os.path.join(dest, "include", os.path.basename(n)), "wb") as f:
-                f.write(z.read(n))
-PY
-    rm -rf "$tmp"
-  fi
-  echo "$dir/include"
-}
+source scripts/cuda-headers.sh
 
 # nvml.h: go-nvml's copy (the module kvbm already depends on).
 nvml=$(go list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
@@ -41,7 +19,7 @@ check() { # check INCLUDE_DIR SOURCE_DIR: compile the check against that cuda.h
   "$CC" -std=c11 -fsyntax-only -Wall -Werror -I "$1" -I "$nvml" "$2/cuda/abicheck/abicheck.c"
 }
 
-incs=("$(headers 12.8.90 nvidia-cuda-runtime-cu12)" "$(headers 13.0.96 nvidia-cuda-runtime)")
+incs=("$(cuda_headers 12.8.90 nvidia-cuda-runtime-cu12)" "$(cuda_headers 13.0.96 nvidia-cuda-runtime)")
 for inc in "${incs[@]}"; do
   check "$inc" . || { echo "cuda-abi-check: cuda/real_abi.h does not match $inc/cuda.h" >&2; exit 1; }
 done

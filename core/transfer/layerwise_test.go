@@ -208,3 +208,85 @@ func TestOffloadWaitsForPrecondition(t *testing.T) {
 	require.Equal(t, pattern(cfg.BlockSize(), 2), f.readBlock(g2, 3))
 	require.Equal(t, pattern(cfg.BlockSize(), 77), f.readBlock(g3, 0))
 }
+
+// The precondition on any driver (no gate: the real one has none): the
+// engine's stream writes G1 (copies from a pinned staging layout on a
+// stream of its own), the engine records its event there, and offloads
+// given that event, to G2 and through the bounce buffer to disk, read
+// what the engine wrote. 32 MiB, so that the engine's write is still
+// running when they start: on the CUDA double, copies take time, and an
+// offload that did not wait would read the old bytes.
+func TestOffloadReadsWhatItsPreconditionCovers(t *testing.T) {
+	f := newFixture(t)
+	cfg := layout.Config{NumBlocks: 32, NumLayers: 4, OuterDim: 2, PageSize: 16, InnerDim: 1024, DtypeWidth: 2}
+	g1 := f.alloc(storage.Device, cfg, FullyContiguous)
+	staging := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	g2 := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	g3 := f.alloc(storage.Disk, cfg, FullyContiguous)
+	f.fill(g1, 1)
+	f.fill(staging, 100)
+	s, err := f.drv.StreamCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.drv.StreamDestroy(s)) }()
+	ev, err := f.drv.EventCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.drv.EventDestroy(ev)) }()
+	all := make([]int, cfg.NumBlocks)
+	for i := range all {
+		all[i] = i
+	}
+	compute, err := f.m.ExecuteTransfer(staging, all, g1, all, Options{Stream: &s})
+	require.NoError(t, err)
+	require.NoError(t, f.drv.EventRecord(ev, s))
+	n2, err := f.m.ExecuteTransfer(g1, all, g2, all, Options{Precondition: ev})
+	require.NoError(t, err)
+	n3, err := f.m.ExecuteTransfer(g1, []int{31}, g3, []int{0}, Options{Precondition: ev})
+	require.NoError(t, err)
+	require.NoError(t, compute.WaitTimeout(-1))
+	require.NoError(t, n2.WaitTimeout(-1))
+	require.NoError(t, n3.WaitTimeout(-1))
+	for id := range cfg.NumBlocks {
+		require.Equal(t, pattern(cfg.BlockSize(), 100+uint64(id)), f.readBlock(g2, id), "G2 block %d", id)
+	}
+	require.Equal(t, pattern(cfg.BlockSize(), 131), f.readBlock(g3, 0))
+}
+
+// Layer-wise onboard on any driver: the engine makes a stream wait for
+// layer L's event and reads layer L from there (here: an offload of that
+// layer to pinned memory, given the event as its precondition). 1 MiB a
+// layer, split over two streams: each layer's event must cover both
+// halves. On the CUDA double copies take time, so a read the event did
+// not hold back would see the old bytes.
+func TestLayerwiseEventsCoverTheirLayer(t *testing.T) {
+	f := newFixture(t)
+	cfg := layout.Config{NumBlocks: 8, NumLayers: 4, OuterDim: 2, PageSize: 16, InnerDim: 2048, DtypeWidth: 2}
+	g2 := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	g1 := f.alloc(storage.Device, cfg, shapes["ls-second"])
+	out := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	f.fill(g2, 20)
+	f.fill(g1, 80)
+	events := make([]cuda.Event, cfg.NumLayers)
+	for i := range events {
+		ev, err := f.drv.EventCreate(0)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, f.drv.EventDestroy(ev)) }()
+		events[i] = ev
+	}
+	ids := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	n, err := f.m.ExecuteLayerwiseOnboard(g2, ids, g1, ids, events, nil)
+	require.NoError(t, err)
+	var reads []*Notification
+	for layer := range cfg.NumLayers {
+		r, err := f.m.ExecuteTransfer(g1, ids, out, ids, Options{Precondition: events[layer],
+			Layers: &LayerRange{Start: layer, End: layer + 1}})
+		require.NoError(t, err)
+		reads = append(reads, r)
+	}
+	require.NoError(t, n.WaitTimeout(-1))
+	for _, r := range reads {
+		require.NoError(t, r.WaitTimeout(-1))
+	}
+	for _, id := range ids {
+		require.Equal(t, pattern(cfg.BlockSize(), 20+uint64(id)), f.readBlock(out, id), "block %d", id)
+	}
+}

@@ -64,6 +64,10 @@ func lateCases(t *testing.T) []lateCase {
 		t.Logf("no ucx case: UCX does not load: %v", err)
 		return cases
 	}
+	if why := ucxCannotReachDevice(); why != "" {
+		t.Logf("no ucx case: %s", why)
+		return cases
+	}
 	return append(cases, lateCase{name: "ucx", env: []string{"KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites + "=1"},
 		latePushes: true,
 		network: func(t *testing.T) remote.Transport {

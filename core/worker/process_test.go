@@ -69,8 +69,9 @@ func TestExporterProcess(t *testing.T) {
 	if os.Getenv(exporterEnv) == "" {
 		t.Skip("the exporter helper process of the cross-process tests")
 	}
-	drv := cuda.NewEmulated(1)
-	defer drv.Close()
+	// The driver of the tests that start it: the real one under
+	// KVBM_DEVICE=cuda, so that G1 crosses processes by CUDA IPC there.
+	drv := newDriver(t)
 	network, err := remote.Open(os.Getenv("KVBM_TRANSPORT"), remote.OpenOptions{})
 	require.NoError(t, err)
 	id, err := strconv.ParseUint(os.Getenv(exporterEnv), 16, 64)
@@ -356,12 +357,25 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 			}
 			t.Skipf("UCX does not load: %v", err)
 		}
+		if why := ucxCannotReachDevice(); why != "" {
+			t.Skip(why)
+		}
 		t.Setenv(ucx.EnvAcceptLateWrites, "1") // refused otherwise (ucx.ErrLateWrites)
 		network, err := remote.Open("ucx", remote.OpenOptions{})
 		require.NoError(t, err)
 		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites+"=1"),
 			decodeWorkerOn(t, 10*time.Second, network))
 	})
+}
+
+// ucxCannotReachDevice says why the UCX cases cannot run, or "": on the
+// real driver G1 is device memory, which only a CUDA-enabled libucp
+// (KVBM_UCX_LIB) registers; Debian's libucx0 has no CUDA memory domain.
+func ucxCannotReachDevice() string {
+	if os.Getenv(cuda.EnvDevice) == cuda.RealName && os.Getenv(ucx.EnvLib) == "" {
+		return "G1 is device memory (KVBM_DEVICE=cuda): UCX reaches it only through a CUDA-enabled libucp, named by " + ucx.EnvLib
+	}
+	return ""
 }
 
 func pullAndPush(t *testing.T, exp *exporter, dec *testWorker) {

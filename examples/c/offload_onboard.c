@@ -1,8 +1,8 @@
 /* Offload and onboard through every local tier, checking every byte.
  *
- * G1 is host memory this program allocates and registers: under the
- * emulated device, registered host memory becomes device memory, so the
- * program can fill and read it directly once transfers completed. */
+ * G1 is memory this program allocates and registers (g1.h: host memory the
+ * emulated device adopts, or device memory from CUDA's driver under the
+ * cuda backend); the program fills and checks host copies of its layers. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -11,18 +11,25 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "g1.h"
 
 enum { NUM_BLOCKS = 8, NUM_LAYERS = 4, OUTER = 2, PAGE = 4, INNER = 64, WIDTH = 2 };
 enum { LAYER_BYTES = NUM_BLOCKS * OUTER * PAGE * INNER * WIDTH };
 
 static uint8_t pattern(int layer, size_t off) { return (uint8_t)(layer * 31 + off * 7 + (off >> 8)); }
 
+/* G1's layers, and the host copies they are filled from and checked in. */
+static uint64_t g1_layers[NUM_LAYERS];
+
 static void fill(uint8_t *layers[NUM_LAYERS]) {
-    for (int l = 0; l < NUM_LAYERS; l++)
+    for (int l = 0; l < NUM_LAYERS; l++) {
         for (size_t i = 0; i < LAYER_BYTES; i++) layers[l][i] = pattern(l, i);
+        g1_put(g1_layers[l], layers[l], LAYER_BYTES);
+    }
 }
 
 static void verify_layer(uint8_t *layers[NUM_LAYERS], int l, const char *what) {
+    g1_get(layers[l], g1_layers[l], LAYER_BYTES);
     for (size_t i = 0; i < LAYER_BYTES; i++) {
         if (layers[l][i] != pattern(l, i)) {
             fprintf(stderr, "%s: layer %d byte %zu is %u, want %u\n", what, l, i, layers[l][i],
@@ -33,7 +40,10 @@ static void verify_layer(uint8_t *layers[NUM_LAYERS], int l, const char *what) {
 }
 
 static void clear(uint8_t *layers[NUM_LAYERS]) {
-    for (int l = 0; l < NUM_LAYERS; l++) memset(layers[l], 0, LAYER_BYTES);
+    for (int l = 0; l < NUM_LAYERS; l++) {
+        memset(layers[l], 0, LAYER_BYTES);
+        g1_put(g1_layers[l], layers[l], LAYER_BYTES);
+    }
 }
 
 static void wait_ok(kvbm_notification_t n) {
@@ -48,6 +58,7 @@ static void wait_ok(kvbm_notification_t n) {
 int main(void) {
     kvbm_info_t info = KVBM_INFO_INIT;
     CHECK(kvbm_info(&info));
+    g1_open();
     printf("kvbm %u (ABI %u), device backend %s with %d device(s)\n", kvbm_version(),
            info.abi_version, info.device_backend, info.device_count);
     EXPECT(kvbm_version() == KVBM_VERSION_CODE(KVBM_VERSION_MAJOR, KVBM_VERSION_MINOR,
@@ -67,10 +78,10 @@ int main(void) {
     CHECK(kvbm_worker_create(&wc, &w));
 
     uint8_t *layers[NUM_LAYERS];
-    uint64_t ptrs[NUM_LAYERS];
+    uint64_t *ptrs = g1_layers;
     for (int l = 0; l < NUM_LAYERS; l++) {
-        EXPECT(posix_memalign((void **)&layers[l], 4096, LAYER_BYTES) == 0);
-        ptrs[l] = (uint64_t)(uintptr_t)layers[l];
+        EXPECT((layers[l] = malloc(LAYER_BYTES)) != NULL);
+        ptrs[l] = g1_alloc(LAYER_BYTES);
     }
 
     kvbm_layout_config_t g1 = KVBM_LAYOUT_CONFIG_INIT;
@@ -196,14 +207,11 @@ int main(void) {
     wait_ok(n);
     CHECK(kvbm_worker_unregister_g1(w, "sleep mode"));
     EXPECT(kvbm_worker_unregister_g1(w, NULL) == KVBM_ERR_NOT_FOUND);
-    for (int l = 0; l < NUM_LAYERS; l++) free(layers[l]);
+    for (int l = 0; l < NUM_LAYERS; l++) g1_free(ptrs[l]);
     EXPECT(kvbm_worker_transfer(w, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n) ==
            KVBM_ERR_FAILED_PRECONDITION);
     EXPECT(strstr(kvbm_last_error(), "G1 was unregistered (sleep mode)") != NULL);
-    for (int l = 0; l < NUM_LAYERS; l++) {
-        EXPECT(posix_memalign((void **)&layers[l], 4096, LAYER_BYTES) == 0);
-        ptrs[l] = (uint64_t)(uintptr_t)layers[l];
-    }
+    for (int l = 0; l < NUM_LAYERS; l++) ptrs[l] = g1_alloc(LAYER_BYTES);
     clear(layers);
     kvbm_layout_config_t other = g1;
     other.num_blocks = NUM_BLOCKS / 2;
@@ -220,7 +228,10 @@ int main(void) {
     CHECK(kvbm_stream_destroy(compute));
     CHECK(kvbm_worker_destroy(w));
     expect_no_handles();
-    for (int l = 0; l < NUM_LAYERS; l++) free(layers[l]);
+    for (int l = 0; l < NUM_LAYERS; l++) {
+        g1_free(ptrs[l]);
+        free(layers[l]);
+    }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -3,8 +3,9 @@
  * prefix, matches it, onboards it layer by layer, and finds A's bytes.
  * Every byte is checked, and so are the events a KV-aware router reads.
  *
- * G1 is host memory registered as the engine's KV cache (under the
- * emulated device it becomes device memory the program can read). */
+ * G1 is memory registered as the engine's KV cache (g1.h: host memory the
+ * emulated device adopts, or device memory from CUDA's driver under the
+ * cuda backend); the program writes and checks it through host copies. */
 #define _GNU_SOURCE
 #include <ftw.h>
 #include <stdint.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "g1.h"
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
@@ -23,7 +25,8 @@ enum { G1_BLOCKS = 16, G2_BLOCKS = 8, G3_BLOCKS = 16 };
 enum { NUM_LAYERS = 4, OUTER = 2, PAGE = 4, INNER = 64, WIDTH = 2 };
 enum { BLOCK_LAYER_BYTES = OUTER * PAGE * INNER * WIDTH }; /* one block of one layer */
 
-static uint8_t *layers[NUM_LAYERS]; /* block-first: [block][outer][page][inner] */
+static uint8_t *layers[NUM_LAYERS]; /* host copies, block-first: [block][outer][page][inner] */
+static uint64_t g1_layers[NUM_LAYERS]; /* G1 itself */
 
 static uint8_t pattern(int key, int layer, size_t off) {
     return (uint8_t)(key * 13 + layer * 31 + off * 7 + (off >> 8));
@@ -31,12 +34,25 @@ static uint8_t pattern(int key, int layer, size_t off) {
 
 /* The forward pass: G1 block id now holds the KV of key. */
 static void compute(uint32_t id, int key) {
-    for (int l = 0; l < NUM_LAYERS; l++)
+    for (int l = 0; l < NUM_LAYERS; l++) {
         for (size_t i = 0; i < BLOCK_LAYER_BYTES; i++)
             layers[l][id * BLOCK_LAYER_BYTES + i] = pattern(key, l, i);
+        g1_put(g1_layers[l] + id * BLOCK_LAYER_BYTES, &layers[l][id * BLOCK_LAYER_BYTES],
+               BLOCK_LAYER_BYTES);
+    }
+}
+
+/* clear_g1 zeroes every block of G1. */
+static void clear_g1(void) {
+    for (int l = 0; l < NUM_LAYERS; l++) {
+        memset(layers[l], 0, G1_BLOCKS * BLOCK_LAYER_BYTES);
+        g1_put(g1_layers[l], layers[l], G1_BLOCKS * BLOCK_LAYER_BYTES);
+    }
 }
 
 static void verify(uint32_t id, int key, int layer) {
+    g1_get(&layers[layer][id * BLOCK_LAYER_BYTES], g1_layers[layer] + id * BLOCK_LAYER_BYTES,
+           BLOCK_LAYER_BYTES);
     for (size_t i = 0; i < BLOCK_LAYER_BYTES; i++) {
         uint8_t got = layers[layer][id * BLOCK_LAYER_BYTES + i];
         if (got != pattern(key, layer, i)) {
@@ -89,11 +105,11 @@ int main(void) {
     EXPECT(kvbm_worker_cache_match(w, keys, key_lens, 1, &matched, NULL) == KVBM_ERR_FAILED_PRECONDITION);
     EXPECT(strstr(kvbm_last_error(), "kvbm_worker_cache_enable") != NULL);
 
-    uint64_t ptrs[NUM_LAYERS];
+    g1_open();
+    uint64_t *ptrs = g1_layers;
     for (int l = 0; l < NUM_LAYERS; l++) {
-        EXPECT(posix_memalign((void **)&layers[l], 4096, G1_BLOCKS * BLOCK_LAYER_BYTES) == 0);
-        memset(layers[l], 0, G1_BLOCKS * BLOCK_LAYER_BYTES);
-        ptrs[l] = (uint64_t)(uintptr_t)layers[l];
+        EXPECT((layers[l] = calloc(1, G1_BLOCKS * BLOCK_LAYER_BYTES)) != NULL);
+        ptrs[l] = g1_alloc(G1_BLOCKS * BLOCK_LAYER_BYTES);
     }
     kvbm_layout_config_t g1 = KVBM_LAYOUT_CONFIG_INIT;
     g1.num_blocks = G1_BLOCKS;
@@ -163,7 +179,7 @@ int main(void) {
     printf("request B: %zu of 7 blocks cached (%d in G3, %d in G2)\n", matched, from_g3, 6 - from_g3);
 
     /* B onboards the prefix into G1 blocks 10-15, layer by layer. */
-    for (int l = 0; l < NUM_LAYERS; l++) memset(layers[l], 0, G1_BLOCKS * BLOCK_LAYER_BYTES);
+    clear_g1();
     uint32_t b_ids[6] = {10, 11, 12, 13, 14, 15};
     kvbm_event_t layer_done[NUM_LAYERS];
     for (int l = 0; l < NUM_LAYERS; l++) CHECK(kvbm_event_create(0, &layer_done[l]));
@@ -173,8 +189,10 @@ int main(void) {
         for (int i = 0; i < 6; i++) verify(b_ids[i], i, l);
     }
     EXPECT(wait_failed(n) == 0);
-    for (int l = 0; l < NUM_LAYERS; l++) /* the blocks around are untouched */
+    for (int l = 0; l < NUM_LAYERS; l++) { /* the blocks around are untouched */
+        g1_get(layers[l], g1_layers[l], 10 * BLOCK_LAYER_BYTES);
         for (size_t i = 0; i < 10 * BLOCK_LAYER_BYTES; i++) EXPECT(layers[l][i] == 0);
+    }
 
     /* A key that is not cached fails its block only. */
     const uint8_t *mixed[2] = {keys[0], keys[41]};
@@ -231,7 +249,10 @@ int main(void) {
     CHECK(kvbm_stream_destroy(stream));
     CHECK(kvbm_worker_destroy(w));
     expect_no_handles();
-    for (int l = 0; l < NUM_LAYERS; l++) free(layers[l]);
+    for (int l = 0; l < NUM_LAYERS; l++) {
+        g1_free(g1_layers[l]);
+        free(layers[l]);
+    }
     EXPECT(nftw(dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS) == 0); // the G3 and G4 directories
     printf("prefix cache: every byte verified\n");
     return 0;

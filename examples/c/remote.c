@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "g1.h"
 
 enum { NUM_BLOCKS = 6, NUM_LAYERS = 3, OUTER = 2, PAGE = 8, INNER = 32, WIDTH = 2 };
 enum { BLOCK_BYTES = NUM_LAYERS * OUTER * PAGE * INNER * WIDTH };
@@ -31,14 +32,13 @@ static kvbm_layout_config_t config(void) {
     return c;
 }
 
-static kvbm_worker_t make_worker(uint64_t id, uint8_t **g1) {
+static kvbm_worker_t make_worker(uint64_t id, uint64_t *g1) {
     kvbm_worker_config_t wc = KVBM_WORKER_CONFIG_INIT;
     wc.worker_id = id;
     kvbm_worker_t w;
     CHECK(kvbm_worker_create(&wc, &w));
-    EXPECT(posix_memalign((void **)g1, 4096, TOTAL) == 0);
-    memset(*g1, 0, TOTAL);
-    uint64_t ptr = (uint64_t)(uintptr_t)*g1;
+    *g1 = g1_alloc(TOTAL);
+    uint64_t ptr = *g1;
     kvbm_layout_config_t c = config();
     CHECK(kvbm_worker_register_g1(w, &c, &ptr, 1, NULL));
     CHECK(kvbm_worker_allocate_g2(w, &c, NULL));
@@ -50,10 +50,14 @@ static void wait_ok(kvbm_notification_t n) {
     CHECK(kvbm_notification_free(n));
 }
 
-static void verify(const uint8_t *g1, const char *what) {
+/* G1 is read through a host copy (g1.h). */
+static uint8_t host[TOTAL];
+
+static void verify(uint64_t g1, const char *what) {
+    g1_get(host, g1, TOTAL);
     for (size_t i = 0; i < TOTAL; i++) {
-        if (g1[i] != pattern(i)) {
-            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, g1[i], pattern(i));
+        if (host[i] != pattern(i)) {
+            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, host[i], pattern(i));
             exit(1);
         }
     }
@@ -72,7 +76,8 @@ static uint8_t *export_metadata(kvbm_worker_t w, size_t *len) {
 }
 
 int main(void) {
-    uint8_t *g1a, *g1b;
+    g1_open();
+    uint64_t g1a, g1b;
     kvbm_worker_t a = make_worker(WORKER_A, &g1a);
     kvbm_worker_t b = make_worker(WORKER_B, &g1b);
 
@@ -80,7 +85,8 @@ int main(void) {
     for (uint32_t i = 0; i < NUM_BLOCKS; i++) ids[i] = i;
 
     /* B's engine computed KV into G1 and offloaded it to G2. */
-    for (size_t i = 0; i < TOTAL; i++) g1b[i] = pattern(i);
+    for (size_t i = 0; i < TOTAL; i++) host[i] = pattern(i);
+    g1_put(g1b, host, TOTAL);
     kvbm_notification_t n;
     CHECK(kvbm_worker_transfer(b, KVBM_TIER_G1, ids, KVBM_TIER_G2, ids, NUM_BLOCKS, NULL, &n));
     wait_ok(n);
@@ -103,7 +109,7 @@ int main(void) {
     verify(g1a, "pull G2 of B into G1 of A");
 
     /* Leader path: a coordinated worker over A. */
-    memset(g1a, 0, TOTAL);
+    g1_clear(g1a, TOTAL);
     kvbm_coordinated_t c;
     CHECK(kvbm_coordinated_create(a, 0, 0xA0A0u, &c));
     CHECK(kvbm_coordinated_apply_layout_response(c, md_a, len_a));
@@ -129,7 +135,7 @@ int main(void) {
 
     /* By handle: pull B's G1 into A's G1 directly, then push A's G1 (the
      * pattern) into B's G2 reversed and check it through B. */
-    memset(g1a, 0, TOTAL);
+    g1_clear(g1a, TOTAL);
     CHECK(kvbm_worker_transfer_from_remote(a, &remote_g1, ids, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n));
     wait_ok(n);
     verify(g1a, "pull G1 of B by handle");
@@ -137,7 +143,7 @@ int main(void) {
     CHECK(kvbm_coordinated_resolve_remote_handle(c, INSTANCE_B, 0, KVBM_TIER_G2, &remote_g2));
     CHECK(kvbm_worker_transfer_to_remote(a, KVBM_TIER_G1, ids, &remote_g2, rev, NUM_BLOCKS, NULL, &n));
     wait_ok(n);
-    memset(g1b, 0, TOTAL);
+    g1_clear(g1b, TOTAL);
     CHECK(kvbm_worker_transfer(b, KVBM_TIER_G2, rev, KVBM_TIER_G1, ids, NUM_BLOCKS, NULL, &n));
     wait_ok(n);
     verify(g1b, "push A's G1 into B's G2 by handle");
@@ -173,8 +179,8 @@ int main(void) {
     expect_no_handles();
     free(md_a);
     free(md_b);
-    free(g1a);
-    free(g1b);
+    g1_free(g1a);
+    g1_free(g1b);
     printf("remote: ok\n");
     return 0;
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "g1.h"
 
 enum { NUM_BLOCKS = 8, NUM_LAYERS = 4, OUTER = 2, PAGE = 16, INNER = 128, WIDTH = 2 };
 enum { BLOCK_BYTES = NUM_LAYERS * OUTER * PAGE * INNER * WIDTH };
@@ -39,17 +40,16 @@ static kvbm_layout_config_t config(void) {
     return c;
 }
 
-/* A worker whose G1 is host memory standing in for the engine's tensors on
- * the emulated device, with a G2 of the same shape. */
-static kvbm_worker_t make_worker(uint64_t id, uint32_t deadline_ms, uint8_t **g1) {
+/* A worker whose G1 stands in for the engine's tensors (g1.h), with a G2
+ * of the same shape. */
+static kvbm_worker_t make_worker(uint64_t id, uint32_t deadline_ms, uint64_t *g1) {
     kvbm_worker_config_t wc = KVBM_WORKER_CONFIG_INIT;
     wc.worker_id = id;
     wc.remote_deadline_ms = deadline_ms;
     kvbm_worker_t w;
     CHECK(kvbm_worker_create(&wc, &w));
-    EXPECT(posix_memalign((void **)g1, 4096, TOTAL) == 0);
-    memset(*g1, 0, TOTAL);
-    uint64_t ptr = (uint64_t)(uintptr_t)*g1;
+    *g1 = g1_alloc(TOTAL);
+    uint64_t ptr = *g1;
     kvbm_layout_config_t c = config();
     CHECK(kvbm_worker_register_g1(w, &c, &ptr, 1, NULL));
     CHECK(kvbm_worker_allocate_g2(w, &c, NULL));
@@ -61,9 +61,18 @@ static void wait_ok(kvbm_notification_t n) {
     CHECK(kvbm_notification_free(n));
 }
 
-static int same(const uint8_t *g1, unsigned seed, uint32_t from, uint32_t to) {
+/* G1 is filled and read through a host copy (g1.h). */
+static uint8_t host[TOTAL];
+
+static void fill(uint64_t g1, unsigned seed) {
+    for (size_t i = 0; i < TOTAL; i++) host[i] = pattern(i, seed);
+    g1_put(g1, host, TOTAL);
+}
+
+static int same(uint64_t g1, unsigned seed, uint32_t from, uint32_t to) {
+    g1_get(host, g1, TOTAL);
     for (size_t i = (size_t)from * BLOCK_BYTES; i < (size_t)to * BLOCK_BYTES; i++)
-        if (g1[i] != pattern(i, seed)) return 0;
+        if (host[i] != pattern(i, seed)) return 0;
     return 1;
 }
 
@@ -72,9 +81,10 @@ static uint32_t ids[NUM_BLOCKS];
 /* The prefill process: KV into G1, offload to G2, print the metadata in
  * hex; then "verify" lines check G2 against the decode side's push. */
 static int prefill(void) {
-    uint8_t *g1;
+    g1_open();
+    uint64_t g1;
     kvbm_worker_t w = make_worker(PREFILL_WORKER, 0, &g1);
-    for (size_t i = 0; i < TOTAL; i++) g1[i] = pattern(i, 5);
+    fill(g1, 5);
     kvbm_notification_t n;
     CHECK(kvbm_worker_transfer(w, KVBM_TIER_G1, ids, KVBM_TIER_G2, ids, NUM_BLOCKS, NULL, &n));
     wait_ok(n);
@@ -98,7 +108,7 @@ static int prefill(void) {
     }
     CHECK(kvbm_worker_destroy(w));
     free(md);
-    free(g1);
+    g1_free(g1);
     return 0;
 }
 
@@ -145,7 +155,8 @@ int main(int argc, char **argv) {
     uint8_t *md = malloc(len);
     for (size_t i = 0; i < len; i++) EXPECT(sscanf(line + 9 + 2 * i, "%2hhx", &md[i]) == 1);
 
-    uint8_t *g1;
+    g1_open();
+    uint64_t g1;
     kvbm_worker_t w = make_worker(DECODE_WORKER, 2000, &g1);
     uint64_t exporter = 0;
     CHECK(kvbm_metadata_worker_id(md, len, &exporter));
@@ -160,7 +171,7 @@ int main(int argc, char **argv) {
     EXPECT(same(g1, 5, 0, NUM_BLOCKS));
 
     /* Push blocks 2..3 (seed 9) into the prefill side's G2; it checks. */
-    for (size_t i = 0; i < TOTAL; i++) g1[i] = pattern(i, 9);
+    fill(g1, 9);
     kvbm_coordinated_t c;
     CHECK(kvbm_coordinated_create(w, 0, 0xA0A0u, &c));
     CHECK(kvbm_coordinated_import_remote_metadata(c, PREFILL_INSTANCE, 0, md, len));
@@ -182,7 +193,7 @@ int main(int argc, char **argv) {
      * within the 2 s deadline, and so does the next. */
     kill(pid, SIGSTOP);
     usleep(50000);
-    memset(g1, 0, TOTAL);
+    g1_clear(g1, TOTAL);
     double start = now();
     CHECK(kvbm_worker_transfer_from_instance(w, PREFILL_INSTANCE, KVBM_TIER_G2, ids, KVBM_TIER_G1, ids,
                                              NUM_BLOCKS, NULL, &n));
@@ -212,7 +223,7 @@ int main(int argc, char **argv) {
     fclose(out);
     free(line);
     free(md);
-    free(g1);
+    g1_free(g1);
     printf("remote_processes: ok\n");
     return 0;
 }
