@@ -338,11 +338,15 @@ def test_a_fresh_backend_finds_the_states_in_g4(tmp_path, close_after):
     s = m.alloc(1)
     fill(m, int(s[0]), 5)
     backup_node(ctl, src, toks, keys, 0, 6, [transfer(PoolName.MAMBA, [keys[5]], s)])
-    for part in a._pools["mamba"].parts:
-        for _ in range(500):
-            if part.worker.cache.stats().g4_puts >= 1:
+    # Written through in the background: wait for the KV pages' puts and
+    # the state's (a loaded machine lets the query below come first).
+    puts = [(a._worker.cache, N)] + [(part.worker.cache, 1) for part in a._pools["mamba"].parts]
+    for cache, n in puts:
+        for _ in range(1000):
+            if cache.stats().g4_puts >= n:
                 break
             time.sleep(0.01)
+        assert cache.stats().g4_puts >= n, cache.stats()
     kv2, m2 = host_pool("page_first_direct"), mamba_pool()
     b, _ = hybrid(close_after, {PoolName.KV: kv2, PoolName.MAMBA: m2}, extra)
     other, _ = hybrid(close_after, {PoolName.KV: host_pool("page_first_direct"),
