@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -324,6 +325,17 @@ func TestBadInput(t *testing.T) {
 // Layer-wise onboard records each layer's event before Onboard returns,
 // also for blocks staged from G3.
 func TestLayerwiseOnboard(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(map[bool]string{false: "worker's stream", true: "caller's stream"}[own], func(t *testing.T) {
+			layerwiseOnboard(t, own)
+		})
+	}
+}
+
+// layerwiseOnboard: the copy of the blocks G2 holds runs beside the
+// staging of G3's, slowed here (its first device copy waits 200 ms), and
+// the layer events still cover it.
+func layerwiseOnboard(t *testing.T, callerStream bool) {
 	f := newFixture(t, tiers{g1: 16, g2: 2, g3: 4}, Config{})
 	f.offload(0, seq(0, 2))
 	f.offload(2, seq(2, 2)) // 0, 1 in G3; 2, 3 in G2
@@ -335,7 +347,22 @@ func TestLayerwiseOnboard(t *testing.T) {
 		events[i] = ev
 		defer func() { require.NoError(t, f.emu.EventDestroy(ev)) }()
 	}
-	note, err := f.c.Onboard(keyRange(0, 4), seq(4, 4), events, nil)
+	var stream *cuda.Stream
+	if callerStream {
+		s, err := f.emu.StreamCreate(0)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, f.emu.StreamDestroy(s)) }()
+		stream = &s
+	}
+	var first atomic.Bool
+	f.emu.InjectCopyFault(func(kind cuda.CopyKind, _ cuda.Copy) error {
+		if kind == cuda.HostToDevice && first.CompareAndSwap(false, true) {
+			time.Sleep(200 * time.Millisecond) // the early copy: enqueued before staging starts
+		}
+		return nil
+	})
+	defer f.emu.InjectCopyFault(nil)
+	note, err := f.c.Onboard(keyRange(0, 4), seq(4, 4), events, stream)
 	require.NoError(t, err)
 	for _, ev := range events {
 		require.NoError(t, f.emu.EventSynchronize(ev))

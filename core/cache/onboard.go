@@ -98,8 +98,9 @@ func (c *Cache) Onboard(raw [][]byte, g1 []int, events []cuda.Event, stream *cud
 		}), nil
 	}
 	// The layers' events are recorded after the staged blocks' copies, and
-	// the early copy is over before those start (stageBeside): each event
-	// covers every block of its layer.
+	// behind the early copy on the caller's stream, or after it is over on
+	// the worker's (stageBeside): each event covers every block of its
+	// layer.
 	c.stageBeside(o, stream)
 	src, dst := o.ready.src[o.early.count():], o.ready.dst[o.early.count():]
 	n, err := c.w.ExecuteLayerwiseOnboard(src, dst, events, stream)
@@ -182,28 +183,35 @@ func (c *Cache) stageBeside(o *onboard, stream *cuda.Stream) {
 		o.early = c.startG2Copy(o.ready.src, o.ready.dst, stream)
 	}
 	c.stage(o)
-	o.early.wait()
+	if stream == nil {
+		// The copies after staging go on another stream: the layers'
+		// events must cover the early copy, so it is over first. On the
+		// caller's stream they queue behind it (loaded waits for it).
+		o.early.wait()
+	}
 	o.copyStart = time.Now()
 }
 
 // g2Time is how long o's copies into G1 ran, once they are over: the early
-// copy's time and the copy's after staging (which starts with the stream
-// clear of the caller's work when there was an early copy).
+// copy's, from when its stream reached it, and the copy's after staging,
+// from when it was queued or the early copy ended. 0 (no sample) when a
+// stamp taken by another goroutine came after the end it should precede.
 func (o *onboard) g2Time() time.Duration {
 	end := time.Now()
 	var reached time.Time
 	if o.reached != nil {
-		// Stamped by another goroutine: after end when it woke later than
-		// this one, and then the copies' own time is not known (0: no
-		// sample).
 		if reached = <-o.reached; reached.After(end) {
 			return 0
 		}
 	}
-	if o.early != nil {
-		return o.early.ran(reached) + end.Sub(o.copyStart)
+	if o.early == nil {
+		return end.Sub(later(o.copyStart, reached))
 	}
-	return end.Sub(later(o.copyStart, reached))
+	early := o.early.ran(reached)
+	if early < 0 {
+		return 0
+	}
+	return early + end.Sub(later(o.copyStart, o.early.end))
 }
 
 // staging reports whether o brings blocks from G3 or G4.
@@ -314,6 +322,7 @@ func (c *Cache) fromG4(k pool.Key, err error, g1 int, o *onboard) bool {
 // start) is over: it releases the G2 pins, keeps the staged blocks in G2,
 // and reports the G1 blocks that failed.
 func (c *Cache) loaded(o *onboard, total int, n *transfer.Notification, err error) error {
+	o.early.wait()
 	early := o.early.count()
 	failed := func(int) bool { return true }
 	if len(o.ready.keys) == early {

@@ -121,7 +121,8 @@ func (m *Manager) callerBounce(p *plan, b *Bounce) (*entry, []int, error) {
 // bounce → destination. The bounce is used as two halves, so that a chunk's
 // second hop runs while the next chunk's first hop fills the other half (a
 // disk read beside a device copy); a half is filled again only once its
-// second hop is over. The bounce is shaped as the source, so a head slice
+// second hop is over (a bounce of one block is one half: one chunk at a
+// time). The bounce is shaped as the source, so a head slice
 // is taken on the second hop.
 func (m *Manager) twoHop(p *plan, opts Options) error {
 	b, ids, release, err := m.bounceFor(p)
@@ -144,6 +145,10 @@ func (m *Manager) twoHop(p *plan, opts Options) error {
 			failed.addPlanRange(lo, hi, context.Cause(p.ctx))
 			lo = hi
 			continue
+		}
+		if pending != nil && len(halves) == 1 { // one half: its second hop reads it still
+			pending()
+			pending = nil
 		}
 		hop1 := subPlan(p.src, b, p.srcIDs[lo:hi], staged, p.layers)
 		hop1.ctx = p.ctx

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -249,45 +251,78 @@ func TestDiskCorruptionDetected(t *testing.T) {
 
 // A disk read into the device through a bounce buffer far smaller than
 // the transfer runs in chunks, through the bounce's two halves in turn,
-// each chunk's copy beside the next chunk's read: every block lands in its
-// destination, and a corrupt block in a middle chunk fails alone, its
-// destination keeping its bytes (not what a chunk before left in its slot).
+// each chunk's copy beside the next chunk's read (the device copies are
+// slowed so that they overlap): every block lands in its destination; a
+// corrupt block in a middle chunk fails alone, its destination keeping its
+// bytes (not what a chunk before left in its slot); a second hop that fails
+// fails its chunk's blocks only. A bounce of one block is one half: its
+// chunks go one at a time.
 func TestTwoHopChunksThroughTheBounceHalves(t *testing.T) {
-	drv, _ := testDriver(t)
-	m, err := NewManager(Config{WorkerID: 0xA2, Driver: drv, DiskDir: t.TempDir(), HostWorkers: 2, BounceBlocks: 4})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, m.Close()) })
-	f := &fixture{t: t, drv: drv, m: m}
-	const n = 11 // chunks of 2: six, the last one short
-	cfg := smallConfig(n)
-	src := f.alloc(storage.Pinned, cfg, FullyContiguous)
-	disk := f.alloc(storage.Disk, cfg, FullyContiguous)
-	dst := f.alloc(storage.Device, cfg, FullyContiguous)
-	f.fill(src, 100)
-	ids := seqInts(n)
-	require.NoError(t, f.transfer(src, ids, disk, ids, Options{}))
-	l, _, _ := f.m.Layout(disk)
-	fh, err := os.OpenFile(diskOf(t, f.m, disk).Path(), os.O_RDWR, 0)
-	require.NoError(t, err)
-	_, err = fh.WriteAt([]byte{0xFF}, int64(l.Fragment(5, 1, 0).Addr+3)) // in the third chunk
-	require.NoError(t, err)
-	require.NoError(t, fh.Close())
+	for _, bounce := range []int{4, 1} {
+		t.Run(fmt.Sprintf("bounce of %d", bounce), func(t *testing.T) {
+			drv, emu := testDriver(t)
+			if emu == nil {
+				t.Skip("needs the emulated device's fault hook")
+			}
+			m, err := NewManager(Config{WorkerID: 0xA2, Driver: drv, DiskDir: t.TempDir(), HostWorkers: 2, BounceBlocks: bounce})
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, m.Close()) })
+			f := &fixture{t: t, drv: drv, emu: emu, m: m}
+			const n = 12 // chunks of 2 (or 1): the last one fails on its second hop
+			cfg := smallConfig(n)
+			src := f.alloc(storage.Pinned, cfg, FullyContiguous)
+			disk := f.alloc(storage.Disk, cfg, FullyContiguous)
+			dst := f.alloc(storage.Device, cfg, FullyContiguous)
+			f.fill(src, 100)
+			ids := seqInts(n)
+			require.NoError(t, f.transfer(src, ids, disk, ids, Options{}))
+			l, _, _ := f.m.Layout(disk)
+			fh, err := os.OpenFile(diskOf(t, f.m, disk).Path(), os.O_RDWR, 0)
+			require.NoError(t, err)
+			_, err = fh.WriteAt([]byte{0xFF}, int64(l.Fragment(5, 1, 0).Addr+3)) // a middle chunk
+			require.NoError(t, err)
+			require.NoError(t, fh.Close())
+			dl, _, _ := f.m.Layout(dst)
+			last := dl.Fragment(0, 0, 0) // rev[11]: source block 11, in the last chunk
+			f.fill(dst, 500)
+			var calls atomic.Int32
+			emu.InjectCopyFault(func(kind cuda.CopyKind, c cuda.Copy) error {
+				if kind != cuda.HostToDevice {
+					return nil
+				}
+				calls.Add(1)
+				time.Sleep(2 * time.Millisecond)
+				if c.Dst >= last.Addr && c.Dst < last.Addr+uint64(cfg.BlockSize()) {
+					return errors.New("injected: the last chunk's second hop")
+				}
+				return nil
+			})
+			defer emu.InjectCopyFault(nil)
 
-	f.fill(dst, 500)
-	rev := make([]int, n)
-	for i := range rev {
-		rev[i] = n - 1 - i
-	}
-	nt, err := f.m.ExecuteTransfer(disk, ids, dst, rev, Options{})
-	require.NoError(t, err)
-	require.ErrorIs(t, nt.WaitTimeout(-1), ErrCorrupt)
-	require.Equal(t, []int{n - 1 - 5}, nt.FailedBlocks())
-	for i := range ids {
-		want := pattern(cfg.BlockSize(), 100+uint64(i))
-		if i == 5 {
-			want = pattern(cfg.BlockSize(), 500+uint64(rev[i]))
-		}
-		require.Equal(t, want, f.readBlock(dst, rev[i]), "source block %d", i)
+			rev := make([]int, n)
+			for i := range rev {
+				rev[i] = n - 1 - i
+			}
+			nt, err := f.m.ExecuteTransfer(disk, ids, dst, rev, Options{})
+			require.NoError(t, err)
+			require.Error(t, nt.WaitTimeout(-1))
+			chunk := max(1, bounce/2)
+			lastChunk := []int{}
+			for i := (n - 1) / chunk * chunk; i < n; i++ {
+				lastChunk = append(lastChunk, rev[i])
+			}
+			require.ElementsMatch(t, append([]int{rev[5]}, lastChunk...), nt.FailedBlocks())
+			require.Positive(t, calls.Load())
+			for i := range ids {
+				if i == 5 || slices.Contains(lastChunk, rev[i]) {
+					if i == 5 {
+						require.Equal(t, pattern(cfg.BlockSize(), 500+uint64(rev[i])), f.readBlock(dst, rev[i]), "its first hop failed")
+					}
+					continue
+				}
+				require.Equal(t, pattern(cfg.BlockSize(), 100+uint64(i)), f.readBlock(dst, rev[i]), "source block %d", i)
+			}
+		})
 	}
 }
 
