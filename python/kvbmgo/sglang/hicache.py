@@ -309,7 +309,7 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
             seen.add(k)
         matched, tiers = self._worker.cache.match(kb)
         if matched < len(keys):
-            self._prefill.missed(keys[matched], len(keys) - matched)
+            self._prefill.missed(keys[-1], len(keys) - matched)
         if matched and self.config.load_policy == "auto" and self._prefill.tokens_per_s():
             matched = self._worth_loading(list(tiers)[:matched])
         return matched
