@@ -84,11 +84,13 @@ def test_g3_persist_needs_a_directory_and_names_what_its_keys_are(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"w" * 8)
+    (model / "model.safetensors").write_bytes(b"w" * (1 << 20))
     before = persist_id(vc(model=str(model)), None)
     assert persist_id(vc(model=str(model)), None) == before
-    (model / "model.safetensors").write_bytes(b"w" * 9)
-    assert persist_id(vc(model=str(model)), None) != before
+    os.utime(model / "model.safetensors", (1, 1))  # a copy: other times, the same model
+    assert persist_id(vc(model=str(model)), None) == before
+    (model / "model.safetensors").write_bytes(b"w" * (1 << 19) + b"v" * (1 << 19))
+    assert persist_id(vc(model=str(model)), None) != before, "other weights, the same size"
     assert "snapshot=" in persist_id(vc(model="org/not-in-any-cache"), None)
     # fp8 KV whose scales each run computes cannot be kept.
     fp8 = vc()

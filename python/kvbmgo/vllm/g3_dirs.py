@@ -75,24 +75,40 @@ def persistent_g3_dir(g3_dir: str, rank: str) -> str:
 
 #: The files of a model directory whose content the weights are.
 _WEIGHT_FILES = re.compile(r".*\.(safetensors|bin|pt|pth|gguf)$|config\.json$")
+#: Of each weight file, this many pieces of _SAMPLE bytes spread over it
+#: are read: a fine-tuned model's weights differ everywhere, and a copy of
+#: the directory (new modification times) is the same model.
+_SAMPLES, _SAMPLE = 16, 64 << 10
 
 
-def weights_id(model: str) -> str:
+def _file_digest(path: str, size: int) -> bytes:
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for i in range(_SAMPLES):
+            f.seek(size * i // _SAMPLES)
+            h.update(f.read(_SAMPLE))
+    return h.digest()
+
+
+def weights_id(model: str, revision: Any = None, download_dir: Any = None) -> str:
     """What the model's weights are, beyond its name: for a local directory
-    the names, sizes and modification times of its weight and config files
-    (a directory whose weights were replaced is another model); for a hub
-    name the commit of the snapshot vLLM's cache holds, when there is one
-    (a name or revision such as "main" that moved is another model)."""
+    a digest of its weight and config files (their names, sizes and pieces
+    of their bytes: a directory whose weights were replaced is another
+    model, a copy of it is the same); for a hub name the commit of the
+    snapshot of that revision in vLLM's download directory or the hub's
+    cache (a revision such as "main" that moved is another model), "unknown"
+    when there is none (check_persistable warns)."""
     if os.path.isdir(model):
-        parts = []
+        h = hashlib.sha256()
         for name in sorted(os.listdir(model)):
-            if _WEIGHT_FILES.match(name):
-                st = os.stat(os.path.join(model, name))
-                parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
-        return "files=" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+            path = os.path.join(model, name)
+            if _WEIGHT_FILES.match(name) and os.path.isfile(path):
+                h.update(name.encode() + b"\0" + _file_digest(path, os.path.getsize(path)))
+        return "files=" + h.hexdigest()[:16]
     try:
         from huggingface_hub import try_to_load_from_cache
-        path = try_to_load_from_cache(model, "config.json")
+        path = try_to_load_from_cache(model, "config.json", revision=revision,
+                                      cache_dir=download_dir or None)
     except Exception:  # noqa: BLE001 - no hub, an odd name: the name is all we have
         path = None
     if isinstance(path, str):
@@ -122,9 +138,15 @@ def persist_id(vllm_config: Any, groups: Any) -> str:
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
     check_persistable(vllm_config)
     kinds = ",".join(f"{g.index}:{g.kind}" for g in groups.kept) if groups is not None else ""
+    weights = weights_id(str(getattr(mc, "model", "")), getattr(mc, "revision", None),
+                         getattr(getattr(vllm_config, "load_config", None), "download_dir", None))
+    if weights.endswith("unknown"):
+        log.warning("kvbm: g3_persist: the weights of %s are not found on disk, so the kept "
+                    "KV is named by the model's name and revision only: a model replaced "
+                    "under the same name would find it", getattr(mc, "model", ""))
     return (f"kvbm-vllm/2 model={getattr(mc, 'model', '')} "
             f"revision={getattr(mc, 'revision', None)} "
-            f"weights={weights_id(str(getattr(mc, 'model', '')))} dtype={getattr(mc, 'dtype', '')} "
+            f"weights={weights} dtype={getattr(mc, 'dtype', '')} "
             f"kv_cache_dtype={getattr(cc, 'cache_dtype', '')} block_size={cc.block_size} "
             f"tp={getattr(pc, 'tensor_parallel_size', 1)} "
             f"pp={getattr(pc, 'pipeline_parallel_size', 1)} groups={kinds}")
