@@ -213,6 +213,11 @@ func checkRkey(rkey []byte) error { return checkRkeyFrame(rkey, rkeyFrame120) }
 // rkeyFrame120 is set when the loaded UCX is 1.20 or newer (lib.go).
 var rkeyFrame120 bool
 
+// rkeyPadding follows every key handed to UCX (peer.go): a system device
+// byte "unknown" for a key that ends after its domains (packed by a UCX
+// older than 1.20, which 1.20 reads one more byte of), then zeros.
+var rkeyPadding = append([]byte{sysDevUnknown}, make([]byte, 255)...)
+
 // UCX's system device byte: unknown, and the flag bit a known one may carry.
 const (
 	sysDevUnknown   = 0xFF
@@ -229,7 +234,8 @@ const (
 // transports register nothing: tcp, shared memory); a map that is not
 // empty is followed by the system device byte, and when that device is
 // known by distances of 3 bytes up to an 0xFF terminator, which UCX reads
-// until it finds one: each must be inside the key.
+// until it finds one: each must be inside the key. A key without the
+// device byte (an older UCX packed it) is read with rkeyPadding's.
 func checkRkeyFrame(rkey []byte, frame120 bool) error {
 	if len(rkey) < 9 {
 		return fmt.Errorf("rkey of %d bytes is shorter than its 9-byte header", len(rkey))
@@ -248,11 +254,8 @@ func checkRkeyFrame(rkey []byte, frame120 bool) error {
 		}
 		p += 1 + int(rkey[p])
 	}
-	if !frame120 {
+	if !frame120 || p >= len(rkey) { // none: the padding's first byte stands in (unknown)
 		return nil
-	}
-	if p >= len(rkey) {
-		return fmt.Errorf("rkey truncated: %d bytes, no system device after its memory domains", len(rkey))
 	}
 	if rkey[p] == sysDevUnknown {
 		return nil

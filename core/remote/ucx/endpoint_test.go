@@ -3,6 +3,7 @@ package ucx
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 	"testing"
 
 	"github.com/kvbm/kvbm/core/remote"
@@ -58,11 +59,12 @@ func TestCheckRkey(t *testing.T) {
 func TestCheckRkeyFrom120(t *testing.T) {
 	require.NoError(t, checkRkeyFrame(make([]byte, 9), true))
 	rk := fakeRkey()
-	require.ErrorContains(t, checkRkeyFrame(rk, true), "no system device")
+	require.NoError(t, checkRkeyFrame(rk, true), "from an older UCX: the padding's device byte")
+	require.Equal(t, byte(sysDevUnknown), rkeyPadding[0])
 	require.NoError(t, checkRkeyFrame(append(rk, 0xFF), true), "device unknown")
 	known := append(append([]byte{}, rk...), 0x81, 2, 7, 7, 3, 7, 7, 0xFF)
 	require.NoError(t, checkRkeyFrame(known, true))
-	for n := len(rk); n < len(known); n++ {
+	for n := len(rk) + 1; n < len(known); n++ { // the device byte, then cut distances
 		require.Error(t, checkRkeyFrame(known[:n], true), "%d bytes", n)
 	}
 	require.NoError(t, checkRkeyFrame(known, false), "before 1.20 the tail is not read")
@@ -88,18 +90,56 @@ func FuzzDecodeEndpoint(f *testing.F) {
 	})
 }
 
+// ucxFrameEnd walks a key as UCX 1.20 reads it after ucp_ep_rkey_unpack
+// (src/ucp/core/ucp_rkey.c: the map, the memory type, each domain's size
+// and key, then the system device and, when it is known, distances up to
+// a terminator) over the key and the padding kvbm puts after it, and
+// returns how many bytes it reads; -1 when it would read past them.
+func ucxFrameEnd(b []byte) int {
+	buf := append(append([]byte{}, b...), rkeyPadding...)
+	if len(b) < 9 {
+		return -1
+	}
+	mdMap := binary.LittleEndian.Uint64(buf)
+	p := 9
+	for i := 0; i < bits.OnesCount64(mdMap); i++ {
+		if p >= len(buf) {
+			return -1
+		}
+		p += 1 + int(buf[p])
+	}
+	if mdMap == 0 {
+		return p
+	}
+	if p >= len(buf) {
+		return -1
+	}
+	dev := buf[p]
+	p++
+	if dev == sysDevUnknown {
+		return p
+	}
+	for ; p < len(buf) && buf[p] != sysDevUnknown; p += rkeyDistanceLen {
+	}
+	if p >= len(buf) {
+		return -1
+	}
+	return p + 1
+}
+
 // FuzzCheckRkeyFrame: any bytes are accepted or refused without a panic,
-// and a key accepted by 1.20's rules that names domains ends in bytes UCX
-// stops at (its system device unknown, or a terminator) inside the key.
+// and what 1.20's rules accept UCX reads within the key and the padding's
+// first byte (ucxFrameEnd, a model of UCX's walk of its own).
 func FuzzCheckRkeyFrame(f *testing.F) {
 	f.Add(fakeRkey())
 	f.Add(append(fakeRkey(), 0x81, 2, 7, 7, 0xFF))
 	f.Add(make([]byte, 9))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_ = checkRkeyFrame(b, false)
-		if checkRkeyFrame(b, true) != nil || binary.LittleEndian.Uint64(b) == 0 {
+		if checkRkeyFrame(b, true) != nil {
 			return
 		}
-		require.Contains(t, b[9:], byte(sysDevUnknown))
+		end := ucxFrameEnd(b)
+		require.True(t, end >= 0 && end <= len(b)+1, "UCX reads %d bytes of a %d-byte key", end, len(b))
 	})
 }

@@ -99,9 +99,12 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 			rl := &remoteLayout{info: l}
 			p.layouts[l.handle] = rl
 			for _, r := range l.regions {
-				// Zeros after the key: nothing UCX reads past a key
-				// that checkRkey let through is outside the copy.
-				buf := C.CBytes(append(slices.Clip(r.rkey), make([]byte, 256)...))
+				// Padding after the key: nothing UCX reads past a key
+				// that checkRkey let through is outside the copy. Its
+				// first byte is "system device unknown", which UCX 1.20
+				// reads after the domains of a key from an older UCX
+				// that packed none.
+				buf := C.CBytes(append(slices.Clip(r.rkey), rkeyPadding...))
 				var rkey C.uint64_t
 				err := status(C.kvbm_ucx_rkey_unpack(p.ep, buf, &rkey))
 				C.free(buf)

@@ -246,6 +246,9 @@ func TestBadEndpoints(t *testing.T) {
 	require.Len(t, info.layouts, 1)
 	rk := info.layouts[0].regions[0].rkey
 	for _, n := range []int{1, len(rk) / 2, len(rk) - 1} {
+		if n == len(rk)-1 && checkRkey(rk[:n]) == nil {
+			continue // UCX 1.20+ without its device byte: an older UCX's key, read with the padding's
+		}
 		info.layouts[0].regions[0].rkey = rk[:n]
 		p, err := imp.tr.Connect(ctx, info.encode())
 		if err == nil {
