@@ -330,7 +330,7 @@ class KvbmScheduler:
             # differ (another block size, a shorter list) fail the pull.
             remote, local, refused = pd_groups.pairs(self.groups, params,
                                                      blocks.get_block_ids(), start,
-                                                     num_external_tokens)
+                                                     num_external_tokens, self.tp_size)
         self._pulls.append(RemotePull(
             request.request_id, str(params["remote_engine_id"]),
             str(params["remote_request_id"]), str(params["remote_host"]),
