@@ -305,9 +305,12 @@ class KvbmScheduler:
             raise RuntimeError(f"request {request.request_id}: vLLM asks for {nb} external "
                                f"blocks, the cache matched {n}")
         if self.groups.hybrid:
-            keys, load_ids = hybrid_blocks.load(self.groups, request.block_hashes,
-                                                blocks.get_block_ids(), start, nb)
-            self._loads.append(BlockLoad(request.request_id, keys, load_ids, True))
+            keys, load_ids, why = hybrid_blocks.load(self.groups, request.block_hashes,
+                                                     blocks.get_block_ids(), start, nb)
+            if why:
+                log.warning("kvbm: request %s: %s; its load of %d blocks fails "
+                            "(failed_recving)", request.request_id, why, nb)
+            self._loads.append(BlockLoad(request.request_id, keys, load_ids, True, why))
             return
         ids = blocks.get_block_ids()[0]
         # blocks: the request's blocks from its first; the load fills those
