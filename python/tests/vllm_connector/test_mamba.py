@@ -115,6 +115,30 @@ def test_a_hit_ends_where_the_state_is_held():
         e.close()
 
 
+def test_a_local_hit_of_the_first_blocks_leaves_the_state_to_the_load():
+    # vLLM's own prefix cache holds the first 4 blocks and the state after
+    # them (C's); the cache holds all 9 and the states after 4, 8 and 9.
+    # B's hit is cut in two: vLLM's local 4 blocks, kvbm's 5 after them
+    # with the state after 9 into B's entry 8, which B's forward reads
+    # (verify): the local state after 4 blocks is not where B starts.
+    e = MambaEngine({"g2_blocks": 96})
+    try:
+        prompt = list(range(11, 11 + 9 * BLOCK + 6))
+        _cached(e, prompt)
+        c, _ = _run(e, "C", prompt[:4 * BLOCK] + [5, 5, 5])
+        b, mds = _run(e, "B", prompt[:9 * BLOCK] + [7, 7, 7, 7, 7])
+        loads = [ld for md in mds for ld in md.loads]
+        assert len(loads) == 1
+        ks = set(loads[0].keys)
+        assert not {key(b.block_hashes[j], g) for j in range(4) for g in (0, 1)} & ks
+        assert {key(b.block_hashes[j], 0) for j in range(4, 9)} <= ks
+        assert [k for k in ks if k.endswith(b"/g001")] == [key(b.block_hashes[8], 1)]
+        assert not any(o.failed_recving for o in e.outputs)
+        assert ("B", len(b.prompt_token_ids)) in e.states
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 def test_a_lost_state_fails_its_request_through_failed_recving(policy):
     # The index says (as a stale event would) that block 9 and the state
