@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from harness import BLOCK  # noqa: E402
+from test_disagg_hybrid import pulled_into  # noqa: E402
 from test_disagg_tp import free_port  # noqa: E402
 from tp_engine import TpEngine, model_dir, rank_heads, run_both  # noqa: E402
 
@@ -70,20 +71,14 @@ def test_every_group_between_tp_sizes_byte_for_byte(tmp_path, kv_heads, p, d, p_
             seen["tables"] = tables = de.tables("R-decode")
             seen["scheduled"] = so.num_scheduled_tokens["R-decode"]
             written = set()
-            for g, (lst, layers) in enumerate(zip(params["remote_block_ids"],
-                                                  de.group_layers)):
-                n = len(tables[g])
-                for i, got in enumerate(want[g]):
-                    b = tables[g][n - len(lst) + i]  # tails line up
-                    if b == NULL or got is None:
-                        continue
-                    written.add(b)
-                    for r in range(de.tp):
-                        heads = rank_heads(r, de.tp, de.total, False)
-                        for layer, w in zip(layers, got):
-                            assert torch.equal(de.read(r, b, layer), w[heads]), \
-                                (f"decode rank {r} group {g} block {n - len(lst) + i} "
-                                 f"(G1 {b}) layer {layer}: heads {heads}")
+            for g, pos, b, got in pulled_into(tables, params["remote_block_ids"], want):
+                written.add(b)
+                for r in range(de.tp):
+                    heads = rank_heads(r, de.tp, de.total, False)
+                    for layer, w in zip(de.group_layers[g], got):
+                        assert torch.equal(de.read(r, b, layer), w[heads]), \
+                            (f"decode rank {r} group {g} block {pos} (G1 {b}) layer {layer}: "
+                             f"heads {heads}")
             for r in range(de.tp):
                 for b in range(de.kvc.num_blocks):
                     if b not in written:
