@@ -47,14 +47,22 @@ def match(groups: KvGroups, hashes: Any, start: int, limit: int, tiers: Containe
 
 
 def load(groups: KvGroups, hashes: Any, tables: Any, start: int, nb: int
-         ) -> Tuple[List[bytes], List[int]]:
+         ) -> Tuple[List[bytes], List[int], str]:
     """The keys and G1 blocks of a hit's load: each attention group's blocks
     after start that vLLM allocated (its nulls, a window's skipped blocks,
     are not loaded), and each Mamba group's state at the hit's end, into
-    the block vLLM's align mode reads it from (the hit's last entry)."""
+    the block vLLM's align mode reads it from (the hit's last entry); and
+    why it cannot be loaded, or "".
+
+    That entry is a block vLLM 0.33 and 0.34 allocate for every async load
+    (the scheduler allocates for the hit's tokens alone; hybrid loads are
+    all async). Were it null, the state would have nowhere to go and vLLM
+    would read the null block's: the load is refused (its request fails
+    through failed_recving), never raised across the engine."""
     end = start + nb
     if not groups.mamba:  # attention groups only: every allocated block
-        return groups.block_keys(hashes, tables, start, end)
+        keys, ids = groups.block_keys(hashes, tables, start, end)
+        return keys, ids, ""
     keys: List[bytes] = []
     ids: List[int] = []
     for j in range(start, end):
@@ -67,9 +75,9 @@ def load(groups: KvGroups, hashes: Any, tables: Any, start: int, nb: int
                 keys.append(groups.key(h, g))
                 ids.append(b)
             elif g.kind == "mamba":
-                raise RuntimeError(f"vLLM allocated no block for the state of group "
-                                   f"{g.index} after {end} blocks (its entry is null)")
-    return keys, ids
+                return [], [], (f"vLLM's table of Mamba group {g.index} holds no block for "
+                                f"the state after {end} blocks (entry {j} is null)")
+    return keys, ids, ""
 
 
 def store(groups: KvGroups, hashes: Any, tables: Sequence[Sequence[int]], first: int,

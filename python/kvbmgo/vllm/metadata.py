@@ -15,11 +15,14 @@ __all__ = ["BlockLoad", "BlockStore", "KvbmConnectorMetadata", "KvbmWorkerMetada
 
 @dataclass
 class BlockLoad:
-    """Load keys[i] (vLLM block hashes) into G1 block block_ids[i]."""
+    """Load keys[i] (vLLM block hashes) into G1 block block_ids[i].
+    refused: why the scheduler side loads nothing of an async load vLLM
+    counts on (the request is reported failed, failed_recving), or ""."""
     req_id: str
     keys: List[bytes]
     block_ids: List[int]
     is_async: bool = False
+    refused: str = ""
 
 
 #: For how many steps a failed sync load makes stores computed over its

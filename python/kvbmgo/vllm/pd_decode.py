@@ -246,6 +246,9 @@ class DecodePuller:
         cannot be mapped, (the prefill ranks this rank answers for, why):
         logged once per prefill engine and size, with both sizes."""
         local = self._local
+        if p.refused:  # pd_groups.pairs refused it (and says so): no mapping to try
+            ranks = tuple(owned(self.rank, self.tp_size, p.tp_size)) if p.tp_size >= 1 else ()
+            return Plan((), ranks, {q: 1 for q in ranks}), p.refused
         if local is None:  # rank to rank, the whole block
             if p.tp_size == self.tp_size:
                 return Plan((Read(self.rank, (0, 1), (0, 1)),), (self.rank,),

@@ -38,6 +38,14 @@ for N-1 tokens; the decode loads N-1 prompt tokens (``remote_tokens``), the
 state slot into its own block that vLLM's align mode reads h(N-1) from
 (table entry cdiv(N-1, block_size) - 1), and computes the last one.
 
+Between tensor-parallel sizes, attention groups are head-sliced as one
+group's blocks are (tp_mapping.py, kv_views.py: every group's views must
+hold as many heads per block). A Mamba state is not: its conv state is the
+concatenation of sub-projections each sharded over the ranks and its SSM
+state is sharded by heads (NixlConnector 0.34 reads the sub-projections one
+by one, ``_build_mamba_remote``); kvbm pulls a Mamba hybrid between equal
+TP sizes only and refuses another pair at the request (``pairs``).
+
 Two engines whose groups differ (one hybrid, one not, or other kinds,
 block sizes, windows) are refused: the decode names both layouts once per
 prefill engine, pulls nothing, tells the prefill to let go, and reports the
@@ -219,11 +227,12 @@ def _ids(lst: Any) -> Optional[List[int]]:
 
 
 def pairs(groups: KvGroups, params: dict, tables: Sequence[Sequence[int]], start: int,
-          num_external_tokens: int) -> State:
+          num_external_tokens: int, tp_size: int = 1) -> State:
     """The pull of a decode request whose blocks from start on (num_external_tokens
     tokens) come from the prefill that params (its kv_transfer_params) name:
     (the prefill's G1 blocks, this decode's, in pairs; why it is refused, or
-    ""). tables: the decode's block tables, one per vLLM group."""
+    ""). tables: the decode's block tables, one per vLLM group; tp_size:
+    this decode's tensor-parallel size."""
     bs = groups.block_size
     end = _cdiv(start * bs + num_external_tokens, bs)
     theirs = _their_layout(params)
@@ -236,6 +245,9 @@ def pairs(groups: KvGroups, params: dict, tables: Sequence[Sequence[int]], start
     local_all = [b for g in groups.kept for b in tables[g.index][start:end] if b != NULL_BLOCK]
     if theirs != mine:
         return [], local_all, _refusal(theirs, groups)
+    why = _mamba_tp_refusal(groups, params.get("tp_size") or 1, tp_size)
+    if why:
+        return [], local_all, why
     lists = params.get("remote_block_ids")
     if not isinstance(lists, (list, tuple)) or len(lists) != len(groups.kept):
         return [], local_all, "remote_block_ids is not one list per KV cache group"
@@ -275,6 +287,17 @@ def pairs(groups: KvGroups, params: dict, tables: Sequence[Sequence[int]], start
             remote.append(theirs_b)
             local.append(mine_b)
     return remote, local, ""
+
+
+def _mamba_tp_refusal(groups: KvGroups, theirs: Any, mine: int) -> str:
+    """Why a Mamba hybrid's pull between these TP sizes is refused, or ""."""
+    if not groups.mamba or theirs == mine:
+        return ""
+    g = groups.mamba[0]
+    return (f"the prefill has tensor-parallel size {theirs!r}, this decode {mine}, and group "
+            f"{g.index} is a Mamba group: its state (conv sub-projections and SSM heads, "
+            f"each sharded over the ranks) cannot be sliced as attention heads are; kvbm "
+            f"pulls a Mamba hybrid between equal tensor-parallel sizes only")
 
 
 def _refusal(theirs: Any, groups: KvGroups) -> str:

@@ -305,9 +305,12 @@ class KvbmScheduler:
             raise RuntimeError(f"request {request.request_id}: vLLM asks for {nb} external "
                                f"blocks, the cache matched {n}")
         if self.groups.hybrid:
-            keys, load_ids = hybrid_blocks.load(self.groups, request.block_hashes,
-                                                blocks.get_block_ids(), start, nb)
-            self._loads.append(BlockLoad(request.request_id, keys, load_ids, True))
+            keys, load_ids, why = hybrid_blocks.load(self.groups, request.block_hashes,
+                                                     blocks.get_block_ids(), start, nb)
+            if why:
+                log.warning("kvbm: request %s: %s; its load of %d blocks fails "
+                            "(failed_recving)", request.request_id, why, nb)
+            self._loads.append(BlockLoad(request.request_id, keys, load_ids, True, why))
             return
         ids = blocks.get_block_ids()[0]
         # blocks: the request's blocks from its first; the load fills those
@@ -330,7 +333,7 @@ class KvbmScheduler:
             # differ (another block size, a shorter list) fail the pull.
             remote, local, refused = pd_groups.pairs(self.groups, params,
                                                      blocks.get_block_ids(), start,
-                                                     num_external_tokens)
+                                                     num_external_tokens, self.tp_size)
         self._pulls.append(RemotePull(
             request.request_id, str(params["remote_engine_id"]),
             str(params["remote_request_id"]), str(params["remote_host"]),

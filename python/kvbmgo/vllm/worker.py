@@ -381,8 +381,8 @@ class KvbmWorker(WorkerStats):
                 self._started_at[ld.req_id] = (now, [])
                 if self.hybrid:
                     self._load_keys[ld.req_id] = dict(zip(ld.block_ids, ld.keys))
-                self._async_loads[ld.req_id] = (self._onboard(ld.keys, ld.block_ids, None),
-                                                list(ld.block_ids))
+                n = None if ld.refused else self._onboard(ld.keys, ld.block_ids, None)
+                self._async_loads[ld.req_id] = (n, list(ld.block_ids))  # None: fails
             else:
                 keys.extend(ld.keys)
                 ids.extend(ld.block_ids)

@@ -25,7 +25,8 @@ stdout; vLLM's own output goes to stderr):
       "was_stale_mamba": bool}
   {"op": "digests", "block_ids": [[ids]], "group": g (optional)}  digests
       of G1 blocks (hex; of group g's layers only, hybrid), per rank:
-      {"digests": [rank 0's [[hex]], rank 1's, ...]}
+      {"digests": [rank 0's [[hex]], rank 1's, ...]}; with "heads": true
+      (and a group), each block's a list, one per KV head of the rank
   {"op": "stats"}                     each rank's kvbm cache counters
   {"op": "groups"}                    the engine's KV cache groups (vLLM's
       kv_cache_config) and whether its hybrid KV cache manager is on:
@@ -116,7 +117,8 @@ def main() -> None:
                         cmd.get("stale_mamba"))[0]
             ans["was"], ans["was_stale_window"], ans["was_stale_mamba"] = was
         elif op == "digests":
-            ans["digests"] = ranks(recording.digests, cmd["block_ids"], cmd.get("group"))
+            ans["digests"] = ranks(recording.digests, cmd["block_ids"], cmd.get("group"),
+                                   bool(cmd.get("heads")))
         elif op == "groups":
             ans.update(describe_groups(llm))
         elif op == "stats":

@@ -122,13 +122,21 @@ class RecordingKvbmConnector(KvbmConnector):
                     if d:
                         self._versions.setdefault(bytes.fromhex(k), set()).add(bytes.fromhex(d))
 
-    def _digest(self, block: int, group: "int | None" = None) -> bytes:
-        """The bytes of block: of group's layers (None: every layer)."""
+    def _digest(self, block: int, group: "int | None" = None, head: "int | None" = None
+                ) -> bytes:
+        """The bytes of block: of group's layers (None: every layer); of
+        one of its KV heads (a view's dim 1) or all."""
         h = hashlib.sha256()
         names = self._kv if group is None else self._layers[group]
         for name in names:
-            h.update(self._kv[name][block].contiguous().cpu().numpy().tobytes())
+            v = self._kv[name][block]
+            h.update((v if head is None else v[head]).contiguous().cpu().numpy().tobytes())
         return h.digest()
+
+    def _head_digests(self, block: int, group: int) -> List[str]:
+        """Per KV head of this rank, the digest of block over group's layers."""
+        heads = int(self._kv[self._layers[group][0]].shape[1])
+        return [self._digest(block, group, i).hex() for i in range(heads)]
 
     def _key_digest(self, key: bytes, block: int) -> bytes:
         return self._digest(block, self.groups.split(key)[1])
@@ -274,6 +282,10 @@ class RecordingKvbmConnector(KvbmConnector):
                     rec["group_digests"] = {g.index: [self._digest(b, g.index).hex()
                                                       for b in ids]
                                             for g in self.groups.kept}
+                    # Between TP sizes: per head (the test maps them to ranks).
+                    rec["head_digests"] = {g.index: [self._head_digests(b, g.index)
+                                                     for b in ids]
+                                           for g in self.groups.kept}
                 RECORDS.append(rec)
         return sending, recving
 
@@ -353,10 +365,13 @@ def set_break(_worker: Any, reverse: bool, stale_window: "bool | None" = None,
     return was
 
 
-def digests(_worker: Any, block_ids: List[List[int]], group: "int | None" = None
-            ) -> List[List[str]]:
-    """The digests of blocks: of group's layers (None: every layer)."""
+def digests(_worker: Any, block_ids: List[List[int]], group: "int | None" = None,
+            heads: bool = False) -> List[List[Any]]:
+    """The digests of blocks: of group's layers (None: every layer); with
+    heads, a list per block, one per KV head of this rank (group needed)."""
     w = WORKERS[0]
+    if heads:
+        return [[w._head_digests(b, group) for b in ids] for ids in block_ids]
     return [[w._digest(b, group).hex() for b in ids] for ids in block_ids]
 
 

@@ -61,6 +61,18 @@ def prefill(p, req_id="R", prompt=PROMPT):
     return params, tables["t"], want
 
 
+def pulled_into(tables, remote_lists, want):
+    """(group, position, decode G1 block, the prefill's bytes) of each sent
+    block the decode holds: a group's list lines up with the decode's table
+    of that group from the tail; null ids on either side are skipped."""
+    for g, ids in enumerate(remote_lists):
+        n = len(tables[g])
+        for i, got in enumerate(want[g]):
+            b = tables[g][n - len(ids) + i]
+            if b != NULL and got is not None:
+                yield g, n - len(ids) + i, b, got
+
+
 @pytest.fixture
 def pd(request):
     role = getattr(request, "param", None)
@@ -110,16 +122,11 @@ def test_every_group_is_handed_over_byte_for_byte(pd, wire):
             seen["tables"] = tables = d.tables("R-decode")
             seen["scheduled"] = so.num_scheduled_tokens["R-decode"]
             written = set()
-            for g, ids in enumerate(params["remote_block_ids"]):
-                n = len(tables[g])
-                for i, got in enumerate(want[g]):
-                    b = tables[g][n - len(ids) + i]  # tails line up
-                    if b == NULL or got is None:
-                        continue
-                    written.add(b)
-                    for layer, w in zip(GROUP_LAYERS[g], got):
-                        assert torch.equal(d.read(b, layer), w), \
-                            f"group {g} block {n - len(ids) + i} (decode G1 {b}) layer {layer}"
+            for g, pos, b, got in pulled_into(tables, params["remote_block_ids"], want):
+                written.add(b)
+                for layer, w in zip(GROUP_LAYERS[g], got):
+                    assert torch.equal(d.read(b, layer), w), \
+                        f"group {g} block {pos} (decode G1 {b}) layer {layer}"
             # Guard: every other decode block was not written, in any layer.
             for b in range(d.kvc.num_blocks):
                 if b not in written:

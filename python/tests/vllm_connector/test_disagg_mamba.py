@@ -211,6 +211,33 @@ def test_a_mamba_decode_refuses_a_prefill_without_mamba(caplog):
         p.close()
 
 
+def test_a_mamba_hybrid_between_tp_sizes_is_refused(caplog):
+    """A prefill of another tensor-parallel size (its kv_transfer_params say
+    tp_size 2, as a TP-2 prefill's do): a Mamba state is not head-sliced,
+    so the decode refuses at the request, naming both sizes and the Mamba
+    group; nothing is loaded; the request fails through failed_recving; the
+    prefill's rank this decode answers for lets go."""
+    import logging
+    p, d = prefill_engine(), decode_engine(timeout_s=2.0)
+    try:
+        params, _, _, _ = prefill(p)
+        params = dict(params, tp_size=2)
+        d.add("R-decode", PROMPT, max_tokens=3, kv_transfer_params=params)
+        with caplog.at_level(logging.ERROR, logger="kvbmgo"):
+            run_both(p, d)
+        assert [o.failed_recving for o in d.outputs if o.failed_recving] == [{"R-decode"}]
+        assert not set().union(*(o.invalid_block_ids for o in d.outputs))
+        assert d.finished["R-decode"].finish_reason.name == "ERROR"
+        assert not d.raw.any(), "the decode loaded something"
+        assert [o.finished_sending for o in p.outputs if o.finished_sending] == [{"R"}]
+        (msg,) = [r.getMessage() for r in caplog.records if "Mamba group" in r.getMessage()]
+        assert "tensor-parallel size 2, this decode 1" in msg and "group 1" in msg
+        assert not [r for r in caplog.records if "describe its KV heads" in r.getMessage()]
+    finally:
+        d.close()
+        p.close()
+
+
 def test_a_failed_pull_goes_through_failed_recving():
     """A dead prefill: the pull fails within its deadline, the request is
     reported failed (failed_recving) and, with recompute, computed here

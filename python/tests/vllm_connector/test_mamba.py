@@ -115,6 +115,30 @@ def test_a_hit_ends_where_the_state_is_held():
         e.close()
 
 
+def test_a_local_hit_of_the_first_blocks_leaves_the_state_to_the_load():
+    # vLLM's own prefix cache holds the first 4 blocks and the state after
+    # them (C's); the cache holds all 9 and the states after 4, 8 and 9.
+    # B's hit is cut in two: vLLM's local 4 blocks, kvbm's 5 after them
+    # with the state after 9 into B's entry 8, which B's forward reads
+    # (verify): the local state after 4 blocks is not where B starts.
+    e = MambaEngine({"g2_blocks": 96})
+    try:
+        prompt = list(range(11, 11 + 9 * BLOCK + 6))
+        _cached(e, prompt)
+        c, _ = _run(e, "C", prompt[:4 * BLOCK] + [5, 5, 5])
+        b, mds = _run(e, "B", prompt[:9 * BLOCK] + [7, 7, 7, 7, 7])
+        loads = [ld for md in mds for ld in md.loads]
+        assert len(loads) == 1
+        ks = set(loads[0].keys)
+        assert not {key(b.block_hashes[j], g) for j in range(4) for g in (0, 1)} & ks
+        assert {key(b.block_hashes[j], 0) for j in range(4, 9)} <= ks
+        assert [k for k in ks if k.endswith(b"/g001")] == [key(b.block_hashes[8], 1)]
+        assert not any(o.failed_recving for o in e.outputs)
+        assert ("B", len(b.prompt_token_ids)) in e.states
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 def test_a_lost_state_fails_its_request_through_failed_recving(policy):
     # The index says (as a stale event would) that block 9 and the state
@@ -280,3 +304,62 @@ def test_pd_with_a_mamba_group_can_be_turned_off(caplog):
         assert params["do_remote_prefill"] is False
     said = [x.getMessage() for x in caplog.records if "prefill->decode is off" in x.getMessage()]
     assert len(said) == 1 and "Mamba group 1" in said[0] and "pd_mamba" in said[0], said
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_null_state_entry_fails_the_load_not_the_engine(policy, caplog):
+    """vLLM 0.33 and 0.34 allocate a block at a hit's last Mamba entry for
+    every async load (hybrid loads all are): the scheduler allocates for the
+    hit's tokens alone. Were that entry null (a vLLM that allocates
+    otherwise), the state would have nowhere to go: here vLLM's own table
+    holds the null block there when the real scheduler calls
+    update_state_after_alloc. The load is refused, nothing is loaded, the
+    request fails through failed_recving (vLLM's policy then recomputes or
+    fails it), a warning names the group; nothing raises across the
+    engine."""
+    import logging
+    e = MambaEngine({"g2_blocks": 96}, policy=policy)
+    try:
+        prompt = list(range(11, 11 + 9 * BLOCK + 6))
+        _cached(e, prompt)
+        sched = e.connector._scheduler
+        real = sched.update_state_after_alloc
+        nulled = []
+
+        def null_state_entry(request, blocks, n):
+            if n and not nulled:
+                table = blocks.blocks[1]  # vLLM's own Mamba table of the request
+                i = n // BLOCK - 1
+                nulled.append((i, table[i]))
+                table[i] = e.sched.kv_cache_manager.block_pool.null_block
+                try:
+                    return real(request, blocks, n)
+                finally:
+                    table[i] = nulled[0][1]  # vLLM frees its block as before
+            return real(request, blocks, n)
+
+        sched.update_state_after_alloc = null_state_entry
+        e.verify = True
+        b = e.add("B", prompt)
+        mds = []
+        with caplog.at_level(logging.WARNING, logger="kvbmgo"):
+            e.run(before_forward=lambda so: mds.append(so.kv_connector_metadata))
+        assert nulled and nulled[0][0] == 8  # the hit: 9 blocks
+        loads = [ld for md in mds for ld in md.loads]
+        assert loads[0].refused and not loads[0].keys and not loads[0].block_ids
+        failed = set().union(*(o.failed_recving or set() for o in e.outputs))
+        assert failed == {"B"}
+        assert not any(o.invalid_block_ids for o in e.outputs)
+        assert any("Mamba group 1" in r.getMessage() and "entry 8 is null" in r.getMessage()
+                   for r in caplog.records)
+        if policy == "fail":
+            assert e.finished["B"].finish_reason.name == "ERROR"
+        else:
+            # Recomputed: its second load (a block allocated at the entry)
+            # restores the state; the request runs to its end on right KV.
+            assert len(loads) == 2 and not loads[1].refused and loads[1].keys
+            assert e.finished["B"].finish_reason.name == "LENGTH"
+            assert ("B", len(prompt)) in e.states
+            assert b.num_computed_tokens >= len(prompt)
+    finally:
+        e.close()

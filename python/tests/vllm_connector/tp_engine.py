@@ -10,7 +10,13 @@ block, end of the step's span): rank r writes the heads vLLM gives it (rank
 r of tp holds total/tp heads, or head r*total//tp when tp > total; MLA: the
 one latent head, the same on every rank). So a hand-over between TP sizes
 is checked byte for byte: the heads a decode rank holds must be the slice
-of the global KV the prefill ranks held."""
+of the global KV the prefill ranks held.
+
+With window=W, a hybrid model's KV cache, as hybrid_harness.py lays it
+out: a full-attention group (layers 0, 2) and a sliding window of W tokens
+(layers 1, 3), both with the rank's heads, aliasing the same pages, vLLM's
+hybrid KV cache manager on; the forward writes each group's blocks in its
+own layers."""
 import contextlib
 import copy
 import json
@@ -34,7 +40,8 @@ from vllm.forward_context import ForwardContext  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
                                         KVCacheGroupSpec, KVCacheTensor, MLAAttentionSpec,
-                                        compute_layout_strides, create_kv_cache_views)
+                                        SlidingWindowSpec, compute_layout_strides,
+                                        create_kv_cache_views)
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
@@ -44,6 +51,7 @@ from harness import model_runner_output, post_forward, pre_forward  # noqa: E402
 
 import kvbmgo.vllm.connector as connector_module  # noqa: E402
 from harness import BLOCK, EOS, HEAD, LAYERS, MODEL, _hasher  # noqa: E402
+import hybrid_harness  # noqa: E402
 
 MLA_CONTENT = 32  # the latent's width (kv_lora_rank + rope dims) in the MLA model
 
@@ -92,6 +100,28 @@ def kv_views(spec, layout, num_blocks):
     return dict(zip(LAYERS, create_kv_cache_views(raw, spec, num_blocks, lay, tensor))), kvc, raw
 
 
+def hybrid_kv_views(specs, layout, num_blocks):
+    """One rank's KV views of a hybrid model (hybrid_harness's layout: a
+    tensor per group, all from byte 0 of one buffer): ({layer: view}, the
+    KVCacheConfig, the raw buffer)."""
+    lay = KVCacheLayout[layout]
+    size = num_blocks * 2 * specs[0].page_size_bytes
+    tensors, groups = [], []
+    for spec, idx in zip(specs, hybrid_harness.GROUP_LAYERS):
+        names = [hybrid_harness.LAYERS[i] for i in idx]
+        ls, bs, *_ = compute_layout_strides(spec, num_blocks, len(names), lay)
+        tensors.append(KVCacheTensor(size=size, layers=names, layer_stride=ls, block_stride=bs,
+                                     offset=0))
+        groups.append(KVCacheGroupSpec(names, spec))
+    kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
+                        kv_cache_groups=groups, hash_block_size=BLOCK)
+    raw = torch.zeros(size, dtype=torch.int8)
+    views = {}
+    for spec, t in zip(specs, tensors):
+        views.update(zip(t.layers, create_kv_cache_views(raw, spec, num_blocks, lay, t)))
+    return views, kvc, raw
+
+
 def global_kv(seed, layer, heads, content):
     """A block's KV over every head, [heads, tokens, content] as int16."""
     rng = np.random.default_rng(seed * 7919 + layer)
@@ -112,9 +142,13 @@ def as_rank(r):
 
 class TpEngine:
     def __init__(self, model, tp, extra=None, *, role="kv_both", engine_id=None,
-                 layout="LBNHC", num_blocks=32, policy="fail"):
-        """layout: vLLM's KV cache layout name, or one per rank."""
+                 layout="LBNHC", num_blocks=32, policy="fail", window=0):
+        """layout: vLLM's KV cache layout name, or one per rank. window: a
+        sliding window group of that many tokens beside the full one (0: one
+        group)."""
         self.tp = tp
+        self.layers = hybrid_harness.LAYERS if window else LAYERS
+        self.group_layers = hybrid_harness.GROUP_LAYERS if window else [range(len(LAYERS))]
         mc = ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True,
                          dtype="float16", seed=42)
         self.mla = bool(mc.use_mla)
@@ -126,9 +160,11 @@ class TpEngine:
         kt = KVTransferConfig(kv_connector="KvbmConnector", kv_connector_module_path="kvbmgo.vllm",
                               kv_role=role, engine_id=engine_id, kv_load_failure_policy=policy,
                               kv_connector_extra_config=dict(extra or {}))
-        self.vc = vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
-                                  kv_transfer_config=kt, device_config=DeviceConfig("cpu"),
-                                  parallel_config=ParallelConfig(tensor_parallel_size=tp))
+        platform = hybrid_harness.hybrid_platform() if window else contextlib.nullcontext()
+        with platform:  # HMA on: the hybrid platform, as on CUDA
+            self.vc = vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
+                                      kv_transfer_config=kt, device_config=DeviceConfig("cpu"),
+                                      parallel_config=ParallelConfig(tensor_parallel_size=tp))
         heads = 1 if self.mla else max(1, self.total // tp)
         if self.mla:
             self.content = MLA_CONTENT
@@ -142,7 +178,13 @@ class TpEngine:
         self.views, self.workers, self.raws = [], [], []
         vc.cache_config.num_gpu_blocks = num_blocks
         for r in range(tp):
-            views, kvc, raw = kv_views(spec, layouts[r], num_blocks)
+            if window:
+                specs = [spec, SlidingWindowSpec(block_size=BLOCK, num_kv_heads=heads,
+                                                 head_size=HEAD, dtype=torch.float16,
+                                                 sliding_window=window)]
+                views, kvc, raw = hybrid_kv_views(specs, layouts[r], num_blocks)
+            else:
+                views, kvc, raw = kv_views(spec, layouts[r], num_blocks)
             with as_rank(r):
                 w = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kvc)
             w.register_kv_caches(views)
@@ -153,7 +195,7 @@ class TpEngine:
                 self.kvc = kvc
         self.sched = Scheduler(vllm_config=vc, kv_cache_config=self.kvc, log_stats=True,
                                structured_output_manager=StructuredOutputManager(vc),
-                               block_size=BLOCK)
+                               block_size=BLOCK, hash_block_size=BLOCK)
         self.agg = KVOutputAggregator(tp)
         self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
         self.outputs = []   # the aggregated KVConnectorOutputs
@@ -174,11 +216,15 @@ class TpEngine:
         return r
 
     def block_ids(self, req_id):
-        return list(self.sched.kv_cache_manager.get_block_ids(req_id)[0])
+        return self.tables(req_id)[0]
+
+    def tables(self, req_id):
+        """The request's block table per group (null blocks included)."""
+        return [list(t) for t in self.sched.kv_cache_manager.get_block_ids(req_id)]
 
     def read(self, rank, block_id, layer):
         """Rank's G1 block of one layer: [its heads, tokens, content] as int16."""
-        return self.views[rank][LAYERS[layer]][block_id].view(torch.int16).clone()
+        return self.views[rank][self.layers[layer]][block_id].view(torch.int16).clone()
 
     def global_kv(self, seed, layer):
         return global_kv(seed, layer, 1 if self.mla else self.total, self.content)
@@ -209,14 +255,16 @@ class TpEngine:
 
     def forward(self, so):
         for req_id, (start, end) in self.spans(so).items():
-            ids = self.block_ids(req_id)
-            for b in range(start // BLOCK, (end - 1) // BLOCK + 1):
-                seed = zlib.crc32(f"{req_id}/{b}/{end}".encode())
-                for layer in range(len(LAYERS)):
-                    g = self.global_kv(seed, layer)
-                    for r in range(self.tp):
-                        mine = g[rank_heads(r, self.tp, self.total, self.mla)]
-                        self.views[r][LAYERS[layer]][ids[b]].view(torch.int16).copy_(mine)
+            for ids, layers in zip(self.tables(req_id), self.group_layers):
+                for b in range(start // BLOCK, (end - 1) // BLOCK + 1):
+                    assert ids[b] != 0, f"{req_id}: computing block {b} into the null block"
+                    seed = zlib.crc32(f"{req_id}/{b}/{end}".encode())
+                    for layer in layers:
+                        g = self.global_kv(seed, layer)
+                        for r in range(self.tp):
+                            mine = g[rank_heads(r, self.tp, self.total, self.mla)]
+                            self.views[r][self.layers[layer]][ids[b]].view(torch.int16) \
+                                .copy_(mine)
 
     def step(self, before_forward=None):
         """One step on every rank, each driving its connector as vLLM's
@@ -227,7 +275,7 @@ class TpEngine:
         pending = [pre_forward(w, so, self.ctx, forward=not empty) for w in self.workers]
         if not empty:
             for w in self.workers:
-                for name in LAYERS:
+                for name in self.layers:
                     w.wait_for_layer_load(name)
         if before_forward is not None:  # the test's hook sees every step
             before_forward(so)
