@@ -40,7 +40,7 @@ def engine_args(cfg: dict) -> dict:
               # the pool is sized by max_total_tokens; a large fraction only
               # keeps SGLang's free-memory check quiet on a busy machine
               mem_fraction_static=0.8, random_seed=0, disable_cuda_graph=True,
-              skip_server_warmup=True, log_level="warning", host="127.0.0.1")
+              skip_server_warmup=True, log_level=os.environ.get("KVBM_E2E_SGLANG_LOG", "warning"), host="127.0.0.1")
     if cfg.get("hicache") is not None:
         extra = {"backend_name": "kvbm", "module_path": "recording_storage",
                  "class_name": "RecordingKvbmHiCacheStorage", "interface_v1": 1}
@@ -61,6 +61,7 @@ def engine_args(cfg: dict) -> dict:
             # the overlap scheduler makes a torch.cuda.Event for a request
             # whose prefix is cached
             kw["disable_overlap_schedule"] = True
+    kw.update(cfg.get("engine") or {})
     return kw
 
 

@@ -22,8 +22,9 @@ class Engine(EngineProcess):
     into records_dir."""
 
     def __init__(self, model: str, records_dir: str, name: str, hicache=None, pd=None,
-                 bootstrap_port=None) -> None:
-        cfg = {"model": model, "hicache": hicache, "pd": pd, "bootstrap_port": bootstrap_port}
+                 bootstrap_port=None, engine=None) -> None:
+        cfg = {"model": model, "hicache": hicache, "pd": pd, "bootstrap_port": bootstrap_port,
+               "engine": engine}
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [STANDINS, HERE, PYTHON_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
