@@ -14,6 +14,7 @@ import os
 import pytest
 
 from e2e_common.engine_process import skip_or_require
+from e2e_common.hybrid_model import make_mellum_model
 from e2e_common.model import make_model
 from sglang_helpers import Engine
 
@@ -48,7 +49,26 @@ def model_dir(tmp_path_factory):
 def baseline(model_dir, tmp_path_factory):
     """The engine without kvbm (no HiCache): the tokens every scenario must
     give."""
-    e = Engine(model_dir, str(tmp_path_factory.mktemp("baseline")), "baseline")
+    yield from _expected_tokens(model_dir, tmp_path_factory, "baseline")
+
+
+@pytest.fixture(scope="session")
+def swa_model_dir(tmp_path_factory):
+    """The tiny sliding-window hybrid (e2e_common/hybrid_model.py)."""
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
+    path = str(tmp_path_factory.mktemp("tiny-mellum"))
+    make_mellum_model(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def swa_baseline(swa_model_dir, tmp_path_factory):
+    """The sliding-window hybrid's engine without kvbm."""
+    yield from _expected_tokens(swa_model_dir, tmp_path_factory, "swa-baseline")
+
+
+def _expected_tokens(model, tmp_path_factory, name):
+    e = Engine(model, str(tmp_path_factory.mktemp(name)), name)
     cache = {}
 
     def expect(prompts, max_tokens):

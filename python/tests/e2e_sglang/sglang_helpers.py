@@ -7,6 +7,7 @@ import os
 import time
 
 from e2e_common.engine_process import EngineProcess
+from e2e_common.model import prompt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
@@ -15,6 +16,9 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
 STANDINS = os.path.join(HERE, "standins")
 
 PAGE = 32                  # tokens per page (engine.py)
+PROMPT_TOKENS = 300        # the HiCache tests' prompts
+HIT = PROMPT_TOKENS // PAGE * PAGE   # 288: SGLang keeps whole pages only
+PAGES = HIT // PAGE
 
 
 class Engine(EngineProcess):
@@ -101,11 +105,39 @@ def wait_objects(object_dir: str, n: int, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-def require_bytes_checked(records: Records, taken: list, pages: int) -> None:
+def storage(object_dir: str) -> dict:
+    """The kvbm HiCache storage of the tests: G4 written as soon as a page
+    is in kvbm's G2, so a fresh process finds it."""
+    return {"g2_pages": 64, "object_dir": object_dir, "g4_mode": "write_through"}
+
+
+def served(engine: Engine, records: Records, expect, seed: int, stored: int):
+    """The prompt of seed, served (tokens as expected) and stored (stored
+    keys more, every pool's); the engine's caches flushed."""
+    p = prompt(seed, PROMPT_TOKENS)
+    want = expect([p], 8)
+    assert engine.generate([p], 8)["tokens"] == want
+    records.wait_stored(stored)
+    assert engine.call("flush")["flushed"]
+    return p, want
+
+
+def from_storage(ans: dict) -> int:
+    """Tokens SGLang says came from storage (one prompt)."""
+    details = ans["cached"][0] or {}
+    return details.get("storage", 0)
+
+
+def require_bytes_checked(records: Records, taken: list, pages) -> None:
     """Every page kvbm loaded in taken holds bytes stored under its key
-    (by any process); pages in all."""
+    (by any process); pages in all: a count of KV pages, or per pool
+    ({"kv": 9, "swa": 2}: every pool of a hybrid model)."""
+    want = pages if isinstance(pages, dict) else {"kv": pages}
     loaded = [r for r in taken if r["ev"] == "loaded"]
-    assert len(loaded) == pages, f"{len(loaded)} pages loaded, want {pages}: {taken}"
+    got = {}
+    for r in loaded:
+        got[r.get("pool", "kv")] = got.get(r.get("pool", "kv"), 0) + 1
+    assert got == want, f"pages loaded per pool {got}, want {want}: {taken}"
     bad = [r["key"] for r in loaded if r["digest"] not in records.stored.get(r["key"], ())]
     assert not bad, f"{len(bad)} of {len(loaded)} loaded pages hold bytes not stored " \
-                    f"under their key"
+                    f"under their key: {bad}"
