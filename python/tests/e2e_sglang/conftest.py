@@ -14,9 +14,9 @@ import os
 import pytest
 
 from e2e_common.engine_process import skip_or_require
-from e2e_common.hybrid_model import make_mellum_model
+from e2e_common.hybrid_model import make_lfm2_model, make_mellum_model
 from e2e_common.model import make_model
-from sglang_helpers import Engine
+from sglang_helpers import MAMBA_ENGINE, Engine
 
 SGLANG = "0.5.23"
 
@@ -67,8 +67,26 @@ def swa_baseline(swa_model_dir, tmp_path_factory):
     yield from _expected_tokens(swa_model_dir, tmp_path_factory, "swa-baseline")
 
 
-def _expected_tokens(model, tmp_path_factory, name):
-    e = Engine(model, str(tmp_path_factory.mktemp(name)), name)
+@pytest.fixture(scope="session")
+def lfm2_model_dir(tmp_path_factory):
+    """The tiny Mamba-kind hybrid (e2e_common/hybrid_model.py: LFM2's short
+    convolution beside full attention)."""
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
+    path = str(tmp_path_factory.mktemp("tiny-lfm2"))
+    make_lfm2_model(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lfm2_baseline(lfm2_model_dir, tmp_path_factory):
+    """The Mamba-kind hybrid's engine without kvbm (its engine arguments:
+    engine.MAMBA_ENGINE)."""
+    yield from _expected_tokens(lfm2_model_dir, tmp_path_factory, "lfm2-baseline",
+                                MAMBA_ENGINE)
+
+
+def _expected_tokens(model, tmp_path_factory, name, engine=None):
+    e = Engine(model, str(tmp_path_factory.mktemp(name)), name, engine=engine)
     cache = {}
 
     def expect(prompts, max_tokens):

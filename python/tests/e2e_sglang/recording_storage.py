@@ -22,10 +22,10 @@ runs in SGLang's scheduler process, not the test's). The deliberately broken
 connector, which the byte check must catch: a file "break-reverse" in that
 directory (or KVBM_E2E_BREAK=reverse) makes a load put a batch's pages into
 SGLang's host pages in reversed order. A file "break-stale-<pool>" makes
-every load of that v2 pool put, after kvbm's load, the bytes of the first
-page of that pool ever stored into each page loaded (a state of the right
-shape, loaded under the right key, from another prefix): the stale-state
-break."""
+every load of that v2 pool put, after kvbm's load, the bytes of a page of
+that pool stored earlier under another key into each page loaded (a state
+of the right shape, loaded under the right key, from another prefix): the
+stale-state break."""
 
 from __future__ import annotations
 
@@ -111,18 +111,24 @@ class RecordingKvbmHiCacheStorage(KvbmHiCacheStorage):
 
     def _e2e_record_v2(self, ev: str, t: Any, ok: List[bool]) -> None:
         pool, name = self.registered_pools[t.name], pool_name(t.name)
-        self._e2e_record(ev, list(t.keys or []), t.host_indices, ok, pool, name)
-        first = self.__dict__.setdefault("_e2e_first", {})
-        if ev == "stored" and True in ok and name not in first:
-            first[name] = pool.get_data_page(_host_index(pool, t, ok.index(True)),
-                                             flat=True).clone()
+        keys = list(t.keys or [])
+        self._e2e_record(ev, keys, t.host_indices, ok, pool, name)
+        if ev != "stored":
+            return
+        kept = self.__dict__.setdefault("_e2e_kept", {}).setdefault(name, [])
+        for i, good in enumerate(ok):  # two, so that one has another key
+            if good and len(kept) < 2:
+                kept.append((keys[i], pool.get_data_page(_host_index(pool, t, i),
+                                                         flat=True).clone()))
 
     def _e2e_stale(self, t: Any, ok: List[bool]) -> None:
-        """The stale-state break: the pool's first stored page put into
-        every page kvbm just loaded, reported loaded as kvbm said."""
-        stale = self.__dict__.get("_e2e_first", {}).get(pool_name(t.name))
+        """The stale-state break: a page stored earlier under another key
+        put into every page kvbm just loaded, reported loaded as kvbm
+        said."""
         pool = self.registered_pools[t.name]
-        for i, good in enumerate(ok):
+        kept = self.__dict__.get("_e2e_kept", {}).get(pool_name(t.name), [])
+        for i, (key, good) in enumerate(zip(t.keys or [], ok)):
+            stale = next((page for k, page in kept if k != key), None)
             if good and stale is not None:
                 pool.set_from_flat_data_page(_host_index(pool, t, i), stale)
 

@@ -16,6 +16,14 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
 STANDINS = os.path.join(HERE, "standins")
 
 PAGE = 32                  # tokens per page (engine.py)
+#: SGLang's engine arguments for a Mamba-kind hybrid on CPU. Its Mamba
+#: prefix cache there has one strategy, no_buffer (extra_buffer needs
+#: CUDA, NPU, HIP or XPU: mamba_hook._platform_supports_mamba_cache_extra_buffer),
+#: which needs pages of one token and no overlap scheduler; the state pools
+#: (device and host) are sized for a few requests, not SGLang's default
+#: thousand (16.7 GB of host pool).
+MAMBA_ENGINE = {"page_size": 1, "disable_overlap_schedule": True, "max_mamba_cache_size": 32,
+                "max_running_requests": 8}
 PROMPT_TOKENS = 300        # the HiCache tests' prompts
 HIT = PROMPT_TOKENS // PAGE * PAGE   # 288: SGLang keeps whole pages only
 PAGES = HIT // PAGE
@@ -118,8 +126,17 @@ def served(engine: Engine, records: Records, expect, seed: int, stored: int):
     want = expect([p], 8)
     assert engine.generate([p], 8)["tokens"] == want
     records.wait_stored(stored)
-    assert engine.call("flush")["flushed"]
+    flush(engine)
     return p, want
+
+
+def flush(engine: Engine, timeout: float = 60) -> None:
+    """SGLang's flush_cache(), again while it refuses (it does while a
+    backup to storage is still in flight)."""
+    deadline = time.monotonic() + timeout
+    while not engine.call("flush")["flushed"]:
+        assert time.monotonic() < deadline, f"flush_cache() refused for {timeout} s"
+        time.sleep(0.5)
 
 
 def from_storage(ans: dict) -> int:

@@ -59,7 +59,7 @@ def test_both_pools_served_from_storage_after_flush(first, records, swa_baseline
 def test_a_stale_window_state_is_caught(first, records, swa_baseline):
     """The byte check sees a state of the right shape loaded under the
     right key from another prefix: every window page replaced, after
-    kvbm's load, by the first window page this engine stored."""
+    kvbm's load, by a window page this engine stored under another key."""
     p, _ = served(first, records, swa_baseline, 2, PAGES + SWA_PAGES)
     flag = os.path.join(records.path, "break-stale-swa")
     open(flag, "w").close()

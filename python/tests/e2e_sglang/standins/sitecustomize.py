@@ -12,14 +12,18 @@ import sys
 def _patches() -> dict:
     """module -> what to do once SGLang has imported it."""
     import cpu_hicache_host_pool
+    import cpu_short_conv
     import cpu_swa_attention
     return {**cpu_hicache_host_pool.PATCHES,
-            "sglang.srt.layers.attention.torch_native_backend": cpu_swa_attention.apply}
+            "sglang.srt.layers.attention.torch_native_backend": cpu_swa_attention.apply,
+            "sglang.srt.layers.attention.mamba.causal_conv1d": cpu_short_conv.apply}
 
 
 #: The modules _patches() patches.
 _PATCHED = {"sglang.srt.mem_cache.pool_host.common", "sglang.srt.mem_cache.pool_host.mha",
-            "sglang.srt.layers.attention.torch_native_backend"}
+            "sglang.srt.mem_cache.pool_host.mamba",
+            "sglang.srt.layers.attention.torch_native_backend",
+            "sglang.srt.layers.attention.mamba.causal_conv1d"}
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
