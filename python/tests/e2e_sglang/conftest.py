@@ -1,6 +1,7 @@
 """Real-engine tests: SGLang 0.5.23's CPU engine generates from the tiny
-random-weight Llama of e2e_common, with and without kvbm (HiCache storage,
-the PD transfer backend). `make test-e2e` runs them in the venv
+random-weight Llama of e2e_common, and from its tiny hybrids (a
+sliding-window one, a Mamba-kind one: e2e_common/hybrid_model.py), with and
+without kvbm (HiCache storage, the PD transfer backend). `make test-e2e` runs them in the venv
 scripts/engine-venv.sh keeps (engine sglang). Without sglang they skip with
 the reason, unless KVBM_REQUIRE_ENGINES=1 (CI), where they fail.
 

@@ -1,10 +1,12 @@
 """One real SGLang engine (sglang.Engine on CPU) driven over stdin/stdout:
 python engine.py CONFIG_JSON. CONFIG: {"model": dir, "hicache": extra
 config of the kvbm storage backend or null (no HiCache), "pd": null,
-"prefill" or "decode", "bootstrap_port": n (PD)}. SGLang's scheduler runs in
-a process of its own (it imports this file again, without running main);
-the recording storage there writes its records into $KVBM_E2E_RECORDS
-(recording_storage.py).
+"prefill" or "decode", "bootstrap_port": n (PD), "engine": more of
+sglang.Engine's arguments or null (a hybrid model's: MAMBA_ENGINE of
+sglang_helpers.py)}. SGLang logs at warning, or at $KVBM_E2E_SGLANG_LOG.
+SGLang's scheduler runs in a process of its own (it imports this file
+again, without running main); the recording storage there writes its
+records into $KVBM_E2E_RECORDS (recording_storage.py).
 
 Reads one JSON command a line, answers one JSON line (on the original
 stdout; SGLang's own output goes to stderr):

@@ -1,13 +1,14 @@
 """Helpers of the SGLang real-engine tests (conftest.py has the fixtures):
 Engine, one engine.py process driven over a pipe, and the byte check over
 the recording storage's records (recording_storage.py)."""
+import contextlib
 import glob
 import json
 import os
 import time
 
 from e2e_common.engine_process import EngineProcess
-from e2e_common.model import prompt
+from e2e_common.model import free_port, prompt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
@@ -158,3 +159,54 @@ def require_bytes_checked(records: Records, taken: list, pages) -> None:
     bad = [r["key"] for r in loaded if r["digest"] not in records.stored.get(r["key"], ())]
     assert not bad, f"{len(bad)} of {len(loaded)} loaded pages hold bytes not stored " \
                     f"under their key: {bad}"
+
+
+@contextlib.contextmanager
+def pd_pair(model: str, records: Records, name: str, engine=None):
+    """A prefill engine and a decode engine of model with kvbm's PD backend
+    (records: recording_pd.py's); yields (prefill, decode, bootstrap port)."""
+    port = free_port()
+    p = Engine(model, records.path, f"{name}prefill", pd="prefill", bootstrap_port=port,
+               engine=engine)
+    try:
+        d = Engine(model, records.path, f"{name}decode", pd="decode", bootstrap_port=port,
+                   engine=engine)
+    except BaseException:
+        p.close()
+        raise
+    try:
+        yield p, d, port
+    finally:
+        d.close()
+        p.close()
+
+
+def hand_over(prefill: Engine, decode: Engine, port: int, prompts: list, rooms: list) -> list:
+    """The prompts through prefill then decode (both get them with the same
+    bootstrap rooms, as sglang-router sends them); the decode's tokens."""
+    boot = {"host": "127.0.0.1", "port": port, "rooms": rooms}
+    prefill.send("generate", prompts=prompts, max_tokens=8, bootstrap=boot)
+    decode.send("generate", prompts=prompts, max_tokens=8, bootstrap=boot)
+    got, _ = decode.read(), prefill.read()
+    return got["tokens"]
+
+
+def require_pd_bytes(taken: list, rooms: list, prompts: list, page: int,
+                     states: bool = False) -> None:
+    """Per room: the decode received the KV pages the prefill sent, byte
+    for byte (its whole pages: the decode writes its own tokens into the
+    last), and with states, every state slot of every component
+    (recording_pd.py's records)."""
+    for room, p in zip(rooms, prompts):
+        full = len(p) // page
+        mine = [r for r in taken if r["room"] == room]
+        sent = [d for r in mine if r["ev"] == "pd-sent" for d in r["digests"]]
+        received = [r["digests"] for r in mine if r["ev"] == "pd-received"]
+        assert len(received) == 1, mine
+        assert len(sent) >= full and len(received[0]) >= full, (sent, received)
+        assert received[0][:full] == sent[:full]
+        if states:
+            s_sent = [r["states"] for r in mine if r["ev"] == "pd-state-sent"]
+            s_received = [r["states"] for r in mine if r["ev"] == "pd-state-received"]
+            assert len(s_sent) == 1 and s_sent[0] and all(s_sent[0]), mine
+            assert s_received == s_sent, mine

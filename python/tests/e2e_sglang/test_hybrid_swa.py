@@ -21,9 +21,9 @@ import os
 import pytest
 
 from e2e_common.hybrid_model import WINDOW
-from e2e_common.model import free_port, prompt
-from sglang_helpers import HIT, PAGE, PAGES, Engine, Records, from_storage, \
-    require_bytes_checked, served, storage, wait_objects
+from e2e_common.model import prompt
+from sglang_helpers import HIT, PAGE, PAGES, Engine, Records, from_storage, hand_over, \
+    pd_pair, require_bytes_checked, require_pd_bytes, served, storage, wait_objects
 
 #: The window's pages SGLang backs up and restores for a prompt.
 SWA_PAGES = WINDOW // PAGE
@@ -75,43 +75,14 @@ def test_a_stale_window_state_is_caught(first, records, swa_baseline):
     assert len(bad) == SWA_PAGES, taken
 
 
-@pytest.fixture
-def pd(swa_model_dir, tmp_path_factory):
+def test_prefill_decode_hands_over_kv_and_window(swa_model_dir, tmp_path_factory,
+                                                 swa_baseline):
     records = Records(str(tmp_path_factory.mktemp("swa-pd-records")))
-    port = free_port()
-    p = Engine(swa_model_dir, records.path, "swa-prefill", pd="prefill", bootstrap_port=port)
-    try:
-        d = Engine(swa_model_dir, records.path, "swa-decode", pd="decode", bootstrap_port=port)
-    except BaseException:
-        p.close()
-        raise
-    yield p, d, port, records
-    d.close()
-    p.close()
-
-
-def test_prefill_decode_hands_over_kv_and_window(pd, swa_baseline):
-    prefill, decode, port, records = pd
     ps = [prompt(40), prompt(41, 200)]
     rooms = [2001, 2002]
-    boot = {"host": "127.0.0.1", "port": port, "rooms": rooms}
-    prefill.send("generate", prompts=ps, max_tokens=8, bootstrap=boot)
-    decode.send("generate", prompts=ps, max_tokens=8, bootstrap=boot)
-    got, _ = decode.read(), prefill.read()
-    assert got["tokens"] == swa_baseline(ps, 8)
-    taken = records.take()
-    for room, p in zip(rooms, ps):
-        full = len(p) // PAGE  # the decode writes its own tokens into the last page
-        mine = [r for r in taken if r["room"] == room]
-        sent = [d for r in mine if r["ev"] == "pd-sent" for d in r["digests"]]
-        received = [r["digests"] for r in mine if r["ev"] == "pd-received"]
-        assert len(received) == 1, mine
-        assert received[0][:full] == sent[:full], (sent, received)
-        states_sent = [r["states"] for r in mine if r["ev"] == "pd-state-sent"]
-        states_received = [r["states"] for r in mine if r["ev"] == "pd-state-received"]
-        assert len(states_sent) == 1 and len(states_received) == 1, mine
-        assert states_sent[0] and all(states_sent[0]), mine  # window pages were sent
-        assert states_received == states_sent, mine
+    with pd_pair(swa_model_dir, records, "swa-") as (prefill, decode, port):
+        assert hand_over(prefill, decode, port, ps, rooms) == swa_baseline(ps, 8)
+    require_pd_bytes(records.take(), rooms, ps, PAGE, states=True)
 
 
 def test_fresh_process_on_the_same_object_dir(first, swa_model_dir, object_dir, records,
