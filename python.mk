@@ -21,7 +21,9 @@
 #   test-e2e-sglang  python/tests/e2e_sglang: SGLang 0.5.23's CPU engine on the
 #               same model through KvbmHiCacheStorage and kvbm's PD backend,
 #               against it without kvbm, in test-sglang's venv, with the
-#               suite's CPU stand-ins (tests/e2e_sglang/standins)
+#               suite's CPU stand-ins (tests/e2e_sglang/standins); the tiny
+#               Llama, a sliding-window hybrid (Mellum) and a Mamba-kind
+#               hybrid (LFM2)
 #   bench-py    Python-side overhead per call, beside a bare ctypes call
 #   bench-vllm  the vLLM connector's scheduler-side match and its worker side's
 #               overhead per call and per 32-layer step, in the vllm 0.34 venv

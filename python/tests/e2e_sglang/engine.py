@@ -1,10 +1,12 @@
 """One real SGLang engine (sglang.Engine on CPU) driven over stdin/stdout:
 python engine.py CONFIG_JSON. CONFIG: {"model": dir, "hicache": extra
 config of the kvbm storage backend or null (no HiCache), "pd": null,
-"prefill" or "decode", "bootstrap_port": n (PD)}. SGLang's scheduler runs in
-a process of its own (it imports this file again, without running main);
-the recording storage there writes its records into $KVBM_E2E_RECORDS
-(recording_storage.py).
+"prefill" or "decode", "bootstrap_port": n (PD), "engine": more of
+sglang.Engine's arguments or null (a hybrid model's: MAMBA_ENGINE of
+sglang_helpers.py)}. SGLang logs at warning, or at $KVBM_E2E_SGLANG_LOG.
+SGLang's scheduler runs in a process of its own (it imports this file
+again, without running main); the recording storage there writes its
+records into $KVBM_E2E_RECORDS (recording_storage.py).
 
 Reads one JSON command a line, answers one JSON line (on the original
 stdout; SGLang's own output goes to stderr):
@@ -40,7 +42,7 @@ def engine_args(cfg: dict) -> dict:
               # the pool is sized by max_total_tokens; a large fraction only
               # keeps SGLang's free-memory check quiet on a busy machine
               mem_fraction_static=0.8, random_seed=0, disable_cuda_graph=True,
-              skip_server_warmup=True, log_level="warning", host="127.0.0.1")
+              skip_server_warmup=True, log_level=os.environ.get("KVBM_E2E_SGLANG_LOG", "warning"), host="127.0.0.1")
     if cfg.get("hicache") is not None:
         extra = {"backend_name": "kvbm", "module_path": "recording_storage",
                  "class_name": "RecordingKvbmHiCacheStorage", "interface_v1": 1}
@@ -61,6 +63,7 @@ def engine_args(cfg: dict) -> dict:
             # the overlap scheduler makes a torch.cuda.Event for a request
             # whose prefix is cached
             kw["disable_overlap_schedule"] = True
+    kw.update(cfg.get("engine") or {})
     return kw
 
 

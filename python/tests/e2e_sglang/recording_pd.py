@@ -2,7 +2,11 @@
 digest of every page the prefill sent (as it hands a chunk over, after the
 forward wrote it) and of every page the decode received (when its receiver
 first reports Success, before the decode's forward). The test compares them
-page by page, in token order. Records go where recording_storage.py writes
+page by page, in token order. A hybrid model's state buffers
+(KVArgs.state_types: the sliding-window pool's pages, Mamba slots) are
+recorded the same way, per state component, for the slots each side names
+(state_indices: the prefill's with its last chunk, the decode's with its
+metadata). Records go where recording_storage.py writes
 its own ($KVBM_E2E_RECORDS/records-<pid>.jsonl).
 
 install() wraps the classes kvbm's plugin hands SGLang; engine.py calls it
@@ -16,6 +20,7 @@ import hashlib
 import json
 import os
 import threading
+from types import SimpleNamespace
 from typing import Any, List
 
 _lock = threading.Lock()
@@ -39,6 +44,17 @@ def digests(kv_args: Any, pages: Any) -> List[str]:
     return out
 
 
+def state_digests(kv_args: Any, state_indices: Any) -> List[List[str]]:
+    """Per state component, sha256 of each slot named in state_indices over
+    every buffer of the component (one slot of one buffer per item)."""
+    out = []
+    for i, slots in enumerate(state_indices or []):
+        ptrs, items = kv_args.state_data_ptrs[i], kv_args.state_item_lens[i]
+        out.append(digests(SimpleNamespace(kv_data_ptrs=ptrs, kv_item_lens=items),
+                           [] if slots is None else slots))
+    return out
+
+
 def install() -> None:
     from sglang.srt.disaggregation.base.conn import KVPoll
 
@@ -50,15 +66,20 @@ def install() -> None:
     send, send_metadata, poll = KvbmKVSender.send, KvbmKVReceiver.send_metadata, \
         KvbmKVReceiver._poll
 
-    def recording_send(self, kv_indices, *args, **kwargs):
+    def recording_send(self, kv_indices, state_indices=None, *args, **kwargs):
+        room, kv_args = int(self.bootstrap_room), self.kv_mgr.kv_args
         if len(kv_indices):
-            _write({"ev": "pd-sent", "room": int(self.bootstrap_room),
-                    "digests": digests(self.kv_mgr.kv_args, kv_indices)})
-        return send(self, kv_indices, *args, **kwargs)
+            _write({"ev": "pd-sent", "room": room, "digests": digests(kv_args, kv_indices)})
+        if state_indices:
+            _write({"ev": "pd-state-sent", "room": room,
+                    "states": state_digests(kv_args, state_indices)})
+        return send(self, kv_indices, state_indices, *args, **kwargs)
 
-    def recording_send_metadata(self, kv_indices, *args, **kwargs):
+    def recording_send_metadata(self, kv_indices, aux_index=None, state_indices=None,
+                                *args, **kwargs):
         self._e2e_pages = [int(x) for x in kv_indices]
-        return send_metadata(self, kv_indices, *args, **kwargs)
+        self._e2e_states = state_indices
+        return send_metadata(self, kv_indices, aux_index, state_indices, *args, **kwargs)
 
     def recording_poll(self):
         status = poll(self)
@@ -67,6 +88,9 @@ def install() -> None:
             self._e2e_pages = None
             _write({"ev": "pd-received", "room": int(self.bootstrap_room),
                     "digests": digests(self.kv_mgr.kv_args, pages)})
+            if getattr(self, "_e2e_states", None):
+                _write({"ev": "pd-state-received", "room": int(self.bootstrap_room),
+                        "states": state_digests(self.kv_mgr.kv_args, self._e2e_states)})
         return status
 
     KvbmKVSender.send = recording_send

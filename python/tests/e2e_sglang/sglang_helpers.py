@@ -1,12 +1,14 @@
 """Helpers of the SGLang real-engine tests (conftest.py has the fixtures):
 Engine, one engine.py process driven over a pipe, and the byte check over
 the recording storage's records (recording_storage.py)."""
+import contextlib
 import glob
 import json
 import os
 import time
 
 from e2e_common.engine_process import EngineProcess
+from e2e_common.model import free_port, prompt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
@@ -15,6 +17,17 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
 STANDINS = os.path.join(HERE, "standins")
 
 PAGE = 32                  # tokens per page (engine.py)
+#: SGLang's engine arguments for a Mamba-kind hybrid on CPU. Its Mamba
+#: prefix cache there has one strategy, no_buffer (extra_buffer needs
+#: CUDA, NPU, HIP or XPU: mamba_hook._platform_supports_mamba_cache_extra_buffer),
+#: which needs pages of one token and no overlap scheduler; the state pools
+#: (device and host) are sized for a few requests, not SGLang's default
+#: thousand (16.7 GB of host pool).
+MAMBA_ENGINE = {"page_size": 1, "disable_overlap_schedule": True, "max_mamba_cache_size": 32,
+                "max_running_requests": 8}
+PROMPT_TOKENS = 300        # the HiCache tests' prompts
+HIT = PROMPT_TOKENS // PAGE * PAGE   # 288: SGLang keeps whole pages only
+PAGES = HIT // PAGE
 
 
 class Engine(EngineProcess):
@@ -22,8 +35,9 @@ class Engine(EngineProcess):
     into records_dir."""
 
     def __init__(self, model: str, records_dir: str, name: str, hicache=None, pd=None,
-                 bootstrap_port=None) -> None:
-        cfg = {"model": model, "hicache": hicache, "pd": pd, "bootstrap_port": bootstrap_port}
+                 bootstrap_port=None, engine=None) -> None:
+        cfg = {"model": model, "hicache": hicache, "pd": pd, "bootstrap_port": bootstrap_port,
+               "engine": engine}
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [STANDINS, HERE, PYTHON_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -100,11 +114,99 @@ def wait_objects(object_dir: str, n: int, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-def require_bytes_checked(records: Records, taken: list, pages: int) -> None:
+def storage(object_dir: str) -> dict:
+    """The kvbm HiCache storage of the tests: G4 written as soon as a page
+    is in kvbm's G2, so a fresh process finds it."""
+    return {"g2_pages": 64, "object_dir": object_dir, "g4_mode": "write_through"}
+
+
+def served(engine: Engine, records: Records, expect, seed: int, stored: int):
+    """The prompt of seed, served (tokens as expected) and stored (stored
+    keys more, every pool's); the engine's caches flushed."""
+    p = prompt(seed, PROMPT_TOKENS)
+    want = expect([p], 8)
+    assert engine.generate([p], 8)["tokens"] == want
+    records.wait_stored(stored)
+    flush(engine)
+    return p, want
+
+
+def flush(engine: Engine, timeout: float = 60) -> None:
+    """SGLang's flush_cache(), again while it refuses (it does while a
+    backup to storage is still in flight)."""
+    deadline = time.monotonic() + timeout
+    while not engine.call("flush")["flushed"]:
+        assert time.monotonic() < deadline, f"flush_cache() refused for {timeout} s"
+        time.sleep(0.5)
+
+
+def from_storage(ans: dict) -> int:
+    """Tokens SGLang says came from storage (one prompt)."""
+    details = ans["cached"][0] or {}
+    return details.get("storage", 0)
+
+
+def require_bytes_checked(records: Records, taken: list, pages) -> None:
     """Every page kvbm loaded in taken holds bytes stored under its key
-    (by any process); pages in all."""
+    (by any process); pages in all: a count of KV pages, or per pool
+    ({"kv": 9, "swa": 2}: every pool of a hybrid model)."""
+    want = pages if isinstance(pages, dict) else {"kv": pages}
     loaded = [r for r in taken if r["ev"] == "loaded"]
-    assert len(loaded) == pages, f"{len(loaded)} pages loaded, want {pages}: {taken}"
+    got = {}
+    for r in loaded:
+        got[r.get("pool", "kv")] = got.get(r.get("pool", "kv"), 0) + 1
+    assert got == want, f"pages loaded per pool {got}, want {want}: {taken}"
     bad = [r["key"] for r in loaded if r["digest"] not in records.stored.get(r["key"], ())]
     assert not bad, f"{len(bad)} of {len(loaded)} loaded pages hold bytes not stored " \
-                    f"under their key"
+                    f"under their key: {bad}"
+
+
+@contextlib.contextmanager
+def pd_pair(model: str, records: Records, name: str, engine=None):
+    """A prefill engine and a decode engine of model with kvbm's PD backend
+    (records: recording_pd.py's); yields (prefill, decode, bootstrap port)."""
+    port = free_port()
+    p = Engine(model, records.path, f"{name}prefill", pd="prefill", bootstrap_port=port,
+               engine=engine)
+    try:
+        d = Engine(model, records.path, f"{name}decode", pd="decode", bootstrap_port=port,
+                   engine=engine)
+    except BaseException:
+        p.close()
+        raise
+    try:
+        yield p, d, port
+    finally:
+        d.close()
+        p.close()
+
+
+def hand_over(prefill: Engine, decode: Engine, port: int, prompts: list, rooms: list) -> list:
+    """The prompts through prefill then decode (both get them with the same
+    bootstrap rooms, as sglang-router sends them); the decode's tokens."""
+    boot = {"host": "127.0.0.1", "port": port, "rooms": rooms}
+    prefill.send("generate", prompts=prompts, max_tokens=8, bootstrap=boot)
+    decode.send("generate", prompts=prompts, max_tokens=8, bootstrap=boot)
+    got, _ = decode.read(), prefill.read()
+    return got["tokens"]
+
+
+def require_pd_bytes(taken: list, rooms: list, prompts: list, page: int,
+                     states: bool = False) -> None:
+    """Per room: the decode received the KV pages the prefill sent, byte
+    for byte (its whole pages: the decode writes its own tokens into the
+    last), and with states, every state slot of every component
+    (recording_pd.py's records)."""
+    for room, p in zip(rooms, prompts):
+        full = len(p) // page
+        mine = [r for r in taken if r["room"] == room]
+        sent = [d for r in mine if r["ev"] == "pd-sent" for d in r["digests"]]
+        received = [r["digests"] for r in mine if r["ev"] == "pd-received"]
+        assert len(received) == 1, mine
+        assert len(sent) >= full and len(received[0]) >= full, (sent, received)
+        assert received[0][:full] == sent[:full]
+        if states:
+            s_sent = [r["states"] for r in mine if r["ev"] == "pd-state-sent"]
+            s_received = [r["states"] for r in mine if r["ev"] == "pd-state-received"]
+            assert len(s_sent) == 1 and s_sent[0] and all(s_sent[0]), mine
+            assert s_received == s_sent, mine

@@ -7,12 +7,8 @@ import os
 
 import pytest
 
-from e2e_common.model import prompt
-from sglang_helpers import PAGE, Engine, Records, require_bytes_checked, wait_objects
-
-PROMPT_TOKENS = 300
-HIT = PROMPT_TOKENS // PAGE * PAGE   # 288: SGLang keeps whole pages only
-PAGES = HIT // PAGE
+from sglang_helpers import HIT, PAGES, Engine, Records, from_storage, require_bytes_checked, \
+    served, storage, wait_objects
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +21,6 @@ def records(tmp_path_factory):
     return Records(str(tmp_path_factory.mktemp("records")))
 
 
-def storage(object_dir):
-    # G4 written as soon as a page is in kvbm's G2: the fresh process finds it
-    return {"g2_pages": 64, "object_dir": object_dir, "g4_mode": "write_through"}
-
-
 @pytest.fixture(scope="module")
 def first(model_dir, object_dir, records):
     e = Engine(model_dir, records.path, "hicache-1", hicache=storage(object_dir))
@@ -37,23 +28,8 @@ def first(model_dir, object_dir, records):
     e.close()
 
 
-def served(engine, records, expect, seed):
-    """The prompt of seed, served and stored; the engine's caches flushed."""
-    p = prompt(seed, PROMPT_TOKENS)
-    want = expect([p], 8)
-    assert engine.generate([p], 8)["tokens"] == want
-    records.wait_stored(PAGES)
-    assert engine.call("flush")["flushed"]
-    return p, want
-
-
-def from_storage(ans):
-    details = ans["cached"][0] or {}
-    return details.get("storage", 0)
-
-
 def test_served_from_storage_after_flush(first, records, baseline):
-    p, want = served(first, records, baseline, 1)
+    p, want = served(first, records, baseline, 1, PAGES)
     again = first.generate([p], 8)
     taken = records.take()
     assert again["tokens"] == want
@@ -64,7 +40,7 @@ def test_served_from_storage_after_flush(first, records, baseline):
 def test_broken_connector_is_caught(first, records, baseline):
     """The byte check sees what tokens may not: a load that puts the pages of
     a batch into SGLang's host pages in reversed order."""
-    p, want = served(first, records, baseline, 2)
+    p, want = served(first, records, baseline, 2, PAGES)
     flag = os.path.join(records.path, "break-reverse")
     open(flag, "w").close()
     try:
@@ -84,7 +60,7 @@ def test_fresh_process_on_the_same_object_dir(first, model_dir, object_dir, reco
                                               baseline):
     """Last of the module: a second engine process on the same G4 directory
     serves a prefix the first one stored, from storage, the first closed."""
-    p, want = served(first, records, baseline, 3)
+    p, want = served(first, records, baseline, 3, PAGES)
     wait_objects(object_dir, len(records.stored))  # in G4 before the engine goes
     first.close()
     second = Engine(model_dir, records.path, "hicache-2", hicache=storage(object_dir))

@@ -5,8 +5,8 @@ tokens equal a single engine's, and the pages it received hold the bytes
 the prefill sent (recording_pd.py)."""
 import pytest
 
-from e2e_common.model import free_port, prompt
-from sglang_helpers import PAGE, Engine, Records
+from e2e_common.model import prompt
+from sglang_helpers import PAGE, Records, hand_over, pd_pair, require_pd_bytes
 
 
 @pytest.fixture(scope="module")
@@ -16,35 +16,14 @@ def records(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pd(model_dir, records):
-    port = free_port()
-    p = Engine(model_dir, records.path, "prefill", pd="prefill", bootstrap_port=port)
-    try:
-        d = Engine(model_dir, records.path, "decode", pd="decode", bootstrap_port=port)
-    except BaseException:
-        p.close()
-        raise
-    yield p, d, port
-    d.close()
-    p.close()
+    with pd_pair(model_dir, records, "") as pair:
+        yield pair
 
 
 def test_prefill_decode_hand_over(pd, records, baseline):
     prefill, decode, port = pd
     ps = [prompt(30), prompt(31, 200)]
     rooms = [1001, 1002]
-    boot = {"host": "127.0.0.1", "port": port, "rooms": rooms}
-    prefill.send("generate", prompts=ps, max_tokens=8, bootstrap=boot)
-    decode.send("generate", prompts=ps, max_tokens=8, bootstrap=boot)
-    got, _ = decode.read(), prefill.read()
-    assert got["tokens"] == baseline(ps, 8)
-    taken = records.take()
-    for room, p in zip(rooms, ps):
-        full = len(p) // PAGE  # the decode writes its own tokens into the last page
-        sent = [d for r in taken if r["ev"] == "pd-sent" and r["room"] == room
-                for d in r["digests"]]
-        received = [r["digests"] for r in taken if r["ev"] == "pd-received" and
-                    r["room"] == room]
-        assert len(received) == 1, taken
-        assert len(sent) >= full and len(received[0]) >= full, (sent, received)
-        assert received[0][:full] == sent[:full]
+    assert hand_over(prefill, decode, port, ps, rooms) == baseline(ps, 8)
+    require_pd_bytes(records.take(), rooms, ps, PAGE)
     print(f"PD: {[len(p) // PAGE for p in ps]} whole pages received, bytes equal")

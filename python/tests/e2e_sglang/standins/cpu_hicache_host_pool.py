@@ -71,8 +71,18 @@ def apply_mha(module) -> None:
     module.transfer_kv_all_layer_direct_lf_pf = transfer_kv_all_layer_direct_lf_pf
 
 
+def apply_mamba(module) -> None:
+    """sglang.srt.mem_cache.pool_host.mamba: the Mamba state host pool's
+    "direct" copies (page_first_direct host buffers are [slot, layer, 1,
+    state...], one slot a page) are the same torch copies."""
+    module.transfer_kv_direct = transfer_kv_direct
+    module.transfer_kv_per_layer_direct_pf_lf = transfer_kv_per_layer_direct_pf_lf
+    module.transfer_kv_all_layer_direct_lf_pf = transfer_kv_all_layer_direct_lf_pf
+
+
 #: module -> what to do once SGLang has imported it
 PATCHES = {
     "sglang.srt.mem_cache.pool_host.common": apply_common,
     "sglang.srt.mem_cache.pool_host.mha": apply_mha,
+    "sglang.srt.mem_cache.pool_host.mamba": apply_mamba,
 }

@@ -57,3 +57,22 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 sys.meta_path.insert(0, _Finder())
 sys.modules[__name__].__class__ = _StandinModule
+
+
+#: Torch ops of sgl_kernel's CPU build that SGLang looks up (not calls) when
+#: a module imports, where the lookup failing would stop the engine:
+#: gdn_triton.py's and gdn_backend.py's, imported for every hybrid linear-attention model (LFM2's
+#: short convolution included).
+_TORCH_OPS = ("fused_sigmoid_gating_delta_rule_update_cpu", "fused_gdn_gating_cpu")
+
+
+def _define_torch_ops():
+    import torch
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name in _TORCH_OPS:
+        lib.define(f"{name}(Tensor x) -> Tensor")
+        lib.impl(name, _missing(f"torch.ops.sgl_kernel.{name}"), "CompositeExplicitAutograd")
+    return lib
+
+
+_torch_ops = _define_torch_ops()  # kept: the ops live as long as this
