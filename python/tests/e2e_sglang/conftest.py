@@ -46,10 +46,11 @@ def model_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def baseline(model_dir, tmp_path_factory):
     """The engine without kvbm (no HiCache): the tokens every scenario must
-    give."""
+    give. Per module: an idle SGLang engine keeps polling, a core's worth,
+    and would slow every module after its own."""
     yield from _expected_tokens(model_dir, tmp_path_factory, "baseline")
 
 
