@@ -19,6 +19,12 @@ CUresult kvd_unsupported(const char *call, const char *what) {
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+CUresult kvd_unsupported_attr(const char *call, int attr) {
+	char what[64];
+	snprintf(what, sizeof what, "attribute %d", attr);
+	return kvd_unsupported(call, what);
+}
+
 struct CUctx_st *kvd_thread_ctx(void) { return current; }
 
 // The entry points a process called, each appended to
@@ -61,14 +67,6 @@ CUresult kvd_current(struct CUctx_st **c) {
 	return CUDA_SUCCESS;
 }
 
-// Every call takes kvd_mu; these keep the bodies short.
-#define LOCKED(expr)                      \
-	do {                                  \
-		pthread_mutex_lock(&kvd_mu);      \
-		CUresult r_ = (expr);             \
-		pthread_mutex_unlock(&kvd_mu);    \
-		return r_;                        \
-	} while (0)
 
 static CUresult init_locked(unsigned flags) {
 	if (flags != 0)
@@ -171,11 +169,8 @@ CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
 	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
 		*v = 1024;
 		return CUDA_SUCCESS;
-	default: {
-		char what[64];
-		snprintf(what, sizeof what, "attribute %d", (int)attr);
-		return kvd_unsupported("cuDeviceGetAttribute", what);
-	}
+	default:
+		return kvd_unsupported_attr("cuDeviceGetAttribute", (int)attr);
 	}
 }
 

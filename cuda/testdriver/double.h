@@ -49,8 +49,19 @@ extern pthread_cond_t kvd_cv;
 void kvd_called(const char *name);
 
 // kvd_unsupported reports, on stderr, a call or a case of one the double
-// does not implement, and returns CUDA_ERROR_NOT_SUPPORTED.
+// does not implement, and returns CUDA_ERROR_NOT_SUPPORTED;
+// kvd_unsupported_attr the same for an attribute the call does not know.
 CUresult kvd_unsupported(const char *call, const char *what);
+CUresult kvd_unsupported_attr(const char *call, int attr);
+
+// Every entry point takes kvd_mu; LOCKED keeps their bodies short.
+#define LOCKED(expr)                      \
+	do {                                  \
+		pthread_mutex_lock(&kvd_mu);      \
+		CUresult r_ = (expr);             \
+		pthread_mutex_unlock(&kvd_mu);    \
+		return r_;                        \
+	} while (0)
 
 struct CUctx_st {
 	int device;

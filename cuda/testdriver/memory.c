@@ -43,13 +43,6 @@ static struct pinned *pins;
 static uint64_t next_id = 1;
 static size_t device_used[KVD_MAX_DEVICES];
 
-#define LOCKED(expr)                      \
-	do {                                  \
-		pthread_mutex_lock(&kvd_mu);      \
-		CUresult r_ = (expr);             \
-		pthread_mutex_unlock(&kvd_mu);    \
-		return r_;                        \
-	} while (0)
 
 static struct dalloc *dalloc_at(uint64_t p, size_t n) {
 	for (struct dalloc *a = dallocs; a; a = a->next)
@@ -192,6 +185,33 @@ static void pinned_unlink(struct pinned *h) {
 	free(h);
 }
 
+// pin_add records [p, p+size) as pinned in c: allocated by cuMemHostAlloc,
+// or registered.
+static void pin_add(struct CUctx_st *c, void *p, size_t size, int allocated) {
+	struct pinned *h = calloc(1, sizeof *h);
+	h->ctx = c;
+	h->p = p;
+	h->size = size;
+	h->allocated = allocated;
+	h->next = pins;
+	pins = h;
+}
+
+// unpin ends the pinning that starts at p, if it is of the kind asked
+// (allocated or registered); else notfound.
+static CUresult unpin(void *p, int allocated, CUresult notfound) {
+	struct CUctx_st *c;
+	CUresult r = kvd_current(&c);
+	if (r)
+		return r;
+	struct pinned *h = pinned_at((uint64_t)(uintptr_t)p, 1);
+	if (!h || h->p != p || h->allocated != allocated)
+		return notfound;
+	kvd_ctx_idle(NULL);
+	pinned_unlink(h);
+	return CUDA_SUCCESS;
+}
+
 static CUresult host_alloc(void **pp, size_t size, unsigned flags) {
 	struct CUctx_st *c;
 	CUresult r = kvd_current(&c);
@@ -205,13 +225,7 @@ static CUresult host_alloc(void **pp, size_t size, unsigned flags) {
 	void *p = mmap(NULL, page_round(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (p == MAP_FAILED)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	struct pinned *h = calloc(1, sizeof *h);
-	h->ctx = c;
-	h->p = p;
-	h->size = size;
-	h->allocated = 1;
-	h->next = pins;
-	pins = h;
+	pin_add(c, p, size, 1);
 	*pp = p;
 	return CUDA_SUCCESS;
 }
@@ -221,22 +235,9 @@ CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
 	LOCKED(host_alloc(pp, size, flags));
 }
 
-static CUresult free_host(void *p) {
-	struct CUctx_st *c;
-	CUresult r = kvd_current(&c);
-	if (r)
-		return r;
-	struct pinned *h = pinned_at((uint64_t)(uintptr_t)p, 1);
-	if (!h || h->p != p || !h->allocated)
-		return CUDA_ERROR_INVALID_VALUE;
-	kvd_ctx_idle(NULL);
-	pinned_unlink(h);
-	return CUDA_SUCCESS;
-}
-
 CUresult cuMemFreeHost(void *p) {
 	kvd_called(__func__);
-	LOCKED(free_host(p));
+	LOCKED(unpin(p, 1, CUDA_ERROR_INVALID_VALUE));
 }
 
 static CUresult host_register(void *p, size_t size, unsigned flags) {
@@ -263,12 +264,7 @@ static CUresult host_register(void *p, size_t size, unsigned flags) {
 		if (mincore((void *)a, len, vec) != 0 && errno == ENOMEM)
 			return CUDA_ERROR_INVALID_VALUE;
 	}
-	struct pinned *h = calloc(1, sizeof *h);
-	h->ctx = c;
-	h->p = p;
-	h->size = size;
-	h->next = pins;
-	pins = h;
+	pin_add(c, p, size, 0);
 	return CUDA_SUCCESS;
 }
 
@@ -277,22 +273,9 @@ CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) {
 	LOCKED(host_register(p, size, flags));
 }
 
-static CUresult host_unregister(void *p) {
-	struct CUctx_st *c;
-	CUresult r = kvd_current(&c);
-	if (r)
-		return r;
-	struct pinned *h = pinned_at((uint64_t)(uintptr_t)p, 1);
-	if (!h || h->p != p || h->allocated)
-		return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-	kvd_ctx_idle(NULL);
-	pinned_unlink(h);
-	return CUDA_SUCCESS;
-}
-
 CUresult cuMemHostUnregister(void *p) {
 	kvd_called(__func__);
-	LOCKED(host_unregister(p));
+	LOCKED(unpin(p, 0, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED));
 }
 
 static CUresult pointer_attribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
@@ -313,11 +296,8 @@ static CUresult pointer_attribute(void *data, CUpointer_attribute attr, CUdevice
 	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
 		*(int *)data = a ? a->ctx->device : h->ctx->device;
 		return CUDA_SUCCESS;
-	default: {
-		char what[64];
-		snprintf(what, sizeof what, "attribute %d", (int)attr);
-		return kvd_unsupported("cuPointerGetAttribute", what);
-	}
+	default:
+		return kvd_unsupported_attr("cuPointerGetAttribute", (int)attr);
 	}
 }
 

@@ -222,13 +222,6 @@ void kvd_ctx_destroy(struct CUctx_st *c) {
 	pthread_cond_broadcast(&kvd_cv);
 }
 
-#define LOCKED(expr)                      \
-	do {                                  \
-		pthread_mutex_lock(&kvd_mu);      \
-		CUresult r_ = (expr);             \
-		pthread_mutex_unlock(&kvd_mu);    \
-		return r_;                        \
-	} while (0)
 
 static CUresult stream_create(CUstream *ph, unsigned flags) {
 	struct CUctx_st *c;

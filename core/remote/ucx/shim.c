@@ -505,12 +505,18 @@ void kvbm_ucx_flush(uint64_t ep, kvbm_ucx_batch_t *b) {
 	}
 }
 
-size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len) {
+// print_buf opens buf (len bytes, zeroed) as a stream for UCX's print
+// functions, keeping its last byte a NUL; NULL when it cannot.
+static FILE *print_buf(char *buf, size_t len) {
 	if (len == 0) {
-		return 0;
+		return NULL;
 	}
 	memset(buf, 0, len);
-	FILE *f = fmemopen(buf, len - 1, "w");
+	return fmemopen(buf, len - 1, "w");
+}
+
+size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len) {
+	FILE *f = print_buf(buf, len);
 	if (!f) {
 		return 0;
 	}
@@ -520,11 +526,7 @@ size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len) {
 }
 
 size_t kvbm_ucx_print_context(uint64_t context, char *buf, size_t len) {
-	if (len == 0) {
-		return 0;
-	}
-	memset(buf, 0, len);
-	FILE *f = fmemopen(buf, len - 1, "w");
+	FILE *f = print_buf(buf, len);
 	if (!f) {
 		return 0;
 	}

@@ -37,13 +37,18 @@ def pytest_collection_modifyitems(config, items):
     skip_or_require("e2e_sglang", _why_no_sglang(), items)
 
 
+def _made(tmp_path_factory, name, make):
+    """A tiny model made by make in pytest's temporary directory, the
+    engines' logs beside it."""
+    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
+    path = str(tmp_path_factory.mktemp(name))
+    make(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    # The engines' logs beside it, in pytest's temporary directory.
-    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
-    path = str(tmp_path_factory.mktemp("tiny-llama"))
-    make_model(path)
-    return path
+    return _made(tmp_path_factory, "tiny-llama", make_model)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +62,7 @@ def baseline(model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def swa_model_dir(tmp_path_factory):
     """The tiny sliding-window hybrid (e2e_common/hybrid_model.py)."""
-    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
-    path = str(tmp_path_factory.mktemp("tiny-mellum"))
-    make_mellum_model(path)
-    return path
+    return _made(tmp_path_factory, "tiny-mellum", make_mellum_model)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +75,7 @@ def swa_baseline(swa_model_dir, tmp_path_factory):
 def lfm2_model_dir(tmp_path_factory):
     """The tiny Mamba-kind hybrid (e2e_common/hybrid_model.py: LFM2's short
     convolution beside full attention)."""
-    os.environ.setdefault("KVBM_E2E_LOGDIR", str(tmp_path_factory.getbasetemp()))
-    path = str(tmp_path_factory.mktemp("tiny-lfm2"))
-    make_lfm2_model(path)
-    return path
+    return _made(tmp_path_factory, "tiny-lfm2", make_lfm2_model)
 
 
 @pytest.fixture(scope="module")
