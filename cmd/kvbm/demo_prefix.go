@@ -198,8 +198,15 @@ func computeAndOffload(w *tierWorker, c *cache.Cache, what string, keys [][]byte
 // cacheOnboardLayerwise onboards keys into G1 blocks g1 through the cache, with
 // one event per layer, timed as timeLayerwise does.
 func cacheOnboardLayerwise(drv cuda.Driver, c *cache.Cache, keys [][]byte, g1 []int) (time.Duration, error) {
+	// On the engine's stream, as the vLLM connector onboards (torch's
+	// current stream).
+	stream, err := drv.StreamCreate(0)
+	if err != nil {
+		return 0, fmt.Errorf("prefix: onboard: the engine's stream: %w", err)
+	}
+	defer func() { _ = drv.StreamDestroy(stream) }()
 	return timeLayerwise(drv, llama3_8B(1).NumLayers, "prefix: onboard", func(events []cuda.Event) (*transfer.Notification, error) {
-		return c.Onboard(keys, g1, events, nil)
+		return c.Onboard(keys, g1, events, &stream)
 	})
 }
 

@@ -72,6 +72,7 @@ func (m *Manager) AllocateLayout(kind storage.Kind, cfg layout.Config, shape Sha
 		e.owned = append(e.owned, d)
 		e.disk = d
 		e.crc = newChecksums(cfg.NumBlocks, cfg.NumLayers)
+		m.bounce.warm(cfg)
 	default:
 		return LayoutHandle{}, fmt.Errorf("%w: allocate layout: unknown storage kind %v", ErrInvalidArgument, kind)
 	}

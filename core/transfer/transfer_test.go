@@ -250,13 +250,13 @@ func TestDiskCorruptionDetected(t *testing.T) {
 }
 
 // A disk read into the device through a bounce buffer far smaller than
-// the transfer runs in chunks, through the bounce's two halves in turn,
-// each chunk's copy beside the next chunk's read (the device copies are
-// slowed so that they overlap): every block lands in its destination; a
-// corrupt block in a middle chunk fails alone, its destination keeping its
-// bytes (not what a chunk before left in its slot); a second hop that fails
-// fails its chunk's blocks only. A bounce of one block is one half: its
-// chunks go one at a time.
+// the transfer runs in chunks through the bounce's slots (here two, of
+// half the bounce each), each chunk's copy beside the next chunk's read
+// (the device copies are slowed so that they overlap): every block lands
+// in its destination; a corrupt block in a middle chunk fails alone, its
+// destination keeping its bytes (not what a chunk before left in its
+// slot); a second hop that fails fails its chunk's blocks only. A bounce
+// of one block is one slot: its chunks go one at a time.
 func TestTwoHopChunksThroughTheBounceHalves(t *testing.T) {
 	for _, bounce := range []int{4, 1} {
 		t.Run(fmt.Sprintf("bounce of %d", bounce), func(t *testing.T) {
@@ -323,6 +323,66 @@ func TestTwoHopChunksThroughTheBounceHalves(t *testing.T) {
 				require.Equal(t, pattern(cfg.BlockSize(), 100+uint64(i)), f.readBlock(dst, rev[i]), "source block %d", i)
 			}
 		})
+	}
+}
+
+// While one chunk's second hop is held in the device, the bounce's other
+// slots keep taking chunks through both hops: the disk is never left idle
+// behind one slow copy (a barrier per pair of chunks did that). 1 MiB
+// blocks, a bounce of 16: four slots of four blocks, four chunks.
+func TestTwoHopSlotsDoNotWaitForEachOther(t *testing.T) {
+	drv, emu := testDriver(t)
+	if emu == nil {
+		t.Skip("needs the emulated device's fault hook")
+	}
+	m, err := NewManager(Config{WorkerID: 0xA3, Driver: drv, DiskDir: t.TempDir(), BounceBlocks: 16})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, m.Close()) })
+	f := &fixture{t: t, drv: drv, emu: emu, m: m}
+	const n = 16
+	cfg := layout.Config{NumBlocks: n, NumLayers: 4, OuterDim: 2, PageSize: 16, InnerDim: 4096, DtypeWidth: 2} // 1 MiB blocks
+	require.Equal(t, 1<<20, cfg.BlockSize())
+	src := f.alloc(storage.Pinned, cfg, FullyContiguous)
+	disk := f.alloc(storage.Disk, cfg, FullyContiguous)
+	dst := f.alloc(storage.Device, cfg, FullyContiguous)
+	f.fill(src, 700)
+	f.fill(dst, 900)
+	ids := seqInts(n)
+	require.NoError(t, f.transfer(src, ids, disk, ids, Options{}))
+	dl, _, _ := f.m.Layout(dst)
+	chunkOf := func(addr uint64) int {
+		for b := range n {
+			if start := dl.Fragment(b, 0, 0).Addr; addr >= start && addr < start+uint64(cfg.BlockSize()) {
+				return b / 4
+			}
+		}
+		return -1
+	}
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open() // a failed wait must not leave the copy held
+	var seen [4]atomic.Bool
+	emu.InjectCopyFault(func(kind cuda.CopyKind, c cuda.Copy) error {
+		if kind != cuda.HostToDevice {
+			return nil
+		}
+		ch := chunkOf(c.Dst)
+		seen[ch].Store(true)
+		if ch == 0 {
+			<-release
+		}
+		return nil
+	})
+	defer emu.InjectCopyFault(nil)
+	nt, err := f.m.ExecuteTransfer(disk, ids, dst, ids, Options{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return seen[0].Load() && seen[1].Load() && seen[2].Load() && seen[3].Load() },
+		10*time.Second, time.Millisecond, "chunks 1-3 reached the device while chunk 0's copy was held")
+	open()
+	require.NoError(t, nt.WaitTimeout(-1))
+	for i := range ids {
+		require.Equal(t, pattern(cfg.BlockSize(), 700+uint64(i)), f.readBlock(dst, i), "block %d", i)
 	}
 }
 
