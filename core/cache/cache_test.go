@@ -532,9 +532,16 @@ func TestALoadBehindTheCallersWorkIsMeasuredFromWhenItStarts(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.emu.HostFree(src)); require.NoError(t, f.emu.MemFree(dst)) }()
 	release := make(chan struct{})
+	var first atomic.Bool
 	f.emu.InjectCopyFault(func(_ cuda.CopyKind, c cuda.Copy) error {
-		if c.Size == 3 {
+		switch {
+		case c.Size == 3:
 			<-release
+		case first.CompareAndSwap(false, true):
+			// The load's first copy takes a while, so that the stamp of
+			// when the stream reached the load is taken before its end
+			// (a load of microseconds can end first, and is not sampled).
+			time.Sleep(50 * time.Millisecond)
 		}
 		return nil
 	})
@@ -549,10 +556,8 @@ func TestALoadBehindTheCallersWorkIsMeasuredFromWhenItStarts(t *testing.T) {
 	require.NoError(t, note.WaitTimeout(10*time.Second))
 	f.requireLoaded(seq(8, 4), 0)
 	bytes := 4 * float64(shape(1).BlockSize())
-	// 0: not measured, when the goroutine that saw the stream reach the
-	// copies woke after the one that saw them end (small copies).
-	if rate := f.c.Stats().LoadRate[worker.G2]; rate != 0 {
-		require.Less(t, bytes/rate, (held / 2).Seconds(),
-			"the copy of 4 small blocks is timed as taking %.3f s: the wait behind the caller's copy counted", bytes/rate)
-	}
+	rate := f.c.Stats().LoadRate[worker.G2]
+	require.NotZero(t, rate, "the load was not sampled")
+	require.Less(t, bytes/rate, (held / 2).Seconds(),
+		"the copy of 4 small blocks is timed as taking %.3f s: the wait behind the caller's copy counted", bytes/rate)
 }

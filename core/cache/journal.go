@@ -289,12 +289,19 @@ func (j *journal) append(rec []byte) error {
 	return nil
 }
 
+// compactStarted, set by tests, is called on a compaction's goroutine as
+// it starts: a test holds it there to queue records behind it.
+var compactStarted func()
+
 // compact writes live, then the records appended meanwhile, into a new
 // file and puts it in place. A compaction that fails (a full disk) leaves
 // the old file, appends the queued records to it, and is tried again only
 // after as many records again.
 func (j *journal) compact(live []byte, n int) {
 	defer j.done.Done()
+	if compactStarted != nil {
+		compactStarted()
+	}
 	f, err := j.writeNew(live)
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -75,4 +76,55 @@ func TestAFailedCompactionLosesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, want, again.live)
 	require.NoError(t, again.close())
+}
+
+// holdCompactions makes every compaction wait, as it starts, until the
+// returned release is called; started receives once per compaction.
+func holdCompactions(t *testing.T) (started <-chan struct{}, release func()) {
+	st, rel := make(chan struct{}, 16), make(chan struct{})
+	compactStarted = func() { st <- struct{}{}; <-rel }
+	var once sync.Once
+	release = func() { once.Do(func() { close(rel) }) }
+	t.Cleanup(func() { release(); compactStarted = nil })
+	return st, release
+}
+
+// Records appended while a compaction is held at its start are queued, and
+// every one of them reaches the file: in the new file when the compaction
+// succeeds, in the old one when it fails.
+func TestRecordsQueuedBehindACompactionAreKept(t *testing.T) {
+	for _, fails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("compaction fails %v", fails), func(t *testing.T) {
+			dir := t.TempDir()
+			shape := journalShape{Blocks: 8, Layers: 2, BlockBytes: 4096}
+			j, _, err := openJournal(dir, "id", shape)
+			require.NoError(t, err)
+			if fails {
+				require.NoError(t, os.Mkdir(filepath.Join(dir, journalName+".new"), 0o700))
+			}
+			started, release := holdCompactions(t)
+			n := 0
+			for len(started) == 0 {
+				churn(t, j, n, 1)
+				n++
+				require.Less(t, n, 1<<20, "no compaction started")
+			}
+			<-started
+			want := churn(t, j, n, 40)
+			j.mu.Lock()
+			queued := len(j.pending)
+			j.mu.Unlock()
+			require.Positive(t, queued, "records were appended while the compaction was held")
+			release()
+			require.NoError(t, j.close())
+			if fails {
+				require.Equal(t, 1, j.failures)
+				require.NoError(t, os.Remove(filepath.Join(dir, journalName+".new")))
+			}
+			again, _, err := openJournal(dir, "id", shape)
+			require.NoError(t, err)
+			require.Equal(t, want, again.live)
+			require.NoError(t, again.close())
+		})
+	}
 }
