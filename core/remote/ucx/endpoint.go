@@ -225,6 +225,12 @@ const (
 	rkeyDistanceLen = 3 // system device, latency, bandwidth
 )
 
+// UCX's memory types (ucs_memory_type_t) of the memory kvbm registers.
+const (
+	memTypeHost = 0
+	memTypeCUDA = 1
+)
+
 // checkRkeyFrame checks an rkey's frame (ucp_rkey_pack_memh and the rkey
 // unpack of src/ucp/core/ucp_rkey.c): the memory domain map (u64), the
 // memory type (u8), then for each domain in the map its key's size (u8)
@@ -239,6 +245,11 @@ const (
 func checkRkeyFrame(rkey []byte, frame120 bool) error {
 	if len(rkey) < 9 {
 		return fmt.Errorf("rkey of %d bytes is shorter than its 9-byte header", len(rkey))
+	}
+	if t := rkey[8]; t > memTypeCUDA {
+		// UCX indexes tables by it unchecked; kvbm registers host and
+		// CUDA memory only.
+		return fmt.Errorf("rkey of memory type %d: kvbm exports host (%d) and CUDA (%d) memory only", t, memTypeHost, memTypeCUDA)
 	}
 	mdMap := binary.LittleEndian.Uint64(rkey)
 	if mdMap == 0 {

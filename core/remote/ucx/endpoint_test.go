@@ -51,6 +51,13 @@ func TestCheckRkey(t *testing.T) {
 		require.Error(t, checkRkey(rk[:n]), "%d bytes", n)
 	}
 	require.ErrorContains(t, checkRkeyFrame(make([]byte, 9), false), "no memory domain")
+	for _, t8 := range []byte{2, 9, 0xFF} { // CUDA managed, past the last type
+		bad := append([]byte{}, rk...)
+		bad[8] = t8
+		require.ErrorContains(t, checkRkey(bad), "memory type", "type %d", t8)
+	}
+	rk[8] = memTypeCUDA
+	require.NoError(t, checkRkey(rk))
 }
 
 // From UCX 1.20 an empty map is software emulation's key, and a key with
@@ -128,8 +135,9 @@ func ucxFrameEnd(b []byte) int {
 }
 
 // FuzzCheckRkeyFrame: any bytes are accepted or refused without a panic,
-// and what 1.20's rules accept UCX reads within the key and the padding's
-// first byte (ucxFrameEnd, a model of UCX's walk of its own).
+// and what 1.20's rules accept names a memory type kvbm exports and UCX
+// reads within the key and the padding's first byte (ucxFrameEnd, a model
+// of UCX's walk of its own).
 func FuzzCheckRkeyFrame(f *testing.F) {
 	f.Add(fakeRkey())
 	f.Add(append(fakeRkey(), 0x81, 2, 7, 7, 0xFF))
@@ -139,6 +147,7 @@ func FuzzCheckRkeyFrame(f *testing.F) {
 		if checkRkeyFrame(b, true) != nil {
 			return
 		}
+		require.LessOrEqual(t, b[8], byte(memTypeCUDA), "UCX indexes its tables by the memory type")
 		end := ucxFrameEnd(b)
 		require.True(t, end >= 0 && end <= len(b)+1, "UCX reads %d bytes of a %d-byte key", end, len(b))
 	})
