@@ -137,6 +137,13 @@ class KvbmHiCacheStorage(HiCacheV2, HiCacheStorage):
                 self._staging = torch.zeros((c.staging_pages, page_elems), dtype=buf.dtype)
                 w.register_g1_host(layout.staging(c.staging_pages), self._staging)
             self._g2_pages = c.g2_pages or 2 * _SGLANG_BATCH
+            if self._g2_pages < _SGLANG_BATCH:
+                logger.warning(
+                    "kvbm HiCache storage: g2_pages=%d is below SGLang's backup batch of %d "
+                    "pages: while G2 writes a batch through, the pages it has no room for "
+                    "are refused and SGLang logs \"Write page to storage ... failed\" "
+                    "(nothing is lost from the host pool); give G2 at least %d pages",
+                    self._g2_pages, _SGLANG_BATCH, 2 * _SGLANG_BATCH)
             w.allocate_g2(layout.staging(self._g2_pages))
             if c.disk_dir:
                 w.allocate_g3(layout.staging(c.g3_pages))

@@ -1,6 +1,7 @@
 """KvbmHiCacheStorage with the real sglang 0.5.23: built by SGLang's own
 backend factory over SGLang's own host KV pool, driven by SGLang's own
 HiCacheController storage methods; every page's bytes checked."""
+import logging
 import os
 import subprocess
 import sys
@@ -505,3 +506,13 @@ def test_the_prefill_rate_is_learned_from_misses_and_their_backups(close_after):
         assert b.batch_exists(keys) == n
     finally:
         type(cache).stats = real
+
+
+def test_a_g2_below_sglangs_backup_batch_is_warned_about(caplog):
+    host = host_pool("page_first", device_pages=16)
+    with caplog.at_level(logging.WARNING, logger="kvbmgo.sglang.hicache"):
+        for g2 in (4, 128, None):  # one after another: each registers the host pool
+            extra = kvbm_extra(v1=True, **({} if g2 is None else {"g2_pages": g2}))
+            create_backend(host, extra).close()
+    warned = [r.getMessage() for r in caplog.records if "backup batch" in r.getMessage()]
+    assert len(warned) == 1 and "g2_pages=4 " in warned[0], warned
