@@ -100,8 +100,12 @@ def _fail_reason(d, req, caplog):
 
 
 def test_a_silent_channel_and_a_request_never_held_fail_differently(caplog):
-    """Within the deadline either way; the decode's log tells which."""
+    """Within the deadline either way; the decode's log tells which. The
+    slack past the deadline is wide (a loaded 2-core machine took 3.2 s of
+    a 1.5 s deadline): without the deadline the run goes on to its own
+    10 s."""
     timeout = 1.5
+    slack = 4.0
     p, d = prefill_engine(), decode_engine(timeout_s=timeout)
     silent = zmq.Context()
     try:
@@ -110,7 +114,7 @@ def test_a_silent_channel_and_a_request_never_held_fail_differently(caplog):
         # ended, so it never learns it holds R (and answers "not held yet").
         d.add("D-not-held", PROMPT, kv_transfer_params=params)
         took, msgs = _fail_reason(d, "D-not-held", caplog)
-        assert took < timeout + 1.0
+        assert took < timeout + slack
         assert any("did not hold request R by the deadline" in m and "asks answered so" in m
                    for m in msgs) or any("asks that it did not hold" in m for m in msgs), msgs
         caplog.clear()
@@ -120,7 +124,7 @@ def test_a_silent_channel_and_a_request_never_held_fail_differently(caplog):
         port = sock.bind_to_random_port("tcp://127.0.0.1")
         d.add("D-silent", [7] + PROMPT, kv_transfer_params=dict(params, remote_port=port))
         took, msgs = _fail_reason(d, "D-silent", caplog)
-        assert took < timeout + 1.0
+        assert took < timeout + slack
         assert any("did not answer within the deadline (no answer at all)" in m
                    for m in msgs), msgs
     finally:
