@@ -102,6 +102,10 @@ class KvbmConnectorMetadata(KVConnectorMetadata):
     #: The id of this step's stores (0: none): each worker says when they
     #: are over (KvbmWorkerMetadata.settled; stores_in_flight.py).
     store_batch: int = 0
+    #: This step's number when the load policy times it (0: not timed): the
+    #: workers send it back with the step's output (KvbmWorkerMetadata.step),
+    #: so that the step is timed to its own output.
+    timed_step: int = 0
 
 
 #: A cache event as it crosses processes: (kind, tier, key); kind 1 stored,
@@ -127,6 +131,8 @@ class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
     #: per second by tier number, bytes in flight by tier, bytes of a block)
     #: for the load policy (load_policy "auto").
     load: Optional[LoadReport] = None
+    #: The timed step (KvbmConnectorMetadata.timed_step) this output ends.
+    step: int = 0
 
     def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KvbmWorkerMetadata":
         # Several ranks: their events, one after the other. The scheduler's
@@ -135,7 +141,7 @@ class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
         # Loads: the slowest rank's (every rank loads its share at once).
         assert isinstance(other, KvbmWorkerMetadata)
         return KvbmWorkerMetadata(self.events + other.events, self.settled + other.settled,
-                                  slowest(self.load, other.load))
+                                  slowest(self.load, other.load), max(self.step, other.step))
 
 
 def slowest(a: Optional[LoadReport], b: Optional[LoadReport]) -> Optional[LoadReport]:

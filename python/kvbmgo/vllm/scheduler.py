@@ -435,10 +435,10 @@ class KvbmScheduler:
             if st is not None:
                 st.block_ids = []
         self._in_flight.expire()
-        self._policy.step_started(scheduler_output.total_num_scheduled_tokens)
+        timed = self._policy.step_started(scheduler_output.total_num_scheduled_tokens)
         md = KvbmConnectorMetadata(loads=self._loads, stores=stores, allocated=allocated,
                                    preempted=preempted, sends=self._sends, pulls=self._pulls,
-                                   reset_cache=self._reset,
+                                   reset_cache=self._reset, timed_step=timed,
                                    store_batch=self._in_flight.offer(
                                        k for st in stores for k in st.keys))
         self._loads, self._sends, self._pulls = [], [], []
@@ -507,7 +507,8 @@ class KvbmScheduler:
         if isinstance(md, KvbmWorkerMetadata):
             self.apply_events(md.events)
             self._in_flight.settled(md.settled)
-        self._policy.step_ended(md.load if isinstance(md, KvbmWorkerMetadata) else None)
+        if isinstance(md, KvbmWorkerMetadata):
+            self._policy.step_ended(md.load, md.step)
 
     def apply_events(self, events: Iterable[Tuple[int, int, bytes]]) -> None:
         bs = self.block_size

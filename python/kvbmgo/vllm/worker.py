@@ -86,6 +86,9 @@ class KvbmWorker(WorkerStats):
         self._events: List[Any] = []     # one per kvbm layer, for layer-wise loads
         self._cuda = False
         self._started = False  # start_load_kv ran for the bound metadata
+        # The step the load policy times (KvbmConnectorMetadata.timed_step)
+        # that ran since the last build_worker_meta: said back with it.
+        self._timed_step = 0
         # Sync loads of this step: (notification, G1 ids), or None.
         self._sync_load: Optional[Tuple[Any, List[int]]] = None
         self._async_loads: Dict[str, Tuple[Any, List[int]]] = {}
@@ -331,6 +334,7 @@ class KvbmWorker(WorkerStats):
         if self._started:
             return
         self._started = True
+        self._timed_step = md.timed_step or self._timed_step
         if self.worker is None:
             # Before register_kv_caches or after shutdown (vLLM's
             # no-forward path): nothing moves. Loads and pulls fail, every
@@ -590,7 +594,8 @@ class KvbmWorker(WorkerStats):
         # After the batches' ends: their blocks' events are drained too.
         events = self.worker.cache.events() if self.worker is not None else []
         load = self._load_news()
-        if not events and not lost and not settled and load is None:
+        step, self._timed_step = self._timed_step, 0
+        if not events and not lost and not settled and load is None and not step:
             return None
         return KvbmWorkerMetadata([(int(e.kind), int(e.tier), e.key) for e in events] +
-                                  [(LOST, 0, k) for k in lost], settled, load)
+                                  [(LOST, 0, k) for k in lost], settled, load, step)

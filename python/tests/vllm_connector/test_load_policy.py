@@ -89,3 +89,50 @@ def test_auto_is_the_default():
         assert e.connector._scheduler._policy.enabled
     finally:
         e.close()
+
+
+def test_under_async_scheduling_each_step_is_timed_to_its_own_output():
+    """vLLM's AsyncScheduler schedules step N+1 before step N's output is
+    back, and calls update_connector_output only for outputs that carry
+    something: each timed step still comes back with its own number, and
+    none is left waiting."""
+    e = Engine({"g2_blocks": 32, "load_policy": "auto"}, pipelined=True)
+    try:
+        policy = e.connector._scheduler._policy
+        started, ended = [], []
+        orig_start, orig_end = policy.step_started, policy.step_ended
+
+        def step_started(tokens):
+            n = orig_start(tokens)
+            if n:
+                started.append(n)
+            return n
+
+        def step_ended(load, step=0):
+            if step:
+                ended.append(step)
+            orig_end(load, step)
+        policy.step_started, policy.step_ended = step_started, step_ended
+        e.add("A", PROMPT)
+        e.add("B", list(range(900, 900 + 3 * BLOCK + 1)))
+        e.run_pipelined()
+        assert started and ended == started
+        assert not policy._steps
+        assert policy.prefill_rate > 0
+    finally:
+        e.close()
+
+
+def test_a_step_is_timed_to_its_own_output_when_earlier_ones_had_none():
+    """Steps 1 and 2 never hear back (their outputs carried nothing): step
+    3's output times step 3, from its own start, and forgets 1 and 2."""
+    from kvbmgo.vllm.load_policy import LoadPolicy
+    p = LoadPolicy(True, BLOCK)
+    assert p.step_started(BLOCK) == 0, "too few tokens to time"
+    assert [p.step_started(100 * BLOCK) for _ in range(3)] == [1, 2, 3]
+    p._steps[1] = (p._steps[1][0] - 100.0, p._steps[1][1])  # long ago: a rate near 0
+    p.step_ended(None, 3)
+    assert not p._steps
+    assert p.prefill_rate > 1000 * BLOCK, "timed from step 3's start, not step 1's"
+    p.step_ended(None, 2)  # late, already forgotten: nothing changes
+    assert p.prefill_rate > 1000 * BLOCK
