@@ -12,10 +12,12 @@ import pytest
 
 class EngineProcess:
     """script run with cfg (JSON) as its argument; ready once it sends its
-    first line. A suite's Engine builds cfg and env and adds its calls."""
+    first line. A suite's Engine builds cfg and env and adds its calls.
+    With wait=False the engine loads while its maker goes on (another engine
+    can load beside it); its first call waits until it is ready."""
 
     def __init__(self, script: str, cfg: dict, env: dict, name: str, log_name: str,
-                 log_tail: int = 4000, new_session: bool = False) -> None:
+                 log_tail: int = 4000, new_session: bool = False, wait: bool = True) -> None:
         self.name, self._tail = name, log_tail
         self.log = open(os.path.join(os.environ.get("KVBM_E2E_LOGDIR", tempfile.gettempdir()),
                                      f"{log_name}-{os.getpid()}.log"), "w")
@@ -23,11 +25,20 @@ class EngineProcess:
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=self.log, text=True, env=env,
                                   start_new_session=new_session)
+        self._loading = True
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Returns once the engine sent its first line (at once after that)."""
+        if not self._loading:
+            return
         try:
-            self.read()  # ready
+            self.read()
         except BaseException:
             self.close()
             raise
+        self._loading = False
 
     def read(self) -> dict:
         line = self.p.stdout.readline()
@@ -39,6 +50,7 @@ class EngineProcess:
         return json.loads(line)
 
     def send(self, op: str, **kw) -> None:
+        self.wait_ready()  # else read() would take the ready line for the answer
         self.p.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.p.stdin.flush()
 
@@ -51,7 +63,8 @@ class EngineProcess:
         return self.p.pid
 
     def close(self) -> None:
-        if self.p.poll() is None:
+        # one still loading is killed: it would answer quit only once loaded
+        if self.p.poll() is None and not self._loading:
             try:
                 self.call("quit")
                 self.p.wait(60)

@@ -51,11 +51,11 @@ def model_dir(tmp_path_factory):
     return _made(tmp_path_factory, "tiny-llama", make_model)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def baseline(model_dir, tmp_path_factory):
     """The engine without kvbm (no HiCache): the tokens every scenario must
-    give. Per module: an idle SGLang engine keeps polling, a core's worth,
-    and would slow every module after its own."""
+    give. One for the session (test_hicache and test_pd): it sleeps while
+    idle (_expected_tokens)."""
     yield from _expected_tokens(model_dir, tmp_path_factory, "baseline")
 
 
@@ -87,7 +87,12 @@ def lfm2_baseline(lfm2_model_dir, tmp_path_factory):
 
 
 def _expected_tokens(model, tmp_path_factory, name, engine=None):
-    e = Engine(model, str(tmp_path_factory.mktemp(name)), name, engine=engine)
+    """expect(prompts, max_tokens): the tokens of model's engine without
+    kvbm, each once. The engine loads while the test's kvbm engines do, and
+    sleeps while idle (SGLang's sleep_on_idle; else its scheduler keeps
+    polling, about 65% of a core, and slows every other engine)."""
+    e = Engine(model, str(tmp_path_factory.mktemp(name)), name,
+               engine=dict(engine or {}, sleep_on_idle=True))
     cache = {}
 
     def expect(prompts, max_tokens):

@@ -47,8 +47,10 @@ class Engine(EngineProcess):
             # same-host key is enough (SGLang's default is the host's
             # address, which without KVBM_AUTH_KEY refuses to start).
             env.setdefault("SGLANG_HOST_IP", "127.0.0.1")
+        # loads while the test makes its other engines: its first call waits
         super().__init__(os.path.join(HERE, "engine.py"), cfg, env, name,
-                         f"kvbm-e2e-sglang-{name}", log_tail=6000, new_session=True)
+                         f"kvbm-e2e-sglang-{name}", log_tail=6000, new_session=True,
+                         wait=False)
 
     def generate(self, prompts, max_tokens: int) -> dict:
         return self.call("generate", prompts=prompts, max_tokens=max_tokens)
@@ -175,6 +177,9 @@ def pd_pair(model: str, records: Records, name: str, engine=None):
         p.close()
         raise
     try:
+        # loaded side by side; both ready before the prefill gets a request
+        p.wait_ready()
+        d.wait_ready()
         yield p, d, port
     finally:
         d.close()
@@ -189,6 +194,17 @@ def hand_over(prefill: Engine, decode: Engine, port: int, prompts: list, rooms: 
     decode.send("generate", prompts=prompts, max_tokens=8, bootstrap=boot)
     got, _ = decode.read(), prefill.read()
     return got["tokens"]
+
+
+def require_handed_over(model: str, records: Records, name: str, prompts: list, rooms: list,
+                        expect, engine=None) -> None:
+    """A hybrid model's PD pair (pd_pair) hands prompts over: the decode's
+    tokens are expect's, its KV pages and every state the bytes the prefill
+    sent (require_pd_bytes)."""
+    with pd_pair(model, records, name, engine) as (prefill, decode, port):
+        assert hand_over(prefill, decode, port, prompts, rooms) == expect(prompts, 8)
+    page = (engine or {}).get("page_size", PAGE)
+    require_pd_bytes(records.take(), rooms, prompts, page, states=True)
 
 
 def require_pd_bytes(taken: list, rooms: list, prompts: list, page: int,

@@ -19,7 +19,7 @@ import pytest
 
 from e2e_common.model import prompt
 from sglang_helpers import MAMBA_ENGINE, PROMPT_TOKENS, Engine, Records, flush, from_storage, \
-    hand_over, pd_pair, require_bytes_checked, require_pd_bytes, served, storage, wait_objects
+    require_bytes_checked, require_handed_over, served, storage, wait_objects
 
 #: Pages of one token: the prompt's KV pages and its state.
 LOADED = {"kv": PROMPT_TOKENS, "mamba": 1}
@@ -39,6 +39,15 @@ def object_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     return Records(str(tmp_path_factory.mktemp("mamba-records")))
+
+
+def test_prefill_decode_hands_over_kv_and_state(lfm2_model_dir, tmp_path_factory,
+                                                lfm2_baseline):
+    """First of the module, before its HiCache engine (first) is made: none
+    idles beside the pair (an idle SGLang scheduler keeps polling)."""
+    records = Records(str(tmp_path_factory.mktemp("mamba-pd-records")))
+    require_handed_over(lfm2_model_dir, records, "mamba-", [prompt(50), prompt(51, 200)],
+                        [3001, 3002], lfm2_baseline, MAMBA_ENGINE)
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +90,6 @@ def test_a_stale_mamba_state_is_caught(first, records, lfm2_baseline):
     assert [r["pool"] for r in bad] == ["mamba"], taken
     print(f"stale Mamba state: tokens equal: "
           f"{again['tokens'] == lfm2_baseline([extended(p, 2)], 8)}")
-
-
-def test_prefill_decode_hands_over_kv_and_state(lfm2_model_dir, tmp_path_factory,
-                                                lfm2_baseline):
-    records = Records(str(tmp_path_factory.mktemp("mamba-pd-records")))
-    ps = [prompt(50), prompt(51, 200)]
-    rooms = [3001, 3002]
-    with pd_pair(lfm2_model_dir, records, "mamba-", MAMBA_ENGINE) as (prefill, decode, port):
-        assert hand_over(prefill, decode, port, ps, rooms) == lfm2_baseline(ps, 8)
-    require_pd_bytes(records.take(), rooms, ps, MAMBA_ENGINE["page_size"], states=True)
 
 
 def test_fresh_process_on_the_same_object_dir(first, lfm2_model_dir, object_dir, records,

@@ -22,8 +22,8 @@ import pytest
 
 from e2e_common.hybrid_model import WINDOW
 from e2e_common.model import prompt
-from sglang_helpers import HIT, PAGE, PAGES, Engine, Records, from_storage, hand_over, \
-    pd_pair, require_bytes_checked, require_pd_bytes, served, storage, wait_objects
+from sglang_helpers import HIT, PAGE, PAGES, Engine, Records, from_storage, \
+    require_bytes_checked, require_handed_over, served, storage, wait_objects
 
 #: The window's pages SGLang backs up and restores for a prompt.
 SWA_PAGES = WINDOW // PAGE
@@ -38,6 +38,15 @@ def object_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     return Records(str(tmp_path_factory.mktemp("swa-records")))
+
+
+def test_prefill_decode_hands_over_kv_and_window(swa_model_dir, tmp_path_factory,
+                                                 swa_baseline):
+    """First of the module, before its HiCache engine (first) is made: none
+    idles beside the pair (an idle SGLang scheduler keeps polling)."""
+    records = Records(str(tmp_path_factory.mktemp("swa-pd-records")))
+    require_handed_over(swa_model_dir, records, "swa-", [prompt(40), prompt(41, 200)],
+                        [2001, 2002], swa_baseline)
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +82,6 @@ def test_a_stale_window_state_is_caught(first, records, swa_baseline):
     bad = [r for r in loaded if r["digest"] not in records.stored.get(r["key"], ())]
     assert {r["pool"] for r in bad} == {"swa"}, taken
     assert len(bad) == SWA_PAGES, taken
-
-
-def test_prefill_decode_hands_over_kv_and_window(swa_model_dir, tmp_path_factory,
-                                                 swa_baseline):
-    records = Records(str(tmp_path_factory.mktemp("swa-pd-records")))
-    ps = [prompt(40), prompt(41, 200)]
-    rooms = [2001, 2002]
-    with pd_pair(swa_model_dir, records, "swa-") as (prefill, decode, port):
-        assert hand_over(prefill, decode, port, ps, rooms) == swa_baseline(ps, 8)
-    require_pd_bytes(records.take(), rooms, ps, PAGE, states=True)
 
 
 def test_fresh_process_on_the_same_object_dir(first, swa_model_dir, object_dir, records,
