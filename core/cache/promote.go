@@ -38,7 +38,7 @@ func (c *Cache) promote(keys []pool.Key) {
 	o.wd = c.planWriteDown()
 	c.collectEvents()
 	c.mu.Unlock()
-	c.stage(o)
+	c.stage(o, nil)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, k := range o.ready.keys {
