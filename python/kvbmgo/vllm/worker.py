@@ -86,9 +86,7 @@ class KvbmWorker(WorkerStats):
         self._events: List[Any] = []     # one per kvbm layer, for layer-wise loads
         self._cuda = False
         self._started = False  # start_load_kv ran for the bound metadata
-        # The step the load policy times (KvbmConnectorMetadata.timed_step)
-        # that ran since the last build_worker_meta: said back with it.
-        self._timed_step = 0
+        self._timed_step = 0  # a timed step run since build_worker_meta: said back with it
         # Sync loads of this step: (notification, G1 ids), or None.
         self._sync_load: Optional[Tuple[Any, List[int]]] = None
         self._async_loads: Dict[str, Tuple[Any, List[int]]] = {}
