@@ -261,7 +261,7 @@ func (r *Real) Close() error {
 	for dev, sets := range r.tables {
 		ctx := C.uint64_t(r.devices[dev].ctx)
 		for _, t := range sets {
-			if t.busy {
+			if t.inFlight {
 				// Its last launch may still read the tables. A failure here
 				// is the context's sticky error: the work is over either way.
 				_ = poll(func() (bool, error) {

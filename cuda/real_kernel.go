@@ -37,11 +37,14 @@ type copyKernel struct {
 
 // kernelTables is one set of argument tables: pinned staging and device
 // copies of src[cap], dst[cap], size[cap], and the event recorded after the
-// launch that last used them.
+// launch that last used them. held: a caller is filling them, and their
+// event is still the previous launch's (complete, it says nothing of this
+// one); inFlight: launched, free again once the event completes.
 type kernelTables struct {
 	host, dev uint64
 	event     Event
-	busy      bool
+	held      bool
+	inFlight  bool
 }
 
 // cuErrorUnsupportedPTXVersion: cuModuleLoadData's answer when the driver
@@ -102,17 +105,22 @@ func (r *Real) acquireTables(dev int) (*kernelTables, error) {
 		return nil, NewError("cuLaunchKernel", ErrCodeNotInitialized, "the CUDA driver is closed")
 	}
 	for _, t := range r.tables[dev] {
-		if t.busy {
+		if t.held {
+			// Being filled by another caller: its event is the last
+			// launch's, complete, and would free the set under it.
+			continue
+		}
+		if t.inFlight {
 			// Not r.EventQuery: r.mu is held. Anything but NOT_READY frees
 			// the set: after a sticky error no launch will ever complete,
 			// and the error reaches the caller through its copy's own
 			// synchronization, so waiting would only leak a set per batch.
 			if C.kv_cuEventQuery(C.uint64_t(r.devices[dev].ctx), C.uint64_t(t.event)) != cuNotReady {
-				t.busy = false
+				t.inFlight = false
 			}
 		}
-		if !t.busy {
-			t.busy = true
+		if !t.inFlight {
+			t.held = true
 			r.mu.Unlock()
 			return t, nil
 		}
@@ -121,7 +129,7 @@ func (r *Real) acquireTables(dev int) (*kernelTables, error) {
 
 	const bytes = kernelTableCap * kernelTableCols * 8
 	d := r.devices[dev]
-	t := &kernelTables{busy: true}
+	t := &kernelTables{held: true}
 	var host, devp, ev C.uint64_t
 	if err := check("cuMemHostAlloc", C.kv_cuMemHostAlloc(C.uint64_t(d.ctx), &host, bytes, cuMemHostAllocPortable, -1)); err != nil {
 		return nil, err
@@ -183,12 +191,22 @@ func (r *Real) kernelCopy(dev int, copies []Copy, s Stream) error {
 		}
 		if err := r.launch(ctx, k, t, n, s); err != nil {
 			// The staging buffer may still be read by an enqueued copy: the
-			// set stays busy until its event says otherwise.
+			// set stays in flight until its event says otherwise.
 			_ = C.kv_cuEventRecord(ctx, C.uint64_t(t.event), C.uint64_t(s))
+			r.launched(t)
 			return err
 		}
+		r.launched(t)
 	}
 	return nil
+}
+
+// launched hands a held set over to its launch: its event, recorded after
+// the launch, now says when the set is free.
+func (r *Real) launched(t *kernelTables) {
+	r.mu.Lock()
+	t.held, t.inFlight = false, true
+	r.mu.Unlock()
 }
 
 func (r *Real) launch(ctx C.uint64_t, k *copyKernel, t *kernelTables, n int, s Stream) error {
@@ -208,7 +226,7 @@ func (r *Real) launch(ctx C.uint64_t, k *copyKernel, t *kernelTables, n int, s S
 
 func (r *Real) releaseTables(t *kernelTables) {
 	r.mu.Lock()
-	t.busy = false
+	t.held = false
 	r.mu.Unlock()
 }
 
