@@ -302,6 +302,7 @@ def throttled_rows(model: str, rng: random.Random, blocks: int, hit_tokens: int)
                 got, cold, loaded = [], [], 0
                 for r in range(REPS + 1):
                     p = tokens(rng, TOKENS)
+                    e.call("settle")  # not behind the last hit's store
                     t_cold = e.ttft(p)
                     e.call("settle")
                     e.ttft(tokens(rng, TOKENS))  # another prompt takes G2

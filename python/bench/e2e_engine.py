@@ -8,7 +8,7 @@ kv_connector_extra_config or null}. The engine core runs in this process.
   {"op": "reset"}                    vLLM's prefix cache reset (kvbm's
       tiers are kept)
   {"op": "settle"}                   waits until kvbm's cache moves nothing
-      (nothing in flight, no counter moving for a second)
+      (nothing in flight, no G2 block pinned by a write-through)
   {"op": "stats"}                    kvbm's cache counters (rank 0)
   {"op": "quit"}"""
 import json
@@ -57,21 +57,17 @@ def main() -> None:
         elif op == "reset":
             ans["reset"] = bool(llm.reset_prefix_cache())
         elif op == "settle":
-            # Nothing in flight, and no counter moving for a second: a
-            # write-through to G4 counts its puts only when a batch lands,
-            # and the S3 server (on this machine) hashes and writes what it
-            # receives, CPU the next request's prefill would share.
+            # Nothing in flight, and nothing pinned in G2: a write-through
+            # to G4 pins its G2 blocks until the store has them (the S3
+            # server, on this machine, hashes and writes what it receives:
+            # CPU the next request's prefill would share).
             cache = worker().worker.cache
             deadline = time.monotonic() + 120
-            last, still = None, time.monotonic()
             while time.monotonic() < deadline:
                 st = cache.stats()
-                now = (st.g4_puts, st.g4_put_failures, st.written_down, st.offloaded)
-                if st.g2.in_flight or st.g3.in_flight or now != last:
-                    last, still = now, time.monotonic()
-                elif time.monotonic() - still >= 1.0:
+                if st.g2.in_flight == 0 and st.g3.in_flight == 0 and st.g2.pinned == 0:
                     break
-                time.sleep(0.05)
+                time.sleep(0.01)
             # A step so that the scheduler side hears every event.
             llm.generate([TokensPrompt(prompt_token_ids=[5])], sp, use_tqdm=False)
         elif op == "stats":
