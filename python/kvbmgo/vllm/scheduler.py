@@ -507,7 +507,6 @@ class KvbmScheduler:
         if isinstance(md, KvbmWorkerMetadata):
             self.apply_events(md.events)
             self._in_flight.settled(md.settled)
-        if isinstance(md, KvbmWorkerMetadata):
             self._policy.step_ended(md.load, md.step)
 
     def apply_events(self, events: Iterable[Tuple[int, int, bytes]]) -> None:
