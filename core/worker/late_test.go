@@ -25,9 +25,24 @@ type lateCase struct {
 	// that the test knows when the late one was made; otherwise it waits
 	// lateWait.
 	counted bool
-	// latePushes: a failed push may still be applied (why UCX is refused:
-	// ucx.ErrLateWrites).
+	// latePushes: a failed push may still be applied (why UCX's one-sided
+	// mode is refused: ucx.ErrLateWrites).
 	latePushes bool
+	// pullsOnly: a push is refused (UCX's message mode: the receiver pulls).
+	pullsOnly bool
+}
+
+// lateRoundsEnv sets how many times each late test repeats each case
+// (default 1; the UCX transport's "done when" ran 100).
+const lateRoundsEnv = "KVBM_TEST_LATE_ROUNDS"
+
+func lateRounds(t *testing.T) int {
+	n, err := strconv.Atoi(os.Getenv(lateRoundsEnv))
+	if err != nil || n < 1 {
+		return 1
+	}
+	t.Logf("%s=%d rounds", lateRoundsEnv, n)
+	return n
 }
 
 // latePushEnv, set to 1, runs the late push test on a transport known to
@@ -68,9 +83,22 @@ func lateCases(t *testing.T) []lateCase {
 		t.Logf("no ucx case: %s", why)
 		return cases
 	}
-	return append(cases, lateCase{name: "ucx", env: []string{"KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites + "=1"},
+	// The message mode over UCX's shared memory and tcp transports (both
+	// processes on this host), and the one-sided mode as it was.
+	for _, tls := range []string{"sm", "tcp"} {
+		cases = append(cases, lateCase{name: "ucx " + tls, env: []string{"KVBM_TRANSPORT=ucx", "UCX_TLS=" + tls}, counted: true, pullsOnly: true,
+			network: func(t *testing.T) remote.Transport {
+				t.Setenv("UCX_TLS", tls)
+				n, err := remote.Open("ucx", remote.OpenOptions{})
+				require.NoError(t, err)
+				return n
+			}})
+	}
+	return append(cases, lateCase{name: "ucx one-sided",
+		env:        []string{"KVBM_TRANSPORT=ucx", ucx.EnvOneSided + "=1", ucx.EnvAcceptLateWrites + "=1"},
 		latePushes: true,
 		network: func(t *testing.T) remote.Transport {
+			t.Setenv(ucx.EnvOneSided, "1")
 			t.Setenv(ucx.EnvAcceptLateWrites, "1")
 			n, err := remote.Open("ucx", remote.OpenOptions{})
 			require.NoError(t, err)
@@ -127,38 +155,40 @@ func TestNoByteOfAFailedPullLandsAfterItCompletes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			exp := startExporter(t, 0xA, c.env...)
 			dec := decodeWorkerOn(t, generousDeadline, c.network(t))
-			for _, src := range []Tier{G1, G2} {
-				for _, dst := range []Tier{G2, G1} {
-					require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
-					for b := range exporterBlocks {
-						dec.write(t, dst, b, pattern(size, 0xFFFF))
-					}
-					var before uint64
-					if c.counted {
-						before = exp.served(t)
-					}
-					exp.signal(t, syscall.SIGSTOP)
-					srcIDs, dstIDs := []int{3, 0, 15, 7}, []int{1, 9, 4, 12}
-					n, err := dec.ExecuteRemoteOnboardForInstance(7, src, srcIDs, dst, dstIDs, transfer.Options{Deadline: frozenDeadline})
-					require.NoError(t, err)
-					err = n.WaitTimeout(-1)
-					require.ErrorIs(t, err, transfer.ErrCanceled, "%v -> %v: its deadline passed", src, dst)
-					require.Equal(t, kvbmerr.DeadlineExceeded, kvbmerr.KindOf(err), "a deadline, not a cancel: %v", err)
-					require.Equal(t, []int{1, 4, 9, 12}, n.FailedBlocks())
-					// The engine reuses the failed blocks at once.
-					for _, b := range dstIDs {
-						dec.write(t, dst, b, pattern(size, 0xBEEF))
-					}
-					exp.signal(t, syscall.SIGCONT)
-					exp.awaitLate(t, c, before)
-					for b := range exporterBlocks {
-						want := pattern(size, 0xFFFF)
-						for _, d := range dstIDs {
-							if d == b {
-								want = pattern(size, 0xBEEF)
-							}
+			for range lateRounds(t) {
+				for _, src := range []Tier{G1, G2} {
+					for _, dst := range []Tier{G2, G1} {
+						require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
+						for b := range exporterBlocks {
+							dec.write(t, dst, b, pattern(size, 0xFFFF))
 						}
-						require.Equal(t, want, dec.read(t, dst, b), "%v -> %v: block %d after the late answer", src, dst, b)
+						var before uint64
+						if c.counted {
+							before = exp.served(t)
+						}
+						exp.signal(t, syscall.SIGSTOP)
+						srcIDs, dstIDs := []int{3, 0, 15, 7}, []int{1, 9, 4, 12}
+						n, err := dec.ExecuteRemoteOnboardForInstance(7, src, srcIDs, dst, dstIDs, transfer.Options{Deadline: frozenDeadline})
+						require.NoError(t, err)
+						err = n.WaitTimeout(-1)
+						require.ErrorIs(t, err, transfer.ErrCanceled, "%v -> %v: its deadline passed", src, dst)
+						require.Equal(t, kvbmerr.DeadlineExceeded, kvbmerr.KindOf(err), "a deadline, not a cancel: %v", err)
+						require.Equal(t, []int{1, 4, 9, 12}, n.FailedBlocks())
+						// The engine reuses the failed blocks at once.
+						for _, b := range dstIDs {
+							dec.write(t, dst, b, pattern(size, 0xBEEF))
+						}
+						exp.signal(t, syscall.SIGCONT)
+						exp.awaitLate(t, c, before)
+						for b := range exporterBlocks {
+							want := pattern(size, 0xFFFF)
+							for _, d := range dstIDs {
+								if d == b {
+									want = pattern(size, 0xBEEF)
+								}
+							}
+							require.Equal(t, want, dec.read(t, dst, b), "%v -> %v: block %d after the late answer", src, dst, b)
+						}
 					}
 				}
 			}
@@ -201,6 +231,17 @@ func TestAFailedPushIsNotAppliedLate(t *testing.T) {
 					}
 					exp.signal(t, syscall.SIGSTOP)
 					n, err := dec.ExecuteRemoteOffload(src, srcIDs, RemoteLayout(h, dstIDs), transfer.Options{Deadline: frozenDeadline})
+					if c.pullsOnly { // refused before anything is sent
+						if err == nil {
+							err = n.WaitTimeout(-1)
+						}
+						require.ErrorIs(t, err, kvbmerr.ErrUnsupported, "%v -> %v: a push over %s", src, dst, c.name)
+						exp.signal(t, syscall.SIGCONT)
+						for b := range exporterBlocks {
+							exp.check(t, dst, b, uint64(dst)<<8|uint64(b))
+						}
+						continue
+					}
 					require.NoError(t, err)
 					err = n.WaitTimeout(-1)
 					require.ErrorIs(t, err, transfer.ErrCanceled, "%v -> %v: its deadline passed", src, dst)

@@ -136,7 +136,7 @@ func (s *sharedMaps) views(h transfer.LayoutHandle, ops []transfer.RemoteOp) ([]
 			}
 		}
 		if !found {
-			return nil, &serverError{statusOutOfRange, fmt.Sprintf("bytes [%#x, +%d) are not inside one region of layout %v's shared memory", o.Remote, o.Size, h)}
+			return nil, &serverError{Status: statusOutOfRange, Msg: fmt.Sprintf("bytes [%#x, +%d) are not inside one region of layout %v's shared memory", o.Remote, o.Size, h)}
 		}
 	}
 	return views, nil
@@ -374,7 +374,7 @@ func (p *tcpPeer) borrow(c *tcpConn, head []byte, h transfer.LayoutHandle, ops [
 // errNotLent is a lend the exporter refused for memory it does not share
 // (a kvbm from before it lent that): the operation is retried through the
 // socket; the connection is in step.
-var errNotLent = &serverError{statusUnsupported, "the peer does not lend memory it does not share"}
+var errNotLent = &serverError{Status: statusUnsupported, Msg: "the peer does not lend memory it does not share"}
 
 func (p *tcpPeer) lent(c *tcpConn, head []byte, ops []transfer.RemoteOp, views []target, write bool) error {
 	if _, err := c.c.Write(head); err != nil {

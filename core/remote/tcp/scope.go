@@ -28,10 +28,10 @@ func (t *Transport) ScopedEndpoint(s remote.Scope) ([]byte, error) {
 	if _, err := t.Endpoint(); err != nil { // listens, unless it does
 		return nil, err
 	}
-	if _, err := t.ownBlocks("block scope", s.Layouts); err != nil {
+	if _, err := remote.OwnBlocks(t.m, "block scope", s.Layouts); err != nil {
 		return nil, err
 	}
-	desc, err := encodeScope(t.m.WorkerID(), s, t.revoked.Epoch())
+	desc, err := remote.EncodeScope(t.m.WorkerID(), s, t.revoked.Epoch())
 	if err != nil {
 		return nil, err
 	}
@@ -40,16 +40,6 @@ func (t *Transport) ScopedEndpoint(s remote.Scope) ([]byte, error) {
 	ep := t.ep
 	ep.scope, ep.key, ep.desc = capability.ScopeBlocks, t.secret.Blocks(desc), desc
 	return ep.append(nil), nil
-}
-
-// encodeScope makes the canonical descriptor of s, whose layouts must be
-// this worker's, made at revocation epoch epoch.
-func encodeScope(worker uint64, s remote.Scope, epoch uint64) ([]byte, error) {
-	layouts := make([]capability.LayoutBlocks, len(s.Layouts))
-	for i, l := range s.Layouts {
-		layouts[i] = capability.LayoutBlocks{Handle: capability.Handle(l.Layout), Blocks: l.Blocks}
-	}
-	return capability.EncodeBlockScope(worker, layouts, s.Expires, epoch)
 }
 
 // cutScope takes the length-prefixed descriptor at ep[at:] out of an
@@ -69,29 +59,6 @@ func cutScope(ep []byte, at int) (desc, rest []byte, err error) {
 	return desc, append(slices.Clone(ep[:at]), ep[at+2+n:]...), nil
 }
 
-// covers checks that ops of layout h, laid out as l, touch only blocks
-// the scope covers (the client routes by it too: scopedpeer.go) and,
-// with revoked (the server's), none revoked since the scope was made.
-func covers(s *capability.BlockScope, revoked *capability.Revocations, h transfer.LayoutHandle, l *layout.Layout, ops []transfer.RemoteOp) error {
-	ranges, ok := s.Ranges(h.Layout)
-	if !ok {
-		return fmt.Errorf("%w: the request-scoped capability does not cover layout %v", kvbmerr.ErrUnsupported, h)
-	}
-	for _, o := range ops {
-		first, last, ok := l.BlocksTouched(o.Remote, o.Size)
-		if !ok {
-			return fmt.Errorf("%w: bytes [%#x, +%d) are not inside one region of layout %v", kvbmerr.ErrOutOfRange, o.Remote, o.Size, h)
-		}
-		if !ranges.Covers(first, last) {
-			return fmt.Errorf("%w: the request-scoped capability does not cover blocks %d to %d of layout %v", kvbmerr.ErrUnsupported, first, last, h)
-		}
-		if revoked != nil && !revoked.Allows(s.Epoch, h.Layout, first, last) {
-			return fmt.Errorf("%w: the request-scoped capability was revoked: blocks %d to %d of layout %v changed owner since it was made", kvbmerr.ErrUnsupported, first, last, h)
-		}
-	}
-	return nil
-}
-
 // inScope checks a request of a connection whose hello proved block
 // scope bs: a read of blocks it covers, before it expires, none of them
 // revoked since it was made (called between Revocations.Enter and Exit).
@@ -108,7 +75,7 @@ func (t *Transport) inScope(bs *capability.BlockScope, c net.Conn, q request) er
 	default:
 		var l *layout.Layout
 		if l, _, err = t.m.Layout(q.handle); err == nil {
-			err = covers(bs, &t.revoked, q.handle, l, q.ops)
+			err = remote.Covers(bs, &t.revoked, q.handle, l, q.ops)
 		}
 	}
 	if err != nil && !errors.Is(err, transfer.ErrWithdrawn) { // withdrawn: the owner's doing, not the peer's
@@ -130,32 +97,10 @@ func (t *Transport) RefusedOutOfScope() uint64 { return t.refusedScope.Load() }
 // made after it, for the blocks' new owner, are not touched.
 // Whole-worker capabilities are not revoked.
 func (t *Transport) RevokeBlocks(layouts []remote.ScopedLayout) error {
-	rs, err := t.ownBlocks("revoke", layouts) // all checked before any is revoked
+	rs, err := remote.OwnBlocks(t.m, "revoke", layouts) // all checked before any is revoked
 	if err != nil {
 		return err
 	}
 	t.revoked.Revoke(rs...)
 	return nil
-}
-
-// ownBlocks checks that layouts are this worker's and their blocks inside
-// them (what is a scope's, or a revocation's), and returns them with their
-// sizes.
-func (t *Transport) ownBlocks(what string, layouts []remote.ScopedLayout) ([]capability.LayoutBlocksRevoked, error) {
-	rs := make([]capability.LayoutBlocksRevoked, 0, len(layouts))
-	for _, sl := range layouts {
-		l, _, err := t.m.Layout(sl.Layout)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		if sl.Layout.Worker != t.m.WorkerID() {
-			return nil, fmt.Errorf("%w: %s: layout %v is not worker %x's", kvbmerr.ErrInvalidArgument, what, sl.Layout, t.m.WorkerID())
-		}
-		n := l.Config().NumBlocks
-		if i := slices.IndexFunc(sl.Blocks, func(b int) bool { return b < 0 || b >= n }); i >= 0 {
-			return nil, fmt.Errorf("%w: %s: block %d of layout %v, which has %d", kvbmerr.ErrOutOfRange, what, sl.Blocks[i], sl.Layout, n)
-		}
-		rs = append(rs, capability.LayoutBlocksRevoked{Layout: sl.Layout.Layout, NumBlocks: n, Blocks: sl.Blocks})
-	}
-	return rs, nil
 }

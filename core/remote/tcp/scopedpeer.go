@@ -95,7 +95,7 @@ func (s *scopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []tr
 	l := s.layouts[h]
 	var pick *tcpPeer
 	for _, m := range slices.Backward(s.members) {
-		if l != nil && covers(&m.scope, nil, h, l, ops) == nil {
+		if l != nil && remote.Covers(&m.scope, nil, h, l, ops) == nil {
 			if pick = m.own; pick.brokenErr() == nil {
 				break
 			}

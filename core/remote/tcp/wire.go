@@ -2,14 +2,12 @@ package tcp
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
-	"github.com/kvbm/kvbm/kvbmerr"
 )
 
 // The TCP transport's wire format, little endian. A connection starts with
@@ -78,56 +76,22 @@ const maxRegions = 250
 // maxRegionsBytes bounds a map reply's regions.
 const maxRegionsBytes = 2 + maxRegions*(17+len(cuda.IPCHandle{}))
 
-// Reply statuses, mapped back to the transfer manager's sentinels.
+// Reply statuses (remote's, shared with the UCX transport).
 const (
-	statusOK byte = iota
-	statusInvalid
-	statusOutOfRange
-	statusNotFound
-	statusUnsupported
-	statusClosed
-	statusFailed
-	statusWithdrawn // the layout's owner took its memory back
+	statusOK          = remote.StatusOK
+	statusInvalid     = remote.StatusInvalid
+	statusOutOfRange  = remote.StatusOutOfRange
+	statusNotFound    = remote.StatusNotFound
+	statusUnsupported = remote.StatusUnsupported
+	statusClosed      = remote.StatusClosed
+	statusFailed      = remote.StatusFailed
+	statusWithdrawn   = remote.StatusWithdrawn
 )
 
-var statusErrs = []struct {
-	status byte
-	err    error
-}{
-	{statusOutOfRange, kvbmerr.ErrOutOfRange}, // before ErrInvalidArgument, which it wraps
-	{statusInvalid, kvbmerr.ErrInvalidArgument},
-	{statusNotFound, transfer.ErrNotFound},
-	{statusUnsupported, kvbmerr.ErrUnsupported},
-	{statusClosed, transfer.ErrClosed},
-	{statusWithdrawn, transfer.ErrWithdrawn},
-}
+var statusOf = remote.StatusOf
 
-func statusOf(err error) byte {
-	for _, s := range statusErrs {
-		if errors.Is(err, s.err) {
-			return s.status
-		}
-	}
-	return statusFailed
-}
-
-// serverError is an error the server reported: the request was refused or
-// failed there, the connection is fine.
-type serverError struct {
-	status byte
-	msg    string
-}
-
-func (e *serverError) Error() string { return e.msg }
-
-func (e *serverError) Unwrap() error {
-	for _, s := range statusErrs {
-		if s.status == e.status {
-			return s.err
-		}
-	}
-	return nil
-}
+// serverError is an error the server reported (remote.StatusError).
+type serverError = remote.StatusError
 
 func appendStatus(b []byte, status byte, msg string) []byte {
 	if len(msg) > maxMessage {
@@ -156,7 +120,7 @@ func readStatus(r io.Reader) error {
 	if head[0] == statusOK {
 		return nil
 	}
-	return &serverError{status: head[0], msg: string(msg)}
+	return &serverError{Status: head[0], Msg: string(msg)}
 }
 
 // request is a decoded request header.

@@ -65,7 +65,7 @@ func FuzzTCPEndpoint(f *testing.F) {
 	f.Add(tcpEndpoint{worker: 1, addr: "127.0.0.1:4000"}.append(nil))
 	f.Add(tcpEndpoint{worker: 1, scope: capability.ScopeReadOnly, key: capability.KeyFromRaw32([capability.KeyLen]byte{9}), host: [16]byte{1}, unix: "@kvbm-1", addr: "[::1]:4000"}.append(nil))
 	f.Add(tcpEndpoint{worker: 2, flags: flagTLS, unix: "@kvbm-2", addr: "10.0.0.2:4000"}.append(nil))
-	desc, _ := encodeScope(1, remote.Scope{Layouts: []remote.ScopedLayout{{Layout: transfer.LayoutHandle{Worker: 1, Layout: 2}, Blocks: []int{3, 4}}}}, 1)
+	desc, _ := remote.EncodeScope(1, remote.Scope{Layouts: []remote.ScopedLayout{{Layout: transfer.LayoutHandle{Worker: 1, Layout: 2}, Blocks: []int{3, 4}}}}, 1)
 	f.Add(tcpEndpoint{worker: 1, scope: capability.ScopeBlocks, key: capability.KeyFromRaw32([capability.KeyLen]byte{9}), desc: desc, addr: "127.0.0.1:4000"}.append(nil))
 	short := tcpEndpoint{worker: 1, scope: capability.ScopeBlocks, desc: desc, addr: "1:2"}.append(nil)
 	f.Add(short[:len(short)-20]) // long enough before the scope is cut, too short after

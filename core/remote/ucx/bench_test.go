@@ -51,7 +51,7 @@ func benchRemote(b *testing.B, push bool) {
 
 func benchMove(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem, push bool) {
 	h := startHelper(b, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x10000, Options: opts, UCXMemory: ucxMem})
-	s := newSide(b, newEmu(b), 0x1, Config{Options: opts}, time.Minute)
+	s := newSide(b, newEmu(b), 0x1, Config{OneSided: true, Options: opts}, time.Minute)
 	_, remote := h.connect(b, s)
 	local := s.alloc(b, storage.Pinned, cfg, transfer.FullyContiguous)
 	n := cfg.NumBlocks

@@ -34,9 +34,9 @@ package ucx
 
 import "github.com/kvbm/kvbm/kvbmerr"
 
-// ErrLateWrites is why KVBM_TRANSPORT=ucx (remote.Open) is refused: the
-// transport cannot promise that no byte of an operation lands once its
-// notification completed. A push that failed at its deadline, its peer
+// ErrLateWrites is why KVBM_TRANSPORT=ucx in the one-sided mode
+// (EnvOneSided; remote.Open) is refused: that mode cannot promise that no
+// byte of an operation lands once its notification completed. A push that failed at its deadline, its peer
 // frozen, is applied by the peer when it runs again (UCX emulates puts
 // with messages the peer's progress thread applies, and the pusher
 // cannot take them back), so the blocks a failed push was for may be
@@ -47,10 +47,10 @@ import "github.com/kvbm/kvbm/kvbmerr"
 // imported stays reachable through their rkeys, which on those emulated
 // reads and writes makes the exporter touch memory that may be gone.
 // EnvAcceptLateWrites opens it anyway; New is not refused.
-var ErrLateWrites = kvbmerr.New(kvbmerr.Unsupported, "the UCX transport is refused: once an operation failed at its deadline, "+
+var ErrLateWrites = kvbmerr.New(kvbmerr.Unsupported, "the UCX transport's one-sided mode is refused: once an operation failed at its deadline, "+
 	"a frozen peer that runs again can still apply a failed push's bytes in blocks that were reused, and a pull's "+
 	"uncancelled requests are left in flight; a layout unregistered while peers have it imported stays reachable "+
-	"through their rkeys. Use the tcp transport, or set "+EnvAcceptLateWrites+"=1 to accept this")
+	"through their rkeys. Use its message mode (the default: leave "+EnvOneSided+" unset), or set "+EnvAcceptLateWrites+"=1 to accept this")
 
 // EnvAcceptLateWrites, set to 1, lets KVBM_TRANSPORT=ucx (remote.Open)
 // open the transport despite ErrLateWrites.
@@ -84,7 +84,21 @@ type Config struct {
 	// UCX (EnvLib); where it cannot, the endpoint carries the reason and
 	// attaching such a layout fails with it.
 	DeviceIsHost bool
+	// OneSided serves and reaches layouts with UCX's RMA (ucp_get_nbx,
+	// ucp_put_nbx on registered memory, rkeys in the endpoint), as the
+	// transport did before its message mode: refused by remote.Open
+	// unless EnvAcceptLateWrites (ErrLateWrites). Both sides must agree
+	// (EnvOneSided).
+	OneSided bool
+	// inPlace receives a pull's data straight into its destination,
+	// without staging: for the benchmark that measures what staging
+	// costs; a failed pull may then be written late.
+	inPlace bool
 }
+
+// EnvOneSided, set to 1, opens KVBM_TRANSPORT=ucx in the one-sided mode
+// (Config.OneSided), which also needs EnvAcceptLateWrites.
+const EnvOneSided = "KVBM_UCX_ONE_SIDED"
 
 // defaultEnv are UCX settings made in the environment when libucp is
 // loaded, unless already set there (UCX reads these per component from

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/internal/crc32c"
@@ -14,19 +15,29 @@ import (
 // An endpoint is what a peer needs to reach this transport's worker and
 // the layouts it registered:
 //
-//	magic "KVBMUCX1" | crc32c(body) u32 | body
+//	magic "KVBMUCX2" | crc32c(body) u32 | body
 //	body: address length u32 | ucp worker address
 //	      | boot id length u32 | boot id | pid namespace length u32 | pid namespace
 //	      | pid u32 | process start time u64 (clock ticks after boot)
+//	      | mode u8 (0 messages, 1 one-sided) | worker u64
+//	      | scope u8 | key [32] | descriptor length u32 | descriptor (a block scope's)
 //	      | layouts u32 | layout...
 //	layout: worker u64 | layout id u16 | storage kind u8
 //	        | reason length u32 | reason (why it is not reachable; then no regions)
 //	        | regions u32 | region...
-//	region: base u64 | size u64 | rkey length u32 | packed rkey
+//	region: base u64 | size u64 | rkey length u32 | packed rkey (one-sided only)
 //
 // Little endian. The checksum makes a damaged endpoint an error here
-// rather than bytes handed to UCX, whose unpacking trusts its input.
-const endpointMagic = "KVBMUCX1"
+// rather than bytes handed to UCX, whose unpacking trusts its input. The
+// key is the capability (a scope's key, capability.Secret) an importer
+// proves in the message mode's hello; the one-sided mode carries none.
+const endpointMagic = "KVBMUCX2"
+
+// The modes an endpoint is served in (Config.OneSided).
+const (
+	modeMessages = 0
+	modeOneSided = 1
+)
 
 // maxEndpointLen bounds what a decoder accepts.
 const maxEndpointLen = 64 << 20
@@ -34,6 +45,11 @@ const maxEndpointLen = 64 << 20
 type endpointInfo struct {
 	address []byte
 	proc    procIdentity
+	mode    byte
+	worker  uint64
+	scope   capability.Scope
+	key     capability.Key
+	desc    []byte // ScopeBlocks: the scope's descriptor
 	layouts []layoutInfo
 }
 
@@ -58,6 +74,12 @@ func (e *endpointInfo) encode() []byte {
 	body = append(body, e.proc.pidNS...)
 	body = binary.LittleEndian.AppendUint32(body, e.proc.pid)
 	body = binary.LittleEndian.AppendUint64(body, e.proc.start)
+	body = append(body, e.mode)
+	body = binary.LittleEndian.AppendUint64(body, e.worker)
+	body = append(body, byte(e.scope))
+	body = e.key.AppendTo(body)
+	body = binary.LittleEndian.AppendUint32(body, uint32(len(e.desc)))
+	body = append(body, e.desc...)
 	body = binary.LittleEndian.AppendUint32(body, uint32(len(e.layouts)))
 	for _, l := range e.layouts {
 		body = binary.LittleEndian.AppendUint64(body, l.handle.Worker)
@@ -103,6 +125,28 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 	e.proc.pidNS = string(d.bytes("pid namespace"))
 	e.proc.pid = d.u32()
 	e.proc.start = d.u64()
+	e.mode = d.u8()
+	e.worker = d.u64()
+	e.scope = capability.Scope(d.u8())
+	var key [capability.KeyLen]byte
+	copy(key[:], d.take(capability.KeyLen, "key"))
+	e.key = capability.KeyFromRaw32(key)
+	if e.desc = d.bytes("scope descriptor"); len(e.desc) == 0 {
+		e.desc = nil
+	}
+	switch {
+	case d.err != nil:
+	case e.mode > modeOneSided:
+		d.fail("mode %d", e.mode)
+	case !e.scope.Valid():
+		d.fail("scope %d", e.scope)
+	case (e.scope == capability.ScopeBlocks) != (len(e.desc) > 0):
+		d.fail("scope %d with a %d-byte descriptor", e.scope, len(e.desc))
+	case len(e.desc) > 0:
+		if _, err := capability.ParseBlockScope(e.desc); err != nil {
+			d.fail("%v", err)
+		}
+	}
 	n := d.count("layouts", 8+2+1+4+4)
 	for i := 0; i < n && d.err == nil; i++ {
 		var l layoutInfo
@@ -113,10 +157,17 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 		nr := d.count("regions", 8+8+4)
 		for j := 0; j < nr && d.err == nil; j++ {
 			r := regionInfo{base: d.u64(), size: d.u64(), rkey: d.bytes("rkey")}
+			if len(r.rkey) == 0 {
+				r.rkey = nil
+			}
 			if d.err == nil && (r.size == 0 || r.base+r.size < r.base) {
 				d.fail("layout %v region %d: base %#x size %d", l.handle, j, r.base, r.size)
 			}
-			if d.err == nil {
+			switch {
+			case d.err != nil:
+			case e.mode == modeMessages && len(r.rkey) > 0:
+				d.fail("layout %v region %d: an rkey in the message mode", l.handle, j)
+			case e.mode == modeOneSided:
 				if err := checkRkey(r.rkey); err != nil {
 					d.fail("layout %v region %d: %v", l.handle, j, err)
 				}

@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"testing"
+	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/stretchr/testify/require"
@@ -23,6 +25,8 @@ func sampleEndpoint() *endpointInfo {
 	return &endpointInfo{
 		address: []byte("worker-address"),
 		proc:    procIdentity{bootID: "boot", pidNS: "pid:[1]", pid: 42, start: 7},
+		mode:    modeOneSided,
+		worker:  0xE,
 		layouts: []layoutInfo{
 			{handle: transfer.LayoutHandle{Worker: 0xE, Layout: 1}, kind: storage.Pinned,
 				regions: []regionInfo{{base: 0x1000, size: 4096, rkey: fakeRkey()}, {base: 0x9000, size: 512, rkey: fakeRkey()}}},
@@ -31,10 +35,44 @@ func sampleEndpoint() *endpointInfo {
 	}
 }
 
+// sampleMessagesEndpoint is a message mode's block-scoped endpoint: a
+// key, a descriptor, regions without rkeys.
+func sampleMessagesEndpoint(t testing.TB) *endpointInfo {
+	desc, err := capability.EncodeBlockScope(0xE, []capability.LayoutBlocks{{Handle: capability.Handle{Worker: 0xE, Layout: 1}, Blocks: []int{0, 1}}}, time.Time{}, 3)
+	require.NoError(t, err)
+	s, err := capability.NewSecret()
+	require.NoError(t, err)
+	return &endpointInfo{
+		address: []byte("worker-address"),
+		proc:    procIdentity{bootID: "boot", pidNS: "pid:[1]", pid: 42, start: 7},
+		mode:    modeMessages, worker: 0xE, scope: capability.ScopeBlocks, key: s.Blocks(desc), desc: desc,
+		layouts: []layoutInfo{{handle: transfer.LayoutHandle{Worker: 0xE, Layout: 1}, kind: storage.Pinned,
+			regions: []regionInfo{{base: 0x1000, size: 4096}}}},
+	}
+}
+
 func TestEndpointRoundTrip(t *testing.T) {
-	e := sampleEndpoint()
+	for _, e := range []*endpointInfo{sampleEndpoint(), sampleMessagesEndpoint(t)} {
+		testEndpointRoundTrip(t, e)
+	}
+	// An rkey has no place in the message mode, a scope's descriptor none
+	// outside a block scope.
+	e := sampleMessagesEndpoint(t)
+	e.layouts[0].regions[0].rkey = fakeRkey()
+	_, err := decodeEndpoint(e.encode())
+	require.ErrorIs(t, err, remote.ErrBadEndpoint)
+	e = sampleMessagesEndpoint(t)
+	e.scope = capability.ScopeReadOnly
+	_, err = decodeEndpoint(e.encode())
+	require.ErrorIs(t, err, remote.ErrBadEndpoint)
+}
+
+func testEndpointRoundTrip(t *testing.T, e *endpointInfo) {
 	got, err := decodeEndpoint(e.encode())
 	require.NoError(t, err)
+	require.Equal(t, e.encode(), got.encode())
+	require.True(t, e.key.Equal(got.key))
+	got.key, e.key = capability.Key{}, capability.Key{}
 	require.Equal(t, e, got)
 	b := e.encode()
 	for n := 0; n < len(b); n++ {
@@ -81,6 +119,7 @@ func TestCheckRkeyFrom120(t *testing.T) {
 // never panics, and what decodes encodes back to the same bytes.
 func FuzzDecodeEndpoint(f *testing.F) {
 	f.Add(sampleEndpoint().encode())
+	f.Add(sampleMessagesEndpoint(f).encode())
 	f.Add([]byte(endpointMagic))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := decodeEndpoint(b)
@@ -91,7 +130,11 @@ func FuzzDecodeEndpoint(f *testing.F) {
 		require.True(t, bytes.Equal(b, e.encode()))
 		for _, l := range e.layouts {
 			for _, r := range l.regions {
-				require.NoError(t, checkRkey(r.rkey))
+				if e.mode == modeOneSided {
+					require.NoError(t, checkRkey(r.rkey))
+				} else {
+					require.Empty(t, r.rkey)
+				}
 			}
 		}
 	})

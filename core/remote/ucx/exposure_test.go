@@ -27,8 +27,8 @@ func TestEmulatedReadsAreNotBoundedByTheRkey(t *testing.T) {
 	for _, tc := range tlsCases[1:] {
 		t.Run(tc.name, func(t *testing.T) {
 			emu := newEmu(t)
-			exp := newSide(t, emu, 0xE, Config{Options: tc.opts}, 5*time.Second)
-			imp := newSide(t, emu, 0x1, Config{Options: tc.opts}, 5*time.Second)
+			exp := newSide(t, emu, 0xE, Config{OneSided: true, Options: tc.opts}, 5*time.Second)
+			imp := newSide(t, emu, 0x1, Config{OneSided: true, Options: tc.opts}, 5*time.Second)
 			h := exp.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
 			const size = 4096
 			secret, err := emu.HostAlloc(0, size) // the exporter's, never registered

@@ -41,6 +41,9 @@ type Peer struct {
 
 	peak atomic.Int64 // the most bytes in flight seen (for tests)
 
+	oneSided bool      // the exporter serves one-sided (rkeys), not messages
+	session  sessionID // the message mode's session, once the hello verified
+
 	// Owned by the progress thread.
 	ep        C.uint64_t
 	state     *C.kvbm_ucx_epstate_t
@@ -82,7 +85,12 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	if err != nil {
 		return nil, err
 	}
-	p := &Peer{t: t, proc: info.proc, layouts: map[transfer.LayoutHandle]*remoteLayout{}, closed: make(chan struct{}), gone: make(chan struct{})}
+	if (info.mode == modeOneSided) != t.cfg.OneSided {
+		return nil, fmt.Errorf("%w: ucx: the exporter serves in the %s mode, this transport in the %s mode (%s must be the same on both)",
+			kvbmerr.ErrUnsupported, modeName(info.mode == modeOneSided), modeName(t.cfg.OneSided), EnvOneSided)
+	}
+	p := &Peer{t: t, proc: info.proc, layouts: map[transfer.LayoutHandle]*remoteLayout{}, closed: make(chan struct{}), gone: make(chan struct{}),
+		oneSided: info.mode == modeOneSided}
 	var setup error
 	created := false
 	err = t.do(func() error {
@@ -99,6 +107,10 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 			rl := &remoteLayout{info: l}
 			p.layouts[l.handle] = rl
 			for _, r := range l.regions {
+				if !p.oneSided {
+					rl.regions = append(rl.regions, remoteRegion{base: r.base, size: r.size})
+					continue
+				}
 				// Padding after the key: nothing UCX reads past a key
 				// that checkRkey let through is outside the copy. Its
 				// first byte is "system device unknown", which UCX 1.20
@@ -122,9 +134,11 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	if err == nil {
 		err = setup
 	}
-	if err == nil {
+	if err == nil && p.oneSided {
 		// The endpoint connects lazily: a flush makes it reach the peer.
 		err = p.run(ctx, &batch{what: "connect", write: true})
+	} else if err == nil {
+		err = p.hello(ctx, info)
 	}
 	if err != nil {
 		if created {
@@ -170,15 +184,21 @@ func (p *Peer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 }
 
 // Read copies each op's bytes from the peer's layout h into local host
-// memory (ucp_get_nbx).
+// memory: asked of the exporter and staged (pull.go), or in the one-sided
+// mode with ucp_get_nbx.
 func (p *Peer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	return p.rma(ctx, h, ops, false)
 }
 
 // Write copies each op's bytes from local host memory into the peer's
-// layout h (ucp_put_nbx, then a flush of the endpoint so that they are in
-// place at the peer).
+// layout h, in the one-sided mode only (ucp_put_nbx, then a flush of the
+// endpoint so that they are in place at the peer): in the message mode a
+// push across processes is a pull by the receiver.
 func (p *Peer) Write(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
+	if !p.oneSided {
+		return fmt.Errorf("%w: ucx: writes into a peer's layout %v: the UCX transport moves blocks by pulls only "+
+			"(the receiver pulls, as the P/D integrations do), so that no late write can land in blocks the peer reused", kvbmerr.ErrUnsupported, h)
+	}
 	return p.rma(ctx, h, ops, true)
 }
 
@@ -200,6 +220,18 @@ func (p *Peer) rma(ctx context.Context, h transfer.LayoutHandle, ops []transfer.
 	verb, total := "read", uint64(0)
 	if write {
 		verb = "write"
+	}
+	if !p.oneSided {
+		for _, op := range ops {
+			if err := l.contains(op); err != nil {
+				return fmt.Errorf("%w: ucx: %s of %d ops on layout %v: %w", kvbmerr.ErrOutOfRange, verb, len(ops), h, err)
+			}
+			total += op.Size
+		}
+		if total == 0 {
+			return nil
+		}
+		return p.pull(ctx, h, ops, total, fmt.Sprintf("%s of %d bytes in %d ops on layout %v", verb, total, len(ops), h))
 	}
 	b := &batch{what: fmt.Sprintf("%s of %d ops on layout %v", verb, len(ops), h), write: write}
 	if len(ops) > 0 {
@@ -317,6 +349,7 @@ func (p *Peer) fail(err error) {
 		p.err = err
 	}
 	p.mu.Unlock()
+	p.t.failPulls(p, p.failure())
 	if p.closing {
 		return
 	}
@@ -424,7 +457,7 @@ func (p *Peer) release() {
 // destroyRkeys destroys the rkeys once; callers of rma that still see
 // them find the peer failed when their batch is submitted.
 func (p *Peer) destroyRkeys() {
-	if p.rkeysGone {
+	if p.rkeysGone || !p.oneSided {
 		return
 	}
 	p.rkeysGone = true
@@ -456,6 +489,26 @@ func (b *batch) free() {
 	C.free(unsafe.Pointer(b.c))
 	C.free(unsafe.Pointer(b.ops))
 	b.c, b.ops = nil, nil
+}
+
+// contains checks that op is inside one region the exporter published.
+func (l *remoteLayout) contains(op transfer.RemoteOp) error {
+	rs := l.regions
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].base > op.Remote }) - 1
+	if op.Size == 0 {
+		return nil
+	}
+	if i < 0 || op.Remote+op.Size < op.Remote || op.Remote+op.Size > rs[i].base+rs[i].size {
+		return fmt.Errorf("bytes [%#x, +%d) are not inside one region of the peer's layout", op.Remote, op.Size)
+	}
+	return nil
+}
+
+func modeName(oneSided bool) string {
+	if oneSided {
+		return "one-sided"
+	}
+	return "message"
 }
 
 func boolInt(v bool) C.int {

@@ -37,6 +37,8 @@ type helperSpec struct {
 	// UCXMemory: the layout's memory comes from the transport's
 	// AllocHost (registered with RegisterExternal).
 	UCXMemory bool
+	// OneSided: the transport's one-sided mode (Config.OneSided).
+	OneSided bool
 	// Pull, when set, makes the helper an importer instead: it imports
 	// these layouts and pulls them in a loop, writing "pulling" after the
 	// first pull, until it is killed.
@@ -79,7 +81,7 @@ func helperMain(specJSON string) int {
 		return fail(err)
 	}
 	defer m.Close()
-	tr, err := New(Config{Options: spec.Options, DeviceIsHost: true})
+	tr, err := New(Config{OneSided: spec.OneSided, Options: spec.Options, DeviceIsHost: true})
 	if err != nil {
 		return fail(err)
 	}
@@ -284,9 +286,9 @@ func twoProcesses(t *testing.T, opts map[string]string, ucxMem bool) {
 		tc := struct{ opts map[string]string }{opts}
 		{
 			cfg := smallConfig(16)
-			h := startHelper(t, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x500, Options: tc.opts, UCXMemory: ucxMem})
+			h := startHelper(t, helperSpec{OneSided: true, Config: cfg, Kind: storage.Pinned, Tag: 0x500, Options: tc.opts, UCXMemory: ucxMem})
 			emu := newEmu(t)
-			s := newSide(t, emu, 0x1, Config{Options: tc.opts}, 10*time.Second)
+			s := newSide(t, emu, 0x1, Config{OneSided: true, Options: tc.opts}, 10*time.Second)
 			p, remote := h.connect(t, s)
 			lanes, err := p.Lanes()
 			require.NoError(t, err)
@@ -337,9 +339,9 @@ func TestPeerProcessKilledOrStopped(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/%s", sig, tc.name), func(t *testing.T) {
 				// 64 blocks of 128 KiB.
 				cfg := layout.Config{NumBlocks: 64, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 64, DtypeWidth: 2}
-				h := startHelper(t, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x900, Options: tc.opts, UCXMemory: tc.name == "ucx-memory"})
+				h := startHelper(t, helperSpec{OneSided: true, Config: cfg, Kind: storage.Pinned, Tag: 0x900, Options: tc.opts, UCXMemory: tc.name == "ucx-memory"})
 				const deadline = time.Second
-				s := newSide(t, newEmu(t), 0x1, Config{Options: tc.opts}, deadline)
+				s := newSide(t, newEmu(t), 0x1, Config{OneSided: true, Options: tc.opts}, deadline)
 				_, src := h.connect(t, s)
 				local := s.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
 
@@ -453,7 +455,7 @@ func TestImporterProcessKilled(t *testing.T) {
 				t.Skipf("UCX %s aborts the exporting process when an importer dies with emulated RMA requests queued (ucp_request_try_send)", v)
 			}
 			cfg := layout.Config{NumBlocks: 64, NumLayers: 32, OuterDim: 2, PageSize: 16, InnerDim: 64, DtypeWidth: 2}
-			exp := newSide(t, newEmu(t), 0xE, Config{Options: tc.opts}, time.Second)
+			exp := newSide(t, newEmu(t), 0xE, Config{OneSided: true, Options: tc.opts}, time.Second)
 			var src transfer.LayoutHandle
 			if ucxMem {
 				sizes, err := layout.RegionSizes(cfg, layout.FullyContiguous, 0)
@@ -476,12 +478,12 @@ func TestImporterProcessKilled(t *testing.T) {
 			require.NoError(t, err)
 			hello := &helperHello{Endpoint: ep, Descs: []transfer.Descriptor{d}}
 			for round := 0; round < 3; round++ {
-				h := startPuller(t, helperSpec{Config: cfg, Kind: storage.Pinned, Options: tc.opts, Pull: hello})
+				h := startPuller(t, helperSpec{OneSided: true, Config: cfg, Kind: storage.Pinned, Options: tc.opts, Pull: hello})
 				time.Sleep(20 * time.Millisecond)
 				require.NoError(t, h.cmd.Process.Kill())
 				h.stop()
 			}
-			imp := newSide(t, newEmu(t), 0x1, Config{Options: tc.opts}, time.Second)
+			imp := newSide(t, newEmu(t), 0x1, Config{OneSided: true, Options: tc.opts}, time.Second)
 			imp.importAll(t, exp)
 			dst := imp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
 			require.NoError(t, move(t, imp.m, src, seq(0, 64), dst, seq(0, 64)))
@@ -519,11 +521,11 @@ func TestConnectToADeadProcess(t *testing.T) {
 	for _, tc := range tlsCases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := smallConfig(4)
-			h := startHelper(t, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x10, Options: tc.opts})
+			h := startHelper(t, helperSpec{OneSided: true, Config: cfg, Kind: storage.Pinned, Tag: 0x10, Options: tc.opts})
 			require.NoError(t, h.cmd.Process.Kill())
 			h.stop()
 			const deadline = 500 * time.Millisecond
-			s := newSide(t, newEmu(t), 0x1, Config{Options: tc.opts}, deadline)
+			s := newSide(t, newEmu(t), 0x1, Config{OneSided: true, Options: tc.opts}, deadline)
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
 			defer cancel()
 			start := time.Now()

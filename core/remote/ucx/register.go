@@ -8,18 +8,20 @@ import (
 )
 
 // Linking this package in makes the transport selectable as
-// KVBM_TRANSPORT=ucx (remote.Open), which refuses it with ErrLateWrites
-// unless EnvAcceptLateWrites is 1. Device memory is registered as host
+// KVBM_TRANSPORT=ucx (remote.Open), in the message mode; the one-sided
+// mode (EnvOneSided) is refused with ErrLateWrites unless
+// EnvAcceptLateWrites is 1. Device memory is registered as host
 // memory under the emulated device, as CUDA memory otherwise.
 func init() {
 	remote.Register("ucx", func(remote.OpenOptions) (remote.Transport, error) {
 		if err := Available(); err != nil {
 			return nil, err
 		}
-		if os.Getenv(EnvAcceptLateWrites) != "1" {
+		oneSided := os.Getenv(EnvOneSided) == "1"
+		if oneSided && os.Getenv(EnvAcceptLateWrites) != "1" {
 			return nil, ErrLateWrites
 		}
 		drv, err := cuda.Default()
-		return New(Config{DeviceIsHost: err == nil && drv.Name() == cuda.EmulatedName})
+		return New(Config{DeviceIsHost: err == nil && drv.Name() == cuda.EmulatedName, OneSided: oneSided})
 	})
 }

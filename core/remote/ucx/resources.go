@@ -21,7 +21,7 @@ func Resources() ([]string, error) {
 		return nil, err
 	}
 	var ctx C.uint64_t
-	if err := status(C.kvbm_ucx_init(nil, nil, 0, &ctx)); err != nil {
+	if err := status(C.kvbm_ucx_init(nil, nil, 0, 0, &ctx)); err != nil {
 		return nil, fmt.Errorf("ucx: ucp_init: %w", err)
 	}
 	defer C.kvbm_ucx_cleanup(ctx)

@@ -55,7 +55,9 @@ void kvbm_ucx_version(unsigned *major, unsigned *minor, unsigned *release);
 const char *kvbm_ucx_status_string(int32_t status);
 
 // Context and worker.
-int32_t kvbm_ucx_init(const char **names, const char **values, int n, uint64_t *context);
+// one_sided: UCP_FEATURE_RMA (reads and writes of registered memory);
+// otherwise UCP_FEATURE_AM only (messages, shim_am.c).
+int32_t kvbm_ucx_init(const char **names, const char **values, int n, int one_sided, uint64_t *context);
 void kvbm_ucx_cleanup(uint64_t context);
 int32_t kvbm_ucx_worker_create(uint64_t context, uint64_t *worker);
 void kvbm_ucx_worker_destroy(uint64_t worker);
@@ -94,6 +96,53 @@ size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len);
 // kvbm_ucx_print_context writes ucp_context_print_info's text into buf, as
 // kvbm_ucx_print_ep does.
 size_t kvbm_ucx_print_context(uint64_t context, char *buf, size_t len);
+
+// Active messages (shim_am.c): kvbm's own requests and replies, all under
+// one AM id, told apart by the header's first byte (am.go).
+
+// A message received: queued by the handler during progress, taken by
+// Go after it (kvbm_ucx_am_take) and freed with kvbm_ucx_msg_free.
+typedef struct kvbm_ucx_msg {
+	struct kvbm_ucx_msg *next;
+	uint64_t desc;        // a rendezvous descriptor: kvbm_ucx_am_recv or kvbm_ucx_am_drop it; 0 when data holds the bytes
+	uint64_t length;      // the data's length
+	void *data;           // the data, copied (desc == 0)
+	uint32_t header_len;
+	unsigned char header[]; // header_len bytes
+} kvbm_ucx_msg_t;
+
+typedef struct kvbm_ucx_inbox {
+	kvbm_ucx_msg_t *head, *tail;
+	uint64_t refused; // messages dropped because memory ran out
+} kvbm_ucx_inbox_t;
+
+// The state of one send or receive, set by its completion.
+typedef struct kvbm_ucx_req {
+	int32_t status; // ucs_status_t
+	int32_t done;   // 1 once complete
+	uint64_t length;
+} kvbm_ucx_req_t;
+
+// One piece of a vectored send or receive (ucp_dt_iov_t's layout).
+typedef struct kvbm_ucx_iov {
+	uint64_t buffer, length;
+} kvbm_ucx_iov_t;
+
+int32_t kvbm_ucx_am_listen(uint64_t worker, unsigned id, kvbm_ucx_inbox_t *in);
+// kvbm_ucx_am_take returns the messages queued, oldest first (linked by
+// next), and empties the inbox.
+kvbm_ucx_msg_t *kvbm_ucx_am_take(kvbm_ucx_inbox_t *in);
+void kvbm_ucx_msg_free(kvbm_ucx_msg_t *m);
+// kvbm_ucx_am_send sends header and the iovcnt pieces of iov (header,
+// iov and the pieces' memory stay untouched until r->done). eager: the
+// whole message through UCX's eager protocol (requests, small replies).
+void kvbm_ucx_am_send(uint64_t ep, unsigned id, const void *header, size_t header_len,
+                      const kvbm_ucx_iov_t *iov, size_t iovcnt, int eager, kvbm_ucx_req_t *r);
+// kvbm_ucx_am_recv receives a rendezvous message's data into the iovcnt
+// pieces of iov (which stay until r->done).
+void kvbm_ucx_am_recv(uint64_t worker, uint64_t desc, const kvbm_ucx_iov_t *iov, size_t iovcnt, kvbm_ucx_req_t *r);
+// kvbm_ucx_am_drop releases a rendezvous message's data unreceived.
+void kvbm_ucx_am_drop(uint64_t worker, uint64_t desc);
 
 #pragma GCC visibility pop
 

@@ -16,11 +16,13 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/kvbmerr"
@@ -58,6 +60,21 @@ type Transport struct {
 	closed  bool
 	serving *transfer.Manager
 
+	// The capability of the message mode (serve.go): the secret every
+	// endpoint's key derives from, and the revoked blocks of block scopes.
+	secret     capability.Secret
+	deployment capability.Deployment
+	verifier   *capability.Verifier
+	revoked    capability.Revocations
+	refused    atomic.Uint64
+	served     atomic.Uint64
+	// lateDropped counts the answers that came for no pull under way
+	// (after its deadline): dropped unread.
+	lateDropped atomic.Uint64
+	nextReq     atomic.Uint64
+	staging     stagingPool
+	serves      sync.WaitGroup // reads being served
+
 	// Owned by the progress thread.
 	context, worker C.uint64_t
 	release         func() // the manager's Hold
@@ -68,6 +85,17 @@ type Transport struct {
 	allocs    map[uint64]*allocation // AllocHost, by address
 	peers     map[*Peer]struct{}
 	address   []byte
+	m         *transfer.Manager // the served manager, as the progress thread sees it
+
+	// The message mode's state (message.go, serve.go, pull.go).
+	inbox           *C.kvbm_ucx_inbox_t
+	inflight        []*inflight
+	sessions        map[sessionID]*session
+	closingSessions []*session
+	connects        map[uint64]*connecting
+	pulls           map[uint64]*pull
+	lastSweep       time.Time
+	lastRefusalLog  time.Time
 }
 
 type regKey struct {
@@ -93,7 +121,18 @@ func New(cfg Config) (*Transport, error) {
 	t := &Transport{
 		cfg: cfg, cmds: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
 		regs: map[regKey]*registration{}, allocs: map[uint64]*allocation{}, peers: map[*Peer]struct{}{},
+		sessions: map[sessionID]*session{}, connects: map[uint64]*connecting{}, pulls: map[uint64]*pull{},
 	}
+	var err error
+	if t.secret, err = capability.NewSecret(); err != nil {
+		return nil, fmt.Errorf("ucx: %w", err)
+	}
+	key, err := capability.AuthKeyFromEnv()
+	if err != nil {
+		return nil, fmt.Errorf("ucx: %w", err)
+	}
+	t.deployment = capability.NewDeployment(key)
+	t.verifier = capability.NewVerifier(t.secret, t.deployment)
 	ready := make(chan error, 1)
 	go t.loop(ready)
 	if err := <-ready; err != nil {
@@ -125,7 +164,7 @@ func (t *Transport) Serve(m *transfer.Manager) error {
 		return fmt.Errorf("ucx: serve worker %x: %w", m.WorkerID(), err)
 	}
 	t.serving = m
-	if err := t.do(func() error { t.release = release; return nil }); err != nil {
+	if err := t.do(func() error { t.release, t.m = release, m; return nil }); err != nil {
 		release()
 		return err
 	}
@@ -199,7 +238,12 @@ func (t *Transport) Endpoint() ([]byte, error) {
 func (t *Transport) endpointOf(descs []transfer.Descriptor) ([]byte, error) {
 	var out []byte
 	err := t.do(func() error {
-		info := endpointInfo{address: t.address, proc: thisProcess()}
+		info := endpointInfo{address: t.address, proc: thisProcess(), worker: t.m.WorkerID(), scope: capability.ScopeReadWrite}
+		if t.cfg.OneSided {
+			info.mode = modeOneSided
+		} else {
+			info.key = t.secret.ReadWrite()
+		}
 		for _, d := range descs {
 			if !t.withdrawn[d.Handle] {
 				info.layouts = append(info.layouts, t.register(d))
@@ -224,6 +268,14 @@ func (t *Transport) register(d transfer.Descriptor) layoutInfo {
 		err = fmt.Errorf("%d regions, %d bases", len(sizes), len(d.Bases))
 	}
 	cuda := d.Kind == storage.Device && !t.cfg.DeviceIsHost
+	if err == nil && !t.cfg.OneSided {
+		// Messages: the exporter reads its memory itself (Manager.Serve);
+		// nothing is registered with UCX, no rkey leaves the process.
+		for i := range sizes {
+			l.regions = append(l.regions, regionInfo{base: d.Bases[i], size: sizes[i]})
+		}
+		return l
+	}
 	for i := 0; err == nil && i < len(sizes); i++ {
 		key := regKey{d.Handle, d.Bases[i], sizes[i]}
 		r, ok := t.regs[key]
@@ -331,8 +383,18 @@ func (t *Transport) loop(ready chan<- error) {
 		if C.kvbm_ucx_progress(t.worker, 32) > 0 {
 			lastProgress = time.Now()
 		}
+		if t.deliver() {
+			lastProgress = time.Now()
+		}
+		if t.reapInflight() {
+			busy = true
+		}
 		if t.reap() {
 			busy = true
+		}
+		if time.Since(t.lastSweep) >= idlePoll {
+			t.lastSweep = time.Now()
+			t.reapSessions()
 		}
 		if time.Since(lastProgress) < spinFor {
 			continue
@@ -382,7 +444,7 @@ func (t *Transport) open() error {
 	cn := unsafe.Slice((**C.char)(nv), 2*max(1, len(keys)))
 	copy(cn, names)
 	copy(cn[len(keys):], values)
-	if err := status(C.kvbm_ucx_init(&cn[0], &cn[len(keys)], C.int(len(keys)), &t.context)); err != nil {
+	if err := status(C.kvbm_ucx_init(&cn[0], &cn[len(keys)], C.int(len(keys)), boolInt(t.cfg.OneSided), &t.context)); err != nil {
 		return fmt.Errorf("ucx: ucp_init (options %v): %w", t.cfg.Options, err)
 	}
 	if err := status(C.kvbm_ucx_worker_create(t.context, &t.worker)); err != nil {
@@ -398,6 +460,13 @@ func (t *Transport) open() error {
 	}
 	t.address = C.GoBytes(addr, C.int(n))
 	C.kvbm_ucx_worker_release_address(t.worker, addr)
+	if !t.cfg.OneSided {
+		if err := t.listen(); err != nil {
+			C.kvbm_ucx_worker_destroy(t.worker)
+			C.kvbm_ucx_cleanup(t.context)
+			return err
+		}
+	}
 	return nil
 }
 
@@ -407,15 +476,24 @@ func (t *Transport) shutdown() {
 	for p := range t.peers {
 		p.fail(fmt.Errorf("%w: ucx: the transport was closed", remote.ErrPeerUnavailable))
 	}
+	for _, s := range t.sessions {
+		t.endSession(s)
+	}
 	// Wait for the closes; requests UCX did not cancel (RMA emulated over
 	// active messages, waiting for replies) go with the worker.
 	deadline := time.Now().Add(closeGrace)
 	for time.Now().Before(deadline) {
 		C.kvbm_ucx_progress(t.worker, 32)
+		t.deliver()
+		t.reapInflight()
 		t.reap()
 		closing := false
 		for p := range t.peers {
 			closing = closing || p.state.closing != 0
+		}
+		for _, s := range t.closingSessions {
+			t.freeSession(s)
+			closing = closing || s.state != nil
 		}
 		if !closing {
 			break
@@ -442,6 +520,17 @@ func (t *Transport) shutdown() {
 	C.kvbm_ucx_worker_destroy(t.worker)
 	C.kvbm_ucx_cleanup(t.context)
 	// No callback can run now: fail what is left and free it.
+	t.freeMessages()
+	for _, s := range t.closingSessions {
+		if s.state != nil {
+			C.free(unsafe.Pointer(s.state))
+			s.state = nil
+		}
+	}
+	t.closingSessions = nil
+	for _, r := range t.pulls {
+		t.endPull(r, fmt.Errorf("%w: ucx: the transport was closed", remote.ErrPeerUnavailable))
+	}
 	for _, p := range left {
 		for _, b := range p.batches {
 			p.finish(b)
@@ -449,6 +538,9 @@ func (t *Transport) shutdown() {
 		p.batches = nil
 		p.freeState()
 	}
+	// Reads being served wait for their sends, failed above.
+	t.serves.Wait()
+	t.staging.close()
 	if t.release != nil {
 		t.release()
 	}

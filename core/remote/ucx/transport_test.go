@@ -37,8 +37,8 @@ func TestRoundTripBetweenTwoManagers(t *testing.T) {
 	for _, tc := range tlsCases {
 		t.Run(tc.name, func(t *testing.T) {
 			emu := newEmu(t)
-			exp := newSide(t, emu, 0xE, Config{Options: tc.opts}, 10*time.Second)
-			imp := newSide(t, emu, 0x1, Config{Options: tc.opts}, 10*time.Second)
+			exp := newSide(t, emu, 0xE, Config{OneSided: true, Options: tc.opts}, 10*time.Second)
+			imp := newSide(t, emu, 0x1, Config{OneSided: true, Options: tc.opts}, 10*time.Second)
 			const blocks = 8
 			cfg := smallConfig(blocks)
 			type remoteLayout struct {
@@ -97,8 +97,8 @@ func TestBytesInFlightAreBounded(t *testing.T) {
 	emu := newEmu(t)
 	const limit = 16 << 10
 	opts := map[string]string{"TLS": "tcp"} // operations stay in flight until the exporter answers
-	exp := newSide(t, emu, 0xE, Config{Options: opts}, 10*time.Second)
-	imp := newSide(t, emu, 0x1, Config{Options: opts, MaxInFlight: limit}, 10*time.Second)
+	exp := newSide(t, emu, 0xE, Config{OneSided: true, Options: opts}, 10*time.Second)
+	imp := newSide(t, emu, 0x1, Config{OneSided: true, Options: opts, MaxInFlight: limit}, 10*time.Second)
 	cfg := smallConfig(64) // 4 KiB blocks, 512-byte fragments
 	src := exp.alloc(t, storage.Pinned, cfg, transfer.Shape{Kind: layout.LayerSeparate, BlockDim: layout.BlockIsFirstDim})
 	exp.fill(t, src, 0x40)
@@ -122,9 +122,9 @@ func TestDeadlineFailsTheOperationAndThePeer(t *testing.T) {
 	// Over TCP the exporter's worker serves the reads, so freezing its
 	// progress thread freezes the peer.
 	opts := map[string]string{"TLS": "tcp"}
-	exp := newSide(t, emu, 0xE, Config{Options: opts}, time.Second)
+	exp := newSide(t, emu, 0xE, Config{OneSided: true, Options: opts}, time.Second)
 	const deadline = 300 * time.Millisecond
-	imp := newSide(t, emu, 0x1, Config{Options: opts}, deadline)
+	imp := newSide(t, emu, 0x1, Config{OneSided: true, Options: opts}, deadline)
 	cfg := smallConfig(8)
 	src := exp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
 	exp.fill(t, src, 0x70)
@@ -180,8 +180,8 @@ func TestClosedPeersFail(t *testing.T) {
 	for _, tc := range tlsCases {
 		t.Run(tc.name, func(t *testing.T) {
 			emu := newEmu(t)
-			exp := newSide(t, emu, 0xE, Config{Options: tc.opts}, time.Second)
-			imp := newSide(t, emu, 0x1, Config{Options: tc.opts}, time.Second)
+			exp := newSide(t, emu, 0xE, Config{OneSided: true, Options: tc.opts}, time.Second)
+			imp := newSide(t, emu, 0x1, Config{OneSided: true, Options: tc.opts}, time.Second)
 			cfg := smallConfig(4)
 			src := exp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
 			exp.fill(t, src, 0x30)
@@ -223,8 +223,8 @@ func TestClosedPeersFail(t *testing.T) {
 func TestBadEndpoints(t *testing.T) {
 	needUCX(t)
 	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, time.Second)
-	imp := newSide(t, emu, 0x1, Config{}, time.Second)
+	exp := newSide(t, emu, 0xE, Config{OneSided: true}, time.Second)
+	imp := newSide(t, emu, 0x1, Config{OneSided: true}, time.Second)
 	exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
 	ep, err := exp.tr.Endpoint()
 	require.NoError(t, err)
@@ -266,8 +266,8 @@ func TestBadEndpoints(t *testing.T) {
 func TestAttachChecksTheEndpoint(t *testing.T) {
 	needUCX(t)
 	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, time.Second)
-	imp := newSide(t, emu, 0x1, Config{}, time.Second)
+	exp := newSide(t, emu, 0xE, Config{OneSided: true}, time.Second)
+	imp := newSide(t, emu, 0x1, Config{OneSided: true}, time.Second)
 	a := exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
 	ep, err := exp.tr.Endpoint()
 	require.NoError(t, err)
@@ -321,7 +321,7 @@ func TestDeviceMemoryNeedsCUDAEnabledUCX(t *testing.T) {
 	m, err := transfer.NewManager(transfer.Config{WorkerID: 0xE, Driver: emu})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, m.Close()) }()
-	tr, err := New(Config{})
+	tr, err := New(Config{OneSided: true})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, tr.Close()) }()
 	require.NoError(t, tr.Serve(m))
@@ -329,7 +329,7 @@ func TestDeviceMemoryNeedsCUDAEnabledUCX(t *testing.T) {
 	require.NoError(t, err)
 	ep, err := tr.Endpoint()
 	require.NoError(t, err)
-	imp, err := New(Config{})
+	imp, err := New(Config{OneSided: true})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, imp.Close()) }()
 	p, err := imp.Connect(context.Background(), ep)
@@ -349,7 +349,7 @@ func TestDeviceMemoryNeedsCUDAEnabledUCX(t *testing.T) {
 func TestServeAndClose(t *testing.T) {
 	needUCX(t)
 	emu := newEmu(t)
-	s := newSide(t, emu, 0xE, Config{}, time.Second)
+	s := newSide(t, emu, 0xE, Config{OneSided: true}, time.Second)
 	other, err := transfer.NewManager(transfer.Config{WorkerID: 0xF, Driver: emu})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, other.Close()) }()
@@ -362,7 +362,7 @@ func TestServeAndClose(t *testing.T) {
 	require.ErrorContains(t, err, "closed")
 	_, err = s.tr.Connect(context.Background(), ep)
 	require.ErrorContains(t, err, "closed")
-	_, err = New(Config{Options: map[string]string{"RNDV_THRESH": "lots"}})
+	_, err = New(Config{OneSided: true, Options: map[string]string{"RNDV_THRESH": "lots"}})
 	require.ErrorContains(t, err, "RNDV_THRESH")
 }
 
@@ -370,7 +370,7 @@ func TestServeAndClose(t *testing.T) {
 // dereference panics and is recovered (UCX_ERROR_SIGNALS is cleared).
 func TestGoKeepsItsSignalHandlers(t *testing.T) {
 	needUCX(t)
-	tr, err := New(Config{})
+	tr, err := New(Config{OneSided: true})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, tr.Close()) }()
 	var p *int
@@ -383,8 +383,8 @@ func TestGoKeepsItsSignalHandlers(t *testing.T) {
 func TestAllocHost(t *testing.T) {
 	needUCX(t)
 	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, 10*time.Second)
-	imp := newSide(t, emu, 0x1, Config{}, 10*time.Second)
+	exp := newSide(t, emu, 0xE, Config{OneSided: true}, 10*time.Second)
+	imp := newSide(t, emu, 0x1, Config{OneSided: true}, 10*time.Second)
 	cfg := smallConfig(8)
 	sizes, err := layout.RegionSizes(cfg, layout.FullyContiguous, 0)
 	require.NoError(t, err)
@@ -413,20 +413,29 @@ func TestAllocHost(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// KVBM_TRANSPORT=ucx is refused, saying why, until the late writes are
-// accepted (EnvAcceptLateWrites); New itself is not.
+// KVBM_TRANSPORT=ucx opens in the message mode; its one-sided mode is
+// refused, saying why, until the late writes are accepted
+// (EnvAcceptLateWrites); New itself is not.
 func TestSelectingUCXIsRefusedUntilLateWritesAreAccepted(t *testing.T) {
 	needUCX(t)
 	t.Setenv(EnvAcceptLateWrites, "")
-	_, err := remote.Open("ucx", remote.OpenOptions{})
+	t.Setenv(EnvOneSided, "")
+	tr, err := remote.Open("ucx", remote.OpenOptions{})
+	require.NoError(t, err, "the message mode needs nothing accepted")
+	require.False(t, tr.(*Transport).cfg.OneSided)
+	require.NoError(t, tr.Close())
+
+	t.Setenv(EnvOneSided, "1")
+	_, err = remote.Open("ucx", remote.OpenOptions{})
 	require.ErrorIs(t, err, ErrLateWrites)
-	require.ErrorContains(t, err, "transport ucx: the UCX transport is refused")
+	require.ErrorContains(t, err, "transport ucx: the UCX transport's one-sided mode is refused")
 	require.ErrorContains(t, err, EnvAcceptLateWrites+"=1")
 	require.ErrorIs(t, remote.Status()["ucx"], ErrLateWrites, "the info command says why")
 
 	t.Setenv(EnvAcceptLateWrites, "1")
-	tr, err := remote.Open("ucx", remote.OpenOptions{})
+	tr, err = remote.Open("ucx", remote.OpenOptions{})
 	require.NoError(t, err)
+	require.True(t, tr.(*Transport).cfg.OneSided)
 	require.Equal(t, "ucx", tr.Name())
 	require.NoError(t, tr.Close())
 }

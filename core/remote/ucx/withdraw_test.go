@@ -33,7 +33,7 @@ func (s *side) regions(t *testing.T, h transfer.LayoutHandle) int {
 func TestWithdrawnLayoutIsUnmapped(t *testing.T) {
 	needUCX(t)
 	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, 10*time.Second)
+	exp := newSide(t, emu, 0xE, Config{OneSided: true}, 10*time.Second)
 	cfg := smallConfig(4)
 	mem, err := storage.AllocDevice(emu, 0, uint64(cfg.BlockSize()*cfg.NumBlocks))
 	require.NoError(t, err)

@@ -1,0 +1,236 @@
+//go:build cgo
+
+package ucx
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvbm/kvbm/core/layout"
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
+	"github.com/stretchr/testify/require"
+)
+
+// The message mode between two managers of one process: blocks pulled
+// from the exporter's pinned (G2) and emulated device (G1) layouts of
+// both shapes, every byte checked, blocks not moved unchanged; a push is
+// refused and changes nothing; every staging slot goes back.
+func TestMessagesPull(t *testing.T) {
+	needUCX(t)
+	for _, tc := range tlsCases {
+		t.Run(tc.name, func(t *testing.T) {
+			emu := newEmu(t)
+			exp := newSide(t, emu, 0xE, Config{Options: tc.opts}, 10*time.Second)
+			imp := newSide(t, emu, 0x1, Config{Options: tc.opts}, 10*time.Second)
+			for _, kind := range []storage.Kind{storage.Pinned, storage.Device} {
+				for _, shape := range []transfer.Shape{transfer.FullyContiguous, {Kind: layout.LayerSeparate, BlockDim: layout.BlockIsSecondDim}} {
+					src := exp.alloc(t, kind, smallConfig(8), shape)
+					exp.fill(t, src, 0x100)
+					dst := imp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+					imp.fill(t, dst, 0x900)
+					p := imp.importAll(t, exp)
+					require.NoError(t, move(t, imp.m, src, []int{1, 2, 5}, dst, []int{0, 3, 7}))
+					for i, id := range []int{0, 3, 7} {
+						imp.check(t, dst, id, 0x100+uint64([]int{1, 2, 5}[i]))
+					}
+					for _, id := range []int{1, 2, 4, 5, 6} {
+						imp.check(t, dst, id, 0x900+uint64(id))
+					}
+					err := move(t, imp.m, dst, []int{0}, src, []int{4})
+					require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
+					require.ErrorContains(t, err, "pulls only")
+					exp.check(t, src, 4, 0x104)
+					require.NoError(t, p.Close())
+				}
+			}
+			require.Zero(t, imp.tr.staging.outstanding())
+		})
+	}
+}
+
+// A pull whose exporter does not answer within the deadline fails, and
+// the exporter's answer that comes after (its progress thread frozen,
+// then thawed) lands nowhere: the destination blocks hold what they held
+// before, byte for byte, the slot the late data was for is given back
+// once UCX is done with it, and the peer pulls again.
+func TestMessagesLateRepliesLandNowhere(t *testing.T) {
+	needUCX(t)
+	for _, tc := range tlsCases {
+		for _, kind := range []storage.Kind{storage.Pinned, storage.Device} {
+			t.Run(tc.name+"/"+kind.String(), func(t *testing.T) {
+				emu := newEmu(t)
+				exp := newSide(t, emu, 0xE, Config{Options: tc.opts}, 10*time.Second)
+				const deadline = 300 * time.Millisecond
+				imp := newSide(t, emu, 0x1, Config{Options: tc.opts}, deadline)
+				cfg := smallConfig(64)
+				cfg.InnerDim = 1024 // 64 KiB blocks: 4 MiB in all, sent by rendezvous
+				src := exp.alloc(t, kind, cfg, transfer.FullyContiguous)
+				exp.fill(t, src, 0x100)
+				dst := imp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+				imp.fill(t, dst, 0x900)
+				imp.importAll(t, exp)
+				ids := seq(0, 64)
+				for round := 0; round < 3; round++ {
+					late := imp.tr.lateDropped.Load()
+					thaw := freeze(t, exp.tr)
+					err := move(t, imp.m, src, ids, dst, ids)
+					require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+					require.ErrorIs(t, err, kvbmerr.ErrTimeout)
+					thaw()
+					// The late answer arrives and is dropped.
+					require.Eventually(t, func() bool { return imp.tr.lateDropped.Load() > late }, 5*time.Second, 5*time.Millisecond)
+					require.Eventually(t, func() bool { return imp.tr.staging.outstanding() == 0 }, 5*time.Second, 10*time.Millisecond)
+					time.Sleep(50 * time.Millisecond)
+					for _, id := range ids {
+						imp.check(t, dst, id, 0x900+uint64(id))
+					}
+				}
+				require.NoError(t, move(t, imp.m, src, ids, dst, ids))
+				for _, id := range ids {
+					imp.check(t, dst, id, 0x100+uint64(id))
+				}
+			})
+		}
+	}
+}
+
+// The endpoint is the capability: an importer holding another worker's,
+// a damaged one or one whose key was replaced (the address alone) is
+// refused at the hello and reads nothing; the exporter counts it.
+func TestMessagesNeedTheCapability(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	other := newSide(t, emu, 0xF, Config{}, 5*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+	ep, err := exp.tr.Endpoint()
+	require.NoError(t, err)
+	otherEp, err := other.tr.Endpoint()
+	require.NoError(t, err)
+	info, err := decodeEndpoint(ep)
+	require.NoError(t, err)
+	oi, err := decodeEndpoint(otherEp)
+	require.NoError(t, err)
+
+	forged := *info
+	forged.key = oi.key // a key of another worker, the address of this one
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	before := exp.tr.Refused()
+	_, err = imp.tr.Connect(ctx, forged.encode())
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	require.ErrorContains(t, err, "refused the hello")
+	require.Greater(t, exp.tr.Refused(), before)
+
+	// The right capability connects.
+	p, err := imp.tr.Connect(ctx, ep)
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+}
+
+// A peer without a session reads nothing: a read naming a session the
+// exporter never opened gets no answer, and is counted.
+func TestMessagesReadWithoutASessionIsNotAnswered(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 300*time.Millisecond)
+	src := exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	dst := imp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+	imp.fill(t, dst, 0x900)
+	p := imp.importAll(t, exp)
+	p.session = sessionID{1, 2, 3} // guessed
+	before := exp.tr.Refused()
+	err := move(t, imp.m, src, []int{0}, dst, []int{0})
+	require.ErrorIs(t, err, kvbmerr.ErrTimeout)
+	require.Greater(t, exp.tr.Refused(), before)
+	imp.check(t, dst, 0, 0x900)
+}
+
+// A block-scoped endpoint reads its blocks and nothing else: another
+// block, once the scope's blocks are revoked, is refused by the exporter.
+func TestMessagesBlockScope(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	src := exp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	dst := imp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+	imp.fill(t, dst, 0x900)
+	ep, err := exp.tr.ScopedEndpoint(remote.Scope{Layouts: []remote.ScopedLayout{{Layout: src, Blocks: []int{2, 3}}}})
+	require.NoError(t, err)
+	d, err := exp.m.Describe(src)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p, err := imp.tr.Connect(ctx, ep)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	_, err = imp.m.Import(p, []transfer.Descriptor{d})
+	require.NoError(t, err)
+
+	require.NoError(t, move(t, imp.m, src, []int{2, 3}, dst, []int{0, 1}))
+	imp.check(t, dst, 0, 0x102)
+	imp.check(t, dst, 1, 0x103)
+	err = move(t, imp.m, src, []int{4}, dst, []int{2})
+	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
+	require.ErrorContains(t, err, "does not cover blocks 4 to 4")
+	imp.check(t, dst, 2, 0x902)
+
+	require.NoError(t, exp.tr.RevokeBlocks([]remote.ScopedLayout{{Layout: src, Blocks: []int{3}}}))
+	err = move(t, imp.m, src, []int{3}, dst, []int{3})
+	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
+	require.ErrorContains(t, err, "revoked")
+	imp.check(t, dst, 3, 0x903)
+	require.NoError(t, move(t, imp.m, src, []int{2}, dst, []int{4}), "the blocks not revoked still read")
+	imp.check(t, dst, 4, 0x102)
+}
+
+// A layout withdrawn by its owner is refused to peers with the reason,
+// and the exporter keeps serving its other layouts: no rkey of it ever
+// left the process.
+func TestMessagesWithdrawnLayout(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	cfg := smallConfig(4)
+	mem, err := storage.AllocDevice(emu, 0, uint64(cfg.BlockSize()*cfg.NumBlocks))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, mem.Close()) })
+	gone, err := exp.m.RegisterExternal(storage.Device, cfg, transfer.FullyContiguous, []uint64{mem.Addr()})
+	require.NoError(t, err)
+	kept := exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+	exp.fill(t, kept, 0x100)
+	dst := imp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+	imp.fill(t, dst, 0x900)
+	imp.importAll(t, exp)
+	require.NoError(t, exp.m.Withdraw(gone, "the engine slept"))
+	require.NoError(t, exp.tr.Withdrawn(gone))
+	err = move(t, imp.m, gone, []int{0}, dst, []int{0})
+	require.ErrorIs(t, err, transfer.ErrWithdrawn)
+	require.ErrorContains(t, err, "the engine slept")
+	imp.check(t, dst, 0, 0x900)
+	require.NoError(t, move(t, imp.m, kept, []int{1}, dst, []int{1}))
+	imp.check(t, dst, 1, 0x101)
+}
+
+// The modes do not mix: an importer of the other mode is told why.
+func TestMessagesAndOneSidedDoNotMix(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	imp := newSide(t, emu, 0x1, Config{OneSided: true}, 5*time.Second)
+	ep, err := exp.tr.Endpoint()
+	require.NoError(t, err)
+	_, err = imp.tr.Connect(context.Background(), ep)
+	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
+	require.ErrorContains(t, err, EnvOneSided)
+}

@@ -1,0 +1,323 @@
+//go:build cgo
+
+package ucx
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
+)
+
+// The importer's side of the message mode: the hello that opens a
+// session with the exporter, and pulls (Read) that land in a staging slot
+// (staging.go) before they are copied to their destination.
+
+// connecting is a hello under way: the exporter's answers, by conn.
+type connecting struct {
+	answers chan *message // challenge, then welcome
+}
+
+// pull is one Read under way; owned by the progress thread.
+type pull struct {
+	id     uint64
+	peer   *Peer
+	total  uint64
+	slot   *slot   // staging; nil when received in place (Config.inPlace)
+	local  []piece // in place: the destination, in request order
+	recvd  uint64  // bytes received
+	recvs  int     // receives posted and not complete
+	done   bool    // the exporter's done came
+	status byte
+	sent   uint64 // what the exporter's done says it sent
+	msg    string
+	err    error      // a receive's failure
+	ended  bool       // answered on ch: no message reaches it any more
+	failed bool       // ended with an error: its slot is the transport's until its receives complete
+	ch     chan error // buffered: the answer
+}
+
+// hello opens a session on p's endpoint with the capability info
+// carries: open, the exporter's challenge, the hello, its proof.
+func (p *Peer) hello(ctx context.Context, info *endpointInfo) error {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("ucx: draw a nonce: %w", err)
+	}
+	conn := binary.LittleEndian.Uint64(b[:])
+	c := &connecting{answers: make(chan *message, 2)}
+	t := p.t
+	defer t.post(func() { delete(t.connects, conn) })
+	if err := t.do(func() error {
+		t.connects[conn] = c
+		t.send(p.ep, openHeader(conn), t.address, nil, true, nil)
+		return nil
+	}); err != nil {
+		return err
+	}
+	wait := func(kind msgKind) (*message, error) {
+		select {
+		case m := <-c.answers:
+			if m.h.kind != kind {
+				return nil, fmt.Errorf("%w: ucx: the exporter answered a hello with %v, not %v", remote.ErrPeerUnavailable, m.h.kind, kind)
+			}
+			return m, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: ucx: the exporting worker %x did not answer the hello (%v): not reachable, "+
+				"or not serving the UCX transport's messages (a kvbm of another version, or one in the one-sided mode)",
+				remote.ErrPeerUnavailable, info.worker, ctx.Err())
+		case <-t.done:
+			return nil, fmt.Errorf("%w: ucx: %w", remote.ErrPeerUnavailable, errClosed)
+		}
+	}
+	ch, err := wait(kindChallenge)
+	if err != nil {
+		return err
+	}
+	cn, err := capability.NewNonce()
+	if err != nil {
+		return fmt.Errorf("ucx: draw a nonce: %w", err)
+	}
+	tr := capability.Transcript{SN: ch.h.nonce, CN: cn, Server: info.worker, Client: t.clientWorker()}
+	key := info.key.HelloKey(t.deployment)
+	hello := key.AppendHello(nil, tr, info.desc)
+	session := ch.h.session
+	if err := t.do(func() error { t.send(p.ep, helloHeader(session), hello, nil, true, nil); return nil }); err != nil {
+		return err
+	}
+	w, err := wait(kindWelcome)
+	if err != nil {
+		return err
+	}
+	if !w.h.ok || !key.CheckServerProof(tr, w.data) {
+		return fmt.Errorf("%w: ucx: worker %x refused the hello: this metadata is not its current capability "+
+			"(stale, another worker's, or damaged), or %s differs between the two instances",
+			remote.ErrPeerUnavailable, info.worker, capability.EnvAuthKey)
+	}
+	p.session = session
+	return nil
+}
+
+// clientWorker is the worker this transport serves, or 0.
+func (t *Transport) clientWorker() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.serving == nil {
+		return 0
+	}
+	return t.serving.WorkerID()
+}
+
+// pull reads ops of the exporter's layout h through the session: into a
+// staging slot, copied to each op's Local once whole.
+func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, total uint64, what string) error {
+	t := p.t
+	r := &pull{id: t.nextReq.Add(1), peer: p, total: total, ch: make(chan error, 1)}
+	if t.cfg.inPlace {
+		for _, o := range ops {
+			r.local = append(r.local, piece{o.Local, o.Size})
+		}
+	} else {
+		var err error
+		if r.slot, err = t.staging.get(total); err != nil {
+			return err
+		}
+	}
+	sent := ops[:0:0]
+	for _, o := range ops {
+		if o.Size > 0 {
+			sent = append(sent, o)
+		}
+	}
+	hdr, data := readHeader(p.session, r.id, h), appendOps(nil, sent)
+	if !t.post(func() { t.startPull(r, hdr, data) }) {
+		if r.slot != nil {
+			t.staging.put(r.slot)
+		}
+		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
+	}
+	var err error
+	select {
+	case err = <-r.ch:
+	case <-ctx.Done():
+		cause := fmt.Errorf("%w: ucx: %s: not complete within the deadline: %w", remote.ErrPeerUnavailable, what, kvbmerr.ErrTimeout)
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cause = fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, ctx.Err())
+		}
+		if t.do(func() error { t.endPull(r, cause); return nil }) != nil {
+			return cause // closed: the transport's shutdown frees the slot
+		}
+		err = <-r.ch // cause, or nil when it completed first
+	case <-t.done:
+		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err) // the slot stays the transport's (endPull)
+	}
+	if r.slot != nil {
+		buf, off := r.slot.bytes(), uint64(0)
+		for _, o := range sent {
+			copy(storage.HostBytes(o.Local, o.Size), buf[off:off+o.Size])
+			off += o.Size
+		}
+		t.staging.put(r.slot)
+	}
+	return nil
+}
+
+// The methods below run on the progress thread.
+
+func (t *Transport) startPull(r *pull, hdr, data []byte) {
+	p := r.peer
+	if err := p.failure(); err != nil {
+		t.endPull(r, err)
+		return
+	}
+	t.pulls[r.id] = r
+	t.send(p.ep, hdr, data, nil, true, func(err error) {
+		if err != nil {
+			st, _ := err.(ucsError)
+			f := fmt.Errorf("%w: ucx: sending the read: %w", remote.ErrPeerUnavailable, err)
+			if st.peerFailure() {
+				p.fail(f)
+			}
+			t.endPull(r, f)
+		}
+	})
+}
+
+// pullMessage handles a message to the importer.
+func (t *Transport) pullMessage(m *message) {
+	switch m.h.kind {
+	case kindChallenge, kindWelcome:
+		if c := t.connects[m.h.conn]; c != nil {
+			select {
+			case c.answers <- m:
+			default:
+			}
+		}
+	case kindData:
+		r := t.pulls[m.h.req]
+		if r == nil || m.h.offset > r.total || m.size > r.total-m.h.offset {
+			t.drop(m) // late (its pull ended) or not this pull's: it reaches nothing
+			t.lateDropped.Add(1)
+			return
+		}
+		dst := r.pieces(m.h.offset, m.size)
+		if m.desc == 0 {
+			src := unsafe.Slice((*byte)(m.c.data), m.size)
+			for _, d := range dst {
+				src = src[copy(storage.HostBytes(d.addr, d.size), src):]
+			}
+			r.recvd += m.size
+			t.checkPull(r)
+			return
+		}
+		r.recvs++
+		t.receive(m.desc, dst, func(err error, n uint64) {
+			r.recvs--
+			switch {
+			case err != nil && r.err == nil:
+				r.err = err
+			case err == nil:
+				r.recvd += n
+			}
+			if r.ended {
+				t.releaseSlot(r)
+				return
+			}
+			t.checkPull(r)
+		})
+		m.desc = 0
+	case kindDone:
+		r := t.pulls[m.h.req]
+		if r == nil {
+			t.lateDropped.Add(1)
+			return
+		}
+		r.done, r.status, r.sent, r.msg = true, m.h.status, m.h.total, string(m.data)
+		t.checkPull(r)
+	}
+}
+
+// pieces is the memory of bytes [off, off+n) of r's data.
+func (r *pull) pieces(off, n uint64) []piece {
+	if r.slot != nil {
+		return []piece{{r.slot.addr + off, n}}
+	}
+	var out []piece
+	for _, l := range r.local {
+		if off >= l.size {
+			off -= l.size
+			continue
+		}
+		k := min(l.size-off, n)
+		out = append(out, piece{l.addr + off, k})
+		n -= k
+		off = 0
+		if n == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// checkPull answers r once the exporter's done came and every receive
+// completed.
+func (t *Transport) checkPull(r *pull) {
+	if r.ended || !r.done || r.recvs > 0 {
+		return
+	}
+	var err error
+	switch {
+	case r.err != nil:
+		err = fmt.Errorf("%w: ucx: receiving the data: %w", remote.ErrPeerUnavailable, r.err)
+	case r.status != remote.StatusOK:
+		err = fmt.Errorf("ucx: the exporting worker: %w", &remote.StatusError{Status: r.status, Msg: r.msg})
+	case r.recvd != r.total || r.sent != r.total:
+		err = fmt.Errorf("%w: ucx: the exporter sent %d bytes, %d arrived, %d were asked for", kvbmerr.ErrIO, r.sent, r.recvd, r.total)
+	}
+	t.endPull(r, err)
+}
+
+// endPull answers r with err (nil: its slot goes to the caller) once;
+// later messages for it are dropped.
+func (t *Transport) endPull(r *pull, err error) {
+	if r.ended {
+		return
+	}
+	r.ended, r.failed = true, err != nil
+	delete(t.pulls, r.id)
+	r.ch <- err
+	t.releaseSlot(r)
+}
+
+// releaseSlot puts a failed pull's slot back once no receive can write it.
+func (t *Transport) releaseSlot(r *pull) {
+	if r.failed && r.recvs == 0 && r.slot != nil {
+		t.staging.put(r.slot)
+		r.slot = nil
+	}
+}
+
+// failPulls fails the pulls of p.
+func (t *Transport) failPulls(p *Peer, err error) {
+	for _, r := range t.pulls {
+		if r.peer == p {
+			t.endPull(r, err)
+		}
+	}
+}

@@ -1,0 +1,140 @@
+// See shim.h: kvbm's active messages. The handler runs inside
+// ucp_worker_progress, on the progress thread: it only queues what came,
+// and Go decides after progress returns what to do with each message.
+#include "shim.h"
+#include "ucxabi.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static ucs_status_t on_message(void *arg, const void *header, size_t header_len, void *data, size_t length,
+                               const ucp_am_recv_param_t *param) {
+	kvbm_ucx_inbox_t *in = arg;
+	int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+	kvbm_ucx_msg_t *m = calloc(1, sizeof *m + header_len);
+	void *copy = NULL;
+	if (m && !rndv && length > 0 && !(copy = malloc(length))) {
+		free(m);
+		m = NULL;
+	}
+	if (!m) {
+		// Dropped: the requester's deadline fails its request.
+		in->refused++;
+		return UCS_OK;
+	}
+	memcpy(m->header, header, header_len);
+	m->header_len = (uint32_t)header_len;
+	m->length = length;
+	if (rndv) {
+		m->desc = (uint64_t)(uintptr_t)data; // kept by returning UCS_INPROGRESS
+	} else if (length > 0) {
+		memcpy(copy, data, length);
+		m->data = copy;
+	}
+	if (in->tail) {
+		in->tail->next = m;
+	} else {
+		in->head = m;
+	}
+	in->tail = m;
+	return rndv ? UCS_INPROGRESS : UCS_OK;
+}
+
+int32_t kvbm_ucx_am_listen(uint64_t worker, unsigned id, kvbm_ucx_inbox_t *in) {
+	ucp_am_handler_param_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+	               UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+	p.id = id;
+	p.flags = UCP_AM_FLAG_WHOLE_MSG;
+	p.cb = on_message;
+	p.arg = in;
+	return U.worker_set_am_recv_handler((ucp_worker_h)(uintptr_t)worker, &p);
+}
+
+kvbm_ucx_msg_t *kvbm_ucx_am_take(kvbm_ucx_inbox_t *in) {
+	kvbm_ucx_msg_t *m = in->head;
+	in->head = in->tail = NULL;
+	return m;
+}
+
+void kvbm_ucx_msg_free(kvbm_ucx_msg_t *m) {
+	free(m->data);
+	free(m);
+}
+
+static void req_finish(kvbm_ucx_req_t *r, ucs_status_ptr_t p) {
+	if (p == NULL) {
+		r->done = 1;
+	} else if (PTR_IS_ERR(p)) {
+		r->status = PTR_STATUS(p);
+		r->done = 1;
+	}
+}
+
+static void send_done(void *request, ucs_status_t status, void *user_data) {
+	kvbm_ucx_req_t *r = user_data;
+	r->status = status;
+	r->done = 1;
+	U.request_free(request);
+}
+
+void kvbm_ucx_am_send(uint64_t ep, unsigned id, const void *header, size_t header_len,
+                      const kvbm_ucx_iov_t *iov, size_t iovcnt, int eager, kvbm_ucx_req_t *r) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS |
+	                 UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+	p.cb.send = send_done;
+	p.user_data = r;
+	p.flags = eager ? UCP_AM_SEND_FLAG_EAGER : 0;
+	p.memory_type = UCS_MEMORY_TYPE_HOST;
+	const void *buf = NULL;
+	size_t count = 0;
+	if (iovcnt == 1) {
+		p.datatype = UCP_DT_CONTIG_BYTES;
+		buf = (const void *)(uintptr_t)iov[0].buffer;
+		count = iov[0].length;
+	} else if (iovcnt > 1) {
+		p.datatype = UCP_DATATYPE_IOV;
+		buf = iov;
+		count = iovcnt;
+	} else {
+		p.datatype = UCP_DT_CONTIG_BYTES;
+	}
+	req_finish(r, U.am_send_nbx((ucp_ep_h)(uintptr_t)ep, id, header, header_len, buf, count, &p));
+}
+
+static void recv_done(void *request, ucs_status_t status, size_t length, void *user_data) {
+	kvbm_ucx_req_t *r = user_data;
+	r->status = status;
+	r->length = length;
+	r->done = 1;
+	U.request_free(request);
+}
+
+void kvbm_ucx_am_recv(uint64_t worker, uint64_t desc, const kvbm_ucx_iov_t *iov, size_t iovcnt, kvbm_ucx_req_t *r) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
+	                 UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+	p.cb.recv_am = recv_done;
+	p.user_data = r;
+	p.memory_type = UCS_MEMORY_TYPE_HOST;
+	void *buf;
+	size_t count;
+	if (iovcnt == 1) {
+		p.datatype = UCP_DT_CONTIG_BYTES;
+		buf = (void *)(uintptr_t)iov[0].buffer;
+		count = iov[0].length;
+	} else {
+		p.datatype = UCP_DATATYPE_IOV;
+		buf = (void *)iov;
+		count = iovcnt;
+	}
+	req_finish(r, U.am_recv_data_nbx((ucp_worker_h)(uintptr_t)worker, (void *)(uintptr_t)desc, buf, count, &p));
+}
+
+void kvbm_ucx_am_drop(uint64_t worker, uint64_t desc) {
+	U.am_data_release((ucp_worker_h)(uintptr_t)worker, (void *)(uintptr_t)desc);
+}
