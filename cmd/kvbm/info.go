@@ -88,7 +88,7 @@ func transports() []string {
 	if err != nil {
 		out = append(out, "KVBM_TRANSPORT: "+err.Error())
 	}
-	return out
+	return append(out, remote.AutoWhy())
 }
 
 // ucxLibrary names the libucp that loads here, its version and the

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/kvbm/kvbm/kvbmerr"
@@ -24,7 +25,44 @@ type OpenOptions struct {
 var (
 	openersMu sync.Mutex
 	openers   = map[string]Opener{}
+	preferred = map[string]func() (bool, string){}
 )
+
+// Prefer makes auto choose the transport name over TCP where prefer
+// says so (UCX where it finds an RDMA network, core/remote/ucx); prefer
+// also says why, for the info command. Called when the package is linked in.
+func Prefer(name string, prefer func() (ok bool, why string)) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	preferred[name] = prefer
+}
+
+// AutoWhy says what auto chooses here and why.
+func AutoWhy() string {
+	openersMu.Lock()
+	prefs := make(map[string]func() (bool, string), len(preferred))
+	for n, f := range preferred {
+		prefs[n] = f
+	}
+	openersMu.Unlock()
+	names := make([]string, 0, len(prefs))
+	for n := range prefs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var whys []string
+	for _, n := range names {
+		ok, why := prefs[n]()
+		if ok {
+			return fmt.Sprintf("auto chooses %s: %s", n, why)
+		}
+		whys = append(whys, fmt.Sprintf("not %s: %s", n, why))
+	}
+	if len(whys) == 0 {
+		return "auto chooses tcp"
+	}
+	return "auto chooses tcp (" + strings.Join(whys, "; ") + ")"
+}
 
 // Register makes a network transport selectable by name; the TCP and UCX
 // packages (core/remote/tcp, core/remote/ucx) register themselves when
@@ -35,27 +73,30 @@ func Register(name string, open Opener) {
 	openers[name] = open
 }
 
-// Choice is the network transport a name selects: "auto" (TCP, whose
-// same-host route maps a peer's host memory between processes of one
-// host), "tcp",
+// Choice is the network transport a name selects: "auto" (UCX where it
+// finds an RDMA network, ucx's Prefer; TCP otherwise, whose same-host
+// route maps a peer's host memory between processes of one host), "tcp",
 // "ucx" (when linked in), or "loopback" (none: workers reach only their
 // own process).
 //
-// auto does not pick UCX even where it loads: with the UCX this project is
-// tested on (Debian's 1.13) a peer reads memory the engine or the manager
-// allocated through messages the exporter answers, slower than the TCP
-// transport, and an importer that dies with such requests queued can make
-// UCX abort the exporting process (ucp_request.inl "Endpoint timeout").
-// UCX is for deployments that choose it, with a UCX build (KVBM_UCX_LIB)
-// that reaches their memory one-sided (RDMA, CUDA). Opening "ucx" is
-// refused (ucx.ErrLateWrites) unless KVBM_UCX_ACCEPT_LATE_WRITES=1: it
-// cannot promise that no byte of a failed operation lands after its
-// notification completed.
+// Over TCP or shared memory UCX moves nothing faster than the TCP
+// transport does, so auto leaves it to the deployments that choose it
+// there.
 func Choice(name string) (string, error) {
 	openersMu.Lock()
 	defer openersMu.Unlock()
 	switch name {
 	case "", "auto":
+		names := make([]string, 0, len(preferred))
+		for n := range preferred {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			if ok, _ := preferred[n](); ok && openers[n] != nil {
+				return n, nil
+			}
+		}
 		return "tcp", nil
 	case "loopback":
 		return "loopback", nil

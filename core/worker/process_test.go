@@ -22,6 +22,7 @@ import (
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/cuda"
+	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/stretchr/testify/require"
 )
 
@@ -360,11 +361,29 @@ func TestPullAndPushAcrossProcesses(t *testing.T) {
 		if why := ucxCannotReachDevice(); why != "" {
 			t.Skip(why)
 		}
-		t.Setenv(ucx.EnvAcceptLateWrites, "1") // refused otherwise (ucx.ErrLateWrites)
+		// The message mode pulls only: a push is refused, and changes
+		// nothing at the peer.
 		network, err := remote.Open("ucx", remote.OpenOptions{})
 		require.NoError(t, err)
-		pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx", ucx.EnvAcceptLateWrites+"=1"),
-			decodeWorkerOn(t, 10*time.Second, network))
+		exp := startExporter(t, 0xA, "KVBM_TRANSPORT=ucx")
+		dec := decodeWorkerOn(t, 10*time.Second, network)
+		pulls(t, exp, dec)
+		h := requireRemote(t, dec, 7, G2)
+		n, err := dec.ExecuteRemoteOffload(G1, []int{2}, RemoteLayout(h, []int{11}), transfer.Options{})
+		if err == nil {
+			err = n.WaitTimeout(-1)
+		}
+		require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
+		exp.check(t, G2, 11, uint64(G2)<<8|11)
+
+		t.Run("one-sided", func(t *testing.T) {
+			t.Setenv(ucx.EnvOneSided, "1")
+			t.Setenv(ucx.EnvAcceptLateWrites, "1") // refused otherwise (ucx.ErrLateWrites)
+			network, err := remote.Open("ucx", remote.OpenOptions{})
+			require.NoError(t, err)
+			pullAndPush(t, startExporter(t, 0xA, "KVBM_TRANSPORT=ucx", ucx.EnvOneSided+"=1", ucx.EnvAcceptLateWrites+"=1"),
+				decodeWorkerOn(t, 10*time.Second, network))
+		})
 	})
 }
 
@@ -379,6 +398,13 @@ func ucxCannotReachDevice() string {
 }
 
 func pullAndPush(t *testing.T, exp *exporter, dec *testWorker) {
+	pulls(t, exp, dec)
+	pushes(t, exp, dec, requireRemote(t, dec, 7, G2))
+}
+
+// pulls connects dec to exp and pulls blocks of both of exp's tiers into
+// both of dec's, every block of the destination checked.
+func pulls(t *testing.T, exp *exporter, dec *testWorker) {
 	wait := waiter(t)
 	require.NoError(t, dec.ConnectRemote(7, [][]byte{exp.metadata}))
 	size := testConfig(1).BlockSize()
@@ -402,8 +428,11 @@ func pullAndPush(t *testing.T, exp *exporter, dec *testWorker) {
 			}
 		}
 	}
+}
 
-	h := requireRemote(t, dec, 7, G2)
+func pushes(t *testing.T, exp *exporter, dec *testWorker, h transfer.LayoutHandle) {
+	wait := waiter(t)
+	size := testConfig(1).BlockSize()
 	dec.write(t, G1, 2, pattern(size, 0x5001))
 	dec.write(t, G1, 5, pattern(size, 0x5002))
 	wait(dec.ExecuteRemoteOffload(G1, []int{2, 5}, RemoteLayout(h, []int{11, 6}), transfer.Options{}))

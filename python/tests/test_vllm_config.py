@@ -51,14 +51,16 @@ def test_the_package_imports_without_vllm():
 @pytest.mark.parametrize("env,want", [
     ({}, ()),
     ({"KVBM_TRANSPORT": "tcp"}, ()),
-    ({"KVBM_TRANSPORT": "ucx"}, ("REGISTERS",)),
+    ({"KVBM_TRANSPORT": "ucx"}, ()),
+    ({"KVBM_TRANSPORT": "ucx", "KVBM_UCX_ONE_SIDED": "1"}, ("REGISTERS",)),
     ({"KVBM_CUDA_IPC": "1"}, ("LEGACY_IPC",)),
     ({"KVBM_CUDA_IPC": "1", "KVBM_SAME_HOST": "0"}, ()),
-    ({"KVBM_CUDA_IPC": "1", "KVBM_TRANSPORT": "ucx"}, ("REGISTERS",)),
+    ({"KVBM_CUDA_IPC": "1", "KVBM_TRANSPORT": "ucx"}, ()),
+    ({"KVBM_CUDA_IPC": "1", "KVBM_TRANSPORT": "ucx", "KVBM_UCX_ONE_SIDED": "1"}, ("REGISTERS",)),
     ({"KVBM_CUDA_IPC": "0"}, ()),
 ])
 def test_g1_access_says_what_the_transports_do_with_g1(env, want):
-    """vLLM 0.34's kv_cache_access flags: UCX registers G1, same-host CUDA
+    """vLLM 0.34's kv_cache_access flags: UCX's one-sided mode registers G1, same-host CUDA
     IPC exports it with cuIpcGetMemHandle, the staging path needs nothing."""
     assert g1_access(env) == want
 

@@ -8,11 +8,13 @@ import (
 )
 
 // Linking this package in makes the transport selectable as
-// KVBM_TRANSPORT=ucx (remote.Open), in the message mode; the one-sided
+// KVBM_TRANSPORT=ucx (remote.Open), and auto's choice where it finds an
+// RDMA network (auto.go), in the message mode; the one-sided
 // mode (EnvOneSided) is refused with ErrLateWrites unless
 // EnvAcceptLateWrites is 1. Device memory is registered as host
 // memory under the emulated device, as CUDA memory otherwise.
 func init() {
+	remote.Prefer("ucx", preferred)
 	remote.Register("ucx", func(remote.OpenOptions) (remote.Transport, error) {
 		if err := Available(); err != nil {
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvbm/kvbm/core/remote"
 	"github.com/stretchr/testify/require"
 )
 
@@ -41,5 +42,34 @@ func TestResources(t *testing.T) {
 	for _, tl := range []string{"self/", "tcp/"} {
 		require.True(t, slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, tl) }),
 			"no %s resource in %v", tl, rs)
+	}
+	// This machine has no RDMA network: auto keeps TCP, and says why.
+	ok, why := rdma(rs)
+	choice, err := remote.Choice("auto")
+	require.NoError(t, err)
+	if ok {
+		require.Equal(t, "ucx", choice, why)
+	} else {
+		require.Equal(t, "tcp", choice, why)
+	}
+	require.Contains(t, remote.AutoWhy(), why)
+}
+
+// auto picks UCX only over an RDMA network: verbs, mlx5 or EFA, not tcp
+// or shared memory.
+func TestAutoPicksUCXOverRDMAOnly(t *testing.T) {
+	for _, tc := range []struct {
+		resources []string
+		want      bool
+	}{
+		{[]string{"tcp/eth0", "tcp/lo", "sysv/memory", "posix/memory", "cma/memory"}, false},
+		{[]string{"tcp/eth0", "cuda_copy/cuda", "cuda_ipc/cuda"}, false},
+		{[]string{"tcp/eth0", "rc_mlx5/mlx5_0:1", "dc_mlx5/mlx5_0:1", "ud_mlx5/mlx5_0:1"}, true},
+		{[]string{"rc_verbs/rxe0:1"}, true},
+		{[]string{"srd/rdmap0s6"}, true},
+		{nil, false},
+	} {
+		ok, why := rdma(tc.resources)
+		require.Equal(t, tc.want, ok, "%v: %s", tc.resources, why)
 	}
 }

@@ -179,9 +179,11 @@ def g1_access(environ: Mapping[str, str]) -> Tuple[str, ...]:
     """What kvbm's transports do with G1 on a GPU, as the names of vLLM's
     ``KVCacheAccess`` flags (0.34), from the environment the library reads:
 
-    - ``REGISTERS`` when ``KVBM_TRANSPORT=ucx``: UCX registers G1's memory
+    - ``REGISTERS`` when ``KVBM_TRANSPORT=ucx`` in its one-sided mode
+      (``KVBM_UCX_ONE_SIDED=1``): UCX registers G1's memory
       (``ucp_mem_map``), which RDMA needs backed by one physical allocation
-      per segment;
+      per segment (the default message mode serves G1 through the worker's
+      own copies, as TCP does);
     - ``LEGACY_IPC`` when ``KVBM_CUDA_IPC=1`` (and the same-host path is
       not off, ``KVBM_SAME_HOST=0``): a decode on the same host opens G1
       with ``cuIpcOpenMemHandle``, which cannot export the extensible KV
@@ -190,7 +192,7 @@ def g1_access(environ: Mapping[str, str]) -> Tuple[str, ...]:
       own copies into pinned staging memory, which any allocation allows.
     """
     out = []
-    if environ.get("KVBM_TRANSPORT", "") == "ucx":
+    if environ.get("KVBM_TRANSPORT", "") == "ucx" and environ.get("KVBM_UCX_ONE_SIDED") == "1":
         out.append("REGISTERS")
     if environ.get("KVBM_CUDA_IPC") == "1" and environ.get("KVBM_SAME_HOST") != "0" \
             and environ.get("KVBM_TRANSPORT", "") in ("", "auto", "tcp"):
