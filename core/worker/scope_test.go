@@ -2,12 +2,15 @@ package worker
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/kvbm/kvbm/core/transfer"
 )
 
@@ -22,20 +25,46 @@ func (e *exporter) scoped(t *testing.T, tier Tier, blocks ...int) []byte {
 	return e.metadataOf(t, fmt.Sprintf("scope %d %s", tier, strings.Join(s, ",")))
 }
 
+// scopeRoutes are the ways a scoped capability is tested across
+// processes: TCP, the same-host route, and UCX's message mode where UCX
+// loads.
+func scopeRoutes(t *testing.T) []string {
+	routes := []string{"tcp", "same host"}
+	if err := ucx.Available(); err != nil {
+		if os.Getenv("KVBM_REQUIRE_UCX") == "1" {
+			t.Fatalf("KVBM_REQUIRE_UCX=1 but UCX does not load: %v", err)
+		}
+		return routes
+	}
+	if ucxCannotReachDevice() != "" {
+		return routes
+	}
+	return append(routes, "ucx")
+}
+
+// scopeRoute starts the exporter process and the decode worker of route.
+func scopeRoute(t *testing.T, route string) (*exporter, *testWorker) {
+	switch route {
+	case "tcp":
+		return startExporter(t, 0xA, "KVBM_SAME_HOST=0"), decodeWorker(t, 10*time.Second)
+	case "ucx":
+		network, err := remote.Open("ucx", remote.OpenOptions{})
+		require.NoError(t, err)
+		return startExporter(t, 0xA, "KVBM_TRANSPORT=ucx"), decodeWorkerOn(t, 10*time.Second, network)
+	}
+	return startExporter(t, 0xA), decodeWorker(t, 10*time.Second)
+}
+
 // A decode holding request A's scoped metadata reads A's blocks and
 // cannot read request B's, nor G1 when A's scope is G2's, nor write:
 // across processes, over TCP and on the same host. Two requests' scopes
 // of one prefill are connected at once through one peer, and each leaves
-// at its disconnect, taking its blocks with it.
+// at its disconnect, taking its blocks with it. Over UCX's message mode
+// too.
 func TestRequestScopedMetadataReadsThatRequestsBlocksOnly(t *testing.T) {
-	for _, route := range []string{"tcp", "same host"} {
+	for _, route := range scopeRoutes(t) {
 		t.Run(route, func(t *testing.T) {
-			var env []string
-			if route == "tcp" {
-				env = append(env, "KVBM_SAME_HOST=0")
-			}
-			exp := startExporter(t, 0xA, env...)
-			dec := decodeWorker(t, 10*time.Second)
+			exp, dec := scopeRoute(t, route)
 			size := testConfig(1).BlockSize()
 			const a, b InstanceID = 0xA1, 0xB1
 			require.NoError(t, dec.ConnectRemote(a, [][]byte{exp.scoped(t, G1, 3, 4)}))
@@ -102,18 +131,14 @@ func (e *exporter) revoke(t *testing.T, tier Tier, blocks ...int) string {
 // Request A's scoped metadata dies with A: once the prefill revokes A's
 // blocks (they go to request B), the decode still connected with A's
 // capability reads none of them, while B's, made afterwards for the same
-// blocks, reads them. Across processes, over TCP and on the same host.
+// blocks, reads them. Across processes, over TCP, on the same host and
+// over UCX's message mode.
 // A revocation names registered tiers and blocks inside them, or is
 // refused whole.
 func TestRevokedBlocksAreReadByNoEarlierScope(t *testing.T) {
-	for _, route := range []string{"tcp", "same host"} {
+	for _, route := range scopeRoutes(t) {
 		t.Run(route, func(t *testing.T) {
-			var env []string
-			if route == "tcp" {
-				env = append(env, "KVBM_SAME_HOST=0")
-			}
-			exp := startExporter(t, 0xA, env...)
-			dec := decodeWorker(t, 10*time.Second)
+			exp, dec := scopeRoute(t, route)
 			size := testConfig(1).BlockSize()
 			const a, b InstanceID = 0xA1, 0xB1
 			pull := func(inst InstanceID, src, dst int) error {

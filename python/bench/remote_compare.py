@@ -19,10 +19,14 @@ one that crashes or hangs takes nothing else down.
   dimension ([K|V][block][page][inner] per layer, vLLM's FlashAttention
   shape) and only every other block moved, so each block is 64 separate,
   non-adjacent 32 KiB pieces there (one contiguous 2 MiB G2 block here).
-- kvbm over its UCX transport (KVBM_TRANSPORT=ucx, accepted with
-  KVBM_UCX_ACCEPT_LATE_WRITES=1 for the figures), on the UCX transports
+- kvbm over its UCX transport (KVBM_TRANSPORT=ucx), on the UCX transports
   NIXL runs on below (UCX_TLS=sm, UCX_TLS=tcp), with Debian's UCX 1.13
-  and with NIXL's generation of it, 1.22 (scripts/ucx-current.sh).
+  and with NIXL's generation of it, 1.22 (scripts/ucx-current.sh): its
+  message mode (the default: the exporter answers each read, which lands
+  in a staging slot; it pulls only, so its push rows say so), and its
+  one-sided mode (KVBM_UCX_ONE_SIDED=1, accepted with
+  KVBM_UCX_ACCEPT_LATE_WRITES=1 for the figures: reads and writes in
+  place).
 - NIXL (nixl-cu12), UCX backend, DRAM registrations, over shared memory
   (UCX_TLS=sm; ucx_error_handling_mode=none, without which NIXL 1.5.1 cannot
   create the UCX endpoint there; UCX then reads and writes with CMA, one
@@ -232,10 +236,20 @@ class KvbmUcx(Kvbm):
     current one of scripts/ucx-current.sh as KVBM_BENCH_UCX_LIB)."""
     transport = "ucx"
 
-    def __init__(self, tls, lib=None):
-        self.env = {"KVBM_TRANSPORT": "ucx", "KVBM_UCX_ACCEPT_LATE_WRITES": "1", "UCX_TLS": tls}
+    def __init__(self, tls, lib=None, one_sided=False):
+        self.one_sided = one_sided
+        self.env = {"KVBM_TRANSPORT": "ucx", "UCX_TLS": tls}
+        if one_sided:
+            self.env.update(KVBM_UCX_ONE_SIDED="1", KVBM_UCX_ACCEPT_LATE_WRITES="1")
         if lib:
             self.env["KVBM_UCX_LIB"] = lib
+
+    def connect(self, info):
+        run = super().connect(info)
+        if self.one_sided:
+            return run
+        # The message mode pulls only: no push row.
+        return lambda push, is_whole: None if push else run(push, is_whole)
 
 
 def _current_ucx():
@@ -357,6 +371,8 @@ SYSTEMS = {
     "kvbm-ucx-tcp": ("kvbm, UCX TCP", lambda: KvbmUcx("tcp")),
     "kvbm-ucx122-shm": ("kvbm, UCX 1.22 shared memory", lambda: KvbmUcx("sm", _current_ucx())),
     "kvbm-ucx122-tcp": ("kvbm, UCX 1.22 TCP", lambda: KvbmUcx("tcp", _current_ucx())),
+    "kvbm-ucx1s-shm": ("kvbm, UCX shm, one-sided", lambda: KvbmUcx("sm", one_sided=True)),
+    "kvbm-ucx1s-tcp": ("kvbm, UCX TCP, one-sided", lambda: KvbmUcx("tcp", one_sided=True)),
     "nixl-ucx-shm": ("NIXL{v}, UCX shared memory", lambda: Nixl("sm")),
     "nixl-ucx-tcp": ("NIXL{v}, UCX TCP", lambda: Nixl("tcp")),
     "mooncake-tcp": ("Mooncake TE{v}, TCP", Mooncake),
@@ -408,6 +424,9 @@ def client(name, runs):
             for cname, push, whole in CASES:
                 n = case_bytes(whole)
                 t_sys = run(push, whole)
+                if t_sys is None:  # the system does not do this case
+                    times[cname]["sys"] = None
+                    continue
                 t_stream = raw_stream(conn, stream, n, push)
                 start = time.perf_counter()
                 np.copyto(stream[:n], src[:n])
@@ -415,7 +434,8 @@ def client(name, runs):
                 if i:
                     for k, t in (("sys", t_sys), ("stream", t_stream), ("memcpy", t_copy)):
                         times[cname][k].append(n / t / 1e9)
-        out = {c: {k: statistics.median(v) for k, v in d.items()} for c, d in times.items()}
+        out = {c: {k: statistics.median(v) if v is not None else None for k, v in d.items()}
+               if d["sys"] is not None else None for c, d in times.items()}
         print("result " + json.dumps(out), flush=True)
     finally:
         proc.stdin.close()
@@ -522,6 +542,9 @@ def main():
             failed |= n == "kvbm-tcp"
             continue
         for cname, m in json.loads(res[-1][len("result "):]).items():
+            if m is None:
+                rows.append(f"{lab:<32} {cname:<20} refused: pulls only (the receiver pulls)")
+                continue
             rows.append(f"{lab:<32} {cname:<20} {m['sys']:7.2f} {m['stream']:7.2f} "
                         f"{m['sys'] / m['stream']:9.2f} {m['memcpy']:7.2f} {m['sys'] / m['memcpy']:9.2f}")
         notes.append(f"{lab}: {time.monotonic() - start:.0f} s")

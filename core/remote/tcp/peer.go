@@ -388,6 +388,15 @@ func (p *tcpPeer) closeIdle() {
 	}
 }
 
+// Server names the server p reaches (remote.ScopeMember).
+func (p *tcpPeer) Server() string { return fmt.Sprintf("%x %s %s", p.worker, p.network, p.addr) }
+
+// Worker is the server's worker id (remote.ScopeMember).
+func (p *tcpPeer) Worker() uint64 { return p.worker }
+
+// Broken says why p can no longer be used (remote.ScopeMember).
+func (p *tcpPeer) Broken() error { return p.brokenErr() }
+
 func (p *tcpPeer) brokenErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

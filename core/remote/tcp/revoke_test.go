@@ -89,7 +89,7 @@ func TestAReadRacingARevocationNeverReturnsTheNextOwnersBytes(t *testing.T) {
 			}
 		}()
 		for {
-			got, err := scopedRead(t, p, sp.own, "g2", 2*bs, bs)
+			got, err := scopedRead(t, p, sp.Own().(*tcpPeer), "g2", 2*bs, bs)
 			if err != nil {
 				require.ErrorContains(t, err, "revoked", "run %d", i)
 				refused++

@@ -28,14 +28,14 @@ func scopedRead(t *testing.T, p *tcpPair, m transfer.RemoteMemory, name string, 
 
 // connectScoped connects with a block scope of the pair's exporter and
 // attaches its G2 and G1.
-func connectScoped(t *testing.T, p *tcpPair, s remote.Scope) *scopedPeer {
+func connectScoped(t *testing.T, p *tcpPair, s remote.Scope) *remote.ScopedPeer {
 	t.Helper()
 	ep, err := p.expTCP.ScopedEndpoint(s)
 	require.NoError(t, err)
 	peer, err := p.impTCP.Connect(context.Background(), ep)
 	require.NoError(t, err)
 	t.Cleanup(func() { peer.Close() })
-	sp, ok := peer.(*scopedPeer)
+	sp, ok := peer.(*remote.ScopedPeer)
 	require.True(t, ok, "a block-scoped endpoint connects a scoped peer")
 	for _, name := range []string{"g2", "g1"} {
 		d, err := p.exp.Describe(p.remote[name])
@@ -59,7 +59,7 @@ func TestABlockScopeReadsItsBlocksOnly(t *testing.T) {
 		fill(t, p.exp, p.remote["g2"], 0x31)
 		fill(t, p.exp, p.remote["g1"], 0x32)
 		sp := connectScoped(t, p, remote.Scope{Layouts: []remote.ScopedLayout{{Layout: p.remote["g2"], Blocks: []int{2, 1, 5}}}})
-		require.Equal(t, sameHost, SameHost(sp.own))
+		require.Equal(t, sameHost, SameHost(sp.Own().(*tcpPeer)))
 		bs := uint64(p.cfg.BlockSize())
 		for _, b := range []int{1, 2, 5} {
 			got, err := scopedRead(t, p, sp, "g2", uint64(b)*bs, bs)
@@ -89,17 +89,17 @@ func TestABlockScopeReadsItsBlocksOnly(t *testing.T) {
 				buf, err := storage.AllocSystem(bs)
 				require.NoError(t, err)
 				d, _ := p.exp.Describe(p.remote["g2"])
-				err = sp.own.Write(context.Background(), p.remote["g2"], []transfer.RemoteOp{{Remote: d.Bases[0] + bs, Local: buf.Addr(), Size: bs}})
+				err = sp.Own().Write(context.Background(), p.remote["g2"], []transfer.RemoteOp{{Remote: d.Bases[0] + bs, Local: buf.Addr(), Size: bs}})
 				buf.Close()
 				require.ErrorIs(t, err, transfer.ErrUnsupported, "the server refuses a write")
 				require.ErrorContains(t, err, "reads only")
 			} else {
-				err = read(sp.own) // past the client's check: the server's
+				err = read(sp.Own().(*tcpPeer)) // past the client's check: the server's
 				require.ErrorIs(t, err, transfer.ErrUnsupported, "the server refuses %s", name)
 				require.ErrorContains(t, err, "request-scoped capability does not cover", name)
 			}
 			require.Equal(t, before+1, p.expTCP.RefusedOutOfScope(), "counted: %s", name)
-			got, err := scopedRead(t, p, sp.own, "g2", 2*bs, bs)
+			got, err := scopedRead(t, p, sp.Own().(*tcpPeer), "g2", 2*bs, bs)
 			require.NoError(t, err, "the connection stays usable after refusing %s", name)
 			require.Equal(t, block(t, p.exp, p.remote["g2"], 2), got)
 		}
@@ -121,10 +121,10 @@ func TestABlockScopeOfADeviceLayout(t *testing.T) {
 	for layer := range p.cfg.NumLayers {
 		for o := range p.cfg.OuterDim {
 			f := l.Fragment(3, layer, o)
-			_, err := scopedRead(t, p, sp.own, "g1", f.Addr-d.Bases[0], f.Size)
+			_, err := scopedRead(t, p, sp.Own().(*tcpPeer), "g1", f.Addr-d.Bases[0], f.Size)
 			require.NoError(t, err, "layer %d outer %d of block 3", layer, o)
 			f = l.Fragment(4, layer, o)
-			_, err = scopedRead(t, p, sp.own, "g1", f.Addr-d.Bases[0], f.Size)
+			_, err = scopedRead(t, p, sp.Own().(*tcpPeer), "g1", f.Addr-d.Bases[0], f.Size)
 			require.ErrorIs(t, err, transfer.ErrUnsupported, "layer %d outer %d of block 4", layer, o)
 		}
 	}

@@ -398,7 +398,7 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	}
 	t.mu.Unlock()
 	if ep.scope == capability.ScopeBlocks {
-		return newScopedPeer(p, ep.desc)
+		return remote.NewScopedPeer(p, ep.desc)
 	}
 	return p, nil
 }

@@ -16,12 +16,16 @@ import (
 // BenchmarkPull: a process pulls another process's blocks over UCX (with
 // UCX's own choice of transports, then TCP only), 256 blocks of 2 MiB and
 // 2,048 of 32 KiB, each block its own operation (the destination order is
-// reversed, so nothing coalesces). Beside it, measured in the same run:
-// an in-process memcpy of the same bytes, block by block, and the ratio.
+// reversed, so nothing coalesces), in the message mode (staged; beside
+// it, in the same run, received in place, and the ratio: what staging
+// costs) and in the one-sided mode. Beside each, measured in the same
+// run: an in-process memcpy of the same bytes, block by block, and the
+// ratio.
 func BenchmarkPull(b *testing.B) { benchRemote(b, false) }
 
-// BenchmarkPush is BenchmarkPull the other way: the importer writes its
-// blocks into the exporter's layout (checked by the exporter once).
+// BenchmarkPush is BenchmarkPull the other way, in the one-sided mode
+// (the message mode pulls only): the importer writes its blocks into the
+// exporter's layout (checked by the exporter once).
 func BenchmarkPush(b *testing.B) { benchRemote(b, true) }
 
 func benchRemote(b *testing.B, push bool) {
@@ -37,21 +41,27 @@ func benchRemote(b *testing.B, push bool) {
 	}
 	for _, size := range sizes {
 		for _, tc := range tlsCases {
-			b.Run(size.name+"/"+tc.name, func(b *testing.B) {
-				benchMove(b, size.cfg, tc.opts, false, push)
+			if !push {
+				b.Run(size.name+"/messages/"+tc.name, func(b *testing.B) {
+					benchMove(b, size.cfg, Config{Options: tc.opts}, false, push)
+				})
+			}
+			b.Run(size.name+"/one-sided/"+tc.name, func(b *testing.B) {
+				benchMove(b, size.cfg, Config{OneSided: true, Options: tc.opts}, false, push)
 			})
 		}
 		// The exporter's layout in memory UCX allocated (AllocHost):
 		// shared memory that the importer reads itself.
-		b.Run(size.name+"/default-ucx-memory", func(b *testing.B) {
-			benchMove(b, size.cfg, nil, true, push)
+		b.Run(size.name+"/one-sided/default-ucx-memory", func(b *testing.B) {
+			benchMove(b, size.cfg, Config{OneSided: true}, true, push)
 		})
 	}
 }
 
-func benchMove(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem, push bool) {
-	h := startHelper(b, helperSpec{Config: cfg, Kind: storage.Pinned, Tag: 0x10000, Options: opts, UCXMemory: ucxMem})
-	s := newSide(b, newEmu(b), 0x1, Config{OneSided: true, Options: opts}, time.Minute)
+func benchMove(b *testing.B, cfg layout.Config, tcfg Config, ucxMem, push bool) {
+	opts := tcfg.Options
+	h := startHelper(b, helperSpec{OneSided: tcfg.OneSided, Config: cfg, Kind: storage.Pinned, Tag: 0x10000, Options: opts, UCXMemory: ucxMem})
+	s := newSide(b, newEmu(b), 0x1, tcfg, time.Minute)
 	_, remote := h.connect(b, s)
 	local := s.alloc(b, storage.Pinned, cfg, transfer.FullyContiguous)
 	n := cfg.NumBlocks
@@ -87,6 +97,27 @@ func benchMove(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem, 
 	b.StopTimer()
 	pull := float64(total) * float64(b.N) / b.Elapsed().Seconds() / 1e9
 
+	// The message mode received in place, without staging, the same
+	// number of times: what the staging costs.
+	inPlace := 0.0
+	if !tcfg.OneSided {
+		tcfg.inPlace = true
+		s2 := newSide(b, newEmu(b), 0x2, tcfg, time.Minute)
+		_, remote2 := h.connect(b, s2)
+		local2 := s2.alloc(b, storage.Pinned, cfg, transfer.FullyContiguous)
+		reps := max(3, b.N)
+		start := time.Now()
+		for i := 0; i < reps; i++ {
+			if err := move(b, s2.m, remote2, src, local2, dst); err != nil {
+				b.Fatal(err)
+			}
+		}
+		inPlace = float64(total) * float64(reps) / time.Since(start).Seconds() / 1e9
+		for i := range src {
+			s2.check(b, local2, dst[i], 0x10000+uint64(src[i]))
+		}
+	}
+
 	// The limit: the same bytes copied in this process, block by block.
 	l, _, err := s.m.Layout(local)
 	if err != nil {
@@ -111,5 +142,11 @@ func benchMove(b *testing.B, cfg layout.Config, opts map[string]string, ucxMem, 
 	if push {
 		verb = "push"
 	}
-	b.Logf("%s %.2f GB/s, in-process memcpy %.2f GB/s, ratio %.2f (%s)", verb, pull, memcpy, pull/memcpy, fmt.Sprint(opts))
+	staging := ""
+	if inPlace > 0 {
+		b.ReportMetric(inPlace, "in-place-GB/s")
+		b.ReportMetric(pull/inPlace, "staged/in-place")
+		staging = fmt.Sprintf("; received in place %.2f GB/s, staged/in-place %.2f", inPlace, pull/inPlace)
+	}
+	b.Logf("%s %.2f GB/s, in-process memcpy %.2f GB/s, ratio %.2f (%s)%s", verb, pull, memcpy, pull/memcpy, fmt.Sprint(opts), staging)
 }

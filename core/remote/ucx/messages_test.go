@@ -6,6 +6,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/remote"
@@ -173,19 +174,30 @@ func TestMessagesBlockScope(t *testing.T) {
 	p, err := imp.tr.Connect(ctx, ep)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	require.IsType(t, &remote.ScopedPeer{}, p, "a block scope's peer joins others of its exporter")
 	_, err = imp.m.Import(p, []transfer.Descriptor{d})
 	require.NoError(t, err)
 
 	require.NoError(t, move(t, imp.m, src, []int{2, 3}, dst, []int{0, 1}))
 	imp.check(t, dst, 0, 0x102)
 	imp.check(t, dst, 1, 0x103)
-	err = move(t, imp.m, src, []int{4}, dst, []int{2})
+	// Past the importer's own routing, the exporter refuses.
+	own := p.(*remote.ScopedPeer).Own().(*Peer)
+	l, _, err := exp.m.Layout(src)
+	require.NoError(t, err)
+	b4, err := l.BlockRegion(4)
+	require.NoError(t, err)
+	buf := make([]byte, b4.Size)
+	local := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	err = own.Read(ctx, src, []transfer.RemoteOp{{Remote: b4.Addr, Local: local, Size: b4.Size}})
 	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
 	require.ErrorContains(t, err, "does not cover blocks 4 to 4")
+	err = move(t, imp.m, src, []int{4}, dst, []int{2})
+	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
 	imp.check(t, dst, 2, 0x902)
 
 	require.NoError(t, exp.tr.RevokeBlocks([]remote.ScopedLayout{{Layout: src, Blocks: []int{3}}}))
-	err = move(t, imp.m, src, []int{3}, dst, []int{3})
+	err = own.Read(ctx, src, []transfer.RemoteOp{{Remote: b4.Addr - b4.Size, Local: local, Size: b4.Size}}) // block 3
 	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
 	require.ErrorContains(t, err, "revoked")
 	imp.check(t, dst, 3, 0x903)
@@ -233,4 +245,56 @@ func TestMessagesAndOneSidedDoNotMix(t *testing.T) {
 	_, err = imp.tr.Connect(context.Background(), ep)
 	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
 	require.ErrorContains(t, err, EnvOneSided)
+}
+
+// A read's bytes are cut into data messages that keep their order and
+// offsets: contiguous pieces join, up to 4 MiB a message; small separate
+// pieces (a block's fragments) travel together; large ones alone.
+func TestChunksKeepEveryByteInOrder(t *testing.T) {
+	mem := make([]byte, 64<<20)
+	at := func(off, n int) []byte { return mem[off : off+n] }
+	for _, tc := range []struct {
+		name   string
+		pieces [][]byte
+		chunks int
+	}{
+		{"one contiguous run of 10 MiB", [][]byte{at(0, 4<<20), at(4<<20, 6<<20)}, 3},
+		{"256 separate fragments of 32 KiB", func() (ps [][]byte) {
+			for i := 0; i < 256; i++ {
+				ps = append(ps, at(i*64<<10, 32<<10))
+			}
+			return
+		}(), 2},
+		{"separate 2 MiB blocks", [][]byte{at(0, 2<<20), at(8<<20, 2<<20), at(16<<20, 2<<20)}, 3},
+		{"a fragment, then a block", [][]byte{at(0, 32<<10), at(1<<20, 2<<20)}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const base = 1000
+			cs := chunk(tc.pieces, base)
+			require.Len(t, cs, tc.chunks)
+			var want, got []uint64 // every byte's address, in request order
+			for _, p := range tc.pieces {
+				a := uint64(uintptr(unsafe.Pointer(&p[0])))
+				for i := range uint64(len(p)) {
+					want = append(want, a+i)
+				}
+			}
+			off := uint64(base)
+			for _, c := range cs {
+				require.Equal(t, off, c.offset)
+				require.LessOrEqual(t, c.size, uint64(chunkBytes))
+				require.LessOrEqual(t, len(c.pieces), maxPieces)
+				n := uint64(0)
+				for _, p := range c.pieces {
+					for i := range p.size {
+						got = append(got, p.addr+i)
+					}
+					n += p.size
+				}
+				require.Equal(t, c.size, n)
+				off += c.size
+			}
+			require.Equal(t, want, got)
+		})
+	}
 }

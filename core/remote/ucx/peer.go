@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/kvbmerr"
 )
@@ -43,6 +44,8 @@ type Peer struct {
 
 	oneSided bool      // the exporter serves one-sided (rkeys), not messages
 	session  sessionID // the message mode's session, once the hello verified
+	worker   uint64    // the exporter's worker
+	server   string    // its worker and UCX address (remote.ScopeMember)
 
 	// Owned by the progress thread.
 	ep        C.uint64_t
@@ -90,7 +93,7 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 			kvbmerr.ErrUnsupported, modeName(info.mode == modeOneSided), modeName(t.cfg.OneSided), EnvOneSided)
 	}
 	p := &Peer{t: t, proc: info.proc, layouts: map[transfer.LayoutHandle]*remoteLayout{}, closed: make(chan struct{}), gone: make(chan struct{}),
-		oneSided: info.mode == modeOneSided}
+		oneSided: info.mode == modeOneSided, worker: info.worker, server: fmt.Sprintf("%x %x", info.worker, info.address)}
 	var setup error
 	created := false
 	err = t.do(func() error {
@@ -146,8 +149,21 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 		}
 		return nil, err
 	}
+	if info.scope == capability.ScopeBlocks {
+		// One peer per request's scope, joined per exporter (remote.Joiner).
+		return remote.NewScopedPeer(p, info.desc)
+	}
 	return p, nil
 }
+
+// Server names the exporter p reaches (remote.ScopeMember).
+func (p *Peer) Server() string { return p.server }
+
+// Worker is the exporter's worker id (remote.ScopeMember).
+func (p *Peer) Worker() uint64 { return p.worker }
+
+// Broken says why p can no longer be used, or nil (remote.ScopeMember).
+func (p *Peer) Broken() error { return p.failure() }
 
 // Attach checks d against what the peer published and returns the peer
 // as the layout's remote memory.
@@ -299,10 +315,17 @@ func (p *Peer) failure() error {
 	return p.err
 }
 
-// Close closes the endpoint; operations in flight fail.
+// Close closes the endpoint; operations in flight fail. In the message
+// mode the exporter is told first (bye), so that it ends the session.
 func (p *Peer) Close() error {
 	closed := fmt.Errorf("%w: ucx: the peer was closed", remote.ErrPeerUnavailable)
-	if !p.t.post(func() { p.fail(closed) }) {
+	if !p.t.post(func() {
+		if p.oneSided || p.session == (sessionID{}) || p.closing || p.failure() != nil {
+			p.fail(closed)
+			return
+		}
+		p.t.send(p.ep, byeHeader(p.session), nil, nil, true, func(error) { p.fail(closed) })
+	}) {
 		return nil // the transport closed it
 	}
 	select {

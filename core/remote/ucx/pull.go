@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/core/remote"
@@ -36,11 +37,12 @@ type pull struct {
 	id     uint64
 	peer   *Peer
 	total  uint64
-	slot   *slot   // staging; nil when received in place (Config.inPlace)
-	local  []piece // in place: the destination, in request order
-	recvd  uint64  // bytes received
-	recvs  int     // receives posted and not complete
-	done   bool    // the exporter's done came
+	slot   *slot          // staging; nil when received in place (Config.inPlace)
+	local  []piece        // the destination, in request order
+	copies sync.WaitGroup // staged bytes being copied to the destination
+	recvd  uint64         // bytes received
+	recvs  int            // receives posted and not complete
+	done   bool           // the exporter's done came
 	status byte
 	sent   uint64 // what the exporter's done says it sent
 	msg    string
@@ -126,11 +128,12 @@ func (t *Transport) clientWorker() uint64 {
 func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, total uint64, what string) error {
 	t := p.t
 	r := &pull{id: t.nextReq.Add(1), peer: p, total: total, ch: make(chan error, 1)}
-	if t.cfg.inPlace {
-		for _, o := range ops {
+	for _, o := range ops {
+		if o.Size > 0 {
 			r.local = append(r.local, piece{o.Local, o.Size})
 		}
-	} else {
+	}
+	if !t.cfg.inPlace {
 		var err error
 		if r.slot, err = t.staging.get(total); err != nil {
 			return err
@@ -164,15 +167,13 @@ func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer
 	case <-t.done:
 		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
 	}
+	// Copies out of staging started before the pull ended finish before
+	// it returns: none starts after.
+	r.copies.Wait()
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err) // the slot stays the transport's (endPull)
 	}
 	if r.slot != nil {
-		buf, off := r.slot.bytes(), uint64(0)
-		for _, o := range sent {
-			copy(storage.HostBytes(o.Local, o.Size), buf[off:off+o.Size])
-			off += o.Size
-		}
 		t.staging.put(r.slot)
 	}
 	return nil
@@ -216,15 +217,21 @@ func (t *Transport) pullMessage(m *message) {
 			t.lateDropped.Add(1)
 			return
 		}
-		dst := r.pieces(m.h.offset, m.size)
+		off := m.h.offset
 		if m.desc == 0 {
+			// Eager: the bytes are here, whole; copied to their
+			// destination at once.
 			src := unsafe.Slice((*byte)(m.c.data), m.size)
-			for _, d := range dst {
+			for _, d := range pieces(r.local, off, m.size) {
 				src = src[copy(storage.HostBytes(d.addr, d.size), src):]
 			}
 			r.recvd += m.size
 			t.checkPull(r)
 			return
+		}
+		dst := pieces(r.local, off, m.size)
+		if r.slot != nil {
+			dst = []piece{{r.slot.addr + off, m.size}}
 		}
 		r.recvs++
 		t.receive(m.desc, dst, func(err error, n uint64) {
@@ -234,6 +241,12 @@ func (t *Transport) pullMessage(m *message) {
 				r.err = err
 			case err == nil:
 				r.recvd += n
+				if r.slot != nil && !r.ended {
+					// Whole: copied out of staging while the next
+					// chunk arrives.
+					r.copies.Add(1)
+					go r.copyOut(r.slot, off, n)
+				}
 			}
 			if r.ended {
 				t.releaseSlot(r)
@@ -253,13 +266,21 @@ func (t *Transport) pullMessage(m *message) {
 	}
 }
 
-// pieces is the memory of bytes [off, off+n) of r's data.
-func (r *pull) pieces(off, n uint64) []piece {
-	if r.slot != nil {
-		return []piece{{r.slot.addr + off, n}}
+// copyOut copies bytes [off, off+n) of r's data from its staging slot to
+// their destination.
+func (r *pull) copyOut(s *slot, off, n uint64) {
+	defer r.copies.Done()
+	src := s.bytes()[off : off+n]
+	for _, d := range pieces(r.local, off, n) {
+		src = src[copy(storage.HostBytes(d.addr, d.size), src):]
 	}
+}
+
+// pieces is the memory of bytes [off, off+n) of a request's data laid
+// out in local.
+func pieces(local []piece, off, n uint64) []piece {
 	var out []piece
-	for _, l := range r.local {
+	for _, l := range local {
 		if off >= l.size {
 			off -= l.size
 			continue
@@ -305,11 +326,16 @@ func (t *Transport) endPull(r *pull, err error) {
 	t.releaseSlot(r)
 }
 
-// releaseSlot puts a failed pull's slot back once no receive can write it.
+// releaseSlot puts a failed pull's slot back once no receive can write
+// it and no copy reads it.
 func (t *Transport) releaseSlot(r *pull) {
 	if r.failed && r.recvs == 0 && r.slot != nil {
-		t.staging.put(r.slot)
+		s := r.slot
 		r.slot = nil
+		go func() {
+			r.copies.Wait()
+			t.staging.put(s)
+		}()
 	}
 }
 

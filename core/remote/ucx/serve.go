@@ -192,17 +192,11 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 	var sent uint64
 	err := t.inScope(s.grant, h, ops, func() error {
 		return t.m.Serve(h, ops, false, func(pieces [][]byte) error {
-			ps := make([]piece, len(pieces))
-			var n uint64
-			for i, p := range pieces {
-				ps[i] = piece{uint64(uintptr(unsafe.Pointer(unsafe.SliceData(p)))), uint64(len(p))}
-				n += uint64(len(p))
+			chunks := chunk(pieces, sent)
+			for _, c := range chunks {
+				sent += c.size
 			}
-			if err := t.sendAndWait(s, dataHeader(req, sent), ps); err != nil {
-				return err
-			}
-			sent += n
-			return nil
+			return t.sendAndWait(s, req, chunks)
 		})
 	})
 	msg := ""
@@ -213,15 +207,63 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 		}
 	}
 	hdr := doneHeader(req, sent, remote.StatusOf(err))
-	if err == nil {
-		hdr = doneHeader(req, sent, remote.StatusOK)
-	}
 	t.post(func() {
 		s.sends--
 		t.sendOn(s, hdr, []byte(msg), nil, nil)
 		t.freeSession(s)
 		t.served.Add(1)
 	})
+}
+
+// chunkBytes bounds a data message: each is received, then copied out of
+// staging while the next arrives. Pieces under smallPiece (a block's
+// fragments) travel together, up to maxPieces a message, so that each
+// does not pay UCX's rendezvous; larger ones alone, contiguous, which
+// UCX can send zero-copy.
+const (
+	chunkBytes = 4 << 20
+	smallPiece = 256 << 10
+	maxPieces  = 128
+)
+
+// dataChunk is one data message: bytes at offset of the request.
+type dataChunk struct {
+	offset, size uint64
+	pieces       []piece
+	small        bool // made of pieces under smallPiece
+}
+
+// chunk cuts pieces, which start at offset of the request, into data
+// messages.
+func chunk(pieces [][]byte, offset uint64) []dataChunk {
+	var out []dataChunk
+	for _, p := range pieces {
+		addr, n := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(p)))), uint64(len(p))
+		for n > 0 {
+			if last := len(out) - 1; last >= 0 && out[last].size < chunkBytes {
+				c := &out[last]
+				lp := &c.pieces[len(c.pieces)-1]
+				k := min(n, chunkBytes-c.size)
+				switch {
+				case lp.addr+lp.size == addr: // contiguous: one piece
+					lp.size += k
+				case c.small && n < smallPiece && c.size+n <= chunkBytes && len(c.pieces) < maxPieces:
+					c.pieces = append(c.pieces, piece{addr, k})
+				default:
+					k = 0
+				}
+				if k > 0 {
+					c.size += k
+					addr, n, offset = addr+k, n-k, offset+k
+					continue
+				}
+			}
+			k := min(n, chunkBytes)
+			out = append(out, dataChunk{offset: offset, size: k, pieces: []piece{{addr, k}}, small: k < smallPiece})
+			addr, n, offset = addr+k, n-k, offset+k
+		}
+	}
+	return out
 }
 
 // inScope runs serve when the grant allows reading ops of h: any range
@@ -251,25 +293,38 @@ func (t *Transport) inScope(g *capability.Grant, h transfer.LayoutHandle, ops []
 	return serve()
 }
 
-// sendAndWait sends a read's data on the session's endpoint and waits
-// until UCX is done with the pieces, which the manager lends only until
-// this returns: past the manager's remote deadline the session is closed,
-// which makes UCX give the send back.
-func (t *Transport) sendAndWait(s *session, hdr []byte, pieces []piece) error {
-	done := make(chan error, 1)
-	if !t.post(func() { t.sendOn(s, hdr, nil, pieces, func(err error) { done <- err }) }) {
+// sendAndWait sends a read's data messages on the session's endpoint and
+// waits until UCX is done with their memory, which the manager lends only
+// until this returns: past the manager's remote deadline the session is
+// closed, which makes UCX give the sends back.
+func (t *Transport) sendAndWait(s *session, req uint64, chunks []dataChunk) error {
+	done := make(chan error, len(chunks))
+	if !t.post(func() {
+		for _, c := range chunks {
+			t.sendOn(s, dataHeader(req, c.offset), nil, c.pieces, func(err error) { done <- err })
+		}
+	}) {
 		return fmt.Errorf("%w: ucx: %w", remote.ErrPeerUnavailable, errClosed)
 	}
 	timer := time.NewTimer(t.m.RemoteDeadline())
 	defer timer.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-timer.C:
+	var first error
+	for got := 0; got < len(chunks); got++ {
+		select {
+		case err := <-done:
+			if first == nil {
+				first = err
+			}
+			continue
+		case <-timer.C:
+		}
+		t.post(func() { t.endSession(s) })
+		for ; got < len(chunks); got++ { // the close cancels the sends; the memory is free only then
+			<-done
+		}
+		return fmt.Errorf("%w: ucx: the importer did not take a read's data within %v", remote.ErrPeerUnavailable, t.m.RemoteDeadline())
 	}
-	t.post(func() { t.endSession(s) })
-	<-done // the close cancels the send; its pieces are free only then
-	return fmt.Errorf("%w: ucx: the importer did not take a read's data within %v", remote.ErrPeerUnavailable, t.m.RemoteDeadline())
+	return first
 }
 
 // sendOn sends on a session's endpoint; a session closing sends nothing

@@ -493,7 +493,7 @@ func (t *Transport) shutdown() {
 		}
 		for _, s := range t.closingSessions {
 			t.freeSession(s)
-			closing = closing || s.state != nil
+			closing = closing || (s.state != nil && s.state.closing != 0)
 		}
 		if !closing {
 			break

@@ -1,4 +1,4 @@
-package tcp
+package remote
 
 import (
 	"context"
@@ -7,44 +7,63 @@ import (
 	"sync"
 
 	"github.com/kvbm/kvbm/core/layout"
-	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/kvbmerr"
 )
 
-// scopedPeer is a connection made with a block-scoped endpoint (own), and
+// ScopeMember is a transport's peer connected with one block-scoped
+// capability: what a ScopedPeer routes to.
+type ScopeMember interface {
+	transfer.RemoteMemory
+	Close() error
+	// Server names the server it reaches (its worker, route and address):
+	// members of one ScopedPeer reach the same.
+	Server() string
+	// Worker is the server's worker id.
+	Worker() uint64
+	// Broken says why it can no longer be used, or nil.
+	Broken() error
+}
+
+// ScopedPeer is a peer connected with a block-scoped endpoint (own), and
 // the set of those of one server it carries (members: itself, and those
-// it joined, remote.Joiner): an imported layout reaches the server through
-// the member whose scope covers a transfer's blocks, so that a worker
+// it joined, Joiner): an imported layout reaches the server through the
+// member whose scope covers a transfer's blocks, so that a worker
 // pulling many requests of one server imports its layouts once per
 // request's scope, not once per worker, and never re-points a pull in
-// flight.
-type scopedPeer struct {
-	own   *tcpPeer
+// flight. The TCP and UCX transports return one for a block-scoped
+// endpoint.
+type ScopedPeer struct {
+	own   ScopeMember
 	scope capability.BlockScope
 
 	mu      sync.Mutex
-	members []*scopedPeer
+	members []*ScopedPeer
 	layouts map[transfer.LayoutHandle]*layout.Layout // attached, to route by
 }
 
-func newScopedPeer(p *tcpPeer, desc []byte) (*scopedPeer, error) {
+// NewScopedPeer is the scoped peer of p, connected with the block scope
+// desc (closed when desc does not parse).
+func NewScopedPeer(p ScopeMember, desc []byte) (*ScopedPeer, error) {
 	bs, err := capability.ParseBlockScope(desc)
 	if err != nil { // parsed already with the endpoint
 		p.Close()
 		return nil, err
 	}
-	s := &scopedPeer{own: p, scope: bs, layouts: map[transfer.LayoutHandle]*layout.Layout{}}
-	s.members = []*scopedPeer{s}
+	s := &ScopedPeer{own: p, scope: bs, layouts: map[transfer.LayoutHandle]*layout.Layout{}}
+	s.members = []*ScopedPeer{s}
 	return s, nil
 }
 
+// Own is the peer s was connected as.
+func (s *ScopedPeer) Own() ScopeMember { return s.own }
+
 // Join takes other over when it is a block-scoped peer of the same
-// server (worker, route and address).
-func (s *scopedPeer) Join(other remote.Peer) bool {
-	o, ok := other.(*scopedPeer)
-	if !ok || o == s || o.own.worker != s.own.worker || o.own.network != s.own.network || o.own.addr != s.own.addr {
+// server.
+func (s *ScopedPeer) Join(other Peer) bool {
+	o, ok := other.(*ScopedPeer)
+	if !ok || o == s || o.own.Server() != s.own.Server() {
 		return false
 	}
 	s.mu.Lock()
@@ -55,10 +74,10 @@ func (s *scopedPeer) Join(other remote.Peer) bool {
 
 // Leave closes other's connections (a member, or s itself) and reports
 // whether no member is left.
-func (s *scopedPeer) Leave(other remote.Peer) bool {
+func (s *ScopedPeer) Leave(other Peer) bool {
 	s.mu.Lock()
-	i := slices.IndexFunc(s.members, func(m *scopedPeer) bool { return m == other })
-	var gone *scopedPeer
+	i := slices.IndexFunc(s.members, func(m *ScopedPeer) bool { return m == other })
+	var gone *ScopedPeer
 	if i >= 0 {
 		gone = s.members[i]
 		s.members = slices.Delete(s.members, i, i+1)
@@ -72,10 +91,10 @@ func (s *scopedPeer) Leave(other remote.Peer) bool {
 }
 
 // Attach remembers the layout, to route transfers on it by block.
-func (s *scopedPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
-	if d.Handle.Worker != s.own.worker {
+func (s *ScopedPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
+	if d.Handle.Worker != s.own.Worker() {
 		return transfer.Attachment{}, fmt.Errorf("%w: layout %v is not worker %x's, which this connection reaches",
-			kvbmerr.ErrInvalidArgument, d.Handle, s.own.worker)
+			kvbmerr.ErrInvalidArgument, d.Handle, s.own.Worker())
 	}
 	l, err := layout.New(d.Config, d.Shape.Kind, d.Shape.BlockDim, d.Bases)
 	if err != nil {
@@ -90,13 +109,13 @@ func (s *scopedPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) 
 // Read reads through the newest member whose scope covers ops (one that
 // is not broken, if there is one): blocks given to a newer request are
 // read with its capability, the older one's having been revoked.
-func (s *scopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
+func (s *ScopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	s.mu.Lock()
 	l := s.layouts[h]
-	var pick *tcpPeer
+	var pick ScopeMember
 	for _, m := range slices.Backward(s.members) {
-		if l != nil && remote.Covers(&m.scope, nil, h, l, ops) == nil {
-			if pick = m.own; pick.brokenErr() == nil {
+		if l != nil && Covers(&m.scope, nil, h, l, ops) == nil {
+			if pick = m.own; pick.Broken() == nil {
 				break
 			}
 		}
@@ -104,18 +123,18 @@ func (s *scopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []tr
 	s.mu.Unlock()
 	if pick == nil {
 		return fmt.Errorf("%w: no request-scoped capability held for worker %x covers these blocks of layout %v (import the metadata the request was given)",
-			kvbmerr.ErrUnsupported, s.own.worker, h)
+			kvbmerr.ErrUnsupported, s.own.Worker(), h)
 	}
 	return pick.Read(ctx, h, ops)
 }
 
 // Write is refused: a block scope reads only.
-func (s *scopedPeer) Write(_ context.Context, h transfer.LayoutHandle, _ []transfer.RemoteOp) error {
-	return fmt.Errorf("%w: worker %x's layout %v is reached with request-scoped capabilities, which read only", kvbmerr.ErrUnsupported, s.own.worker, h)
+func (s *ScopedPeer) Write(_ context.Context, h transfer.LayoutHandle, _ []transfer.RemoteOp) error {
+	return fmt.Errorf("%w: worker %x's layout %v is reached with request-scoped capabilities, which read only", kvbmerr.ErrUnsupported, s.own.Worker(), h)
 }
 
 // Close closes every member's connections.
-func (s *scopedPeer) Close() error {
+func (s *ScopedPeer) Close() error {
 	s.mu.Lock()
 	members := s.members
 	s.members = nil
@@ -126,4 +145,4 @@ func (s *scopedPeer) Close() error {
 	return nil
 }
 
-var _ remote.Joiner = (*scopedPeer)(nil)
+var _ Joiner = (*ScopedPeer)(nil)
