@@ -77,6 +77,7 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzParseScope -fuzztime $(FUZZTIME) ./core/remote/capability
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEndpoint -fuzztime $(FUZZTIME) ./core/remote/ucx
 	$(GO) test -run '^$$' -fuzz FuzzCheckRkeyFrame -fuzztime $(FUZZTIME) ./core/remote/ucx
+	$(GO) test -run '^$$' -fuzz FuzzParseMessage -fuzztime $(FUZZTIME) ./core/remote/ucx
 	$(GO) test -run '^$$' -fuzz FuzzHeadSlice -fuzztime $(FUZZTIME) ./core/layout
 	$(GO) test -run '^$$' -fuzz FuzzJournalReplay -fuzztime $(FUZZTIME) ./core/cache
 

@@ -125,28 +125,7 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 	e.proc.pidNS = string(d.bytes("pid namespace"))
 	e.proc.pid = d.u32()
 	e.proc.start = d.u64()
-	e.mode = d.u8()
-	e.worker = d.u64()
-	e.scope = capability.Scope(d.u8())
-	var key [capability.KeyLen]byte
-	copy(key[:], d.take(capability.KeyLen, "key"))
-	e.key = capability.KeyFromRaw32(key)
-	if e.desc = d.bytes("scope descriptor"); len(e.desc) == 0 {
-		e.desc = nil
-	}
-	switch {
-	case d.err != nil:
-	case e.mode > modeOneSided:
-		d.fail("mode %d", e.mode)
-	case !e.scope.Valid():
-		d.fail("scope %d", e.scope)
-	case (e.scope == capability.ScopeBlocks) != (len(e.desc) > 0):
-		d.fail("scope %d with a %d-byte descriptor", e.scope, len(e.desc))
-	case len(e.desc) > 0:
-		if _, err := capability.ParseBlockScope(e.desc); err != nil {
-			d.fail("%v", err)
-		}
-	}
+	d.capability(e)
 	n := d.count("layouts", 8+2+1+4+4)
 	for i := 0; i < n && d.err == nil; i++ {
 		var l layoutInfo
@@ -186,6 +165,32 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 		return nil, bad("%v", d.err)
 	}
 	return e, nil
+}
+
+// capability decodes an endpoint's mode, worker and capability.
+func (d *decoder) capability(e *endpointInfo) {
+	e.mode = d.u8()
+	e.worker = d.u64()
+	e.scope = capability.Scope(d.u8())
+	var key [capability.KeyLen]byte
+	copy(key[:], d.take(capability.KeyLen, "key"))
+	e.key = capability.KeyFromRaw32(key)
+	if e.desc = d.bytes("scope descriptor"); len(e.desc) == 0 {
+		e.desc = nil
+	}
+	switch {
+	case d.err != nil:
+	case e.mode > modeOneSided:
+		d.fail("mode %d", e.mode)
+	case !e.scope.Valid():
+		d.fail("scope %d", e.scope)
+	case (e.scope == capability.ScopeBlocks) != (len(e.desc) > 0):
+		d.fail("scope %d with a %d-byte descriptor", e.scope, len(e.desc))
+	case len(e.desc) > 0:
+		if _, err := capability.ParseBlockScope(e.desc); err != nil {
+			d.fail("%v", err)
+		}
+	}
 }
 
 type decoder struct {

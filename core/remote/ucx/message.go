@@ -12,6 +12,8 @@ import "C"
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/kvbm/kvbm/core/remote"
 )
 
 // The progress thread's side of the messages (am.go): sending, receiving
@@ -189,8 +191,23 @@ func (t *Transport) complete(f *inflight) {
 	f.onDone(err, length)
 }
 
-// freeMessages frees what the worker's destruction left: no callback can
-// run any more, so what is still in flight never completes.
+// freeAfterWorker fails and frees the message mode's state once the
+// worker is destroyed: no callback can run any more, so what is still in
+// flight never completes.
+func (t *Transport) freeAfterWorker() {
+	t.freeMessages()
+	for _, s := range t.closingSessions {
+		if s.state != nil {
+			C.free(unsafe.Pointer(s.state))
+			s.state = nil
+		}
+	}
+	t.closingSessions = nil
+	for _, r := range t.pulls {
+		t.endPull(r, fmt.Errorf("%w: ucx: the transport was closed", remote.ErrPeerUnavailable))
+	}
+}
+
 func (t *Transport) freeMessages() {
 	if t.inbox != nil {
 		for m := C.kvbm_ucx_am_take(t.inbox); m != nil; {

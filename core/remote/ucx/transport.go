@@ -520,17 +520,7 @@ func (t *Transport) shutdown() {
 	C.kvbm_ucx_worker_destroy(t.worker)
 	C.kvbm_ucx_cleanup(t.context)
 	// No callback can run now: fail what is left and free it.
-	t.freeMessages()
-	for _, s := range t.closingSessions {
-		if s.state != nil {
-			C.free(unsafe.Pointer(s.state))
-			s.state = nil
-		}
-	}
-	t.closingSessions = nil
-	for _, r := range t.pulls {
-		t.endPull(r, fmt.Errorf("%w: ucx: the transport was closed", remote.ErrPeerUnavailable))
-	}
+	t.freeAfterWorker()
 	for _, p := range left {
 		for _, b := range p.batches {
 			p.finish(b)
