@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvbm/kvbm/core/layout"
 	"github.com/kvbm/kvbm/core/remote"
+	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
 	"github.com/kvbm/kvbm/kvbmerr"
@@ -297,4 +298,32 @@ func TestChunksKeepEveryByteInOrder(t *testing.T) {
 			require.Equal(t, want, got)
 		})
 	}
+}
+
+// With a deployment key (KVBM_AUTH_KEY), the hello is proved under it
+// too: an importer with another key, or none, is refused with the
+// metadata in hand; one with the same key connects.
+func TestMessagesDeploymentKey(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	t.Setenv(capability.EnvAuthKey, "the-deployment-key-0123456789")
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	same := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	t.Setenv(capability.EnvAuthKey, "another-deployment-key-012345")
+	other := newSide(t, emu, 0x2, Config{}, 5*time.Second)
+	t.Setenv(capability.EnvAuthKey, "")
+	none := newSide(t, emu, 0x3, Config{}, 5*time.Second)
+	exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+	ep, err := exp.tr.Endpoint()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range []*side{other, none} {
+		_, err := s.tr.Connect(ctx, ep)
+		require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+		require.ErrorContains(t, err, capability.EnvAuthKey+" differs")
+	}
+	p, err := same.tr.Connect(ctx, ep)
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
 }
