@@ -10,7 +10,7 @@ export GOFLAGS := -mod=mod
 CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 export CGO_CFLAGS
 
-.PHONY: all deps deps-c deps-ucx test test-go vet fuzz bench bench-go bench-cmd demo kvbm install-cmd clean versitygw
+.PHONY: all deps deps-c deps-ucx test test-go vet fuzz soak-late bench bench-go bench-cmd demo kvbm install-cmd clean versitygw
 
 all: lib
 
@@ -66,6 +66,14 @@ test-go: deps deps-ucx $(VERSITYGW)
 # Fuzz every decoder and the C ABI's input paths for a while (not part of
 # `make test`): FUZZTIME per Go target, FUZZ_SECONDS for the ABI.
 FUZZTIME ?= 30s
+# The late-answer test, 100 rounds a case (each: a pull failed at its
+# deadline, the exporting process stopped, then run again; every byte of
+# the destination checked after its late answer): TCP, same host, and UCX's
+# message mode over shared memory and tcp, with Debian's UCX and 1.22.
+soak-late: deps deps-ucx
+	KVBM_REQUIRE_UCX=1 KVBM_TEST_LATE_ROUNDS=100 $(GO) test -count=1 -timeout 60m -run TestNoByteOfAFailedPullLandsAfterItCompletes ./core/worker
+	KVBM_REQUIRE_UCX=1 KVBM_TEST_LATE_ROUNDS=100 KVBM_UCX_LIB=$$(scripts/ucx-current.sh) $(GO) test -count=1 -timeout 60m -run 'TestNoByteOfAFailedPullLandsAfterItCompletes/ucx' ./core/worker
+
 fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeMetadata -fuzztime $(FUZZTIME) ./core/worker
 	$(GO) test -run '^$$' -fuzz FuzzDecodeObject -fuzztime $(FUZZTIME) ./core/object

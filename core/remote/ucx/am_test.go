@@ -19,12 +19,12 @@ func TestHeadersRoundTrip(t *testing.T) {
 		want header
 	}{
 		{openHeader(9), header{kind: kindOpen, conn: 9}},
-		{challengeHeader(9, s, nonce), header{kind: kindChallenge, conn: 9, session: s, nonce: nonce}},
-		{helloHeader(s), header{kind: kindHello, session: s}},
-		{welcomeHeader(9, true), header{kind: kindWelcome, conn: 9, ok: true}},
+		{challengeHeader(9, 77, nonce), header{kind: kindChallenge, conn: 9, at: 77, nonce: nonce}},
+		{helloHeader(9, 77), header{kind: kindHello, conn: 9, at: 77}},
+		{welcomeHeader(9, true, s), header{kind: kindWelcome, conn: 9, ok: true, session: s}},
 		{readHeader(s, 5, h), header{kind: kindRead, session: s, req: 5, handle: h}},
-		{dataHeader(5, 4096), header{kind: kindData, req: 5, offset: 4096}},
-		{doneHeader(5, 8192, remote.StatusWithdrawn), header{kind: kindDone, req: 5, total: 8192, status: remote.StatusWithdrawn}},
+		{dataHeader(s, 5, 4096), header{kind: kindData, session: s, req: 5, offset: 4096}},
+		{doneHeader(s, 5, 8192, remote.StatusWithdrawn), header{kind: kindDone, session: s, req: 5, total: 8192, status: remote.StatusWithdrawn}},
 		{byeHeader(s), header{kind: kindBye, session: s}},
 	} {
 		got, err := parseHeader(tc.b)
@@ -62,7 +62,7 @@ func TestParseOps(t *testing.T) {
 // what encodes back to the same bytes.
 func FuzzParseMessage(f *testing.F) {
 	f.Add(readHeader(sessionID{1}, 5, transfer.LayoutHandle{Worker: 1, Layout: 2}), appendOps(nil, []transfer.RemoteOp{{Remote: 1, Size: 2}}))
-	f.Add(doneHeader(1, 2, 3), []byte("message"))
+	f.Add(doneHeader(sessionID{1}, 1, 2, 3), []byte("message"))
 	f.Add(openHeader(1), []byte("address"))
 	f.Fuzz(func(t *testing.T, hb, data []byte) {
 		h, err := parseHeader(hb)
@@ -70,6 +70,11 @@ func FuzzParseMessage(f *testing.F) {
 			require.ErrorIs(t, err, remote.ErrBadEndpoint)
 		} else {
 			require.Equal(t, headerLen[h.kind], len(hb))
+		}
+		if addr, hello, err := parseHelloData(data); err == nil {
+			require.Equal(t, data, helloData(addr, hello))
+		} else {
+			require.ErrorIs(t, err, remote.ErrBadEndpoint)
 		}
 		ops, total, err := parseOps(data)
 		if err != nil {

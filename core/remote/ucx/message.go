@@ -33,11 +33,12 @@ type inflight struct {
 
 // message is one taken from the inbox.
 type message struct {
-	h    header
-	desc C.uint64_t // a rendezvous descriptor, 0 when data holds the bytes
-	size uint64
-	data []byte // copied out of C (requests, answers); nil for kindData
-	c    *C.kvbm_ucx_msg_t
+	h     header
+	reply C.uint64_t // the endpoint back to its sender (sent with reply), valid while it is handled; 0 otherwise
+	desc  C.uint64_t // a rendezvous descriptor, 0 when data holds the bytes
+	size  uint64
+	data  []byte // copied out of C (requests, answers); nil for kindData
+	c     *C.kvbm_ucx_msg_t
 }
 
 // listen installs the message handler on the worker.
@@ -73,7 +74,7 @@ func (t *Transport) handle(cm *C.kvbm_ucx_msg_t) {
 	defer C.kvbm_ucx_msg_free(cm)
 	hb := C.GoBytes(unsafe.Add(unsafe.Pointer(cm), unsafe.Offsetof(cm.header)), C.int(cm.header_len))
 	h, err := parseHeader(hb)
-	msg := &message{h: h, desc: cm.desc, size: uint64(cm.length), c: cm}
+	msg := &message{h: h, reply: cm.reply_ep, desc: cm.desc, size: uint64(cm.length), c: cm}
 	if err != nil {
 		t.drop(msg)
 		t.refuse("", "a malformed message", err.Error())
@@ -104,10 +105,16 @@ func (t *Transport) drop(m *message) {
 	}
 }
 
+// How a message is sent (send's flags).
+const (
+	sendEager = 1 << iota // requests and small answers: UCX's eager protocol
+	sendReply             // the receiver gets an endpoint back (message.reply)
+)
+
 // send sends a message on ep: header, then data (copied into C memory)
 // or, when data is nil, the pieces (host memory that stays valid until
-// onDone). eager for requests and small answers.
-func (t *Transport) send(ep C.uint64_t, hdr, data []byte, pieces []piece, eager bool, onDone func(error)) {
+// onDone).
+func (t *Transport) send(ep C.uint64_t, hdr, data []byte, pieces []piece, flags int, onDone func(error)) {
 	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{}))))}
 	f.onDone = func(err error, _ uint64) {
 		if onDone != nil {
@@ -122,7 +129,7 @@ func (t *Transport) send(ep C.uint64_t, hdr, data []byte, pieces []piece, eager 
 		pieces = []piece{{uint64(uintptr(cd)), uint64(len(data))}}
 	}
 	iov, n := t.iov(f, pieces)
-	C.kvbm_ucx_am_send(ep, amID, ch, C.size_t(len(hdr)), iov, n, boolInt(eager), f.c)
+	C.kvbm_ucx_am_send(ep, amID, ch, C.size_t(len(hdr)), iov, n, boolInt(flags&sendEager != 0), boolInt(flags&sendReply != 0), f.c)
 	t.track(f)
 }
 
@@ -195,6 +202,7 @@ func (t *Transport) complete(f *inflight) {
 // worker is destroyed: no callback can run any more, so what is still in
 // flight never completes.
 func (t *Transport) freeAfterWorker() {
+	t.waiting = nil // their descriptors went with the worker; nothing may post them now
 	t.freeMessages()
 	for _, s := range t.closingSessions {
 		if s.state != nil {

@@ -57,8 +57,9 @@ func TestMessagesPull(t *testing.T) {
 // A pull whose exporter does not answer within the deadline fails, and
 // the exporter's answer that comes after (its progress thread frozen,
 // then thawed) lands nowhere: the destination blocks hold what they held
-// before, byte for byte, the slot the late data was for is given back
-// once UCX is done with it, and the peer pulls again.
+// before, byte for byte, every staging slot is given back once UCX is
+// done with it, and the peer pulls again (a deadline fails the pull, not
+// the session).
 func TestMessagesLateRepliesLandNowhere(t *testing.T) {
 	needUCX(t)
 	for _, tc := range tlsCases {
@@ -136,12 +137,14 @@ func TestMessagesNeedTheCapability(t *testing.T) {
 }
 
 // A peer without a session reads nothing: a read naming a session the
-// exporter never opened gets no answer, and is counted.
-func TestMessagesReadWithoutASessionIsNotAnswered(t *testing.T) {
+// exporter does not have (guessed, or one it ended) is counted and
+// answered "no session" and nothing else; the peer fails, and importing
+// the metadata again connects a new session.
+func TestMessagesReadWithoutASessionReadsNothing(t *testing.T) {
 	needUCX(t)
 	emu := newEmu(t)
 	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
-	imp := newSide(t, emu, 0x1, Config{}, 300*time.Millisecond)
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
 	src := exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
 	exp.fill(t, src, 0x100)
 	dst := imp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
@@ -150,9 +153,15 @@ func TestMessagesReadWithoutASessionIsNotAnswered(t *testing.T) {
 	p.session = sessionID{1, 2, 3} // guessed
 	before := exp.tr.Refused()
 	err := move(t, imp.m, src, []int{0}, dst, []int{0})
-	require.ErrorIs(t, err, kvbmerr.ErrTimeout)
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	require.ErrorContains(t, err, "has no session for this peer")
 	require.Greater(t, exp.tr.Refused(), before)
+	require.Error(t, p.Broken())
 	imp.check(t, dst, 0, 0x900)
+
+	imp.importAll(t, exp)
+	require.NoError(t, move(t, imp.m, src, []int{0}, dst, []int{0}))
+	imp.check(t, dst, 0, 0x100)
 }
 
 // A block-scoped endpoint reads its blocks and nothing else: another

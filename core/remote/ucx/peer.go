@@ -324,7 +324,7 @@ func (p *Peer) Close() error {
 			p.fail(closed)
 			return
 		}
-		p.t.send(p.ep, byeHeader(p.session), nil, nil, true, func(error) { p.fail(closed) })
+		p.t.send(p.ep, byeHeader(p.session), nil, nil, sendEager, func(error) { p.fail(closed) })
 	}) {
 		return nil // the transport closed it
 	}
@@ -332,6 +332,7 @@ func (p *Peer) Close() error {
 	case <-p.closed:
 	case <-p.t.done:
 	case <-time.After(closeGrace):
+		p.t.post(func() { p.fail(closed) }) // a bye that never went: close anyway
 	}
 	return nil
 }

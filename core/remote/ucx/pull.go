@@ -24,8 +24,9 @@ import (
 )
 
 // The importer's side of the message mode: the hello that opens a
-// session with the exporter, and pulls (Read) that land in a staging slot
-// (staging.go) before they are copied to their destination.
+// session with the exporter, and pulls (Read) whose data messages each
+// land in a staging slot (staging.go) before they are copied to their
+// destination.
 
 // connecting is a hello under way: the exporter's answers, by conn.
 type connecting struct {
@@ -37,23 +38,30 @@ type pull struct {
 	id     uint64
 	peer   *Peer
 	total  uint64
-	slot   *slot          // staging; nil when received in place (Config.inPlace)
 	local  []piece        // the destination, in request order
 	copies sync.WaitGroup // staged bytes being copied to the destination
 	recvd  uint64         // bytes received
-	recvs  int            // receives posted and not complete
+	recvs  int            // receives posted or waiting for a slot, not complete
 	done   bool           // the exporter's done came
 	status byte
 	sent   uint64 // what the exporter's done says it sent
 	msg    string
 	err    error      // a receive's failure
 	ended  bool       // answered on ch: no message reaches it any more
-	failed bool       // ended with an error: its slot is the transport's until its receives complete
 	ch     chan error // buffered: the answer
 }
 
+// waiting is a data message whose receive waits for a staging slot; UCX
+// holds its bytes at the sender meanwhile.
+type waiting struct {
+	r         *pull
+	desc      C.uint64_t
+	off, size uint64
+}
+
 // hello opens a session on p's endpoint with the capability info
-// carries: open, the exporter's challenge, the hello, its proof.
+// carries: open, the exporter's challenge, the hello (naming this
+// worker's address, where the exporter will answer), its proof.
 func (p *Peer) hello(ctx context.Context, info *endpointInfo) error {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -65,7 +73,7 @@ func (p *Peer) hello(ctx context.Context, info *endpointInfo) error {
 	defer t.post(func() { delete(t.connects, conn) })
 	if err := t.do(func() error {
 		t.connects[conn] = c
-		t.send(p.ep, openHeader(conn), t.address, nil, true, nil)
+		t.send(p.ep, openHeader(conn), t.address, nil, sendEager|sendReply, nil)
 		return nil
 	}); err != nil {
 		return err
@@ -95,9 +103,11 @@ func (p *Peer) hello(ctx context.Context, info *endpointInfo) error {
 	}
 	tr := capability.Transcript{SN: ch.h.nonce, CN: cn, Server: info.worker, Client: t.clientWorker()}
 	key := info.key.HelloKey(t.deployment)
-	hello := key.AppendHello(nil, tr, info.desc)
-	session := ch.h.session
-	if err := t.do(func() error { t.send(p.ep, helloHeader(session), hello, nil, true, nil); return nil }); err != nil {
+	data := helloData(t.address, key.AppendHello(nil, tr, info.desc))
+	if err := t.do(func() error {
+		t.send(p.ep, helloHeader(conn, ch.h.at), data, nil, sendEager|sendReply, nil)
+		return nil
+	}); err != nil {
 		return err
 	}
 	w, err := wait(kindWelcome)
@@ -109,7 +119,7 @@ func (p *Peer) hello(ctx context.Context, info *endpointInfo) error {
 			"(stale, another worker's, or damaged), or %s differs between the two instances",
 			remote.ErrPeerUnavailable, info.worker, capability.EnvAuthKey)
 	}
-	p.session = session
+	p.session = w.h.session
 	return nil
 }
 
@@ -123,35 +133,27 @@ func (t *Transport) clientWorker() uint64 {
 	return t.serving.WorkerID()
 }
 
-// pull reads ops of the exporter's layout h through the session: into a
-// staging slot, copied to each op's Local once whole.
+// pull reads ops of the exporter's layout h through the session. A
+// deadline fails the pull, not the session: what comes for it later is
+// dropped, and the peer pulls on once the exporter answers again (an
+// exporter that ended the session says so, and the peer fails).
 func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, total uint64, what string) error {
 	t := p.t
 	r := &pull{id: t.nextReq.Add(1), peer: p, total: total, ch: make(chan error, 1)}
-	for _, o := range ops {
-		if o.Size > 0 {
-			r.local = append(r.local, piece{o.Local, o.Size})
-		}
-	}
-	if !t.cfg.inPlace {
-		var err error
-		if r.slot, err = t.staging.get(total); err != nil {
-			return err
-		}
-	}
 	sent := ops[:0:0]
 	for _, o := range ops {
 		if o.Size > 0 {
+			r.local = append(r.local, piece{o.Local, o.Size})
 			sent = append(sent, o)
 		}
 	}
 	hdr, data := readHeader(p.session, r.id, h), appendOps(nil, sent)
 	if !t.post(func() { t.startPull(r, hdr, data) }) {
-		if r.slot != nil {
-			t.staging.put(r.slot)
-		}
 		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
 	}
+	// Copies out of staging that started before the pull ended finish
+	// before it returns, whichever way it ends: none starts after.
+	defer r.copies.Wait()
 	var err error
 	select {
 	case err = <-r.ch:
@@ -161,20 +163,14 @@ func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer
 			cause = fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, ctx.Err())
 		}
 		if t.do(func() error { t.endPull(r, cause); return nil }) != nil {
-			return cause // closed: the transport's shutdown frees the slot
+			return cause // closed: the shutdown ended it
 		}
 		err = <-r.ch // cause, or nil when it completed first
 	case <-t.done:
 		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
 	}
-	// Copies out of staging started before the pull ended finish before
-	// it returns: none starts after.
-	r.copies.Wait()
 	if err != nil {
-		return fmt.Errorf("%s: %w", what, err) // the slot stays the transport's (endPull)
-	}
-	if r.slot != nil {
-		t.staging.put(r.slot)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
@@ -188,7 +184,7 @@ func (t *Transport) startPull(r *pull, hdr, data []byte) {
 		return
 	}
 	t.pulls[r.id] = r
-	t.send(p.ep, hdr, data, nil, true, func(err error) {
+	t.send(p.ep, hdr, data, nil, sendEager|sendReply, func(err error) {
 		if err != nil {
 			st, _ := err.(ucsError)
 			f := fmt.Errorf("%w: ucx: sending the read: %w", remote.ErrPeerUnavailable, err)
@@ -212,52 +208,31 @@ func (t *Transport) pullMessage(m *message) {
 		}
 	case kindData:
 		r := t.pulls[m.h.req]
-		if r == nil || m.h.offset > r.total || m.size > r.total-m.h.offset {
-			t.drop(m) // late (its pull ended) or not this pull's: it reaches nothing
+		if r == nil || m.h.session != r.peer.session || m.h.offset > r.total || m.size > r.total-m.h.offset ||
+			(m.desc != 0 && m.size > chunkBytes && !t.cfg.inPlace) {
+			// Late (its pull ended), not this session's, or not what
+			// was asked for: it reaches nothing.
+			t.drop(m)
 			t.lateDropped.Add(1)
 			return
 		}
-		off := m.h.offset
 		if m.desc == 0 {
 			// Eager: the bytes are here, whole; copied to their
 			// destination at once.
 			src := unsafe.Slice((*byte)(m.c.data), m.size)
-			for _, d := range pieces(r.local, off, m.size) {
+			for _, d := range pieces(r.local, m.h.offset, m.size) {
 				src = src[copy(storage.HostBytes(d.addr, d.size), src):]
 			}
 			r.recvd += m.size
 			t.checkPull(r)
 			return
 		}
-		dst := pieces(r.local, off, m.size)
-		if r.slot != nil {
-			dst = []piece{{r.slot.addr + off, m.size}}
-		}
 		r.recvs++
-		t.receive(m.desc, dst, func(err error, n uint64) {
-			r.recvs--
-			switch {
-			case err != nil && r.err == nil:
-				r.err = err
-			case err == nil:
-				r.recvd += n
-				if r.slot != nil && !r.ended {
-					// Whole: copied out of staging while the next
-					// chunk arrives.
-					r.copies.Add(1)
-					go r.copyOut(r.slot, off, n)
-				}
-			}
-			if r.ended {
-				t.releaseSlot(r)
-				return
-			}
-			t.checkPull(r)
-		})
+		t.receiveData(waiting{r: r, desc: m.desc, off: m.h.offset, size: m.size})
 		m.desc = 0
 	case kindDone:
 		r := t.pulls[m.h.req]
-		if r == nil {
+		if r == nil || m.h.session != r.peer.session {
 			t.lateDropped.Add(1)
 			return
 		}
@@ -266,11 +241,77 @@ func (t *Transport) pullMessage(m *message) {
 	}
 }
 
-// copyOut copies bytes [off, off+n) of r's data from its staging slot to
+// receiveData receives a data message into a staging slot, copied to its
+// destination once whole; with no slot free it waits (receiveWaiting).
+// A slot whose receive UCX completed with an error is retired, never
+// reused: UCX may not be done with it (a rendezvous the sender writes).
+func (t *Transport) receiveData(w waiting) {
+	r := w.r
+	if t.cfg.inPlace {
+		t.receive(w.desc, pieces(r.local, w.off, w.size), func(err error, n uint64) {
+			r.recvs--
+			t.received(r, err, n)
+		})
+		return
+	}
+	s := t.staging.tryGet(w.size)
+	if s == nil {
+		t.waiting = append(t.waiting, w)
+		return
+	}
+	t.receive(w.desc, []piece{{s.addr, w.size}}, func(err error, n uint64) {
+		r.recvs--
+		switch {
+		case err != nil:
+			t.staging.retire(s)
+		case r.ended:
+			t.staging.put(s)
+		default:
+			r.copies.Add(1)
+			go func() {
+				defer r.copies.Done()
+				r.copyOut(s, w.off, n)
+				t.staging.put(s)
+			}()
+		}
+		t.received(r, err, n)
+		t.receiveWaiting()
+	})
+}
+
+// received accounts for a completed receive of r.
+func (t *Transport) received(r *pull, err error, n uint64) {
+	if err != nil && r.err == nil {
+		r.err = err
+	} else if err == nil {
+		r.recvd += n
+	}
+	t.checkPull(r)
+}
+
+// receiveWaiting receives the data messages that wait for a slot, in
+// order, as slots come free; those of pulls that ended are dropped.
+func (t *Transport) receiveWaiting() {
+	for len(t.waiting) > 0 {
+		w := t.waiting[0]
+		if w.r.ended {
+			t.waiting = t.waiting[1:]
+			C.kvbm_ucx_am_drop(t.worker, w.desc)
+			w.r.recvs--
+			continue
+		}
+		if !t.staging.available(w.size) {
+			return
+		}
+		t.waiting = t.waiting[1:]
+		t.receiveData(w)
+	}
+}
+
+// copyOut copies bytes [off, off+n) of r's data from a staging slot to
 // their destination.
 func (r *pull) copyOut(s *slot, off, n uint64) {
-	defer r.copies.Done()
-	src := s.bytes()[off : off+n]
+	src := s.bytes()[:n]
 	for _, d := range pieces(r.local, off, n) {
 		src = src[copy(storage.HostBytes(d.addr, d.size), src):]
 	}
@@ -306,6 +347,9 @@ func (t *Transport) checkPull(r *pull) {
 	switch {
 	case r.err != nil:
 		err = fmt.Errorf("%w: ucx: receiving the data: %w", remote.ErrPeerUnavailable, r.err)
+	case r.status == statusNoSession:
+		err = fmt.Errorf("%w: ucx: %s", remote.ErrPeerUnavailable, r.msg)
+		r.peer.fail(err)
 	case r.status != remote.StatusOK:
 		err = fmt.Errorf("ucx: the exporting worker: %w", &remote.StatusError{Status: r.status, Msg: r.msg})
 	case r.recvd != r.total || r.sent != r.total:
@@ -314,29 +358,16 @@ func (t *Transport) checkPull(r *pull) {
 	t.endPull(r, err)
 }
 
-// endPull answers r with err (nil: its slot goes to the caller) once;
-// later messages for it are dropped.
+// endPull answers r with err once; later messages for it are dropped,
+// and so are those waiting for a slot.
 func (t *Transport) endPull(r *pull, err error) {
 	if r.ended {
 		return
 	}
-	r.ended, r.failed = true, err != nil
+	r.ended = true
 	delete(t.pulls, r.id)
 	r.ch <- err
-	t.releaseSlot(r)
-}
-
-// releaseSlot puts a failed pull's slot back once no receive can write
-// it and no copy reads it.
-func (t *Transport) releaseSlot(r *pull) {
-	if r.failed && r.recvs == 0 && r.slot != nil {
-		s := r.slot
-		r.slot = nil
-		go func() {
-			r.copies.Wait()
-			t.staging.put(s)
-		}()
-	}
+	t.receiveWaiting()
 }
 
 // failPulls fails the pulls of p.

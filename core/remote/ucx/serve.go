@@ -9,7 +9,10 @@ package ucx
 import "C"
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,33 +30,35 @@ import (
 // (transfer.Manager.Serve: bounds, the layout's in-flight gate, device
 // memory through its staging) and sent on the session's own endpoint.
 
-// Session budgets: sessions whose hello has not verified (each holds an
-// endpoint to the address its open named) and those that have.
+// statusNoSession answers a read of a session the exporter does not have.
+const statusNoSession = 0xFF
+
+// Session budget, and how long after its challenge a hello is taken.
 const (
-	maxPendingSessions = 256
-	maxSessions        = 4096
-	helloDeadline      = 2 * time.Second
+	maxSessions   = 4096
+	helloDeadline = 2 * time.Second
 )
 
 // session is one importer's proven capability; owned by the progress
 // thread.
 type session struct {
 	id      sessionID
-	conn    uint64
-	nonce   []byte
-	ep      C.uint64_t
+	ep      C.uint64_t // to the address the hello named
 	state   *C.kvbm_ucx_epstate_t
-	grant   *capability.Grant // nil until the hello verifies
+	grant   *capability.Grant
 	created time.Time
-	sends   int  // messages in flight on ep
+	sends   int  // messages in flight on ep, and reads being served
 	closing bool // ep is closing; freed once closed and sends are done
 }
 
 // serveMessage handles a message to the exporter.
 func (t *Transport) serveMessage(m *message) {
+	if t.m == nil || t.cfg.OneSided || t.quitting {
+		return
+	}
 	switch m.h.kind {
 	case kindOpen:
-		t.open1(m)
+		t.challenge(m)
 	case kindHello:
 		t.hello(m)
 	case kindRead:
@@ -65,109 +70,105 @@ func (t *Transport) serveMessage(m *message) {
 	}
 }
 
-// open1 answers an open with a challenge, on an endpoint to the address
-// the open named.
-func (t *Transport) open1(m *message) {
-	if t.m == nil || t.cfg.OneSided {
-		return
-	}
-	if len(m.data) == 0 || len(m.data) > maxAddressLen {
-		t.refuse("", "an open", fmt.Sprintf("a worker address of %d bytes", len(m.data)))
-		return
-	}
-	pending := 0
-	var oldest *session
-	for _, s := range t.sessions {
-		if s.grant == nil && !s.closing {
-			pending++
-			if oldest == nil || s.created.Before(oldest.created) {
-				oldest = s
-			}
-		}
-	}
-	if pending >= maxPendingSessions {
-		t.refuse("", "an open", "too many hellos pending: the oldest is dropped")
-		t.endSession(oldest)
-	}
-	s := &session{conn: m.h.conn, created: time.Now()}
-	var err error
-	if s.nonce, err = capability.NewNonce(); err == nil {
-		_, err = rand.Read(s.id[:])
-	}
-	if err != nil {
-		slog.Error("ucx: draw a session nonce", "err", err)
-		return
-	}
-	s.state = (*C.kvbm_ucx_epstate_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_epstate_t{}))))
-	addr := C.CBytes(m.data)
-	defer C.free(addr)
-	if err := status(C.kvbm_ucx_ep_create(t.worker, addr, s.state, &s.ep)); err != nil {
-		C.free(unsafe.Pointer(s.state))
-		t.refuse("", "an open", fmt.Sprintf("cannot reach the worker address it named: %v", err))
-		return
-	}
-	t.sessions[s.id] = s
-	t.sendOn(s, challengeHeader(s.conn, s.id, s.nonce), nil, nil, nil)
+// challengeNonce is the nonce the exporter challenges conn with at, for
+// the importer at address: an HMAC under the transport's cookie key, so
+// that the exporter keeps nothing until a hello verifies, and a hello
+// naming another address fails.
+func (t *Transport) challengeNonce(conn, at uint64, address []byte) []byte {
+	m := hmac.New(sha256.New, t.cookie[:])
+	m.Write([]byte("kvbm-ucx challenge"))
+	m.Write(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, conn), at))
+	sum := sha256.Sum256(address)
+	m.Write(sum[:])
+	return m.Sum(nil)
 }
 
-// hello verifies a session's hello: the capability its importer proves.
-func (t *Transport) hello(m *message) {
-	s := t.sessions[m.h.session]
-	if s == nil || s.grant != nil || s.closing {
-		t.refuse("", "a hello", "for no session waiting for one")
+// challenge answers an open, on the endpoint it came on.
+func (t *Transport) challenge(m *message) {
+	if m.reply == 0 || len(m.data) == 0 || len(m.data) > maxAddressLen {
+		t.refuse("", "an open", fmt.Sprintf("sent without a reply endpoint or with an address of %d bytes", len(m.data)))
 		return
 	}
+	at := uint64(time.Now().UnixNano())
+	t.send(m.reply, challengeHeader(m.h.conn, at, t.challengeNonce(m.h.conn, at, m.data)), nil, nil, sendEager, nil)
+}
+
+// hello verifies an importer's hello: the capability its metadata
+// carries, for the address it names, within helloDeadline of the
+// challenge. Only then does the exporter make an endpoint (to that
+// address) and a session.
+func (t *Transport) hello(m *message) {
+	address, hb, err := parseHelloData(m.data)
 	why := ""
-	h, err := capability.ParseHello(m.data[:min(len(m.data), capability.HelloLen)])
+	var h capability.Hello
+	now := time.Now()
 	switch {
 	case err != nil:
 		why = err.Error()
-	case len(m.data) != capability.HelloLen+h.ScopeLen:
-		why = fmt.Sprintf("a hello of %d bytes with a %d-byte scope", len(m.data), h.ScopeLen)
-	case time.Since(s.created) > helloDeadline:
-		why = fmt.Sprintf("the hello came %v after its open, later than %v", time.Since(s.created).Round(time.Millisecond), helloDeadline)
+	case m.h.at > uint64(now.UnixNano()) || uint64(now.UnixNano())-m.h.at > uint64(helloDeadline):
+		why = fmt.Sprintf("the hello came later than %v after its challenge", helloDeadline)
+	default:
+		if h, err = capability.ParseHello(hb[:min(len(hb), capability.HelloLen)]); err != nil {
+			why = err.Error()
+		} else if len(hb) != capability.HelloLen+h.ScopeLen {
+			why = fmt.Sprintf("a hello of %d bytes with a %d-byte scope", len(hb), h.ScopeLen)
+		} else if h.ScopeLen > 0 {
+			h.Scope = hb[capability.HelloLen:]
+		}
 	}
 	var answer []byte
 	var g capability.Grant
 	if why == "" {
-		if h.ScopeLen > 0 {
-			h.Scope = m.data[capability.HelloLen:]
-		}
-		g, answer, why = t.verifier.Verify(h, s.nonce, t.m.WorkerID(), time.Now())
+		g, answer, why = t.verifier.Verify(h, t.challengeNonce(m.h.conn, m.h.at, address), t.m.WorkerID(), now)
 	}
 	if answer == nil {
 		t.refuse("", "a hello", why)
-		// Refused with nothing said but that: as the TCP transport's
-		// closed connection.
-		t.sendOn(s, welcomeHeader(s.conn, false), nil, nil, nil)
-		t.endSession(s)
+		if m.reply != 0 { // refused with nothing said but that, as TCP's closed connection
+			t.send(m.reply, welcomeHeader(m.h.conn, false, sessionID{}), nil, nil, sendEager, nil)
+		}
 		return
 	}
-	verified := 0
-	var oldest *session
-	for _, o := range t.sessions {
-		if o.grant != nil && !o.closing {
-			verified++
+	if len(t.sessions) >= maxSessions {
+		var oldest *session
+		for _, o := range t.sessions {
 			if oldest == nil || o.created.Before(oldest.created) {
 				oldest = o
 			}
 		}
-	}
-	if verified >= maxSessions {
 		slog.Warn("ucx: too many sessions; the oldest is closed", "limit", maxSessions)
 		t.endSession(oldest)
 	}
-	s.grant, s.nonce = &g, nil
-	t.sendOn(s, welcomeHeader(s.conn, true), answer, nil, nil)
+	s := &session{grant: &g, created: now}
+	if _, err := rand.Read(s.id[:]); err != nil {
+		slog.Error("ucx: draw a session id", "err", err)
+		return
+	}
+	s.state = (*C.kvbm_ucx_epstate_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_epstate_t{}))))
+	caddr := C.CBytes(address)
+	defer C.free(caddr)
+	if err := status(C.kvbm_ucx_ep_create(t.worker, caddr, s.state, &s.ep)); err != nil {
+		C.free(unsafe.Pointer(s.state))
+		t.refuse("", "a hello", fmt.Sprintf("cannot reach the worker address it named: %v", err))
+		return
+	}
+	t.sessions[s.id] = s
+	t.sendOn(s, welcomeHeader(m.h.conn, true, s.id), answer, nil, nil)
 }
 
 // read serves a read of a verified session in a goroutine of its own:
 // the manager may wait on device copies and the sends on the importer.
 func (t *Transport) read(m *message) {
 	s := t.sessions[m.h.session]
-	if s == nil || s.grant == nil || s.closing {
-		// No answer: only a session's own endpoint is answered on.
+	if s == nil || s.closing {
+		// Nothing but that, on the endpoint the read came on: an importer
+		// whose session the exporter ended (evicted, or after a send to it
+		// failed) learns it and connects again; a peer that guessed learns
+		// nothing.
 		t.refuse("", "a read", "for no verified session")
+		if m.reply != 0 {
+			t.send(m.reply, doneHeader(m.h.session, m.h.req, 0, statusNoSession),
+				[]byte(fmt.Sprintf("worker %x has no session for this peer (ended: import its metadata again)", t.m.WorkerID())), nil, sendEager, nil)
+		}
 		return
 	}
 	ops, _, err := parseOps(m.data)
@@ -175,7 +176,7 @@ func (t *Transport) read(m *message) {
 		err = fmt.Errorf("%w: layout %v is not worker %x's", transfer.ErrNotFound, m.h.handle, t.m.WorkerID())
 	}
 	if err != nil {
-		t.sendOn(s, doneHeader(m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
+		t.sendOn(s, doneHeader(s.id, m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
 		return
 	}
 	s.sends++ // the session lives until its reads are answered
@@ -206,7 +207,7 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 			msg = msg[:maxDoneMsg]
 		}
 	}
-	hdr := doneHeader(req, sent, remote.StatusOf(err))
+	hdr := doneHeader(s.id, req, sent, remote.StatusOf(err))
 	t.post(func() {
 		s.sends--
 		t.sendOn(s, hdr, []byte(msg), nil, nil)
@@ -301,7 +302,7 @@ func (t *Transport) sendAndWait(s *session, req uint64, chunks []dataChunk) erro
 	done := make(chan error, len(chunks))
 	if !t.post(func() {
 		for _, c := range chunks {
-			t.sendOn(s, dataHeader(req, c.offset), nil, c.pieces, func(err error) { done <- err })
+			t.sendOn(s, dataHeader(s.id, req, c.offset), nil, c.pieces, func(err error) { done <- err })
 		}
 	}) {
 		return fmt.Errorf("%w: ucx: %w", remote.ErrPeerUnavailable, errClosed)
@@ -337,9 +338,13 @@ func (t *Transport) sendOn(s *session, hdr, data []byte, pieces []piece, onDone 
 		return
 	}
 	s.sends++
-	t.send(s.ep, hdr, data, pieces, data != nil || pieces == nil, func(err error) {
+	flags := 0
+	if data != nil || pieces == nil {
+		flags = sendEager
+	}
+	t.send(s.ep, hdr, data, pieces, flags, func(err error) {
 		s.sends--
-		if err != nil && !s.closing {
+		if err != nil && !s.closing && !t.quitting {
 			t.endSession(s)
 		}
 		if onDone != nil {
@@ -378,11 +383,11 @@ func (t *Transport) freeSession(s *session) {
 	}
 }
 
-// reapSessions ends sessions whose endpoint failed and hellos that never
-// came, and frees closed ones; on the progress thread.
+// reapSessions ends sessions whose endpoint failed, and frees closed
+// ones; on the progress thread.
 func (t *Transport) reapSessions() {
 	for _, s := range t.sessions {
-		if s.state.failed != 0 || (s.grant == nil && time.Since(s.created) > helloDeadline) {
+		if s.state.failed != 0 {
 			t.endSession(s)
 		}
 	}

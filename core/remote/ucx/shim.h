@@ -105,6 +105,7 @@ size_t kvbm_ucx_print_context(uint64_t context, char *buf, size_t len);
 typedef struct kvbm_ucx_msg {
 	struct kvbm_ucx_msg *next;
 	uint64_t desc;        // a rendezvous descriptor: kvbm_ucx_am_recv or kvbm_ucx_am_drop it; 0 when data holds the bytes
+	uint64_t reply_ep;    // the endpoint to the sender (sent with reply), valid until the next progress; 0 otherwise
 	uint64_t length;      // the data's length
 	void *data;           // the data, copied (desc == 0)
 	uint32_t header_len;
@@ -135,9 +136,10 @@ kvbm_ucx_msg_t *kvbm_ucx_am_take(kvbm_ucx_inbox_t *in);
 void kvbm_ucx_msg_free(kvbm_ucx_msg_t *m);
 // kvbm_ucx_am_send sends header and the iovcnt pieces of iov (header,
 // iov and the pieces' memory stay untouched until r->done). eager: the
-// whole message through UCX's eager protocol (requests, small replies).
+// whole message through UCX's eager protocol (requests, small replies);
+// reply: the receiver gets an endpoint back to this worker.
 void kvbm_ucx_am_send(uint64_t ep, unsigned id, const void *header, size_t header_len,
-                      const kvbm_ucx_iov_t *iov, size_t iovcnt, int eager, kvbm_ucx_req_t *r);
+                      const kvbm_ucx_iov_t *iov, size_t iovcnt, int eager, int reply, kvbm_ucx_req_t *r);
 // kvbm_ucx_am_recv receives a rendezvous message's data into the iovcnt
 // pieces of iov (which stay until r->done).
 void kvbm_ucx_am_recv(uint64_t worker, uint64_t desc, const kvbm_ucx_iov_t *iov, size_t iovcnt, kvbm_ucx_req_t *r);

@@ -25,6 +25,9 @@ static ucs_status_t on_message(void *arg, const void *header, size_t header_len,
 	memcpy(m->header, header, header_len);
 	m->header_len = (uint32_t)header_len;
 	m->length = length;
+	if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) {
+		m->reply_ep = (uint64_t)(uintptr_t)param->reply_ep;
+	}
 	if (rndv) {
 		m->desc = (uint64_t)(uintptr_t)data; // kept by returning UCS_INPROGRESS
 	} else if (length > 0) {
@@ -80,14 +83,14 @@ static void send_done(void *request, ucs_status_t status, void *user_data) {
 }
 
 void kvbm_ucx_am_send(uint64_t ep, unsigned id, const void *header, size_t header_len,
-                      const kvbm_ucx_iov_t *iov, size_t iovcnt, int eager, kvbm_ucx_req_t *r) {
+                      const kvbm_ucx_iov_t *iov, size_t iovcnt, int eager, int reply, kvbm_ucx_req_t *r) {
 	ucp_request_param_t p;
 	memset(&p, 0, sizeof p);
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS |
 	                 UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
 	p.cb.send = send_done;
 	p.user_data = r;
-	p.flags = eager ? UCP_AM_SEND_FLAG_EAGER : 0;
+	p.flags = (eager ? UCP_AM_SEND_FLAG_EAGER : 0) | (reply ? UCP_AM_SEND_FLAG_REPLY : 0);
 	p.memory_type = UCS_MEMORY_TYPE_HOST;
 	const void *buf = NULL;
 	size_t count = 0;
@@ -117,9 +120,10 @@ void kvbm_ucx_am_recv(uint64_t worker, uint64_t desc, const kvbm_ucx_iov_t *iov,
 	ucp_request_param_t p;
 	memset(&p, 0, sizeof p);
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
-	                 UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+	                 UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
 	p.cb.recv_am = recv_done;
 	p.user_data = r;
+	p.recv_info.length = (size_t *)&r->length; // set when it completes at once
 	p.memory_type = UCS_MEMORY_TYPE_HOST;
 	void *buf;
 	size_t count;

@@ -8,28 +8,31 @@ package ucx
 import "C"
 
 import (
-	"fmt"
+	"log/slog"
 	"math/bits"
 	"sync"
 	"unsafe"
-
-	"github.com/kvbm/kvbm/kvbmerr"
 )
 
-// Staging: a pull lands in memory of the transport's own and is copied to
-// its destination only once every byte of it arrived and the exporter
-// said it was whole, so that nothing UCX does late (a reply to a pull
-// that failed, a receive that outlives its endpoint) can reach the
-// destination: a failed pull's slot is quarantined until UCX completed
-// every receive into it, and only then reused. On a GPU the destination
-// is host memory the transfer manager copies to the device after Read
-// returns, so the staging copy is a host memcpy here too.
+// Staging: each data message of a pull lands in memory of the
+// transport's own, and is copied to its destination only once it arrived
+// whole, while the next arrives; so nothing UCX does late (an answer to a
+// pull that failed, a receive that outlives its endpoint) can reach a
+// destination. A slot whose receive UCX completed with an error is
+// retired: never reused nor freed, since UCX may not be done writing it
+// (a rendezvous that the sender writes, a frozen sender that resumes).
+// On a GPU the destination is host memory the transfer manager copies to
+// the device after Read returns, so the staging copy is a host memcpy
+// there too.
 
-// Slots are kept for reuse up to stagingKeep bytes; a size class is a
-// power of two from stagingMin.
+// Slots are at most chunkBytes (a data message, serve.go), a power of two
+// from stagingMin; at most stagingBudget bytes are handed out at once
+// (more waits: UCX holds the data at the sender until it is received),
+// and up to stagingKeep bytes are kept for reuse.
 const (
-	stagingMin  = 64 << 10
-	stagingKeep = 256 << 20
+	stagingMin    = 64 << 10
+	stagingBudget = 64 << 20
+	stagingKeep   = 64 << 20
 )
 
 type slot struct {
@@ -41,39 +44,61 @@ func (s *slot) bytes() []byte { return unsafe.Slice((*byte)(s.mem), s.size) }
 
 // stagingPool hands out slots; safe for concurrent use.
 type stagingPool struct {
-	mu   sync.Mutex
-	free map[uint64][]*slot // by size
-	kept uint64
-	out  int // slots handed out and not put back (for tests)
+	mu      sync.Mutex
+	free    map[uint64][]*slot // by size
+	kept    uint64
+	out     uint64 // bytes handed out and not put back
+	slots   int    // slots handed out and not put back (for tests)
+	retired uint64 // bytes retired
+	closed  bool
 }
 
-func (p *stagingPool) get(n uint64) (*slot, error) {
-	size := uint64(stagingMin)
-	if n > size {
-		size = 1 << bits.Len64(n-1)
+func sizeClass(n uint64) uint64 {
+	if n <= stagingMin {
+		return stagingMin
 	}
+	return 1 << bits.Len64(n-1)
+}
+
+// available reports whether tryGet(n) would hand a slot out.
+func (p *stagingPool) available(n uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.out == 0 || p.out+sizeClass(n) <= stagingBudget
+}
+
+// tryGet hands out a slot of at least n bytes, or nil when the budget is
+// spent (or memory ran out) while others are out.
+func (p *stagingPool) tryGet(n uint64) *slot {
+	size := sizeClass(n)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.out > 0 && p.out+size > stagingBudget {
+		return nil
+	}
+	var s *slot
 	if l := p.free[size]; len(l) > 0 {
-		s := l[len(l)-1]
+		s = l[len(l)-1]
 		p.free[size] = l[:len(l)-1]
 		p.kept -= size
-		p.out++
-		return s, nil
+	} else {
+		mem := C.malloc(C.size_t(size))
+		if mem == nil {
+			return nil
+		}
+		s = &slot{mem: mem, addr: uint64(uintptr(mem)), size: size}
 	}
-	mem := C.malloc(C.size_t(size))
-	if mem == nil {
-		return nil, fmt.Errorf("%w: ucx: no memory for a %d-byte staging slot", kvbmerr.ErrIO, size)
-	}
-	p.out++
-	return &slot{mem: mem, addr: uint64(uintptr(mem)), size: size}, nil
+	p.out += size
+	p.slots++
+	return s
 }
 
 func (p *stagingPool) put(s *slot) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.out--
-	if p.kept+s.size > stagingKeep {
+	p.out -= s.size
+	p.slots--
+	if p.closed || p.kept+s.size > stagingKeep {
 		C.free(s.mem)
 		return
 	}
@@ -84,14 +109,24 @@ func (p *stagingPool) put(s *slot) {
 	p.kept += s.size
 }
 
-// outstanding is the number of slots handed out (in use or quarantined).
+// retire takes s out of use for good (see above).
+func (p *stagingPool) retire(s *slot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.out -= s.size
+	p.slots--
+	p.retired += s.size
+	slog.Warn("ucx: a staging slot whose receive failed is retired, never reused", "bytes", s.size, "retired so far", p.retired)
+}
+
+// outstanding is the number of slots handed out (in use or being copied).
 func (p *stagingPool) outstanding() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.out
+	return p.slots
 }
 
-// close frees the slots kept.
+// close frees the slots kept; those put back later are freed then.
 func (p *stagingPool) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -100,5 +135,5 @@ func (p *stagingPool) close() {
 			C.free(s.mem)
 		}
 	}
-	p.free, p.kept = nil, 0
+	p.free, p.kept, p.closed = nil, 0, true
 }

@@ -9,6 +9,7 @@ package ucx
 import "C"
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -94,8 +95,11 @@ type Transport struct {
 	closingSessions []*session
 	connects        map[uint64]*connecting
 	pulls           map[uint64]*pull
+	waiting         []waiting // data messages waiting for a staging slot
 	lastSweep       time.Time
 	lastRefusalLog  time.Time
+	cookie          [32]byte // the key of the challenges' nonces (serve.go)
+	quitting        bool     // shutdown began: no message is served
 }
 
 type regKey struct {
@@ -132,6 +136,9 @@ func New(cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("ucx: %w", err)
 	}
 	t.deployment = capability.NewDeployment(key)
+	if _, err := rand.Read(t.cookie[:]); err != nil {
+		return nil, fmt.Errorf("ucx: draw a key: %w", err)
+	}
 	t.verifier = capability.NewVerifier(t.secret, t.deployment)
 	ready := make(chan error, 1)
 	go t.loop(ready)
@@ -473,6 +480,7 @@ func (t *Transport) open() error {
 // shutdown fails and closes every peer, waits for the closes, then
 // releases everything; on the progress thread.
 func (t *Transport) shutdown() {
+	t.quitting = true
 	for p := range t.peers {
 		p.fail(fmt.Errorf("%w: ucx: the transport was closed", remote.ErrPeerUnavailable))
 	}
@@ -491,7 +499,7 @@ func (t *Transport) shutdown() {
 		for p := range t.peers {
 			closing = closing || p.state.closing != 0
 		}
-		for _, s := range t.closingSessions {
+		for _, s := range slices.Clone(t.closingSessions) {
 			t.freeSession(s)
 			closing = closing || (s.state != nil && s.state.closing != 0)
 		}

@@ -150,7 +150,7 @@ typedef struct {
 } ucp_request_param_t;
 
 // Active messages (ucp.h, ucp_def.h; unchanged from 1.13 to 1.22).
-enum { UCP_OP_ATTR_FIELD_DATATYPE = BIT(3) };
+enum { UCP_OP_ATTR_FIELD_DATATYPE = BIT(3), UCP_OP_ATTR_FIELD_RECV_INFO = BIT(7) };
 enum { UCP_DATATYPE_IOV = 2 };
 #define UCP_DT_CONTIG_BYTES ((uint64_t)1 << 3 | 0) // ucp_dt_make_contig(1)
 typedef struct {
@@ -158,8 +158,8 @@ typedef struct {
 	size_t length;
 } ucp_dt_iov_t;
 enum { UCP_AM_FLAG_WHOLE_MSG = BIT(0) };
-enum { UCP_AM_SEND_FLAG_EAGER = BIT(1) };
-enum { UCP_AM_RECV_ATTR_FLAG_DATA = BIT(16), UCP_AM_RECV_ATTR_FLAG_RNDV = BIT(17) };
+enum { UCP_AM_SEND_FLAG_REPLY = BIT(0), UCP_AM_SEND_FLAG_EAGER = BIT(1) };
+enum { UCP_AM_RECV_ATTR_FIELD_REPLY_EP = BIT(0), UCP_AM_RECV_ATTR_FLAG_DATA = BIT(16), UCP_AM_RECV_ATTR_FLAG_RNDV = BIT(17) };
 enum {
 	UCP_AM_HANDLER_PARAM_FIELD_ID = BIT(0),
 	UCP_AM_HANDLER_PARAM_FIELD_FLAGS = BIT(1),
