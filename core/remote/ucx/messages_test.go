@@ -54,6 +54,32 @@ func TestMessagesPull(t *testing.T) {
 	}
 }
 
+// A pull larger than what staging may hand out at once waits for slots,
+// message by message: with one slot, each data message is received once
+// the copy out of the last one freed it; every byte arrives.
+func TestMessagesPullThroughOneStagingSlot(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{Options: map[string]string{"TLS": "tcp"}}, 10*time.Second)
+	imp := newSide(t, emu, 0x1, Config{Options: map[string]string{"TLS": "tcp"}}, 10*time.Second)
+	require.NoError(t, imp.tr.do(func() error { imp.tr.staging.budget = 1; return nil }))
+	cfg := smallConfig(256)
+	cfg.InnerDim = 1024 // 64 KiB blocks: 16 MiB, four data messages
+	src := exp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	dst := imp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+	imp.importAll(t, exp)
+	ids := seq(0, 256)
+	for round := 0; round < 3; round++ {
+		imp.fill(t, dst, 0x900)
+		require.NoError(t, move(t, imp.m, src, ids, dst, ids))
+		for _, id := range ids {
+			imp.check(t, dst, id, 0x100+uint64(id))
+		}
+	}
+	require.Zero(t, imp.tr.staging.outstanding())
+}
+
 // A pull whose exporter does not answer within the deadline fails, and
 // the exporter's answer that comes after (its progress thread frozen,
 // then thawed) lands nowhere: the destination blocks hold what they held

@@ -257,6 +257,7 @@ func (t *Transport) receiveData(w waiting) {
 	s := t.staging.tryGet(w.size)
 	if s == nil {
 		t.waiting = append(t.waiting, w)
+		t.hasWaiting.Store(true)
 		return
 	}
 	t.receive(w.desc, []piece{{s.addr, w.size}}, func(err error, n uint64) {
@@ -272,6 +273,9 @@ func (t *Transport) receiveData(w waiting) {
 				defer r.copies.Done()
 				r.copyOut(s, w.off, n)
 				t.staging.put(s)
+				if t.hasWaiting.Load() {
+					t.post(t.receiveWaiting) // a slot came free
+				}
 			}()
 		}
 		t.received(r, err, n)
@@ -292,6 +296,7 @@ func (t *Transport) received(r *pull, err error, n uint64) {
 // receiveWaiting receives the data messages that wait for a slot, in
 // order, as slots come free; those of pulls that ended are dropped.
 func (t *Transport) receiveWaiting() {
+	defer func() { t.hasWaiting.Store(len(t.waiting) > 0) }()
 	for len(t.waiting) > 0 {
 		w := t.waiting[0]
 		if w.r.ended {

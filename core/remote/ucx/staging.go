@@ -51,6 +51,14 @@ type stagingPool struct {
 	slots   int    // slots handed out and not put back (for tests)
 	retired uint64 // bytes retired
 	closed  bool
+	budget  uint64 // stagingBudget when 0 (tests set less)
+}
+
+func (p *stagingPool) limit() uint64 {
+	if p.budget > 0 {
+		return p.budget
+	}
+	return stagingBudget
 }
 
 func sizeClass(n uint64) uint64 {
@@ -64,7 +72,7 @@ func sizeClass(n uint64) uint64 {
 func (p *stagingPool) available(n uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.out == 0 || p.out+sizeClass(n) <= stagingBudget
+	return p.out == 0 || p.out+sizeClass(n) <= p.limit()
 }
 
 // tryGet hands out a slot of at least n bytes, or nil when the budget is
@@ -73,7 +81,7 @@ func (p *stagingPool) tryGet(n uint64) *slot {
 	size := sizeClass(n)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.out > 0 && p.out+size > stagingBudget {
+	if p.out > 0 && p.out+size > p.limit() {
 		return nil
 	}
 	var s *slot

@@ -73,7 +73,7 @@ type Transport struct {
 	// (after its deadline): dropped unread.
 	lateDropped atomic.Uint64
 	nextReq     atomic.Uint64
-	staging     stagingPool
+	staging     stagingPool    // pulls' data messages land here
 	serves      sync.WaitGroup // reads being served
 
 	// Owned by the progress thread.
@@ -96,6 +96,7 @@ type Transport struct {
 	connects        map[uint64]*connecting
 	pulls           map[uint64]*pull
 	waiting         []waiting // data messages waiting for a staging slot
+	hasWaiting      atomic.Bool
 	lastSweep       time.Time
 	lastRefusalLog  time.Time
 	cookie          [32]byte // the key of the challenges' nonces (serve.go)
