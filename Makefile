@@ -72,7 +72,7 @@ FUZZTIME ?= 30s
 # message mode over shared memory and tcp, with Debian's UCX and 1.22.
 soak-late: deps deps-ucx
 	KVBM_REQUIRE_UCX=1 KVBM_TEST_LATE_ROUNDS=100 $(GO) test -count=1 -timeout 60m -run TestNoByteOfAFailedPullLandsAfterItCompletes ./core/worker
-	KVBM_REQUIRE_UCX=1 KVBM_TEST_LATE_ROUNDS=100 KVBM_UCX_LIB=$$(scripts/ucx-current.sh) $(GO) test -count=1 -timeout 60m -run 'TestNoByteOfAFailedPullLandsAfterItCompletes/ucx' ./core/worker
+	KVBM_REQUIRE_UCX=1 KVBM_TEST_LATE_ROUNDS=100 KVBM_UCX_LIB=$$(scripts/ucx-current.sh) $(GO) test -count=1 -timeout 60m -run 'TestNoByteOfAFailedPullLandsAfterItCompletes/ucx_(sm|tcp)' ./core/worker
 
 fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzDecodeMetadata -fuzztime $(FUZZTIME) ./core/worker
