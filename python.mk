@@ -73,7 +73,7 @@ test-py: py-venv $(VERSITYGW)
 # every run goes ahead before the target reports a failure.
 TEST_VLLM_ENGINES ?= vllm:0.33.0 vllm-0.34:0.34.0
 
-test-vllm: lib
+test-vllm: lib deps-ucx
 	@failed=; for ev in $(TEST_VLLM_ENGINES); do \
 	  engine=$${ev%%:*}; version=$${ev#*:}; \
 	  echo "test-vllm: vllm $$version"; \
@@ -84,19 +84,25 @@ test-vllm: lib
 	    echo "test-vllm: SKIPPED: the vllm $$version venv could not be created (reason above)"; \
 	    continue; }; \
 	  ( cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
-	    "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_connector ) || \
+	    "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_connector && \
+	    echo "test-vllm: vllm $$version, P/D over UCX's message mode" && \
+	    KVBM_TRANSPORT=ucx KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) PYTHONPATH=$(CURDIR)/python \
+	    "$$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_connector/test_disagg.py tests/vllm_connector/test_disagg_trust.py ) || \
 	    failed="$$failed $$version"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-vllm: FAILED for vllm$$failed" >&2; exit 1; fi
 
-test-sglang: lib
+test-sglang: lib deps-ucx
 	@venv=$$(scripts/engine-venv.sh sglang) || { \
 	  if [ "$$KVBM_REQUIRE_ENGINES" = 1 ]; then \
 	    echo "test-sglang: FAILED: no sglang 0.5.23 venv (KVBM_REQUIRE_ENGINES=1)" >&2; exit 1; fi; \
 	  echo "test-sglang: SKIPPED: the sglang 0.5.23 venv could not be created (reason above)"; \
 	  exit 0; }; \
 	cd python && KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated \
-	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/sglang
+	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/sglang && \
+	echo "test-sglang: PD over UCX's message mode" && \
+	KVBM_TRANSPORT=ucx KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) KVBM_DEVICE=emulated \
+	  PYTHONPATH=$(CURDIR)/python "$$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/sglang/test_pd.py tests/sglang/test_pd_scope.py
 
 # Each engine is a process of its own (tests/e2e_vllm/engine.py); on a
 # machine of 2 cores vLLM's CPU engine with a KV connector needs one core
