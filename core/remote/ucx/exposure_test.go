@@ -10,6 +10,7 @@ import (
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,23 +32,15 @@ func TestEmulatedReadsAreNotBoundedByTheRkey(t *testing.T) {
 			exp := newSide(t, emu, 0xE, Config{OneSided: true, Options: tc.opts}, 5*time.Second)
 			imp := newSide(t, emu, 0x1, Config{OneSided: true, Options: tc.opts}, 5*time.Second)
 			h := exp.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
-			const size = 4096
-			secret, err := emu.HostAlloc(0, size) // the exporter's, never registered
-			require.NoError(t, err)
-			dst, err := emu.HostAlloc(0, size)
-			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, emu.HostFree(secret)); require.NoError(t, emu.HostFree(dst)) })
-			sb, err := emu.Bytes(secret, size)
-			require.NoError(t, err)
-			copy(sb, pattern(size, 0x5EC))
+			secret, sb, dst := secretAndDestination(t, emu)
 			p := imp.importAll(t, exp)
 			l := p.layouts[h]
 			l.regions = l.regions[:1]
 			l.regions[0].base, l.regions[0].size = 0, 1<<62 // a client that checks nothing
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			err = p.Read(ctx, h, []transfer.RemoteOp{{Remote: secret, Local: dst, Size: size}})
-			db, berr := emu.Bytes(dst, size)
+			err := p.Read(ctx, h, []transfer.RemoteOp{{Remote: secret, Local: dst, Size: secretSize}})
+			db, berr := emu.Bytes(dst, secretSize)
 			require.NoError(t, berr)
 			leaked := err == nil && string(db) == string(sb)
 			t.Logf("UCX %s, %s: read outside every registered region: err=%v, secret copied: %v", Version(), tc.name, err, leaked)
@@ -72,15 +65,7 @@ func TestTheMessageModeServesNoRMA(t *testing.T) {
 			h := exp.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
 			exp.fill(t, h, 0x100)
 			keys.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
-			const size = 4096
-			secret, err := emu.HostAlloc(0, size)
-			require.NoError(t, err)
-			dst, err := emu.HostAlloc(0, size)
-			require.NoError(t, err)
-			t.Cleanup(func() { require.NoError(t, emu.HostFree(secret)); require.NoError(t, emu.HostFree(dst)) })
-			sb, err := emu.Bytes(secret, size)
-			require.NoError(t, err)
-			copy(sb, pattern(size, 0x5EC))
+			secret, sb, dst := secretAndDestination(t, emu)
 
 			// The exporter's address, with an rkey UCX will unpack.
 			ep, err := exp.tr.Endpoint()
@@ -101,9 +86,9 @@ func TestTheMessageModeServesNoRMA(t *testing.T) {
 			t.Cleanup(func() { require.NoError(t, p.Close()) })
 			rctx, rcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer rcancel()
-			err = p.(*Peer).Read(rctx, info.layouts[0].handle, []transfer.RemoteOp{{Remote: secret, Local: dst, Size: size}})
+			err = p.(*Peer).Read(rctx, info.layouts[0].handle, []transfer.RemoteOp{{Remote: secret, Local: dst, Size: secretSize}})
 			require.ErrorIs(t, err, remote.ErrPeerUnavailable)
-			db, err := emu.Bytes(dst, size)
+			db, err := emu.Bytes(dst, secretSize)
 			require.NoError(t, err)
 			require.NotEqual(t, string(sb), string(db), "the secret was read")
 
@@ -114,4 +99,23 @@ func TestTheMessageModeServesNoRMA(t *testing.T) {
 			imp.check(t, local, 1, 0x101)
 		})
 	}
+}
+
+// secretSize is the size of secretAndDestination's buffers.
+const secretSize = 4096
+
+// secretAndDestination allocates host memory of the process that no
+// layout registers, holding a pattern (the secret, and its bytes), and a
+// buffer to read it into.
+func secretAndDestination(t *testing.T, emu *cuda.Emulated) (secret uint64, sb []byte, dst uint64) {
+	t.Helper()
+	secret, err := emu.HostAlloc(0, secretSize)
+	require.NoError(t, err)
+	dst, err = emu.HostAlloc(0, secretSize)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, emu.HostFree(secret)); require.NoError(t, emu.HostFree(dst)) })
+	sb, err = emu.Bytes(secret, secretSize)
+	require.NoError(t, err)
+	copy(sb, pattern(secretSize, 0x5EC))
+	return secret, sb, dst
 }
