@@ -54,6 +54,31 @@ func TestMessagesPull(t *testing.T) {
 	}
 }
 
+// Many reads at once through one session: the exporter serves
+// maxServingReads of them at a time and queues the rest; every one is
+// answered, every byte where it belongs.
+func TestMessagesManyReadsAtOnce(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 10*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 10*time.Second)
+	const n = 4 * maxServingReads
+	src := exp.alloc(t, storage.Pinned, smallConfig(n), transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	dst := imp.alloc(t, storage.Pinned, smallConfig(n), transfer.FullyContiguous)
+	imp.importAll(t, exp)
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() { errs <- move(t, imp.m, src, []int{i}, dst, []int{n - 1 - i}) }()
+	}
+	for i := 0; i < n; i++ {
+		require.NoError(t, <-errs)
+	}
+	for i := 0; i < n; i++ {
+		imp.check(t, dst, n-1-i, 0x100+uint64(i))
+	}
+}
+
 // A pull larger than what staging may hand out at once waits for slots,
 // message by message: with one slot, each data message is received once
 // the copy out of the last one freed it; every byte arrives.

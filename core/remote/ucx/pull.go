@@ -20,6 +20,7 @@ import (
 	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/internal/memcopy"
 	"github.com/kvbm/kvbm/kvbmerr"
 )
 
@@ -318,7 +319,9 @@ func (t *Transport) receiveWaiting() {
 func (r *pull) copyOut(s *slot, off, n uint64) {
 	src := s.bytes()[:n]
 	for _, d := range pieces(r.local, off, n) {
-		src = src[copy(storage.HostBytes(d.addr, d.size), src):]
+		// As a copy engine does: the destination is not pulled through
+		// the cache (32 KiB fragments included).
+		src = src[memcopy.Copy(storage.HostBytes(d.addr, d.size), src):]
 	}
 }
 

@@ -47,8 +47,10 @@ type session struct {
 	state   *C.kvbm_ucx_epstate_t
 	grant   *capability.Grant
 	created time.Time
-	sends   int  // messages in flight on ep, and reads being served
+	sends   int  // messages in flight on ep, and reads being served or queued
 	closing bool // ep is closing; freed once closed and sends are done
+	serving int  // reads being served (startReads)
+	queued  []queuedRead
 }
 
 // serveMessage handles a message to the exporter.
@@ -179,12 +181,43 @@ func (t *Transport) read(m *message) {
 		t.sendOn(s, doneHeader(s.id, m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
 		return
 	}
+	if len(s.queued) >= maxQueuedReads {
+		err := fmt.Errorf("%w: ucx: the session has %d reads being served and %d queued; retry once some are answered",
+			kvbmerr.ErrUnsupported, s.serving, len(s.queued))
+		t.sendOn(s, doneHeader(s.id, m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
+		return
+	}
 	s.sends++ // the session lives until its reads are answered
-	t.serves.Add(1)
-	go func() {
-		defer t.serves.Done()
-		t.serveRead(s, m.h.req, m.h.handle, ops)
-	}()
+	s.queued = append(s.queued, queuedRead{m.h.req, m.h.handle, ops})
+	t.startReads(s)
+}
+
+// Reads served at once per session, and queued beyond those: a holder of
+// a capability cannot make the exporter start unbounded work.
+const (
+	maxServingReads = 16
+	maxQueuedReads  = 1024
+)
+
+type queuedRead struct {
+	req uint64
+	h   transfer.LayoutHandle
+	ops []transfer.RemoteOp
+}
+
+// startReads serves a session's queued reads, up to maxServingReads at
+// once, each in a goroutine of its own.
+func (t *Transport) startReads(s *session) {
+	for s.serving < maxServingReads && len(s.queued) > 0 {
+		q := s.queued[0]
+		s.queued = s.queued[1:]
+		s.serving++
+		t.serves.Add(1)
+		go func() {
+			defer t.serves.Done()
+			t.serveRead(s, q.req, q.h, q.ops)
+		}()
+	}
 }
 
 // serveRead checks a read against the session's capability, sends its
@@ -210,9 +243,11 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 	hdr := doneHeader(s.id, req, sent, remote.StatusOf(err))
 	t.post(func() {
 		s.sends--
+		s.serving--
 		t.sendOn(s, hdr, []byte(msg), nil, nil)
 		t.freeSession(s)
 		t.served.Add(1)
+		t.startReads(s)
 	})
 }
 
@@ -362,6 +397,8 @@ func (t *Transport) endSession(s *session) {
 		return
 	}
 	s.closing = true
+	s.sends -= len(s.queued) // queued reads are not served
+	s.queued = nil
 	delete(t.sessions, s.id)
 	t.closingSessions = append(t.closingSessions, s)
 	C.kvbm_ucx_ep_close(s.ep, 1, s.state)
