@@ -1,19 +1,29 @@
-// Package ucx is the UCX transport of core/remote: reads and writes
-// (ucp_get_nbx, ucp_put_nbx) of memory the exporting worker registered
-// with ucp_mem_map, whose packed rkeys travel in its endpoint. UCX picks
-// the way by itself (UCX_TLS): shared memory between processes of one
-// host, TCP across hosts, RDMA (rc, dc) where the hardware is, and device
-// memory directly with a CUDA-enabled build.
+// Package ucx is the UCX transport of core/remote. UCX picks the way by
+// itself (UCX_TLS): RDMA (rc, dc, ud, EFA's srd) where the hardware is,
+// TCP across hosts, shared memory between processes of one host.
 //
-// Whether the exporter's CPU takes part depends on the memory and on the
-// UCX build. Memory the transport allocated (AllocHost) is shared memory
-// that a peer on the same host maps and copies itself: one-sided. Other
-// memory (the manager's own allocations) is reached one-sided over RDMA or
-// with a UCX built with xpmem or knem; with Debian's libucx0 1.13 between
-// processes of one host, and over TCP, UCX emulates the reads and writes
-// with messages that the exporter's progress thread answers (UCX's cma
-// transport, which could do them one-sided, is not used by UCX 1.13 with
-// error handling mode PEER).
+// In its message mode (the default) the exporter's UCX context has
+// active messages only, no RMA: a peer proves the capability its endpoint
+// carries with the TCP transport's hello (am.go, serve.go), then asks for
+// byte ranges, which the exporter checks against that capability and
+// serves from the manager (transfer.Manager.Serve), sending the bytes on
+// an endpoint of its own to the importer; the importer receives them into
+// staging slots of its own and copies them to their destination (pull.go,
+// staging.go), so that nothing UCX does late reaches a destination. It
+// pulls only.
+//
+// In its one-sided mode (Config.OneSided, refused by remote.Open unless
+// EnvAcceptLateWrites) it reads and writes (ucp_get_nbx, ucp_put_nbx)
+// memory the exporting worker registered with ucp_mem_map, whose packed
+// rkeys travel in its endpoint. Whether the exporter's CPU takes part then
+// depends on the memory and on the UCX build. Memory the transport
+// allocated (AllocHost) is shared memory that a peer on the same host
+// maps and copies itself. Other memory (the manager's own allocations) is
+// reached one-sided over RDMA or with a UCX built with xpmem or knem; with
+// Debian's libucx0 1.13 between processes of one host, and over TCP, UCX
+// emulates the reads and writes with messages that the exporter's progress
+// thread answers (UCX's cma transport, which could do them one-sided, is
+// not used by UCX 1.13 with error handling mode PEER).
 //
 // libucp.so.0 is opened with dlopen at first use (KVBM_UCX_LIB names
 // another, such as a CUDA/RDMA-enabled build on a GPU cluster); nothing
