@@ -39,29 +39,36 @@ func Prefer(name string, prefer func() (ok bool, why string)) {
 
 // AutoWhy says what auto chooses here and why.
 func AutoWhy() string {
+	name, why := auto()
+	return fmt.Sprintf("auto chooses %s%s", name, why)
+}
+
+// auto is the transport auto chooses: the first linked in, by name, that
+// prefers itself here (Prefer), else tcp; and why, for AutoWhy.
+func auto() (name, why string) {
 	openersMu.Lock()
+	names := make([]string, 0, len(preferred))
 	prefs := make(map[string]func() (bool, string), len(preferred))
 	for n, f := range preferred {
-		prefs[n] = f
+		if openers[n] != nil {
+			names = append(names, n)
+			prefs[n] = f
+		}
 	}
-	openersMu.Unlock()
-	names := make([]string, 0, len(prefs))
-	for n := range prefs {
-		names = append(names, n)
-	}
+	openersMu.Unlock() // prefer may load a library: not under the lock
 	sort.Strings(names)
 	var whys []string
 	for _, n := range names {
-		ok, why := prefs[n]()
+		ok, reason := prefs[n]()
 		if ok {
-			return fmt.Sprintf("auto chooses %s: %s", n, why)
+			return n, ": " + reason
 		}
-		whys = append(whys, fmt.Sprintf("not %s: %s", n, why))
+		whys = append(whys, fmt.Sprintf("not %s: %s", n, reason))
 	}
 	if len(whys) == 0 {
-		return "auto chooses tcp"
+		return "tcp", ""
 	}
-	return "auto chooses tcp (" + strings.Join(whys, "; ") + ")"
+	return "tcp", " (" + strings.Join(whys, "; ") + ")"
 }
 
 // Register makes a network transport selectable by name; the TCP and UCX
@@ -83,24 +90,15 @@ func Register(name string, open Opener) {
 // transport does, so auto leaves it to the deployments that choose it
 // there.
 func Choice(name string) (string, error) {
-	openersMu.Lock()
-	defer openersMu.Unlock()
 	switch name {
 	case "", "auto":
-		names := make([]string, 0, len(preferred))
-		for n := range preferred {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
-			if ok, _ := preferred[n](); ok && openers[n] != nil {
-				return n, nil
-			}
-		}
-		return "tcp", nil
+		n, _ := auto()
+		return n, nil
 	case "loopback":
 		return "loopback", nil
 	}
+	openersMu.Lock()
+	defer openersMu.Unlock()
 	if _, ok := openers[name]; !ok {
 		names := []string{"auto", "loopback"}
 		for n := range openers {

@@ -55,13 +55,10 @@ func (t *Transport) listen() error {
 // deliver hands the messages the last progress queued to their handlers;
 // it reports whether there were any.
 func (t *Transport) deliver() bool {
-	if t.inbox == nil {
+	if t.inbox == nil || t.inbox.head == nil { // read here: no cgo call on every turn of the loop
 		return false
 	}
 	m := C.kvbm_ucx_am_take(t.inbox)
-	if m == nil {
-		return false
-	}
 	for m != nil {
 		next := m.next
 		t.handle(m)
@@ -77,14 +74,14 @@ func (t *Transport) handle(cm *C.kvbm_ucx_msg_t) {
 	msg := &message{h: h, reply: cm.reply_ep, desc: cm.desc, size: uint64(cm.length), c: cm}
 	if err != nil {
 		t.drop(msg)
-		t.refuse("", "a malformed message", err.Error())
+		t.refuse("a malformed message", err.Error())
 		return
 	}
 	if h.kind != kindData && msg.size > 0 {
 		if msg.desc != 0 || msg.size > maxReadOps*16 {
 			// Requests and answers are small and sent eager.
 			t.drop(msg)
-			t.refuse("", "a malformed message", fmt.Sprintf("a %v message of %d bytes sent by rendezvous", h.kind, msg.size))
+			t.refuse("a malformed message", fmt.Sprintf("a %v message of %d bytes sent by rendezvous", h.kind, msg.size))
 			return
 		}
 		msg.data = C.GoBytes(cm.data, C.int(cm.length))

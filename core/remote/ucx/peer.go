@@ -239,7 +239,10 @@ func (p *Peer) rma(ctx context.Context, h transfer.LayoutHandle, ops []transfer.
 	}
 	if !p.oneSided {
 		for _, op := range ops {
-			if err := l.contains(op); err != nil {
+			if op.Size == 0 {
+				continue
+			}
+			if _, err := l.region(op); err != nil {
 				return fmt.Errorf("%w: ucx: %s of %d ops on layout %v: %w", kvbmerr.ErrOutOfRange, verb, len(ops), h, err)
 			}
 			total += op.Size
@@ -258,14 +261,12 @@ func (p *Peer) rma(ctx context.Context, h transfer.LayoutHandle, ops []transfer.
 		if op.Size == 0 {
 			continue
 		}
-		rs := l.regions
-		i := sort.Search(len(rs), func(i int) bool { return rs[i].base > op.Remote }) - 1
-		if i < 0 || op.Remote+op.Size < op.Remote || op.Remote+op.Size > rs[i].base+rs[i].size {
+		r, err := l.region(op)
+		if err != nil {
 			C.free(unsafe.Pointer(b.ops))
-			return fmt.Errorf("%w: ucx: %s: bytes [%#x, +%d) are not inside one region of the peer's layout",
-				kvbmerr.ErrOutOfRange, b.what, op.Remote, op.Size)
+			return fmt.Errorf("%w: ucx: %s: %v", kvbmerr.ErrOutOfRange, b.what, err)
 		}
-		cops[b.n] = C.kvbm_ucx_op_t{remote: C.uint64_t(op.Remote), local: C.uint64_t(op.Local), size: C.uint64_t(op.Size), rkey: rs[i].rkey}
+		cops[b.n] = C.kvbm_ucx_op_t{remote: C.uint64_t(op.Remote), local: C.uint64_t(op.Local), size: C.uint64_t(op.Size), rkey: r.rkey}
 		b.n++
 		total += op.Size
 	}
@@ -515,17 +516,15 @@ func (b *batch) free() {
 	b.c, b.ops = nil, nil
 }
 
-// contains checks that op is inside one region the exporter published.
-func (l *remoteLayout) contains(op transfer.RemoteOp) error {
+// region is the region the exporter published that holds op (a
+// non-empty op).
+func (l *remoteLayout) region(op transfer.RemoteOp) (*remoteRegion, error) {
 	rs := l.regions
 	i := sort.Search(len(rs), func(i int) bool { return rs[i].base > op.Remote }) - 1
-	if op.Size == 0 {
-		return nil
-	}
 	if i < 0 || op.Remote+op.Size < op.Remote || op.Remote+op.Size > rs[i].base+rs[i].size {
-		return fmt.Errorf("bytes [%#x, +%d) are not inside one region of the peer's layout", op.Remote, op.Size)
+		return nil, fmt.Errorf("bytes [%#x, +%d) are not inside one region of the peer's layout", op.Remote, op.Size)
 	}
-	return nil
+	return &rs[i], nil
 }
 
 func modeName(oneSided bool) string {

@@ -126,12 +126,10 @@ func (p *Peer) hello(ctx context.Context, info *endpointInfo) error {
 
 // clientWorker is the worker this transport serves, or 0.
 func (t *Transport) clientWorker() uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.serving == nil {
-		return 0
+	if m := t.manager(); m != nil {
+		return m.WorkerID()
 	}
-	return t.serving.WorkerID()
+	return 0
 }
 
 // pull reads ops of the exporter's layout h through the session. A
@@ -220,10 +218,7 @@ func (t *Transport) pullMessage(m *message) {
 		if m.desc == 0 {
 			// Eager: the bytes are here, whole; copied to their
 			// destination at once.
-			src := unsafe.Slice((*byte)(m.c.data), m.size)
-			for _, d := range pieces(r.local, m.h.offset, m.size) {
-				src = src[copy(storage.HostBytes(d.addr, d.size), src):]
-			}
+			r.scatter(m.h.offset, unsafe.Slice((*byte)(m.c.data), m.size))
 			r.recvd += m.size
 			t.checkPull(r)
 			return
@@ -272,7 +267,7 @@ func (t *Transport) receiveData(w waiting) {
 			r.copies.Add(1)
 			go func() {
 				defer r.copies.Done()
-				r.copyOut(s, w.off, n)
+				r.scatter(w.off, s.bytes()[:n])
 				t.staging.put(s)
 				if t.hasWaiting.Load() {
 					t.post(t.receiveWaiting) // a slot came free
@@ -314,13 +309,11 @@ func (t *Transport) receiveWaiting() {
 	}
 }
 
-// copyOut copies bytes [off, off+n) of r's data from a staging slot to
-// their destination.
-func (r *pull) copyOut(s *slot, off, n uint64) {
-	src := s.bytes()[:n]
-	for _, d := range pieces(r.local, off, n) {
-		// As a copy engine does: the destination is not pulled through
-		// the cache (32 KiB fragments included).
+// scatter copies src, bytes [off, off+len(src)) of r's data, to their
+// destination, as a copy engine does: the destination is not pulled
+// through the cache (32 KiB fragments included).
+func (r *pull) scatter(off uint64, src []byte) {
+	for _, d := range pieces(r.local, off, uint64(len(src))) {
 		src = src[memcopy.Copy(storage.HostBytes(d.addr, d.size), src):]
 	}
 }

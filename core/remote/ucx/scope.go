@@ -70,11 +70,7 @@ func (t *Transport) scopedEndpoint(narrow func(*endpointInfo) error) ([]byte, er
 	if t.cfg.OneSided {
 		return nil, fmt.Errorf("%w: ucx: the one-sided mode carries no capability: its rkeys reach every registered layout", kvbmerr.ErrUnsupported)
 	}
-	ep, err := t.Endpoint()
-	if err != nil {
-		return nil, err
-	}
-	info, err := decodeEndpoint(ep)
+	info, err := t.endpointInfo()
 	if err != nil {
 		return nil, err
 	}

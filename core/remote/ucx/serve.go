@@ -88,7 +88,7 @@ func (t *Transport) challengeNonce(conn, at uint64, address []byte) []byte {
 // challenge answers an open, on the endpoint it came on.
 func (t *Transport) challenge(m *message) {
 	if m.reply == 0 || len(m.data) == 0 || len(m.data) > maxAddressLen {
-		t.refuse("", "an open", fmt.Sprintf("sent without a reply endpoint or with an address of %d bytes", len(m.data)))
+		t.refuse("an open", fmt.Sprintf("sent without a reply endpoint or with an address of %d bytes", len(m.data)))
 		return
 	}
 	at := uint64(time.Now().UnixNano())
@@ -124,7 +124,7 @@ func (t *Transport) hello(m *message) {
 		g, answer, why = t.verifier.Verify(h, t.challengeNonce(m.h.conn, m.h.at, address), t.m.WorkerID(), now)
 	}
 	if answer == nil {
-		t.refuse("", "a hello", why)
+		t.refuse("a hello", why)
 		if m.reply != 0 { // refused with nothing said but that, as TCP's closed connection
 			t.send(m.reply, welcomeHeader(m.h.conn, false, sessionID{}), nil, nil, sendEager, nil)
 		}
@@ -150,7 +150,7 @@ func (t *Transport) hello(m *message) {
 	defer C.free(caddr)
 	if err := status(C.kvbm_ucx_ep_create(t.worker, caddr, s.state, &s.ep)); err != nil {
 		C.free(unsafe.Pointer(s.state))
-		t.refuse("", "a hello", fmt.Sprintf("cannot reach the worker address it named: %v", err))
+		t.refuse("a hello", fmt.Sprintf("cannot reach the worker address it named: %v", err))
 		return
 	}
 	t.sessions[s.id] = s
@@ -166,7 +166,7 @@ func (t *Transport) read(m *message) {
 		// whose session the exporter ended (evicted, or after a send to it
 		// failed) learns it and connects again; a peer that guessed learns
 		// nothing.
-		t.refuse("", "a read", "for no verified session")
+		t.refuse("a read", "for no verified session")
 		if m.reply != 0 {
 			t.send(m.reply, doneHeader(m.h.session, m.h.req, 0, statusNoSession),
 				[]byte(fmt.Sprintf("worker %x has no session for this peer (ended: import its metadata again)", t.m.WorkerID())), nil, sendEager, nil)
@@ -322,7 +322,7 @@ func (t *Transport) inScope(g *capability.Grant, h transfer.LayoutHandle, ops []
 	}
 	if err != nil {
 		if !errors.Is(err, transfer.ErrWithdrawn) {
-			t.post(func() { t.refuse("", "a read", err.Error()) })
+			t.post(func() { t.refuse("a read", err.Error()) })
 		}
 		return err
 	}
@@ -434,7 +434,7 @@ func (t *Transport) reapSessions() {
 }
 
 // refuse logs a refused message, rate limited, and counts it.
-func (t *Transport) refuse(from, what, why string) {
+func (t *Transport) refuse(what, why string) {
 	n := t.refused.Add(1)
 	if now := time.Now(); now.Sub(t.lastRefusalLog) >= time.Second {
 		t.lastRefusalLog = now

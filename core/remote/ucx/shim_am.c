@@ -75,6 +75,20 @@ static void req_finish(kvbm_ucx_req_t *r, ucs_status_ptr_t p) {
 	}
 }
 
+// set_buffer sets p's datatype for the iovcnt pieces of iov and returns
+// the buffer and count to pass: one piece as contiguous bytes (which UCX
+// can move zero-copy), several as an iov, none as nothing.
+static void *set_buffer(ucp_request_param_t *p, const kvbm_ucx_iov_t *iov, size_t iovcnt, size_t *count) {
+	if (iovcnt > 1) {
+		p->datatype = UCP_DATATYPE_IOV;
+		*count = iovcnt;
+		return (void *)iov;
+	}
+	p->datatype = UCP_DT_CONTIG_BYTES;
+	*count = iovcnt == 1 ? iov[0].length : 0;
+	return iovcnt == 1 ? (void *)(uintptr_t)iov[0].buffer : NULL;
+}
+
 static void send_done(void *request, ucs_status_t status, void *user_data) {
 	kvbm_ucx_req_t *r = user_data;
 	r->status = status;
@@ -92,19 +106,8 @@ void kvbm_ucx_am_send(uint64_t ep, unsigned id, const void *header, size_t heade
 	p.user_data = r;
 	p.flags = (eager ? UCP_AM_SEND_FLAG_EAGER : 0) | (reply ? UCP_AM_SEND_FLAG_REPLY : 0);
 	p.memory_type = UCS_MEMORY_TYPE_HOST;
-	const void *buf = NULL;
-	size_t count = 0;
-	if (iovcnt == 1) {
-		p.datatype = UCP_DT_CONTIG_BYTES;
-		buf = (const void *)(uintptr_t)iov[0].buffer;
-		count = iov[0].length;
-	} else if (iovcnt > 1) {
-		p.datatype = UCP_DATATYPE_IOV;
-		buf = iov;
-		count = iovcnt;
-	} else {
-		p.datatype = UCP_DT_CONTIG_BYTES;
-	}
+	size_t count;
+	void *buf = set_buffer(&p, iov, iovcnt, &count);
 	req_finish(r, U.am_send_nbx((ucp_ep_h)(uintptr_t)ep, id, header, header_len, buf, count, &p));
 }
 
@@ -125,17 +128,8 @@ void kvbm_ucx_am_recv(uint64_t worker, uint64_t desc, const kvbm_ucx_iov_t *iov,
 	p.user_data = r;
 	p.recv_info.length = (size_t *)&r->length; // set when it completes at once
 	p.memory_type = UCS_MEMORY_TYPE_HOST;
-	void *buf;
 	size_t count;
-	if (iovcnt == 1) {
-		p.datatype = UCP_DT_CONTIG_BYTES;
-		buf = (void *)(uintptr_t)iov[0].buffer;
-		count = iov[0].length;
-	} else {
-		p.datatype = UCP_DATATYPE_IOV;
-		buf = (void *)iov;
-		count = iovcnt;
-	}
+	void *buf = set_buffer(&p, iov, iovcnt, &count);
 	req_finish(r, U.am_recv_data_nbx((ucp_worker_h)(uintptr_t)worker, (void *)(uintptr_t)desc, buf, count, &p));
 }
 

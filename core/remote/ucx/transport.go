@@ -218,6 +218,16 @@ func (t *Transport) post(fn func()) bool {
 // with the reason peers cannot reach it) and returns the worker address with every region's base,
 // size and packed rkey.
 func (t *Transport) Endpoint() ([]byte, error) {
+	info, err := t.endpointInfo()
+	if err != nil {
+		return nil, err
+	}
+	return info.encode(), nil
+}
+
+// endpointInfo is what Endpoint encodes: the layouts the served manager
+// has now, registered.
+func (t *Transport) endpointInfo() (*endpointInfo, error) {
 	t.mu.Lock()
 	m := t.serving
 	t.mu.Unlock()
@@ -241,10 +251,10 @@ func (t *Transport) Endpoint() ([]byte, error) {
 }
 
 // endpointOf registers the layouts descs describe (on the progress thread;
-// those withdrawn since they were described are left out) and encodes the
-// endpoint.
-func (t *Transport) endpointOf(descs []transfer.Descriptor) ([]byte, error) {
-	var out []byte
+// those withdrawn since they were described are left out) and describes
+// the endpoint.
+func (t *Transport) endpointOf(descs []transfer.Descriptor) (*endpointInfo, error) {
+	var out *endpointInfo
 	err := t.do(func() error {
 		info := endpointInfo{address: t.address, proc: thisProcess(), worker: t.m.WorkerID(), scope: capability.ScopeReadWrite}
 		if t.cfg.OneSided {
@@ -257,7 +267,7 @@ func (t *Transport) endpointOf(descs []transfer.Descriptor) ([]byte, error) {
 				info.layouts = append(info.layouts, t.register(d))
 			}
 		}
-		out = info.encode()
+		out = &info
 		return nil
 	})
 	return out, err
