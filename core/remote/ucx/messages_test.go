@@ -187,6 +187,23 @@ func TestMessagesNeedTheCapability(t *testing.T) {
 	require.NoError(t, p.Close())
 }
 
+// A worker that exported no endpoint serves no peer: a hello to its UCX
+// address goes unanswered.
+func TestMessagesNothingIsServedBeforeAnExport(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	var address []byte
+	require.NoError(t, exp.tr.do(func() error { address = exp.tr.address; return nil }))
+	info := endpointInfo{address: address, proc: thisProcess(), worker: 0xE, scope: capability.ScopeReadWrite}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := imp.tr.Connect(ctx, info.encode())
+	require.ErrorIs(t, err, remote.ErrPeerUnavailable)
+	require.ErrorContains(t, err, "did not answer the hello")
+}
+
 // A peer without a session reads nothing: a read naming a session the
 // exporter does not have (guessed, or one it ended) is counted and
 // answered "no session" and nothing else; the peer fails, and importing

@@ -349,7 +349,7 @@ func (t *Transport) checkPull(r *pull) {
 	case r.err != nil:
 		err = fmt.Errorf("%w: ucx: receiving the data: %w", remote.ErrPeerUnavailable, r.err)
 	case r.status == statusNoSession:
-		err = fmt.Errorf("%w: ucx: %s", remote.ErrPeerUnavailable, r.msg)
+		err = fmt.Errorf("%w: ucx: worker %x: %s", remote.ErrPeerUnavailable, r.peer.worker, r.msg)
 		r.peer.fail(err)
 	case r.status != remote.StatusOK:
 		err = fmt.Errorf("ucx: the exporting worker: %w", &remote.StatusError{Status: r.status, Msg: r.msg})

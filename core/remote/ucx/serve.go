@@ -55,8 +55,8 @@ type session struct {
 
 // serveMessage handles a message to the exporter.
 func (t *Transport) serveMessage(m *message) {
-	if t.m == nil || t.cfg.OneSided || t.quitting {
-		return
+	if t.m == nil || t.cfg.OneSided || t.quitting || !t.exported {
+		return // serving only once asked: an endpoint was exported
 	}
 	switch m.h.kind {
 	case kindOpen:
@@ -162,14 +162,14 @@ func (t *Transport) hello(m *message) {
 func (t *Transport) read(m *message) {
 	s := t.sessions[m.h.session]
 	if s == nil || s.closing {
-		// Nothing but that, on the endpoint the read came on: an importer
-		// whose session the exporter ended (evicted, or after a send to it
-		// failed) learns it and connects again; a peer that guessed learns
-		// nothing.
+		// Nothing but that, on the endpoint the read came on (not even the
+		// worker's id): an importer whose session the exporter ended
+		// (evicted, or after a send to it failed) learns it and connects
+		// again; a peer that guessed learns nothing.
 		t.refuse("a read", "for no verified session")
 		if m.reply != 0 {
 			t.send(m.reply, doneHeader(m.h.session, m.h.req, 0, statusNoSession),
-				[]byte(fmt.Sprintf("worker %x has no session for this peer (ended: import its metadata again)", t.m.WorkerID())), nil, sendEager, nil)
+				[]byte("the exporting worker has no session for this peer (ended: import its metadata again)"), nil, sendEager, nil)
 		}
 		return
 	}

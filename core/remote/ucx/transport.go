@@ -101,6 +101,7 @@ type Transport struct {
 	lastRefusalLog  time.Time
 	cookie          [32]byte // the key of the challenges' nonces (serve.go)
 	quitting        bool     // shutdown began: no message is served
+	exported        bool     // an endpoint was made: peers' messages are served from then on
 }
 
 type regKey struct {
@@ -256,6 +257,7 @@ func (t *Transport) endpointInfo() (*endpointInfo, error) {
 func (t *Transport) endpointOf(descs []transfer.Descriptor) (*endpointInfo, error) {
 	var out *endpointInfo
 	err := t.do(func() error {
+		t.exported = true
 		info := endpointInfo{address: t.address, proc: thisProcess(), worker: t.m.WorkerID(), scope: capability.ScopeReadWrite}
 		if t.cfg.OneSided {
 			info.mode = modeOneSided
