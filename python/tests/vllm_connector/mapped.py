@@ -12,17 +12,21 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
                        ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
+_PROT_NONE = 0
 _PROT_RW = 0x1 | 0x2
 _MAP_PRIVATE_ANON = 0x02 | 0x20
-_MAP_FIXED_NOREPLACE = 0x100000
+_MAP_FIXED = 0x10
+_MAP_NORESERVE = 0x4000
 _FAILED = ctypes.c_void_p(-1).value
 
 
 class Mapped:
     """size bytes of anonymous memory at a fixed address: tensor() views
-    it, unmap() takes it away (its address then faults), remap() maps fresh
-    zero pages at the same address (as vLLM's extensible KV cache keeps its
-    reservation and recommits new physical memory under it)."""
+    it, unmap() takes its pages away (its address then faults), remap() maps
+    fresh zero pages at the same address. Between the two the address range
+    stays reserved (PROT_NONE), as vLLM's extensible KV cache keeps its
+    reservation and recommits new physical memory under it; a plain munmap
+    would let another thread's mmap take the hole before remap."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -36,18 +40,20 @@ class Mapped:
     def tensor(self) -> torch.Tensor:
         return torch.frombuffer(self._buf, dtype=torch.int8)
 
+    def _replace(self, prot: int, flags: int) -> None:
+        # MAP_FIXED over our own range: the old pages go, the address stays ours.
+        addr = _libc.mmap(self.addr, self.size, prot, _MAP_PRIVATE_ANON | _MAP_FIXED | flags, -1, 0)
+        if addr != self.addr:
+            raise OSError(ctypes.get_errno(), f"mmap at {self.addr:#x} gave {addr}")
+
     def unmap(self) -> None:
-        if _libc.munmap(self.addr, self.size) != 0:
-            raise OSError(ctypes.get_errno(), "munmap")
+        self._replace(_PROT_NONE, _MAP_NORESERVE)
         self.mapped = False
 
     def remap(self) -> None:
-        addr = _libc.mmap(self.addr, self.size, _PROT_RW,
-                          _MAP_PRIVATE_ANON | _MAP_FIXED_NOREPLACE, -1, 0)
-        if addr != self.addr:
-            raise OSError(ctypes.get_errno(), f"mmap at {self.addr:#x} gave {addr}")
+        self._replace(_PROT_RW, 0)
         self.mapped = True
 
     def close(self) -> None:
-        if self.mapped:
-            self.unmap()
+        if _libc.munmap(self.addr, self.size) != 0:
+            raise OSError(ctypes.get_errno(), "munmap")
