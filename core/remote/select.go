@@ -18,7 +18,7 @@ type Opener func(OpenOptions) (Transport, error)
 type OpenOptions struct {
 	// Advertise is the host a TCP transport listens on (from the first
 	// export) and names in its metadata; "" takes KVBM_TCP_ADVERTISE,
-	// else 127.0.0.1. Other transports ignore it.
+	// else 127.0.0.1. UCX uses its interface for its tcp transport.
 	Advertise string
 }
 

@@ -24,7 +24,7 @@ func preferred() (bool, string) {
 			autoWhy = err.Error()
 			return
 		}
-		rs, err := Resources()
+		rs, err := cachedResources()
 		if err != nil {
 			autoWhy = err.Error()
 			return
@@ -33,6 +33,9 @@ func preferred() (bool, string) {
 	})
 	return autoOK, autoWhy
 }
+
+// cachedResources is Resources, found once per process.
+var cachedResources = sync.OnceValues(Resources)
 
 // rdmaTransports are UCX's transports over an RDMA network.
 var rdmaTransports = []string{"rc_verbs", "rc_mlx5", "dc_mlx5", "ud_verbs", "ud_mlx5", "srd"}

@@ -84,6 +84,10 @@ type Config struct {
 	// entries this way (TLS, NET_DEVICES, RNDV_THRESH, …); settings of one
 	// transport (SYSV_*, TCP_*, IB_*) come from the environment only.
 	Options map[string]string
+	// Advertise is the host whose interface UCX's tcp transport uses
+	// (default KVBM_TCP_ADVERTISE, else 127.0.0.1; 0.0.0.0: every one),
+	// unless Options or UCX_NET_DEVICES name the devices (exposure.go).
+	Advertise string
 	// MaxInFlight bounds the bytes posted and not yet completed on each
 	// endpoint (default DefaultMaxInFlight); an operation larger than it
 	// is posted alone.

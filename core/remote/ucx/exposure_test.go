@@ -4,6 +4,12 @@ package ucx
 
 import (
 	"context"
+	"encoding/hex"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,4 +124,115 @@ func secretAndDestination(t *testing.T, emu *cuda.Emulated) (secret uint64, sb [
 	require.NoError(t, err)
 	copy(sb, pattern(secretSize, 0x5EC))
 	return secret, sb, dst
+}
+
+// A worker listens on nothing until it is asked to serve (an export) or
+// to reach a peer (a connect), and then only on the interface it
+// advertises (127.0.0.1 by default), as the TCP transport does: UCX's tcp
+// transport listens on every device its worker uses.
+func TestAWorkerListensOnlyWhenAskedAndWhereItAdvertises(t *testing.T) {
+	needUCX(t)
+	before := listening(t)
+	emu := newEmu(t)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string // the listening host; "" every interface
+	}{
+		{"default", Config{Options: map[string]string{"TLS": "tcp"}}, "127.0.0.1"},
+		{"an advertised address", Config{Options: map[string]string{"TLS": "tcp"}, Advertise: firstAddress(t)}, firstAddress(t)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSide(t, emu, 0xE, tc.cfg, 5*time.Second)
+			s.alloc(t, storage.Pinned, smallConfig(1), transfer.FullyContiguous)
+			require.Empty(t, newSockets(before, listening(t)), "listening before an export")
+			_, err := s.tr.Endpoint()
+			require.NoError(t, err)
+			got := newSockets(before, listening(t))
+			require.NotEmpty(t, got, "UCX's tcp transport listens once the worker serves")
+			for _, a := range got {
+				require.Equal(t, tc.want, a.IP.String(), "listening on %v", a)
+			}
+			require.NoError(t, s.tr.Close())
+		})
+	}
+}
+
+// firstAddress is this host's first non-loopback IPv4 address.
+func firstAddress(t *testing.T) string {
+	ifaces, err := net.Interfaces()
+	require.NoError(t, err)
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				return ipn.IP.String()
+			}
+		}
+	}
+	t.Skip("no non-loopback IPv4 address")
+	return ""
+}
+
+// listening lists this process's listening TCP sockets (IPv4 and IPv6),
+// by inode.
+func listening(t *testing.T) map[string]*net.TCPAddr {
+	t.Helper()
+	ours := map[string]bool{}
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	for _, fd := range fds {
+		l, _ := os.Readlink("/proc/self/fd/" + fd.Name()) // gone meanwhile: not a socket of ours
+		if inode, ok := strings.CutPrefix(l, "socket:["); ok {
+			ours[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	out := map[string]*net.TCPAddr{}
+	for _, file := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		b, err := os.ReadFile(file)
+		if os.IsNotExist(err) {
+			continue
+		}
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" || !ours[f[9]] { // 0A: LISTEN
+				continue
+			}
+			out[f[9]] = procAddr(t, f[1])
+		}
+	}
+	return out
+}
+
+// procAddr decodes /proc/net/tcp's "0100007F:1F90" (each 32-bit word in
+// host order, little-endian here).
+func procAddr(t *testing.T, s string) *net.TCPAddr {
+	host, port, ok := strings.Cut(s, ":")
+	require.True(t, ok, s)
+	raw, err := hex.DecodeString(host)
+	require.NoError(t, err)
+	for i := 0; i+4 <= len(raw); i += 4 {
+		slices.Reverse(raw[i : i+4])
+	}
+	p, err := strconv.ParseUint(port, 16, 16)
+	require.NoError(t, err)
+	ip := net.IP(raw)
+	if v4 := ip.To4(); v4 != nil {
+		ip = v4
+	}
+	return &net.TCPAddr{IP: ip, Port: int(p)}
+}
+
+func newSockets(before, now map[string]*net.TCPAddr) []*net.TCPAddr {
+	var out []*net.TCPAddr
+	for inode, a := range now {
+		if before[inode] == nil {
+			out = append(out, a)
+		}
+	}
+	return out
 }

@@ -187,15 +187,22 @@ func TestMessagesNeedTheCapability(t *testing.T) {
 	require.NoError(t, p.Close())
 }
 
-// A worker that exported no endpoint serves no peer: a hello to its UCX
-// address goes unanswered.
+// A worker that exported no endpoint serves no peer: before it exported
+// or connected it has no UCX worker (transport_test.go), and once it has
+// one, to pull from others, a hello to its address goes unanswered.
 func TestMessagesNothingIsServedBeforeAnExport(t *testing.T) {
 	needUCX(t)
 	emu := newEmu(t)
 	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
 	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
 	var address []byte
-	require.NoError(t, exp.tr.do(func() error { address = exp.tr.address; return nil }))
+	require.NoError(t, exp.tr.do(func() error {
+		address = exp.tr.address
+		require.Nil(t, address, "a UCX worker before an export or a connect")
+		err := exp.tr.openWorker() // as a connect to another exporter does
+		address = exp.tr.address
+		return err
+	}))
 	info := endpointInfo{address: address, proc: thisProcess(), worker: 0xE, scope: capability.ScopeReadWrite}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()

@@ -97,6 +97,9 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 	var setup error
 	created := false
 	err = t.do(func() error {
+		if err := t.openWorker(); err != nil {
+			return err
+		}
 		p.state = (*C.kvbm_ucx_epstate_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_epstate_t{}))))
 		addr := C.CBytes(info.address)
 		defer C.free(addr)

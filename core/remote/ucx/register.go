@@ -15,7 +15,7 @@ import (
 // memory under the emulated device, as CUDA memory otherwise.
 func init() {
 	remote.Prefer("ucx", preferred)
-	remote.Register("ucx", func(remote.OpenOptions) (remote.Transport, error) {
+	remote.Register("ucx", func(o remote.OpenOptions) (remote.Transport, error) {
 		if err := Available(); err != nil {
 			return nil, err
 		}
@@ -24,6 +24,6 @@ func init() {
 			return nil, ErrLateWrites
 		}
 		drv, err := cuda.Default()
-		return New(Config{DeviceIsHost: err == nil && drv.Name() == cuda.EmulatedName, OneSided: oneSided})
+		return New(Config{DeviceIsHost: err == nil && drv.Name() == cuda.EmulatedName, OneSided: oneSided, Advertise: o.Advertise})
 	})
 }

@@ -257,6 +257,9 @@ func (t *Transport) endpointInfo() (*endpointInfo, error) {
 func (t *Transport) endpointOf(descs []transfer.Descriptor) (*endpointInfo, error) {
 	var out *endpointInfo
 	err := t.do(func() error {
+		if err := t.openWorker(); err != nil {
+			return err
+		}
 		t.exported = true
 		info := endpointInfo{address: t.address, proc: thisProcess(), worker: t.m.WorkerID(), scope: capability.ScopeReadWrite}
 		if t.cfg.OneSided {
@@ -400,7 +403,7 @@ func (t *Transport) loop(ready chan<- error) {
 		default:
 		}
 		busy := t.postPending()
-		if C.kvbm_ucx_progress(t.worker, 32) > 0 {
+		if t.worker != 0 && C.kvbm_ucx_progress(t.worker, 32) > 0 {
 			lastProgress = time.Now()
 		}
 		if t.deliver() {
@@ -440,53 +443,64 @@ func (t *Transport) loop(ready chan<- error) {
 	}
 }
 
+// open makes the context, with the entries contextOptions gives; the
+// worker, which opens the network devices, comes at the first export or
+// connect (openWorker).
 func (t *Transport) open() error {
-	names := make([]*C.char, 0, len(t.cfg.Options))
-	values := make([]*C.char, 0, len(t.cfg.Options))
-	defer func() {
-		for i := range names {
-			C.free(unsafe.Pointer(names[i]))
-			C.free(unsafe.Pointer(values[i]))
-		}
-	}()
-	opts := t.cfg.Options
+	opts, err := t.cfg.contextOptions(cachedResources)
+	if err != nil {
+		return err
+	}
 	keys := make([]string, 0, len(opts))
 	for k := range opts {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	for _, k := range keys {
-		names = append(names, C.CString(k))
-		values = append(values, C.CString(opts[k]))
-	}
 	nv := C.malloc(C.size_t(2*max(1, len(keys))) * C.size_t(unsafe.Sizeof(uintptr(0))))
 	defer C.free(nv)
 	cn := unsafe.Slice((**C.char)(nv), 2*max(1, len(keys)))
-	copy(cn, names)
-	copy(cn[len(keys):], values)
-	if err := status(C.kvbm_ucx_init(&cn[0], &cn[len(keys)], C.int(len(keys)), boolInt(t.cfg.OneSided), &t.context)); err != nil {
-		return fmt.Errorf("ucx: ucp_init (options %v): %w", t.cfg.Options, err)
+	for i, k := range keys {
+		cn[i], cn[len(keys)+i] = C.CString(k), C.CString(opts[k])
 	}
-	if err := status(C.kvbm_ucx_worker_create(t.context, &t.worker)); err != nil {
-		C.kvbm_ucx_cleanup(t.context)
+	defer func() {
+		for _, p := range cn[:2*len(keys)] {
+			C.free(unsafe.Pointer(p))
+		}
+	}()
+	if err := status(C.kvbm_ucx_init(&cn[0], &cn[len(keys)], C.int(len(keys)), boolInt(t.cfg.OneSided), &t.context)); err != nil {
+		return fmt.Errorf("ucx: ucp_init (options %v): %w", opts, err)
+	}
+	return nil
+}
+
+// openWorker makes the worker, once: asked to serve (an export) or to
+// reach a peer (a connect), and not before, since it listens on its
+// network devices; on the progress thread.
+func (t *Transport) openWorker() error {
+	if t.worker != 0 {
+		return nil
+	}
+	var w C.uint64_t
+	if err := status(C.kvbm_ucx_worker_create(t.context, &w)); err != nil {
 		return fmt.Errorf("ucx: ucp_worker_create: %w", err)
 	}
 	var addr unsafe.Pointer
 	var n C.size_t
-	if err := status(C.kvbm_ucx_worker_address(t.worker, &addr, &n)); err != nil {
-		C.kvbm_ucx_worker_destroy(t.worker)
-		C.kvbm_ucx_cleanup(t.context)
+	if err := status(C.kvbm_ucx_worker_address(w, &addr, &n)); err != nil {
+		C.kvbm_ucx_worker_destroy(w)
 		return fmt.Errorf("ucx: ucp_worker_get_address: %w", err)
 	}
-	t.address = C.GoBytes(addr, C.int(n))
-	C.kvbm_ucx_worker_release_address(t.worker, addr)
+	address := C.GoBytes(addr, C.int(n))
+	C.kvbm_ucx_worker_release_address(w, addr)
+	t.worker = w
 	if !t.cfg.OneSided {
 		if err := t.listen(); err != nil {
-			C.kvbm_ucx_worker_destroy(t.worker)
-			C.kvbm_ucx_cleanup(t.context)
+			C.kvbm_ucx_worker_destroy(w)
+			t.worker = 0
 			return err
 		}
 	}
+	t.address = address
 	return nil
 }
 
@@ -503,7 +517,7 @@ func (t *Transport) shutdown() {
 	// Wait for the closes; requests UCX did not cancel (RMA emulated over
 	// active messages, waiting for replies) go with the worker.
 	deadline := time.Now().Add(closeGrace)
-	for time.Now().Before(deadline) {
+	for t.worker != 0 && time.Now().Before(deadline) {
 		C.kvbm_ucx_progress(t.worker, 32)
 		t.deliver()
 		t.reapInflight()
@@ -538,7 +552,9 @@ func (t *Transport) shutdown() {
 		C.kvbm_ucx_mem_unmap(t.context, a.reg.memh)
 	}
 	t.allocs = nil
-	C.kvbm_ucx_worker_destroy(t.worker)
+	if t.worker != 0 {
+		C.kvbm_ucx_worker_destroy(t.worker)
+	}
 	C.kvbm_ucx_cleanup(t.context)
 	// No callback can run now: fail what is left and free it.
 	t.freeAfterWorker()

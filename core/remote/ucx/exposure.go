@@ -1,0 +1,147 @@
+package ucx
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/kvbm/kvbm/kvbmerr"
+)
+
+// What a transport's UCX context may expose, set where neither
+// Config.Options nor the environment (UCX_*) says otherwise:
+//
+//   - Its network devices: the RDMA ones, and for UCX's tcp transport only
+//     the interface of the advertised host (Config.Advertise): UCX's tcp
+//     transport listens on every device it uses, and a worker listens on
+//     the interface it advertises, never on every interface, as the TCP
+//     transport does. An unspecified host (0.0.0.0) means every interface.
+//   - In the message mode, the rendezvous: "am", whose data travels in
+//     messages both sides copy. The zero-copy schemes register memory for
+//     the peer's RDMA, beyond kvbm's checks and for as long as UCX keeps
+//     the registration cached: the sender's (get_zcopy, get_ppln,
+//     rkey_ptr: the exporter's layouts and staging, read by any importer
+//     that kept the key, its scope or revocation notwithstanding), or the
+//     receiver's staging (put_zcopy, put_ppln: writable later by an
+//     exporter the importer pulled from). "auto" picks get_zcopy where
+//     there is RDMA. So the message mode takes "am" only.
+
+// contextOptions are the entries the context is made with: cfg.Options
+// and the defaults above; resources lists UCX's resources (Resources).
+func (cfg Config) contextOptions(resources func() ([]string, error)) (map[string]string, error) {
+	opts := make(map[string]string, len(cfg.Options)+2)
+	for k, v := range cfg.Options {
+		opts[k] = v
+	}
+	if !cfg.OneSided {
+		scheme, from := opts["RNDV_SCHEME"], "option RNDV_SCHEME"
+		if scheme == "" {
+			scheme, from = os.Getenv("UCX_RNDV_SCHEME"), "UCX_RNDV_SCHEME"
+		}
+		if scheme != "" && scheme != rndvScheme {
+			return nil, fmt.Errorf("%w: ucx: %s=%s: the message mode takes the %q rendezvous only; a zero-copy one "+
+				"registers memory for a peer's RDMA beyond kvbm's checks (the exporter's for get_zcopy, get_ppln, rkey_ptr "+
+				"and auto; the importer's staging for put_zcopy, put_ppln)", kvbmerr.ErrUnsupported, from, scheme, rndvScheme)
+		}
+		opts["RNDV_SCHEME"] = rndvScheme
+	}
+	if opts["NET_DEVICES"] != "" || os.Getenv("UCX_NET_DEVICES") != "" {
+		return opts, nil
+	}
+	host := cfg.Advertise
+	if host == "" {
+		host = os.Getenv(envAdvertise)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	ips, err := hostIPs(host)
+	if err != nil {
+		return nil, err
+	}
+	if slices.ContainsFunc(ips, net.IP.IsUnspecified) {
+		return opts, nil // every interface, as asked
+	}
+	rs, err := resources()
+	if err != nil {
+		return nil, err
+	}
+	ifaces, err := interfacesOf(ips)
+	if err != nil {
+		return nil, err
+	}
+	if devs := netDevices(rs, ifaces); len(devs) > 0 {
+		opts["NET_DEVICES"] = strings.Join(devs, ",")
+	} else {
+		slog.Warn("ucx: no network device found for the advertised host; UCX keeps its own choice", "host", host, "resources", rs)
+	}
+	return opts, nil
+}
+
+// rndvScheme is the message mode's rendezvous (above).
+const rndvScheme = "am"
+
+// envAdvertise is the advertised host's default, shared with the TCP
+// transport.
+const envAdvertise = "KVBM_TCP_ADVERTISE"
+
+// hostIPs resolves the advertised host.
+func hostIPs(host string) ([]net.IP, error) {
+	if ip := net.ParseIP(host); ip != nil {
+		return []net.IP{ip}, nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil || len(ips) == 0 {
+		return nil, fmt.Errorf("%w: ucx: the advertised host %q does not resolve (%v); set %s to an address of this host, "+
+			"or UCX_NET_DEVICES", kvbmerr.ErrInvalidArgument, host, err, envAdvertise)
+	}
+	return ips, nil
+}
+
+// interfacesOf names the interfaces of this host that carry one of ips.
+func interfacesOf(ips []net.IP) ([]string, error) {
+	all, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("ucx: list the network interfaces: %w", err)
+	}
+	var out []string
+	for _, ifc := range all {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && slices.ContainsFunc(ips, ipn.IP.Equal) {
+				out = append(out, ifc.Name)
+				break
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: ucx: the advertised host %v is on no interface of this host; set %s to one "+
+			"(0.0.0.0: every interface), or UCX_NET_DEVICES", kvbmerr.ErrInvalidArgument, ips, envAdvertise)
+	}
+	return out, nil
+}
+
+// localTransports are UCX's transports within a host (shared memory,
+// GPUs): their devices are not network devices.
+var localTransports = []string{"self", "sysv", "posix", "cma", "knem", "xpmem", "cuda_copy", "cuda_ipc", "gdr_copy",
+	"rocm_copy", "rocm_ipc", "rocm_gdr", "ze_copy", "ze_ipc", "ze_gpu"}
+
+// netDevices are the network devices of resources ("transport/device")
+// a worker uses: every one but tcp's, and tcp's on ifaces.
+func netDevices(resources, ifaces []string) []string {
+	var out []string
+	for _, r := range resources {
+		tl, dev, ok := strings.Cut(r, "/")
+		if !ok || slices.Contains(localTransports, tl) || slices.Contains(out, dev) {
+			continue
+		}
+		if tl == "tcp" && !slices.Contains(ifaces, dev) {
+			continue
+		}
+		out = append(out, dev)
+	}
+	return out
+}

@@ -1,0 +1,67 @@
+package ucx
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvbm/kvbm/kvbmerr"
+	"github.com/stretchr/testify/require"
+)
+
+// What a context is made with (exposure.go), with UCX's resources given.
+func TestContextOptions(t *testing.T) {
+	rs := []string{"self/memory0", "rc_mlx5/mlx5_0:1", "dc_mlx5/mlx5_0:1", "tcp/eth9", "tcp/lo", "tcp/ib0",
+		"sysv/memory", "cma/memory", "cuda_copy/cuda", "srd/efa0"}
+	resources := func() ([]string, error) { return rs, nil }
+	for _, k := range []string{"UCX_RNDV_SCHEME", "UCX_NET_DEVICES", envAdvertise} {
+		t.Setenv(k, "")
+	}
+	opts := func(t *testing.T, cfg Config) map[string]string {
+		t.Helper()
+		o, err := cfg.contextOptions(resources)
+		require.NoError(t, err)
+		return o
+	}
+
+	t.Run("the message mode's rendezvous copies", func(t *testing.T) {
+		require.Equal(t, "am", opts(t, Config{})["RNDV_SCHEME"])
+		require.Equal(t, "am", opts(t, Config{Options: map[string]string{"RNDV_SCHEME": "am"}})["RNDV_SCHEME"])
+		require.NotContains(t, opts(t, Config{OneSided: true}), "RNDV_SCHEME")
+		for _, scheme := range []string{"auto", "get_zcopy", "put_zcopy", "get_ppln", "put_ppln", "rkey_ptr"} {
+			_, err := Config{Options: map[string]string{"RNDV_SCHEME": scheme}}.contextOptions(resources)
+			require.ErrorIs(t, err, kvbmerr.ErrUnsupported, scheme)
+			require.ErrorContains(t, err, "option RNDV_SCHEME="+scheme+": the message mode takes the \"am\" rendezvous only")
+			t.Setenv("UCX_RNDV_SCHEME", scheme)
+			_, err = Config{}.contextOptions(resources)
+			require.ErrorContains(t, err, "UCX_RNDV_SCHEME="+scheme)
+			t.Setenv("UCX_RNDV_SCHEME", "")
+		}
+	})
+
+	t.Run("devices: the RDMA ones and tcp on the advertised interface", func(t *testing.T) {
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{})["NET_DEVICES"])
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{OneSided: true})["NET_DEVICES"])
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "localhost"})["NET_DEVICES"])
+		t.Setenv(envAdvertise, "127.0.0.1")
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{})["NET_DEVICES"])
+	})
+
+	t.Run("devices the caller names, or every one", func(t *testing.T) {
+		require.Equal(t, "eth9", opts(t, Config{Options: map[string]string{"NET_DEVICES": "eth9"}})["NET_DEVICES"])
+		require.NotContains(t, opts(t, Config{Advertise: "0.0.0.0"}), "NET_DEVICES")
+		require.NotContains(t, opts(t, Config{Advertise: "::"}), "NET_DEVICES")
+		t.Setenv("UCX_NET_DEVICES", "mlx5_0:1")
+		require.NotContains(t, opts(t, Config{}), "NET_DEVICES") // UCX reads the environment
+	})
+
+	t.Run("an advertised host that is not here", func(t *testing.T) {
+		_, err := Config{Advertise: "192.0.2.254"}.contextOptions(resources)
+		require.ErrorIs(t, err, kvbmerr.ErrInvalidArgument)
+		require.ErrorContains(t, err, "is on no interface of this host")
+		_, err = Config{Advertise: "no-such-host.invalid"}.contextOptions(resources)
+		require.ErrorContains(t, err, "does not resolve")
+		broken := func() ([]string, error) { return nil, errors.New("no UCX") }
+		_, err = Config{}.contextOptions(broken)
+		require.ErrorContains(t, err, "no UCX")
+	})
+}
