@@ -239,8 +239,10 @@ func (t *Transport) pullMessage(m *message) {
 
 // receiveData receives a data message into a staging slot, copied to its
 // destination once whole; with no slot free it waits (receiveWaiting).
-// A slot whose receive UCX completed with an error is retired, never
-// reused: UCX may not be done with it (a rendezvous the sender writes).
+// A slot goes back to the pool once UCX completed its receive, with an
+// error or not: the rendezvous is "am" (exposure.go), so only this
+// worker's UCX writes the slot, and never after it completed the receive;
+// no peer holds a key to it.
 func (t *Transport) receiveData(w waiting) {
 	r := w.r
 	if t.cfg.inPlace {
@@ -259,9 +261,7 @@ func (t *Transport) receiveData(w waiting) {
 	t.receive(w.desc, []piece{{s.addr, w.size}}, func(err error, n uint64) {
 		r.recvs--
 		switch {
-		case err != nil:
-			t.staging.retire(s)
-		case r.ended:
+		case err != nil || r.ended:
 			t.staging.put(s)
 		default:
 			r.copies.Add(1)

@@ -8,7 +8,6 @@ package ucx
 import "C"
 
 import (
-	"log/slog"
 	"math/bits"
 	"sync"
 	"unsafe"
@@ -17,10 +16,10 @@ import (
 // Staging: each data message of a pull lands in memory of the
 // transport's own, and is copied to its destination only once it arrived
 // whole, while the next arrives; so nothing UCX does late (an answer to a
-// pull that failed, a receive that outlives its endpoint) can reach a
-// destination. A slot whose receive UCX completed with an error is
-// retired: never reused nor freed, since UCX may not be done writing it
-// (a rendezvous that the sender writes, a frozen sender that resumes).
+// pull that failed, a receive that outlives its pull) can reach a
+// destination. A slot is out from the receive's start until UCX completed
+// it, and until its copy is done: a pull that fails meanwhile leaves its
+// slots out until then (pull.go).
 // On a GPU the destination is host memory the transfer manager copies to
 // the device after Read returns, so the staging copy is a host memcpy
 // there too.
@@ -44,14 +43,13 @@ func (s *slot) bytes() []byte { return unsafe.Slice((*byte)(s.mem), s.size) }
 
 // stagingPool hands out slots; safe for concurrent use.
 type stagingPool struct {
-	mu      sync.Mutex
-	free    map[uint64][]*slot // by size
-	kept    uint64
-	out     uint64 // bytes handed out and not put back
-	slots   int    // slots handed out and not put back (for tests)
-	retired uint64 // bytes retired
-	closed  bool
-	budget  uint64 // stagingBudget when 0 (tests set less)
+	mu     sync.Mutex
+	free   map[uint64][]*slot // by size
+	kept   uint64
+	out    uint64 // bytes handed out and not put back
+	slots  int    // slots handed out and not put back (for tests)
+	closed bool
+	budget uint64 // stagingBudget when 0 (tests set less)
 }
 
 func (p *stagingPool) limit() uint64 {
@@ -115,16 +113,6 @@ func (p *stagingPool) put(s *slot) {
 	}
 	p.free[s.size] = append(p.free[s.size], s)
 	p.kept += s.size
-}
-
-// retire takes s out of use for good (see above).
-func (p *stagingPool) retire(s *slot) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.out -= s.size
-	p.slots--
-	p.retired += s.size
-	slog.Warn("ucx: a staging slot whose receive failed is retired, never reused", "bytes", s.size, "retired so far", p.retired)
 }
 
 // outstanding is the number of slots handed out (in use or being copied).
