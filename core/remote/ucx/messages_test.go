@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"context"
+	"crypto/sha256"
 	"testing"
 	"time"
 	"unsafe"
@@ -237,6 +238,44 @@ func TestMessagesReadWithoutASessionReadsNothing(t *testing.T) {
 	imp.importAll(t, exp)
 	require.NoError(t, move(t, imp.m, src, []int{0}, dst, []int{0}))
 	imp.check(t, dst, 0, 0x100)
+}
+
+// An importer that opens sessions without end evicts its own, never
+// another importer's: past the limit, the oldest session of the importer
+// holding the most is closed.
+func TestMessagesSessionsPastTheLimitEvictTheirOwn(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	require.NoError(t, exp.tr.do(func() error { exp.tr.maxSessions = 4; return nil }))
+	good := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	flood := newSide(t, emu, 0x2, Config{}, 5*time.Second)
+	src := exp.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	dst := good.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
+	good.importAll(t, exp)
+	ep, err := exp.tr.Endpoint()
+	require.NoError(t, err)
+	for i := 0; i < 10; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		p, err := flood.tr.Connect(ctx, ep)
+		cancel()
+		require.NoError(t, err)
+		defer p.Close()
+	}
+	held := map[[32]byte]int{}
+	require.NoError(t, exp.tr.do(func() error {
+		for _, s := range exp.tr.sessions {
+			held[s.importer]++
+		}
+		return nil
+	}))
+	require.Len(t, held, 2, "both importers keep sessions")
+	require.Equal(t, 1, held[sha256.Sum256(good.tr.address)], "%v", held)
+	require.Equal(t, 3, held[sha256.Sum256(flood.tr.address)], "%v", held)
+	require.NoError(t, move(t, good.m, src, []int{0, 1}, dst, []int{1, 0}))
+	good.check(t, dst, 1, 0x100)
+	good.check(t, dst, 0, 0x101)
 }
 
 // A block-scoped endpoint reads its blocks and nothing else: another

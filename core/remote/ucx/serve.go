@@ -42,15 +42,16 @@ const (
 // session is one importer's proven capability; owned by the progress
 // thread.
 type session struct {
-	id      sessionID
-	ep      C.uint64_t // to the address the hello named
-	state   *C.kvbm_ucx_epstate_t
-	grant   *capability.Grant
-	created time.Time
-	sends   int  // messages in flight on ep, and reads being served or queued
-	closing bool // ep is closing; freed once closed and sends are done
-	serving int  // reads being served (startReads)
-	queued  []queuedRead
+	id       sessionID
+	ep       C.uint64_t // to the address the hello named
+	state    *C.kvbm_ucx_epstate_t
+	grant    *capability.Grant
+	created  time.Time
+	importer [32]byte // the hash of the importer's worker address
+	sends    int      // messages in flight on ep, and reads being served or queued
+	closing  bool     // ep is closing; freed once closed and sends are done
+	serving  int      // reads being served (startReads)
+	queued   []queuedRead
 }
 
 // serveMessage handles a message to the exporter.
@@ -130,17 +131,11 @@ func (t *Transport) hello(m *message) {
 		}
 		return
 	}
-	if len(t.sessions) >= maxSessions {
-		var oldest *session
-		for _, o := range t.sessions {
-			if oldest == nil || o.created.Before(oldest.created) {
-				oldest = o
-			}
-		}
-		slog.Warn("ucx: too many sessions; the oldest is closed", "limit", maxSessions)
-		t.endSession(oldest)
+	importer := sha256.Sum256(address)
+	if len(t.sessions) >= t.sessionLimit() {
+		t.evictSession()
 	}
-	s := &session{grant: &g, created: now}
+	s := &session{grant: &g, created: now, importer: importer}
 	if _, err := rand.Read(s.id[:]); err != nil {
 		slog.Error("ucx: draw a session id", "err", err)
 		return
@@ -155,6 +150,36 @@ func (t *Transport) hello(m *message) {
 	}
 	t.sessions[s.id] = s
 	t.sendOn(s, welcomeHeader(m.h.conn, true, s.id), answer, nil, nil)
+}
+
+// evictSession makes room for a session: it closes the oldest session of
+// the importer holding the most, so that an importer that opens sessions
+// without end evicts its own, not another's.
+func (t *Transport) evictSession() {
+	held := map[[32]byte]int{}
+	most := 0
+	for _, o := range t.sessions {
+		held[o.importer]++
+		most = max(most, held[o.importer])
+	}
+	var oldest *session
+	for _, o := range t.sessions {
+		if held[o.importer] == most && (oldest == nil || o.created.Before(oldest.created)) {
+			oldest = o
+		}
+	}
+	if now := time.Now(); now.Sub(t.lastEvictLog) >= time.Second {
+		t.lastEvictLog = now
+		slog.Warn("ucx: too many sessions; the oldest of the importer holding the most is closed", "limit", t.sessionLimit(), "that importer's", most)
+	}
+	t.endSession(oldest)
+}
+
+func (t *Transport) sessionLimit() int {
+	if t.maxSessions > 0 {
+		return t.maxSessions
+	}
+	return maxSessions
 }
 
 // read serves a read of a verified session in a goroutine of its own:

@@ -99,9 +99,11 @@ type Transport struct {
 	hasWaiting      atomic.Bool
 	lastSweep       time.Time
 	lastRefusalLog  time.Time
+	lastEvictLog    time.Time
 	cookie          [32]byte // the key of the challenges' nonces (serve.go)
 	quitting        bool     // shutdown began: no message is served
 	exported        bool     // an endpoint was made: peers' messages are served from then on
+	maxSessions     int      // maxSessions when 0 (tests set less)
 }
 
 type regKey struct {
