@@ -12,7 +12,7 @@ Reads one JSON command a line, answers one JSON line (on the original
 stdout; vLLM's own output goes to stderr):
   {"op": "generate", "prompts": [[ids]], "max_tokens": n,
    "kv_transfer_params": [dict|null] (optional)}
-      -> {"tokens": [[ids]], "kv_transfer_params": [...], "records": [...]}
+      -> {"tokens": [[ids]], "finish": [reason], "kv_transfer_params": [...], "records": [...]}
   {"op": "reset", "scribble": bool}   vLLM's prefix cache reset; scribble:
       G1 (every KV cache tensor) overwritten with noise first
   {"op": "step", "n": n}               n engine steps with no new request: a
@@ -104,6 +104,7 @@ def main() -> None:
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]],
                                 sps, use_tqdm=False)
             ans["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+            ans["finish"] = [o.outputs[0].finish_reason for o in outs]
             ans["kv_transfer_params"] = [o.kv_transfer_params for o in outs]
         elif op == "reset":
             if cmd.get("scribble"):

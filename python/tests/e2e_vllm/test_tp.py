@@ -82,7 +82,8 @@ def test_tp2_prefill_decode_hand_over(tp_engines, baseline):
     remote = [flat_ids(p["remote_block_ids"]) for p in params]
     want = prefill.call("digests", block_ids=remote)["digests"]
     got = decode.generate(ps, 8, kv_transfer_params=params)
-    assert got["tokens"] == baseline(ps, 8)
+    # Seen once in CI: no token for the first prompt; say why if again.
+    assert got["tokens"] == baseline(ps, 8), (got["finish"], params, got["records"])
     pulled = records(got, "pulled")
     for rank in range(TP):
         mine = [r for r in pulled if r["rank"] == rank]
