@@ -237,6 +237,7 @@ func (t *Transport) startReads(s *session) {
 		q := s.queued[0]
 		s.queued = s.queued[1:]
 		s.serving++
+		t.servingReads++
 		t.serves.Add(1)
 		go func() {
 			defer t.serves.Done()
@@ -269,6 +270,7 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 	t.post(func() {
 		s.sends--
 		s.serving--
+		t.servingReads--
 		t.sendOn(s, hdr, []byte(msg), nil, nil)
 		t.freeSession(s)
 		t.served.Add(1)

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
 
 #include "ucxabi.h"
 
@@ -139,6 +141,13 @@ int32_t kvbm_ucx_worker_address(uint64_t worker, void **addr, size_t *len) {
 
 void kvbm_ucx_worker_release_address(uint64_t worker, void *addr) {
 	U.worker_release_address((ucp_worker_h)(uintptr_t)worker, (ucp_address_t *)addr);
+}
+
+void kvbm_ucx_precise_naps(void) { prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL); }
+
+void kvbm_ucx_nap(unsigned usec) {
+	struct timespec ts = {.tv_sec = usec / 1000000, .tv_nsec = (long)(usec % 1000000) * 1000};
+	nanosleep(&ts, NULL);
 }
 
 unsigned kvbm_ucx_progress(uint64_t worker, int max) {

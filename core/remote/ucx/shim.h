@@ -66,6 +66,10 @@ void kvbm_ucx_worker_release_address(uint64_t worker, void *addr);
 // kvbm_ucx_progress calls ucp_worker_progress up to max times, until it
 // reports no progress; it returns the events progressed.
 unsigned kvbm_ucx_progress(uint64_t worker, int max);
+// kvbm_ucx_precise_naps makes the calling thread's sleeps end on time
+// (a timer slack of 1 ns instead of 50 us); kvbm_ucx_nap sleeps usec.
+void kvbm_ucx_precise_naps(void);
+void kvbm_ucx_nap(unsigned usec);
 
 // Memory registration. cuda: register as CUDA device memory.
 int32_t kvbm_ucx_mem_map(uint64_t context, uint64_t addr, uint64_t size, int cuda, uint64_t *memh);

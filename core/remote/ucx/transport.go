@@ -104,6 +104,7 @@ type Transport struct {
 	quitting        bool     // shutdown began: no message is served
 	exported        bool     // an endpoint was made: peers' messages are served from then on
 	maxSessions     int      // maxSessions when 0 (tests set less)
+	servingReads    int      // reads being served, of every session
 }
 
 type regKey struct {
@@ -386,6 +387,7 @@ func (t *Transport) loop(ready chan<- error) {
 		return
 	}
 	ready <- nil
+	C.kvbm_ucx_precise_naps()
 	timer := time.NewTimer(idlePoll)
 	defer timer.Stop()
 	lastProgress := time.Now()
@@ -424,11 +426,14 @@ func (t *Transport) loop(ready chan<- error) {
 		if time.Since(lastProgress) < spinFor {
 			continue
 		}
-		wait := idlePoll
-		if busy {
-			wait = busyPoll
+		if busy || len(t.pulls) > 0 || t.servingReads > 0 {
+			// Something is under way: a short nap, on time (a Go timer
+			// this short ends most of a millisecond late, which would
+			// stall every message of a transfer), then look again.
+			C.kvbm_ucx_nap(C.unsigned(busyPoll / time.Microsecond))
+			continue
 		}
-		timer.Reset(wait)
+		timer.Reset(idlePoll)
 		select {
 		case fn := <-t.cmds:
 			fn()
