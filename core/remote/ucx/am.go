@@ -75,6 +75,10 @@ const (
 	maxDoneMsg    = 1 << 10
 )
 
+// readOps bounds the ops of the reads an importer asks: a pull of more is
+// asked as several reads, one after another (a var for tests).
+var readOps = 1 << 16
+
 // header is a decoded message header.
 type header struct {
 	kind    msgKind

@@ -278,6 +278,60 @@ func TestMessagesSessionsPastTheLimitEvictTheirOwn(t *testing.T) {
 	good.check(t, dst, 0, 0x101)
 }
 
+// The ops that reads hold while served or queued are bounded: a read past
+// the bound is refused with "retry" and costs nothing; reads within it go
+// on, and what they held is given back once they are answered.
+func TestMessagesHeldOpsAreBounded(t *testing.T) {
+	needUCX(t)
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	require.NoError(t, exp.tr.do(func() error { exp.tr.maxHeldOps = 4; return nil }))
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	src := exp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	dst := imp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+	imp.fill(t, dst, 0x900)
+	imp.importAll(t, exp)
+	// Reversed, so that no two blocks coalesce into one op.
+	err := move(t, imp.m, src, []int{0, 1, 2, 3, 4, 5}, dst, []int{5, 4, 3, 2, 1, 0})
+	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
+	require.ErrorContains(t, err, "hold 0 ops, and this one 6 more (at most 4); retry")
+	for id := 0; id < 8; id++ {
+		imp.check(t, dst, id, 0x900+uint64(id))
+	}
+	require.NoError(t, move(t, imp.m, src, []int{0, 1, 2}, dst, []int{2, 1, 0}))
+	require.NoError(t, move(t, imp.m, src, []int{3, 4, 5}, dst, []int{5, 4, 3}))
+	for i := 0; i < 3; i++ {
+		imp.check(t, dst, 2-i, 0x100+uint64(i))
+		imp.check(t, dst, 5-i, 0x103+uint64(i))
+	}
+	require.NoError(t, exp.tr.do(func() error {
+		require.Zero(t, exp.tr.ops)
+		return nil
+	}))
+}
+
+// A pull of more ops than a read carries is asked as several reads.
+func TestMessagesLargePullsAreSeveralReads(t *testing.T) {
+	needUCX(t)
+	was := readOps
+	readOps = 2
+	t.Cleanup(func() { readOps = was })
+	emu := newEmu(t)
+	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	src := exp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	dst := imp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+	imp.importAll(t, exp)
+	before := exp.tr.Served()
+	require.NoError(t, move(t, imp.m, src, []int{0, 1, 2, 3, 4}, dst, []int{4, 3, 2, 1, 0}))
+	for i := 0; i < 5; i++ {
+		imp.check(t, dst, 4-i, 0x100+uint64(i))
+	}
+	require.Equal(t, before+3, exp.tr.Served())
+}
+
 // A block-scoped endpoint reads its blocks and nothing else: another
 // block, once the scope's blocks are revoked, is refused by the exporter.
 func TestMessagesBlockScope(t *testing.T) {

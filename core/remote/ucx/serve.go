@@ -51,6 +51,7 @@ type session struct {
 	sends    int      // messages in flight on ep, and reads being served or queued
 	closing  bool     // ep is closing; freed once closed and sends are done
 	serving  int      // reads being served (startReads)
+	ops      int      // the ops of its reads being served or queued
 	queued   []queuedRead
 }
 
@@ -206,23 +207,48 @@ func (t *Transport) read(m *message) {
 		t.sendOn(s, doneHeader(s.id, m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
 		return
 	}
-	if len(s.queued) >= maxQueuedReads {
-		err := fmt.Errorf("%w: ucx: the session has %d reads being served and %d queued; retry once some are answered",
-			kvbmerr.ErrUnsupported, s.serving, len(s.queued))
+	if err := t.admitRead(s, len(ops)); err != nil {
 		t.sendOn(s, doneHeader(s.id, m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
 		return
 	}
 	s.sends++ // the session lives until its reads are answered
+	s.ops += len(ops)
+	t.ops += len(ops)
 	s.queued = append(s.queued, queuedRead{m.h.req, m.h.handle, ops})
 	t.startReads(s)
 }
 
-// Reads served at once per session, and queued beyond those: a holder of
-// a capability cannot make the exporter start unbounded work.
+// Reads served at once per session, and queued beyond those; and the ops
+// the reads being served or queued hold (16 bytes each), per session and
+// in all: a holder of a capability cannot make the exporter start
+// unbounded work, nor hold unbounded memory, nor crowd out other sessions.
 const (
 	maxServingReads = 16
 	maxQueuedReads  = 1024
+	maxSessionOps   = 1 << 21 // 32 MiB of ops
+	maxHeldOps      = 1 << 23 // 128 MiB
 )
+
+// admitRead says whether a read of n ops may be queued for s; an error
+// says why not (the importer retries once some are answered).
+func (t *Transport) admitRead(s *session, n int) error {
+	limit := maxHeldOps
+	if t.maxHeldOps > 0 {
+		limit = t.maxHeldOps
+	}
+	switch {
+	case len(s.queued) >= maxQueuedReads:
+		return fmt.Errorf("%w: ucx: the session has %d reads being served and %d queued; retry once some are answered",
+			kvbmerr.ErrUnsupported, s.serving, len(s.queued))
+	case s.ops+n > min(maxSessionOps, limit):
+		return fmt.Errorf("%w: ucx: the session's reads being served or queued hold %d ops, and this one %d more (at most %d); "+
+			"retry once some are answered", kvbmerr.ErrUnsupported, s.ops, n, min(maxSessionOps, limit))
+	case t.ops+n > limit:
+		return fmt.Errorf("%w: ucx: the exporter's reads being served or queued hold %d ops, and this one %d more (at most %d); "+
+			"retry once some are answered", kvbmerr.ErrUnsupported, t.ops, n, limit)
+	}
+	return nil
+}
 
 type queuedRead struct {
 	req uint64
@@ -271,6 +297,8 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 		s.sends--
 		s.serving--
 		t.servingReads--
+		s.ops -= len(ops)
+		t.ops -= len(ops)
 		t.sendOn(s, hdr, []byte(msg), nil, nil)
 		t.freeSession(s)
 		t.served.Add(1)
@@ -425,6 +453,10 @@ func (t *Transport) endSession(s *session) {
 	}
 	s.closing = true
 	s.sends -= len(s.queued) // queued reads are not served
+	for _, q := range s.queued {
+		s.ops -= len(q.ops)
+		t.ops -= len(q.ops)
+	}
 	s.queued = nil
 	delete(t.sessions, s.id)
 	t.closingSessions = append(t.closingSessions, s)

@@ -105,6 +105,8 @@ type Transport struct {
 	exported        bool     // an endpoint was made: peers' messages are served from then on
 	maxSessions     int      // maxSessions when 0 (tests set less)
 	servingReads    int      // reads being served, of every session
+	ops             int      // the ops of every session's reads being served or queued
+	maxHeldOps      int      // maxHeldOps when 0 (tests set less)
 }
 
 type regKey struct {
