@@ -14,6 +14,7 @@ import (
 	"github.com/kvbm/kvbm/core/remote/capability"
 	"github.com/kvbm/kvbm/core/storage"
 	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/cuda"
 	"github.com/kvbm/kvbm/kvbmerr"
 	"github.com/stretchr/testify/require"
 )
@@ -212,19 +213,40 @@ func TestMessagesNothingIsServedBeforeAnExport(t *testing.T) {
 	require.ErrorContains(t, err, "did not answer the hello")
 }
 
+// pair is an exporter and an importer of one process, each with a layout
+// of n blocks: the exporter's filled with pattern(0x100+id), the
+// importer's with pattern(0x900+id). exporter, when not nil, adjusts the
+// exporter's transport (on its progress thread) before anything is
+// imported.
+type pair struct {
+	emu      *cuda.Emulated
+	exp, imp *side
+	src, dst transfer.LayoutHandle
+}
+
+func newPair(t *testing.T, n int, exporter func(*Transport)) pair {
+	t.Helper()
+	emu := newEmu(t)
+	pr := pair{emu: emu, exp: newSide(t, emu, 0xE, Config{}, 5*time.Second)}
+	if exporter != nil {
+		require.NoError(t, pr.exp.tr.do(func() error { exporter(pr.exp.tr); return nil }))
+	}
+	pr.imp = newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	pr.src = pr.exp.alloc(t, storage.Pinned, smallConfig(n), transfer.FullyContiguous)
+	pr.exp.fill(t, pr.src, 0x100)
+	pr.dst = pr.imp.alloc(t, storage.Pinned, smallConfig(n), transfer.FullyContiguous)
+	pr.imp.fill(t, pr.dst, 0x900)
+	return pr
+}
+
 // A peer without a session reads nothing: a read naming a session the
 // exporter does not have (guessed, or one it ended) is counted and
 // answered "no session" and nothing else; the peer fails, and importing
 // the metadata again connects a new session.
 func TestMessagesReadWithoutASessionReadsNothing(t *testing.T) {
 	needUCX(t)
-	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
-	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
-	src := exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
-	exp.fill(t, src, 0x100)
-	dst := imp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
-	imp.fill(t, dst, 0x900)
+	pr := newPair(t, 4, nil)
+	exp, imp, src, dst := pr.exp, pr.imp, pr.src, pr.dst
 	p := imp.importAll(t, exp)
 	p.session = sessionID{1, 2, 3} // guessed
 	before := exp.tr.Refused()
@@ -245,14 +267,9 @@ func TestMessagesReadWithoutASessionReadsNothing(t *testing.T) {
 // holding the most is closed.
 func TestMessagesSessionsPastTheLimitEvictTheirOwn(t *testing.T) {
 	needUCX(t)
-	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
-	require.NoError(t, exp.tr.do(func() error { exp.tr.maxSessions = 4; return nil }))
-	good := newSide(t, emu, 0x1, Config{}, 5*time.Second)
-	flood := newSide(t, emu, 0x2, Config{}, 5*time.Second)
-	src := exp.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
-	exp.fill(t, src, 0x100)
-	dst := good.alloc(t, storage.Pinned, smallConfig(2), transfer.FullyContiguous)
+	pr := newPair(t, 2, func(tr *Transport) { tr.maxSessions = 4 })
+	exp, good, src, dst := pr.exp, pr.imp, pr.src, pr.dst
+	flood := newSide(t, pr.emu, 0x2, Config{}, 5*time.Second)
 	good.importAll(t, exp)
 	ep, err := exp.tr.Endpoint()
 	require.NoError(t, err)
@@ -283,14 +300,8 @@ func TestMessagesSessionsPastTheLimitEvictTheirOwn(t *testing.T) {
 // on, and what they held is given back once they are answered.
 func TestMessagesHeldOpsAreBounded(t *testing.T) {
 	needUCX(t)
-	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
-	require.NoError(t, exp.tr.do(func() error { exp.tr.maxHeldOps = 4; return nil }))
-	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
-	src := exp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
-	exp.fill(t, src, 0x100)
-	dst := imp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
-	imp.fill(t, dst, 0x900)
+	pr := newPair(t, 8, func(tr *Transport) { tr.maxHeldOps = 4 })
+	exp, imp, src, dst := pr.exp, pr.imp, pr.src, pr.dst
 	imp.importAll(t, exp)
 	// Reversed, so that no two blocks coalesce into one op.
 	err := move(t, imp.m, src, []int{0, 1, 2, 3, 4, 5}, dst, []int{5, 4, 3, 2, 1, 0})
@@ -317,12 +328,8 @@ func TestMessagesLargePullsAreSeveralReads(t *testing.T) {
 	was := readOps
 	readOps = 2
 	t.Cleanup(func() { readOps = was })
-	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
-	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
-	src := exp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
-	exp.fill(t, src, 0x100)
-	dst := imp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
+	pr := newPair(t, 8, nil)
+	exp, imp, src, dst := pr.exp, pr.imp, pr.src, pr.dst
 	imp.importAll(t, exp)
 	before := exp.tr.Served()
 	require.NoError(t, move(t, imp.m, src, []int{0, 1, 2, 3, 4}, dst, []int{4, 3, 2, 1, 0}))
@@ -336,13 +343,8 @@ func TestMessagesLargePullsAreSeveralReads(t *testing.T) {
 // block, once the scope's blocks are revoked, is refused by the exporter.
 func TestMessagesBlockScope(t *testing.T) {
 	needUCX(t)
-	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
-	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
-	src := exp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
-	exp.fill(t, src, 0x100)
-	dst := imp.alloc(t, storage.Pinned, smallConfig(8), transfer.FullyContiguous)
-	imp.fill(t, dst, 0x900)
+	pr := newPair(t, 8, nil)
+	exp, imp, src, dst := pr.exp, pr.imp, pr.src, pr.dst
 	ep, err := exp.tr.ScopedEndpoint(remote.Scope{Layouts: []remote.ScopedLayout{{Layout: src, Blocks: []int{2, 3}}}})
 	require.NoError(t, err)
 	d, err := exp.m.Describe(src)
