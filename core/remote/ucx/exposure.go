@@ -1,6 +1,7 @@
 package ucx
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net"
@@ -27,7 +28,13 @@ import (
 //     that kept the key, its scope or revocation notwithstanding), or the
 //     receiver's staging (put_zcopy, put_ppln: writable later by an
 //     exporter the importer pulled from). "auto" picks get_zcopy where
-//     there is RDMA. So the message mode takes "am" only.
+//     there is RDMA. So the message mode takes "am" only: another in
+//     Config.Options is refused, one in UCX_RNDV_SCHEME (which tunes every
+//     UCX of the process) overridden with a warning.
+//
+// An advertised host that no interface here carries (an address behind
+// NAT) leaves UCX's tcp transport out; with no RDMA device either, New
+// fails, naming the settings that fix it.
 
 // contextOptions are the entries the context is made with: cfg.Options
 // and the defaults above; resources lists UCX's resources (Resources).
@@ -37,27 +44,23 @@ func (cfg Config) contextOptions(resources func() ([]string, error)) (map[string
 		opts[k] = v
 	}
 	if !cfg.OneSided {
-		scheme, from := opts["RNDV_SCHEME"], "option RNDV_SCHEME"
-		if scheme == "" {
-			scheme, from = os.Getenv("UCX_RNDV_SCHEME"), "UCX_RNDV_SCHEME"
-		}
-		if scheme != "" && scheme != rndvScheme {
-			return nil, fmt.Errorf("%w: ucx: %s=%s: the message mode takes the %q rendezvous only; a zero-copy one "+
+		if scheme := opts["RNDV_SCHEME"]; scheme != "" && !strings.EqualFold(scheme, rndvScheme) {
+			return nil, fmt.Errorf("%w: ucx: option RNDV_SCHEME=%s: the message mode takes the %q rendezvous only; a zero-copy one "+
 				"registers memory for a peer's RDMA beyond kvbm's checks (the exporter's for get_zcopy, get_ppln, rkey_ptr "+
-				"and auto; the importer's staging for put_zcopy, put_ppln)", kvbmerr.ErrUnsupported, from, scheme, rndvScheme)
+				"and auto; the importer's staging for put_zcopy, put_ppln)", kvbmerr.ErrUnsupported, scheme, rndvScheme)
+		}
+		if scheme := os.Getenv("UCX_RNDV_SCHEME"); scheme != "" && !strings.EqualFold(scheme, rndvScheme) {
+			// The environment tunes UCX for every library of the process
+			// (NIXL's too): this context overrides it, and says so.
+			slog.Warn("ucx: UCX_RNDV_SCHEME is overridden: the message mode takes the \"am\" rendezvous only "+
+				"(a zero-copy one registers memory for a peer's RDMA)", "UCX_RNDV_SCHEME", scheme)
 		}
 		opts["RNDV_SCHEME"] = rndvScheme
 	}
 	if opts["NET_DEVICES"] != "" || os.Getenv("UCX_NET_DEVICES") != "" {
 		return opts, nil
 	}
-	host := cfg.Advertise
-	if host == "" {
-		host = os.Getenv(envAdvertise)
-	}
-	if host == "" {
-		host = "127.0.0.1"
-	}
+	host := cmp.Or(cfg.Advertise, os.Getenv(envAdvertise), "127.0.0.1")
 	ips, err := hostIPs(host)
 	if err != nil {
 		return nil, err
@@ -73,11 +76,19 @@ func (cfg Config) contextOptions(resources func() ([]string, error)) (map[string
 	if err != nil {
 		return nil, err
 	}
-	if devs := netDevices(rs, ifaces); len(devs) > 0 {
-		opts["NET_DEVICES"] = strings.Join(devs, ",")
-	} else {
-		slog.Warn("ucx: no network device found for the advertised host; UCX keeps its own choice", "host", host, "resources", rs)
+	devs := netDevices(rs, ifaces)
+	if len(ifaces) == 0 && slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "tcp/") }) {
+		// An address peers dial that no interface here carries (NAT):
+		// UCX's tcp transport is left out rather than opened everywhere.
+		slog.Warn("ucx: the advertised host is on no interface of this host: UCX's tcp transport is not used "+
+			"(set "+envAdvertise+" to an address of this host, or UCX_NET_DEVICES)", "host", host)
 	}
+	if len(devs) == 0 {
+		return nil, fmt.Errorf("%w: ucx: no network device to use: the advertised host %s is on no interface UCX's tcp "+
+			"transport has, and UCX finds no RDMA device (%s); set %s to an address of this host (0.0.0.0: every interface), "+
+			"or UCX_NET_DEVICES", kvbmerr.ErrInvalidArgument, host, strings.Join(rs, " "), envAdvertise)
+	}
+	opts["NET_DEVICES"] = strings.Join(devs, ",")
 	return opts, nil
 }
 
@@ -101,7 +112,8 @@ func hostIPs(host string) ([]net.IP, error) {
 	return ips, nil
 }
 
-// interfacesOf names the interfaces of this host that carry one of ips.
+// interfacesOf names the interfaces of this host that carry one of ips
+// (any loopback one for a loopback address: 127.0.1.1 too).
 func interfacesOf(ips []net.IP) ([]string, error) {
 	all, err := net.Interfaces()
 	if err != nil {
@@ -111,15 +123,14 @@ func interfacesOf(ips []net.IP) ([]string, error) {
 	for _, ifc := range all {
 		addrs, _ := ifc.Addrs()
 		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && slices.ContainsFunc(ips, ipn.IP.Equal) {
+			ipn, ok := a.(*net.IPNet)
+			if ok && slices.ContainsFunc(ips, func(ip net.IP) bool {
+				return ip.Equal(ipn.IP) || (ip.IsLoopback() && ifc.Flags&net.FlagLoopback != 0)
+			}) {
 				out = append(out, ifc.Name)
 				break
 			}
 		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: ucx: the advertised host %v is on no interface of this host; set %s to one "+
-			"(0.0.0.0: every interface), or UCX_NET_DEVICES", kvbmerr.ErrInvalidArgument, ips, envAdvertise)
 	}
 	return out, nil
 }

@@ -27,13 +27,14 @@ func TestContextOptions(t *testing.T) {
 		require.Equal(t, "am", opts(t, Config{})["RNDV_SCHEME"])
 		require.Equal(t, "am", opts(t, Config{Options: map[string]string{"RNDV_SCHEME": "am"}})["RNDV_SCHEME"])
 		require.NotContains(t, opts(t, Config{OneSided: true}), "RNDV_SCHEME")
+		require.Equal(t, "am", opts(t, Config{Options: map[string]string{"RNDV_SCHEME": "AM"}})["RNDV_SCHEME"])
 		for _, scheme := range []string{"auto", "get_zcopy", "put_zcopy", "get_ppln", "put_ppln", "rkey_ptr"} {
 			_, err := Config{Options: map[string]string{"RNDV_SCHEME": scheme}}.contextOptions(resources)
 			require.ErrorIs(t, err, kvbmerr.ErrUnsupported, scheme)
 			require.ErrorContains(t, err, "option RNDV_SCHEME="+scheme+": the message mode takes the \"am\" rendezvous only")
+			// The environment's, which tunes every UCX of the process, is overridden.
 			t.Setenv("UCX_RNDV_SCHEME", scheme)
-			_, err = Config{}.contextOptions(resources)
-			require.ErrorContains(t, err, "UCX_RNDV_SCHEME="+scheme)
+			require.Equal(t, "am", opts(t, Config{})["RNDV_SCHEME"])
 			t.Setenv("UCX_RNDV_SCHEME", "")
 		}
 	})
@@ -54,10 +55,17 @@ func TestContextOptions(t *testing.T) {
 		require.NotContains(t, opts(t, Config{}), "NET_DEVICES") // UCX reads the environment
 	})
 
+	t.Run("a loopback address", func(t *testing.T) {
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "127.0.1.1"})["NET_DEVICES"])
+	})
+
 	t.Run("an advertised host that is not here", func(t *testing.T) {
-		_, err := Config{Advertise: "192.0.2.254"}.contextOptions(resources)
+		// Behind NAT: tcp is left out, RDMA kept.
+		require.Equal(t, "mlx5_0:1,efa0", opts(t, Config{Advertise: "192.0.2.254"})["NET_DEVICES"])
+		tcpOnly := func() ([]string, error) { return []string{"self/memory0", "tcp/lo", "tcp/eth9", "sysv/memory"}, nil }
+		_, err := Config{Advertise: "192.0.2.254"}.contextOptions(tcpOnly)
 		require.ErrorIs(t, err, kvbmerr.ErrInvalidArgument)
-		require.ErrorContains(t, err, "is on no interface of this host")
+		require.ErrorContains(t, err, "no network device to use: the advertised host 192.0.2.254 is on no interface")
 		_, err = Config{Advertise: "no-such-host.invalid"}.contextOptions(resources)
 		require.ErrorContains(t, err, "does not resolve")
 		broken := func() ([]string, error) { return nil, errors.New("no UCX") }

@@ -264,7 +264,7 @@ func (p *Peer) rma(ctx context.Context, h transfer.LayoutHandle, ops []transfer.
 			if size == 0 {
 				continue
 			}
-			if err := p.pull(ctx, h, part, size, what); err != nil {
+			if err := p.pullWhenFree(ctx, h, part, size, what); err != nil {
 				return err
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/kvbm/kvbm/core/remote"
@@ -130,6 +131,27 @@ func (t *Transport) clientWorker() uint64 {
 		return m.WorkerID()
 	}
 	return 0
+}
+
+// errBusy: the exporter put a read off (serve.go's bounds); asked again.
+var errBusy = kvbmerr.New(kvbmerr.Unsupported, "ucx: the exporting worker is busy")
+
+// pullWhenFree is pull, asked again while the exporter answers busy:
+// after 1 ms, doubling up to 50 ms, until ctx ends.
+func (p *Peer) pullWhenFree(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, total uint64, what string) error {
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := p.pull(ctx, h, ops, total, what)
+		if !errors.Is(err, errBusy) {
+			return err
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("%w (asked again until: %w)", err, ctx.Err())
+		}
+	}
 }
 
 // pull reads ops of the exporter's layout h through the session. A
@@ -348,6 +370,8 @@ func (t *Transport) checkPull(r *pull) {
 	switch {
 	case r.err != nil:
 		err = fmt.Errorf("%w: ucx: receiving the data: %w", remote.ErrPeerUnavailable, r.err)
+	case r.status == statusBusy:
+		err = fmt.Errorf("%w: worker %x: %s", errBusy, r.peer.worker, r.msg)
 	case r.status == statusNoSession:
 		err = fmt.Errorf("%w: ucx: worker %x: %s", remote.ErrPeerUnavailable, r.peer.worker, r.msg)
 		r.peer.fail(err)

@@ -30,8 +30,13 @@ import (
 // (transfer.Manager.Serve: bounds, the layout's in-flight gate, device
 // memory through its staging) and sent on the session's own endpoint.
 
-// statusNoSession answers a read of a session the exporter does not have.
-const statusNoSession = 0xFF
+// statusNoSession answers a read of a session the exporter does not have;
+// statusBusy one that would hold more than the bounds below (the importer
+// retries it).
+const (
+	statusNoSession = 0xFF
+	statusBusy      = 0xFE
+)
 
 // Session budget, and how long after its challenge a hello is taken.
 const (
@@ -134,7 +139,7 @@ func (t *Transport) hello(m *message) {
 	}
 	importer := sha256.Sum256(address)
 	if len(t.sessions) >= t.sessionLimit() {
-		t.evictSession()
+		t.evictSession(importer)
 	}
 	s := &session{grant: &g, created: now, importer: importer}
 	if _, err := rand.Read(s.id[:]); err != nil {
@@ -153,12 +158,14 @@ func (t *Transport) hello(m *message) {
 	t.sendOn(s, welcomeHeader(m.h.conn, true, s.id), answer, nil, nil)
 }
 
-// evictSession makes room for a session: it closes the oldest session of
-// the importer holding the most, so that an importer that opens sessions
-// without end evicts its own, not another's.
-func (t *Transport) evictSession() {
-	held := map[[32]byte]int{}
-	most := 0
+// evictSession makes room for a session of importer: it closes the
+// oldest session of the importer holding the most (counting the one to
+// come), so that an importer that opens sessions without end evicts its
+// own, not another's. An importer is the worker address its hello named,
+// which a capability holder chooses: one with many workers holds more.
+func (t *Transport) evictSession(importer [32]byte) {
+	held := map[[32]byte]int{importer: 1}
+	most := 1
 	for _, o := range t.sessions {
 		held[o.importer]++
 		most = max(most, held[o.importer])
@@ -171,7 +178,7 @@ func (t *Transport) evictSession() {
 	}
 	if now := time.Now(); now.Sub(t.lastEvictLog) >= time.Second {
 		t.lastEvictLog = now
-		slog.Warn("ucx: too many sessions; the oldest of the importer holding the most is closed", "limit", t.sessionLimit(), "that importer's", most)
+		slog.Warn("ucx: too many sessions; the oldest of the importer holding the most is closed", "limit", t.sessionLimit(), "held by that importer", most)
 	}
 	t.endSession(oldest)
 }
@@ -207,8 +214,8 @@ func (t *Transport) read(m *message) {
 		t.sendOn(s, doneHeader(s.id, m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
 		return
 	}
-	if err := t.admitRead(s, len(ops)); err != nil {
-		t.sendOn(s, doneHeader(s.id, m.h.req, 0, remote.StatusOf(err)), []byte(err.Error()), nil, nil)
+	if st, err := t.admitRead(s, len(ops)); err != nil {
+		t.sendOn(s, doneHeader(s.id, m.h.req, 0, st), []byte(err.Error()), nil, nil)
 		return
 	}
 	s.sends++ // the session lives until its reads are answered
@@ -219,35 +226,40 @@ func (t *Transport) read(m *message) {
 }
 
 // Reads served at once per session, and queued beyond those; and the ops
-// the reads being served or queued hold (16 bytes each), per session and
-// in all: a holder of a capability cannot make the exporter start
-// unbounded work, nor hold unbounded memory, nor crowd out other sessions.
+// the reads being served or queued hold (24 bytes each in memory), per
+// session and in all: a holder of a capability cannot make the exporter
+// start unbounded work, nor hold unbounded memory. A read past a bound is
+// answered "busy", and the importer asks again a little later (peer.go),
+// until its deadline.
 const (
 	maxServingReads = 16
 	maxQueuedReads  = 1024
-	maxSessionOps   = 1 << 21 // 32 MiB of ops
-	maxHeldOps      = 1 << 23 // 128 MiB
+	maxSessionOps   = 1 << 21 // 48 MiB of ops
+	maxHeldOps      = 1 << 23 // 192 MiB
 )
 
-// admitRead says whether a read of n ops may be queued for s; an error
-// says why not (the importer retries once some are answered).
-func (t *Transport) admitRead(s *session, n int) error {
+// admitRead says whether a read of n ops may be queued for s: nil, or the
+// status to answer (statusBusy: asked again later, it may fit) and why.
+func (t *Transport) admitRead(s *session, n int) (byte, error) {
 	limit := maxHeldOps
 	if t.maxHeldOps > 0 {
 		limit = t.maxHeldOps
 	}
+	perSession := min(maxSessionOps, limit)
 	switch {
+	case n > perSession:
+		return remote.StatusOf(kvbmerr.ErrUnsupported), fmt.Errorf("%w: ucx: a read of %d ops, more than a session's reads may hold (%d)",
+			kvbmerr.ErrUnsupported, n, perSession)
 	case len(s.queued) >= maxQueuedReads:
-		return fmt.Errorf("%w: ucx: the session has %d reads being served and %d queued; retry once some are answered",
-			kvbmerr.ErrUnsupported, s.serving, len(s.queued))
-	case s.ops+n > min(maxSessionOps, limit):
-		return fmt.Errorf("%w: ucx: the session's reads being served or queued hold %d ops, and this one %d more (at most %d); "+
-			"retry once some are answered", kvbmerr.ErrUnsupported, s.ops, n, min(maxSessionOps, limit))
+		return statusBusy, fmt.Errorf("the session has %d reads being served and %d queued", s.serving, len(s.queued))
+	case s.ops+n > perSession:
+		return statusBusy, fmt.Errorf("the session's reads being served or queued hold %d ops, and this one %d more (at most %d)",
+			s.ops, n, perSession)
 	case t.ops+n > limit:
-		return fmt.Errorf("%w: ucx: the exporter's reads being served or queued hold %d ops, and this one %d more (at most %d); "+
-			"retry once some are answered", kvbmerr.ErrUnsupported, t.ops, n, limit)
+		return statusBusy, fmt.Errorf("the exporter's reads being served or queued hold %d ops, and this one %d more (at most %d)",
+			t.ops, n, limit)
 	}
-	return nil
+	return 0, nil
 }
 
 type queuedRead struct {
