@@ -28,7 +28,10 @@ import (
 //     that kept the key, its scope or revocation notwithstanding), or the
 //     receiver's staging (put_zcopy, put_ppln: writable later by an
 //     exporter the importer pulled from). "auto" picks get_zcopy where
-//     there is RDMA. So the message mode takes "am" only: another in
+//     there is RDMA. UCX 1.13's protocols also register a contiguous
+//     receive buffer and send its key to the sender, whatever the scheme;
+//     so the importer receives into staging as an iov (shim_am.c), which
+//     no version sends a key for. So the message mode takes "am" only: another in
 //     Config.Options is refused, one in UCX_RNDV_SCHEME (which tunes every
 //     UCX of the process) overridden with a warning.
 //

@@ -262,9 +262,9 @@ func (t *Transport) pullMessage(m *message) {
 // receiveData receives a data message into a staging slot, copied to its
 // destination once whole; with no slot free it waits (receiveWaiting).
 // A slot goes back to the pool once UCX completed its receive, with an
-// error or not: the rendezvous is "am" (exposure.go), so only this
-// worker's UCX writes the slot, and never after it completed the receive;
-// no peer holds a key to it.
+// error or not: the rendezvous is "am" (exposure.go) and the slot is
+// received as an iov (shim_am.c), so no peer is sent a key to it; only
+// this worker's UCX writes it, and never after it completed the receive.
 func (t *Transport) receiveData(w waiting) {
 	r := w.r
 	if t.cfg.inPlace {

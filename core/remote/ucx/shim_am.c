@@ -77,9 +77,10 @@ static void req_finish(kvbm_ucx_req_t *r, ucs_status_ptr_t p) {
 
 // set_buffer sets p's datatype for the iovcnt pieces of iov and returns
 // the buffer and count to pass: one piece as contiguous bytes (which UCX
-// can move zero-copy), several as an iov, none as nothing.
-static void *set_buffer(ucp_request_param_t *p, const kvbm_ucx_iov_t *iov, size_t iovcnt, size_t *count) {
-	if (iovcnt > 1) {
+// can move zero-copy), several as an iov, none as nothing; always an iov
+// with as_iov.
+static void *set_buffer(ucp_request_param_t *p, const kvbm_ucx_iov_t *iov, size_t iovcnt, size_t *count, int as_iov) {
+	if (iovcnt > 1 || (as_iov && iovcnt == 1)) {
 		p->datatype = UCP_DATATYPE_IOV;
 		*count = iovcnt;
 		return (void *)iov;
@@ -107,7 +108,7 @@ void kvbm_ucx_am_send(uint64_t ep, unsigned id, const void *header, size_t heade
 	p.flags = (eager ? UCP_AM_SEND_FLAG_EAGER : 0) | (reply ? UCP_AM_SEND_FLAG_REPLY : 0);
 	p.memory_type = UCS_MEMORY_TYPE_HOST;
 	size_t count;
-	void *buf = set_buffer(&p, iov, iovcnt, &count);
+	void *buf = set_buffer(&p, iov, iovcnt, &count, 0);
 	req_finish(r, U.am_send_nbx((ucp_ep_h)(uintptr_t)ep, id, header, header_len, buf, count, &p));
 }
 
@@ -129,7 +130,11 @@ void kvbm_ucx_am_recv(uint64_t worker, uint64_t desc, const kvbm_ucx_iov_t *iov,
 	p.recv_info.length = (size_t *)&r->length; // set when it completes at once
 	p.memory_type = UCS_MEMORY_TYPE_HOST;
 	size_t count;
-	void *buf = set_buffer(&p, iov, iovcnt, &count);
+	// Received as an iov, even one piece: UCX (1.13's protocols, whatever
+	// RNDV_SCHEME says) registers a contiguous receive buffer and sends
+	// its rkey to the sender, which then writes it with RDMA (rendezvous
+	// put); a buffer that is not contiguous gets the data in messages.
+	void *buf = set_buffer(&p, iov, iovcnt, &count, 1);
 	req_finish(r, U.am_recv_data_nbx((ucp_worker_h)(uintptr_t)worker, (void *)(uintptr_t)desc, buf, count, &p));
 }
 
