@@ -72,8 +72,9 @@ const EnvLib = "KVBM_UCX_LIB"
 // DefaultLib is the libucp loaded when EnvLib is not set: Debian's libucx0.
 const DefaultLib = "libucp.so.0"
 
-// minMinor is the oldest UCX 1.x we accept: the *_nbx calls came in 1.10.
-const minMinor = 10
+// minMinor is the oldest UCX 1.x we accept: the *_nbx calls came in 1.10,
+// the message mode's RNDV_SCHEME=am (exposure.go) in 1.11.
+const minMinor = 11
 
 // Config configures a Transport.
 type Config struct {
