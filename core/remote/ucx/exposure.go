@@ -79,6 +79,9 @@ func (cfg Config) contextOptions(resources func() ([]string, error)) (map[string
 	if err != nil {
 		return nil, err
 	}
+	if len(netDevices(rs, nil)) == 0 && !slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "tcp/") }) {
+		return opts, nil // no network device at all (UCX_TLS=sm): nothing listens
+	}
 	devs := netDevices(rs, ifaces)
 	if len(ifaces) == 0 && slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "tcp/") }) {
 		// An address peers dial that no interface here carries (NAT):

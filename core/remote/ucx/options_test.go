@@ -68,6 +68,13 @@ func TestContextOptions(t *testing.T) {
 		require.ErrorContains(t, err, "no network device to use: the advertised host 192.0.2.254 is on no interface")
 		_, err = Config{Advertise: "no-such-host.invalid"}.contextOptions(resources)
 		require.ErrorContains(t, err, "does not resolve")
+		// Shared memory only (UCX_TLS=sm): no network device to name.
+		shmOnly := func() ([]string, error) {
+			return []string{"self/memory0", "sysv/memory", "posix/memory", "cma/memory"}, nil
+		}
+		o, err := Config{}.contextOptions(shmOnly)
+		require.NoError(t, err)
+		require.NotContains(t, o, "NET_DEVICES")
 		broken := func() ([]string, error) { return nil, errors.New("no UCX") }
 		_, err = Config{}.contextOptions(broken)
 		require.ErrorContains(t, err, "no UCX")
