@@ -79,11 +79,12 @@ func (cfg Config) contextOptions(resources func() ([]string, error)) (map[string
 	if err != nil {
 		return nil, err
 	}
-	if len(netDevices(rs, nil)) == 0 && !slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "tcp/") }) {
+	hasTCP := slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "tcp/") })
+	if !hasTCP && len(netDevices(rs, nil)) == 0 {
 		return opts, nil // no network device at all (UCX_TLS=sm): nothing listens
 	}
 	devs := netDevices(rs, ifaces)
-	if len(ifaces) == 0 && slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "tcp/") }) {
+	if len(ifaces) == 0 && hasTCP {
 		// An address peers dial that no interface here carries (NAT):
 		// UCX's tcp transport is left out rather than opened everywhere.
 		slog.Warn("ucx: the advertised host is on no interface of this host: UCX's tcp transport is not used "+

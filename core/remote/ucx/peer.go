@@ -253,22 +253,7 @@ func (p *Peer) rma(ctx context.Context, h transfer.LayoutHandle, ops []transfer.
 		if total == 0 {
 			return nil
 		}
-		what := fmt.Sprintf("%s of %d bytes in %d ops on layout %v", verb, total, len(ops), h)
-		for len(ops) > 0 { // reads of at most readOps ops, one after another
-			part := ops[:min(len(ops), readOps)]
-			ops = ops[len(part):]
-			var size uint64
-			for _, o := range part {
-				size += o.Size
-			}
-			if size == 0 {
-				continue
-			}
-			if err := p.pullWhenFree(ctx, h, part, size, what); err != nil {
-				return err
-			}
-		}
-		return nil
+		return p.pullInReads(ctx, h, ops, fmt.Sprintf("%s of %d bytes in %d ops on layout %v", verb, total, len(ops), h))
 	}
 	b := &batch{what: fmt.Sprintf("%s of %d ops on layout %v", verb, len(ops), h), write: write}
 	if len(ops) > 0 {

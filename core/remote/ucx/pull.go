@@ -136,6 +136,26 @@ func (t *Transport) clientWorker() uint64 {
 // errBusy: the exporter put a read off (serve.go's bounds); asked again.
 var errBusy = kvbmerr.New(kvbmerr.Unsupported, "ucx: the exporting worker is busy")
 
+// pullInReads pulls ops as reads of at most readOps ops, one after
+// another.
+func (p *Peer) pullInReads(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, what string) error {
+	for len(ops) > 0 {
+		part := ops[:min(len(ops), readOps)]
+		ops = ops[len(part):]
+		var size uint64
+		for _, o := range part {
+			size += o.Size
+		}
+		if size == 0 {
+			continue
+		}
+		if err := p.pullWhenFree(ctx, h, part, size, what); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // pullWhenFree is pull, asked again while the exporter answers busy:
 // after 1 ms, doubling up to 50 ms, until ctx ends.
 func (p *Peer) pullWhenFree(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp, total uint64, what string) error {

@@ -9,6 +9,7 @@ package ucx
 import "C"
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -138,7 +139,7 @@ func (t *Transport) hello(m *message) {
 		return
 	}
 	importer := sha256.Sum256(address)
-	if len(t.sessions) >= t.sessionLimit() {
+	if len(t.sessions) >= cmp.Or(t.maxSessions, maxSessions) {
 		t.evictSession(importer)
 	}
 	s := &session{grant: &g, created: now, importer: importer}
@@ -176,18 +177,10 @@ func (t *Transport) evictSession(importer [32]byte) {
 			oldest = o
 		}
 	}
-	if now := time.Now(); now.Sub(t.lastEvictLog) >= time.Second {
-		t.lastEvictLog = now
-		slog.Warn("ucx: too many sessions; the oldest of the importer holding the most is closed", "limit", t.sessionLimit(), "held by that importer", most)
+	if onceASecond(&t.lastEvictLog) {
+		slog.Warn("ucx: too many sessions; the oldest of the importer holding the most is closed", "limit", cmp.Or(t.maxSessions, maxSessions), "held by that importer", most)
 	}
 	t.endSession(oldest)
-}
-
-func (t *Transport) sessionLimit() int {
-	if t.maxSessions > 0 {
-		return t.maxSessions
-	}
-	return maxSessions
 }
 
 // read serves a read of a verified session in a goroutine of its own:
@@ -219,8 +212,7 @@ func (t *Transport) read(m *message) {
 		return
 	}
 	s.sends++ // the session lives until its reads are answered
-	s.ops += len(ops)
-	t.ops += len(ops)
+	t.holdOps(s, len(ops))
 	s.queued = append(s.queued, queuedRead{m.h.req, m.h.handle, ops})
 	t.startReads(s)
 }
@@ -241,10 +233,7 @@ const (
 // admitRead says whether a read of n ops may be queued for s: nil, or the
 // status to answer (statusBusy: asked again later, it may fit) and why.
 func (t *Transport) admitRead(s *session, n int) (byte, error) {
-	limit := maxHeldOps
-	if t.maxHeldOps > 0 {
-		limit = t.maxHeldOps
-	}
+	limit := cmp.Or(t.maxHeldOps, maxHeldOps)
 	perSession := min(maxSessionOps, limit)
 	switch {
 	case n > perSession:
@@ -260,6 +249,12 @@ func (t *Transport) admitRead(s *session, n int) (byte, error) {
 			t.ops, n, limit)
 	}
 	return 0, nil
+}
+
+// holdOps counts n more ops (fewer when negative) held by s's reads.
+func (t *Transport) holdOps(s *session, n int) {
+	s.ops += n
+	t.ops += n
 }
 
 type queuedRead struct {
@@ -309,8 +304,7 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 		s.sends--
 		s.serving--
 		t.servingReads--
-		s.ops -= len(ops)
-		t.ops -= len(ops)
+		t.holdOps(s, -len(ops))
 		t.sendOn(s, hdr, []byte(msg), nil, nil)
 		t.freeSession(s)
 		t.served.Add(1)
@@ -466,8 +460,7 @@ func (t *Transport) endSession(s *session) {
 	s.closing = true
 	s.sends -= len(s.queued) // queued reads are not served
 	for _, q := range s.queued {
-		s.ops -= len(q.ops)
-		t.ops -= len(q.ops)
+		t.holdOps(s, -len(q.ops))
 	}
 	s.queued = nil
 	delete(t.sessions, s.id)
@@ -504,11 +497,21 @@ func (t *Transport) reapSessions() {
 	}
 }
 
+// onceASecond says whether a second has passed since *last, and if so
+// sets it to now: a warning a peer can repeat is logged at most that often.
+func onceASecond(last *time.Time) bool {
+	now := time.Now()
+	if now.Sub(*last) < time.Second {
+		return false
+	}
+	*last = now
+	return true
+}
+
 // refuse logs a refused message, rate limited, and counts it.
 func (t *Transport) refuse(what, why string) {
 	n := t.refused.Add(1)
-	if now := time.Now(); now.Sub(t.lastRefusalLog) >= time.Second {
-		t.lastRefusalLog = now
+	if onceASecond(&t.lastRefusalLog) {
 		slog.Warn("ucx: refused "+what, "worker", fmt.Sprintf("%#x", t.workerID()), "reason", why, "refused so far", n)
 	}
 }

@@ -8,6 +8,7 @@ package ucx
 import "C"
 
 import (
+	"cmp"
 	"math/bits"
 	"sync"
 	"unsafe"
@@ -52,11 +53,10 @@ type stagingPool struct {
 	budget uint64 // stagingBudget when 0 (tests set less)
 }
 
-func (p *stagingPool) limit() uint64 {
-	if p.budget > 0 {
-		return p.budget
-	}
-	return stagingBudget
+// fits says whether size more bytes may be handed out: within the budget,
+// or alone (a slot larger than the budget goes when none is out); p.mu held.
+func (p *stagingPool) fits(size uint64) bool {
+	return p.out == 0 || p.out+size <= cmp.Or(p.budget, stagingBudget)
 }
 
 func sizeClass(n uint64) uint64 {
@@ -70,7 +70,7 @@ func sizeClass(n uint64) uint64 {
 func (p *stagingPool) available(n uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.out == 0 || p.out+sizeClass(n) <= p.limit()
+	return p.fits(sizeClass(n))
 }
 
 // tryGet hands out a slot of at least n bytes, or nil when the budget is
@@ -79,7 +79,7 @@ func (p *stagingPool) tryGet(n uint64) *slot {
 	size := sizeClass(n)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.out > 0 && p.out+size > p.limit() {
+	if !p.fits(size) {
 		return nil
 	}
 	var s *slot
