@@ -13,7 +13,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -37,20 +37,20 @@ type connecting struct {
 
 // pull is one Read under way; owned by the progress thread.
 type pull struct {
-	id     uint64
-	peer   *Peer
-	total  uint64
-	local  []piece        // the destination, in request order
-	copies sync.WaitGroup // staged bytes being copied to the destination
-	recvd  uint64         // bytes received
-	recvs  int            // receives posted or waiting for a slot, not complete
-	done   bool           // the exporter's done came
-	status byte
-	sent   uint64 // what the exporter's done says it sent
-	msg    string
-	err    error      // a receive's failure
-	ended  bool       // answered on ch: no message reaches it any more
-	ch     chan error // buffered: the answer
+	id      uint64
+	peer    *Peer
+	total   uint64
+	local   []piece // the destination, in request order
+	recvd   uint64  // bytes received
+	recvs   int     // receives posted or waiting for a slot, not complete
+	copying int     // staged data messages not yet copied to the destination
+	done    bool    // the exporter's done came
+	status  byte
+	sent    uint64 // what the exporter's done says it sent
+	msg     string
+	err     error      // a receive's failure
+	ended   bool       // answered on ch: no message reaches it any more
+	ch      chan error // buffered: the answer
 }
 
 // waiting is a data message whose receive waits for a staging slot; UCX
@@ -59,6 +59,15 @@ type waiting struct {
 	r         *pull
 	desc      C.uint64_t
 	off, size uint64
+}
+
+// staged is a data message received whole into a staging slot, waiting
+// in the copy queue to be copied to its destination (copyOut).
+type staged struct {
+	r      *pull
+	s      *slot
+	off, n uint64 // bytes [off, off+n) of r's data are in s
+	copied uint64
 }
 
 // hello opens a session on p's endpoint with the capability info
@@ -192,9 +201,6 @@ func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer
 	if !t.post(func() { t.startPull(r, hdr, data) }) {
 		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
 	}
-	// Copies out of staging that started before the pull ended finish
-	// before it returns, whichever way it ends: none starts after.
-	defer r.copies.Wait()
 	var err error
 	select {
 	case err = <-r.ch:
@@ -281,10 +287,11 @@ func (t *Transport) pullMessage(m *message) {
 
 // receiveData receives a data message into a staging slot, copied to its
 // destination once whole; with no slot free it waits (receiveWaiting).
-// A slot goes back to the pool once UCX completed its receive, with an
-// error or not: the rendezvous is "am" (exposure.go) and the slot is
-// received as an iov (shim_am.c), so no peer is sent a key to it; only
-// this worker's UCX writes it, and never after it completed the receive.
+// A slot goes back to the pool once UCX completed its receive and the
+// slot was copied out, or dropped (a failed receive, a pull that ended):
+// the rendezvous is "am" (exposure.go) and the slot is received as an iov
+// (shim_am.c), so no peer is sent a key to it; only this worker's UCX
+// writes it, and never after it completed the receive.
 func (t *Transport) receiveData(w waiting) {
 	r := w.r
 	if t.cfg.inPlace {
@@ -297,28 +304,49 @@ func (t *Transport) receiveData(w waiting) {
 	s := t.staging.tryGet(w.size)
 	if s == nil {
 		t.waiting = append(t.waiting, w)
-		t.hasWaiting.Store(true)
 		return
 	}
 	t.receive(w.desc, []piece{{s.addr, w.size}}, func(err error, n uint64) {
 		r.recvs--
-		switch {
-		case err != nil || r.ended:
+		if err != nil || r.ended {
 			t.staging.put(s)
-		default:
-			r.copies.Add(1)
-			go func() {
-				defer r.copies.Done()
-				r.scatter(w.off, s.bytes()[:n])
-				t.staging.put(s)
-				if t.hasWaiting.Load() {
-					t.post(t.receiveWaiting) // a slot came free
-				}
-			}()
+		} else {
+			r.copying++
+			t.copies = append(t.copies, staged{r: r, s: s, off: w.off, n: n})
 		}
 		t.received(r, err, n)
 		t.receiveWaiting()
 	})
+}
+
+// copyStep bounds what copyOut copies at a time: about what one turn of
+// the progress loop receives (32 fragments), so receiving and copying
+// take turns.
+const copyStep = 256 << 10
+
+// copyOut copies up to copyStep bytes of the oldest staged data message
+// to its destination, on the progress thread, between its turns at UCX:
+// no goroutine competes with the progress threads for the cores, and a
+// pull that ends drops what it has left to copy (endPull), so no byte of
+// it is copied after it was answered. It reports whether it copied.
+func (t *Transport) copyOut() bool {
+	if len(t.copies) == 0 {
+		return false
+	}
+	c := &t.copies[0]
+	k := min(c.n-c.copied, copyStep)
+	c.r.scatter(c.off+c.copied, c.s.bytes()[c.copied:c.copied+k])
+	c.copied += k
+	if c.copied == c.n {
+		r := c.r
+		t.staging.put(c.s)
+		t.copies[0] = staged{}
+		t.copies = t.copies[1:]
+		r.copying--
+		t.checkPull(r)
+		t.receiveWaiting()
+	}
+	return true
 }
 
 // received accounts for a completed receive of r.
@@ -334,7 +362,6 @@ func (t *Transport) received(r *pull, err error, n uint64) {
 // receiveWaiting receives the data messages that wait for a slot, in
 // order, as slots come free; those of pulls that ended are dropped.
 func (t *Transport) receiveWaiting() {
-	defer func() { t.hasWaiting.Store(len(t.waiting) > 0) }()
 	for len(t.waiting) > 0 {
 		w := t.waiting[0]
 		if w.r.ended {
@@ -383,7 +410,7 @@ func pieces(local []piece, off, n uint64) []piece {
 // checkPull answers r once the exporter's done came and every receive
 // completed.
 func (t *Transport) checkPull(r *pull) {
-	if r.ended || !r.done || r.recvs > 0 {
+	if r.ended || !r.done || r.recvs > 0 || (r.copying > 0 && r.err == nil) {
 		return
 	}
 	var err error
@@ -411,6 +438,15 @@ func (t *Transport) endPull(r *pull, err error) {
 	}
 	r.ended = true
 	delete(t.pulls, r.id)
+	if r.copying > 0 {
+		t.copies = slices.DeleteFunc(t.copies, func(c staged) bool {
+			if c.r == r {
+				t.staging.put(c.s)
+			}
+			return c.r == r
+		})
+		r.copying = 0
+	}
 	r.ch <- err
 	t.receiveWaiting()
 }

@@ -16,11 +16,12 @@ import (
 
 // Staging: each data message of a pull lands in memory of the
 // transport's own, and is copied to its destination only once it arrived
-// whole, while the next arrives; so nothing UCX does late (an answer to a
-// pull that failed, a receive that outlives its pull) can reach a
-// destination. A slot is out from the receive's start until UCX completed
-// it, and until its copy is done: a pull that fails meanwhile leaves its
-// slots out until then (pull.go).
+// whole, by the progress thread between its turns at UCX, while the next
+// arrives; so nothing UCX does late (an answer to a pull that failed, a
+// receive that outlives its pull) can reach a destination. A slot is out
+// from the receive's start until UCX completed it, and until its copy is
+// done or dropped: a pull that fails meanwhile leaves its slots out until
+// UCX completed their receives (pull.go).
 // On a GPU the destination is host memory the transfer manager copies to
 // the device after Read returns, so the staging copy is a host memcpy
 // there too.

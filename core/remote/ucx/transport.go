@@ -96,7 +96,7 @@ type Transport struct {
 	connects        map[uint64]*connecting
 	pulls           map[uint64]*pull
 	waiting         []waiting // data messages waiting for a staging slot
-	hasWaiting      atomic.Bool
+	copies          []staged  // staged data messages to copy out, oldest first
 	lastSweep       time.Time
 	lastRefusalLog  time.Time
 	lastEvictLog    time.Time
@@ -413,6 +413,9 @@ func (t *Transport) loop(ready chan<- error) {
 			lastProgress = time.Now()
 		}
 		if t.deliver() {
+			lastProgress = time.Now()
+		}
+		if t.copyOut() {
 			lastProgress = time.Now()
 		}
 		if t.reapInflight() {
