@@ -13,7 +13,8 @@ import (
 )
 
 // What a transport's UCX context may expose, set where neither
-// Config.Options nor the environment (UCX_*) says otherwise:
+// Config.Options nor UCX's own settings (the environment's UCX_*, or a
+// ucx.conf UCX reads) say otherwise:
 //
 //   - Its network devices: the RDMA ones, and for UCX's tcp transport only
 //     the interface of the advertised host (Config.Advertise): UCX's tcp
@@ -40,11 +41,16 @@ import (
 // fails, naming the settings that fix it.
 
 // contextOptions are the entries the context is made with: cfg.Options
-// and the defaults above; resources lists UCX's resources (Resources).
-func (cfg Config) contextOptions(resources func() ([]string, error)) (map[string]string, error) {
+// and the defaults above; resources lists UCX's resources (Resources),
+// settings gives UCX's own settings (Settings).
+func (cfg Config) contextOptions(resources func() ([]string, error), settings func() (map[string]string, error)) (map[string]string, error) {
 	opts := make(map[string]string, len(cfg.Options)+2)
 	for k, v := range cfg.Options {
 		opts[k] = v
+	}
+	ucx, err := settings()
+	if err != nil {
+		return nil, err
 	}
 	if !cfg.OneSided {
 		if scheme := opts["RNDV_SCHEME"]; scheme != "" && !strings.EqualFold(scheme, rndvScheme) {
@@ -52,16 +58,21 @@ func (cfg Config) contextOptions(resources func() ([]string, error)) (map[string
 				"registers memory for a peer's RDMA beyond kvbm's checks (the exporter's for get_zcopy, get_ppln, rkey_ptr "+
 				"and auto; the importer's staging for put_zcopy, put_ppln)", kvbmerr.ErrUnsupported, scheme, rndvScheme)
 		}
-		if scheme := os.Getenv("UCX_RNDV_SCHEME"); scheme != "" && !strings.EqualFold(scheme, rndvScheme) {
-			// The environment tunes UCX for every library of the process
-			// (NIXL's too): this context overrides it, and says so.
+		scheme := os.Getenv("UCX_RNDV_SCHEME")
+		if v := ucx["RNDV_SCHEME"]; scheme == "" && v != "auto" {
+			scheme = v // a ucx.conf's
+		}
+		if scheme != "" && !strings.EqualFold(scheme, rndvScheme) {
+			// The environment, or a ucx.conf, tunes UCX for every library
+			// of the process (NIXL's too): this context overrides it, and
+			// says so.
 			slog.Warn("ucx: UCX_RNDV_SCHEME is overridden: the message mode takes the \"am\" rendezvous only "+
 				"(a zero-copy one registers memory for a peer's RDMA)", "UCX_RNDV_SCHEME", scheme)
 		}
 		opts["RNDV_SCHEME"] = rndvScheme
 	}
-	if opts["NET_DEVICES"] != "" || os.Getenv("UCX_NET_DEVICES") != "" {
-		return opts, nil
+	if v, ok := ucx["NET_DEVICES"]; opts["NET_DEVICES"] != "" || os.Getenv("UCX_NET_DEVICES") != "" || (ok && v != "all") {
+		return opts, nil // named by the caller, or by UCX's settings (a ucx.conf: the operator's)
 	}
 	host := cmp.Or(cfg.Advertise, os.Getenv(envAdvertise), "127.0.0.1")
 	ips, err := hostIPs(host)

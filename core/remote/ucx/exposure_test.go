@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -235,4 +236,39 @@ func newSockets(before, now map[string]*net.TCPAddr) []*net.TCPAddr {
 		}
 	}
 	return out
+}
+
+// An operator's ucx.conf is UCX's own setting, as the environment is: the
+// network devices it names are left to UCX, and its rendezvous is
+// overridden in the message mode. UCX reads its configuration files once
+// a process, so each case runs in a process of its own (the test binary,
+// UCX_CONFIG_DIR naming the file's directory).
+func TestContextOptionsKeepAUCXConf(t *testing.T) {
+	needUCX(t)
+	if os.Getenv("KVBM_TEST_CONTEXT_OPTIONS") != "" {
+		opts, err := Config{Advertise: "127.0.0.1"}.contextOptions(cachedResources, Settings)
+		require.NoError(t, err)
+		t.Logf("options: NET_DEVICES=%q RNDV_SCHEME=%q", opts["NET_DEVICES"], opts["RNDV_SCHEME"])
+		return
+	}
+	run := func(t *testing.T, conf string) string {
+		dir := t.TempDir()
+		if conf != "" {
+			require.NoError(t, os.WriteFile(dir+"/ucx.conf", []byte(conf), 0o644))
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestContextOptionsKeepAUCXConf$", "-test.v")
+		cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+			return strings.HasPrefix(kv, "UCX_NET_DEVICES=") || strings.HasPrefix(kv, "UCX_RNDV_SCHEME=")
+		})
+		cmd.Env = append(cmd.Env, "KVBM_TEST_CONTEXT_OPTIONS=1", "UCX_CONFIG_DIR="+dir)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		_, line, ok := strings.Cut(string(out), "options: ")
+		require.True(t, ok, "%s", out)
+		line, _, _ = strings.Cut(line, "\n")
+		return line
+	}
+	require.Equal(t, `NET_DEVICES="lo" RNDV_SCHEME="am"`, run(t, ""), "kvbm's default: tcp on the advertised interface")
+	require.Equal(t, `NET_DEVICES="" RNDV_SCHEME="am"`, run(t, "UCX_NET_DEVICES=eth0\nUCX_RNDV_SCHEME=get_zcopy\n"),
+		"the operator's devices kept, the rendezvous overridden")
 }

@@ -44,3 +44,6 @@ var _ remote.Transport = (*Transport)(nil)
 
 // Resources fails: see Available.
 func Resources() ([]string, error) { return nil, Available() }
+
+// Settings fails: see Available.
+func Settings() (map[string]string, error) { return nil, Available() }

@@ -29,3 +29,18 @@ func Resources() ([]string, error) {
 	n := C.kvbm_ucx_print_context(ctx, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
 	return parseResources(string(buf[:n])), nil
 }
+
+// Settings are the values UCX's own settings give a context (its
+// defaults, its configuration files ucx.conf, the environment), by name
+// without the UCX_ prefix ("NET_DEVICES": "all"), from ucp_config_print.
+func Settings() (map[string]string, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 256<<10)
+	n := C.kvbm_ucx_print_config((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	if n == 0 {
+		return nil, fmt.Errorf("ucx: ucp_config_read failed: a UCX_* setting or a ucx.conf UCX reads is invalid (UCX logged which)")
+	}
+	return parseSettings(string(buf[:n])), nil
+}

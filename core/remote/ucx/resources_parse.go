@@ -21,3 +21,15 @@ func parseResources(info string) []string {
 	}
 	return out
 }
+
+// parseSettings takes the "UCX_NAME=value" lines of ucp_config_print.
+func parseSettings(text string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if name, found := strings.CutPrefix(name, "UCX_"); ok && found {
+			out[name] = value
+		}
+	}
+	return out
+}

@@ -40,6 +40,7 @@ static void load(void) {
 	SYM(config_read, "ucp_config_read");
 	SYM(config_modify, "ucp_config_modify");
 	SYM(config_release, "ucp_config_release");
+	SYM(config_print, "ucp_config_print");
 	SYM(init_version, "ucp_init_version");
 	SYM(cleanup, "ucp_cleanup");
 	SYM(worker_create, "ucp_worker_create");
@@ -384,4 +385,22 @@ size_t kvbm_ucx_print_context(uint64_t context, char *buf, size_t len) {
 	U.context_print_info((ucp_context_h)(uintptr_t)context, f);
 	fclose(f);
 	return strlen(buf);
+}
+
+// UCS_CONFIG_PRINT_CONFIG (ucs/config/types.h): the values, one
+// "UCX_NAME=value" line each.
+#define PRINT_CONFIG 1
+
+size_t kvbm_ucx_print_config(char *buf, size_t len) {
+	ucp_config_t *config;
+	if (U.config_read(NULL, NULL, &config) != UCS_OK) {
+		return 0;
+	}
+	FILE *f = print_buf(buf, len);
+	if (f) {
+		U.config_print(config, f, NULL, PRINT_CONFIG);
+		fclose(f);
+	}
+	U.config_release(config);
+	return f ? strlen(buf) : 0;
 }

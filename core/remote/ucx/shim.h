@@ -100,6 +100,10 @@ size_t kvbm_ucx_print_ep(uint64_t ep, char *buf, size_t len);
 // kvbm_ucx_print_context writes ucp_context_print_info's text into buf, as
 // kvbm_ucx_print_ep does.
 size_t kvbm_ucx_print_context(uint64_t context, char *buf, size_t len);
+// kvbm_ucx_print_config writes the values of UCX's own settings (its
+// defaults, its configuration files, the environment) into buf, one
+// "UCX_NAME=value" line each, as kvbm_ucx_print_ep does.
+size_t kvbm_ucx_print_config(char *buf, size_t len);
 
 // Active messages (shim_am.c): kvbm's own requests and replies, all under
 // one AM id, told apart by the header's first byte (am.go).

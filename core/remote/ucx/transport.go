@@ -459,7 +459,7 @@ func (t *Transport) loop(ready chan<- error) {
 // worker, which opens the network devices, comes at the first export or
 // connect (openWorker).
 func (t *Transport) open() error {
-	opts, err := t.cfg.contextOptions(cachedResources)
+	opts, err := t.cfg.contextOptions(cachedResources, Settings)
 	if err != nil {
 		return err
 	}

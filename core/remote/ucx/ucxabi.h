@@ -187,6 +187,7 @@ typedef struct {
 	ucs_status_t (*config_read)(const char *, const char *, ucp_config_t **);
 	ucs_status_t (*config_modify)(ucp_config_t *, const char *, const char *);
 	void (*config_release)(ucp_config_t *);
+	void (*config_print)(const ucp_config_t *, FILE *, const char *, int); // flags: ucs_config_print_flags_t
 	ucs_status_t (*init_version)(unsigned, unsigned, const ucp_params_t *, const ucp_config_t *, ucp_context_h *);
 	void (*cleanup)(ucp_context_h);
 	ucs_status_t (*worker_create)(ucp_context_h, const ucp_worker_params_t *, ucp_worker_h *);
