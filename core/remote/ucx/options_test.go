@@ -69,6 +69,8 @@ func TestContextOptions(t *testing.T) {
 
 	t.Run("a loopback address", func(t *testing.T) {
 		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "127.0.1.1"})["NET_DEVICES"])
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "::1"})["NET_DEVICES"])
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "::1%lo"})["NET_DEVICES"], "an IPv6 address with a zone")
 	})
 
 	t.Run("an advertised host that is not here", func(t *testing.T) {
