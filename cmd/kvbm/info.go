@@ -101,7 +101,31 @@ func ucxLibrary() string {
 	if err != nil {
 		return fmt.Sprintf("library UCX %s: %v", ucx.Version(), err)
 	}
-	return fmt.Sprintf("library UCX %s, resources %s", ucx.Version(), strings.Join(rs, " "))
+	return fmt.Sprintf("library UCX %s, resources %s; %s", ucx.Version(), strings.Join(rs, " "), ucxWorker())
+}
+
+// ucxWorker opens a UCX transport's worker, as its first export or
+// connect would, and names what kvbm set for its context.
+func ucxWorker() string {
+	t, err := ucx.New(ucx.Config{})
+	if err != nil {
+		return "worker: " + err.Error()
+	}
+	defer t.Close()
+	opts, err := t.Probe()
+	set := make([]string, 0, len(opts))
+	for k, v := range opts {
+		set = append(set, "UCX_"+k+"="+v)
+	}
+	sort.Strings(set)
+	what := "kvbm sets " + strings.Join(set, " ")
+	if len(set) == 0 {
+		what = "kvbm sets nothing"
+	}
+	if err != nil {
+		return what + "; the worker does not open: " + err.Error()
+	}
+	return what + "; the worker opens"
 }
 
 func infoCommand(args []string, stdout, stderr io.Writer) error {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvbm/kvbm/core/remote/ucx"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -56,6 +57,10 @@ func TestInfo(t *testing.T) {
 	require.Contains(t, stdout, "transports: loopback (workers of one process)")
 	require.Contains(t, stdout, "tcp (selected); same host: Unix socket")
 	require.Regexp(t, `tcp( \(selected\))?`, stdout)
+	if ucx.Available() == nil {
+		// The worker opened as a first export would, and what kvbm set.
+		require.Regexp(t, `library UCX [0-9.]+, resources [^;]+; kvbm sets [^;]*UCX_RNDV_SCHEME=am; the worker opens`, stdout)
+	}
 
 	rc, stdout, stderr = kvbm("info", "--json", "-dir", dir)
 	require.Equal(t, 0, rc, stderr)

@@ -47,3 +47,6 @@ func Resources() ([]string, error) { return nil, Available() }
 
 // Settings fails: see Available.
 func Settings() (map[string]string, error) { return nil, Available() }
+
+// Probe fails: see Available.
+func (*Transport) Probe() (map[string]string, error) { return nil, Available() }

@@ -86,6 +86,7 @@ type Transport struct {
 	allocs    map[uint64]*allocation // AllocHost, by address
 	peers     map[*Peer]struct{}
 	address   []byte
+	options   map[string]string // the context's entries kvbm set (contextOptions)
 	m         *transfer.Manager // the served manager, as the progress thread sees it
 
 	// The message mode's state (message.go, serve.go, pull.go).
@@ -482,7 +483,15 @@ func (t *Transport) open() error {
 	if err := status(C.kvbm_ucx_init(&cn[0], &cn[len(keys)], C.int(len(keys)), boolInt(t.cfg.OneSided), &t.context)); err != nil {
 		return fmt.Errorf("ucx: ucp_init (options %v): %w", opts, err)
 	}
+	t.options = opts
 	return nil
+}
+
+// Probe opens the worker as a first export or connect would (its network
+// devices), and gives the entries kvbm made the context with beside
+// UCX's own settings: what the info command reports.
+func (t *Transport) Probe() (map[string]string, error) {
+	return t.options, t.do(t.openWorker)
 }
 
 // openWorker makes the worker, once: asked to serve (an export) or to
