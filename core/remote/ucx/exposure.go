@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -89,6 +90,11 @@ func (cfg Config) contextOptions(resources func() ([]string, error), settings fu
 	ifaces, err := interfacesOf(ips)
 	if err != nil {
 		return nil, err
+	}
+	if a, err := netip.ParseAddr(host); err == nil && a.Zone() != "" {
+		// An IPv6 address with a zone (fe80::1%eth1): the zone's
+		// interface, where one carries it, not every one that does.
+		ifaces = slices.DeleteFunc(ifaces, func(name string) bool { return name != a.Zone() })
 	}
 	hasTCP := slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "tcp/") })
 	if !hasTCP && len(netDevices(rs, nil)) == 0 {

@@ -70,7 +70,9 @@ func TestContextOptions(t *testing.T) {
 	t.Run("a loopback address", func(t *testing.T) {
 		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "127.0.1.1"})["NET_DEVICES"])
 		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "::1"})["NET_DEVICES"])
-		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "::1%lo"})["NET_DEVICES"], "an IPv6 address with a zone")
+		// An IPv6 address with a zone: the zone's interface only.
+		require.Equal(t, "mlx5_0:1,lo,efa0", opts(t, Config{Advertise: "::1%lo"})["NET_DEVICES"])
+		require.Equal(t, "mlx5_0:1,efa0", opts(t, Config{Advertise: "::1%eth9"})["NET_DEVICES"], "lo carries ::1, eth9 does not")
 	})
 
 	t.Run("an advertised host that is not here", func(t *testing.T) {

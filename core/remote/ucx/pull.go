@@ -210,7 +210,11 @@ func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer
 			cause = fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, ctx.Err())
 		}
 		if t.do(func() error { t.endPull(r, cause); return nil }) != nil {
-			return cause // closed: the shutdown ended it
+			// Closing: the progress thread may be in its last turn, which
+			// can still copy into the destination; the shutdown ends the
+			// pull, and the answer waits for it.
+			<-t.done
+			return cause
 		}
 		err = <-r.ch // cause, or nil when it completed first
 	case <-t.done:

@@ -40,7 +40,7 @@ func Settings() (map[string]string, error) {
 	buf := make([]byte, 256<<10)
 	n := C.kvbm_ucx_print_config((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
 	if n == 0 {
-		return nil, fmt.Errorf("ucx: ucp_config_read failed: a UCX_* setting or a ucx.conf UCX reads is invalid (UCX logged which)")
+		return nil, fmt.Errorf("ucx: reading UCX's settings failed (ucp_config_read: a UCX_* setting or a ucx.conf UCX reads is invalid? UCX logged which)")
 	}
 	return parseSettings(string(buf[:n])), nil
 }

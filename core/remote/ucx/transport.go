@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime"
 	"slices"
 	"sort"
@@ -488,10 +489,10 @@ func (t *Transport) open() error {
 }
 
 // Probe opens the worker as a first export or connect would (its network
-// devices), and gives the entries kvbm made the context with beside
-// UCX's own settings: what the info command reports.
+// devices), and gives the entries kvbm set for the context (UCX's own
+// settings give the rest): what the info command reports.
 func (t *Transport) Probe() (map[string]string, error) {
-	return t.options, t.do(t.openWorker)
+	return maps.Clone(t.options), t.do(t.openWorker)
 }
 
 // openWorker makes the worker, once: asked to serve (an export) or to
