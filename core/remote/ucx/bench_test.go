@@ -16,9 +16,10 @@ import (
 // BenchmarkPull: a process pulls another process's blocks over UCX (with
 // UCX's own choice of transports, then TCP only), 256 blocks of 2 MiB and
 // 2,048 of 32 KiB, each block its own operation (the destination order is
-// reversed, so nothing coalesces), in the message mode (staged; beside
-// it, in the same run, received in place, and the ratio: what staging
-// costs) and in the one-sided mode. Beside each, measured in the same
+// reversed, so nothing coalesces), in the message mode (through sinks,
+// kvbm copying each piece UCX received: "staged"; beside it, in the same
+// run, UCX receiving into the destination itself, "in place", and the
+// ratio: what the sink costs) and in the one-sided mode. Beside each, measured in the same
 // run: an in-process memcpy of the same bytes, block by block, and the
 // ratio.
 func BenchmarkPull(b *testing.B) { benchRemote(b, false) }
@@ -97,8 +98,8 @@ func benchMove(b *testing.B, cfg layout.Config, tcfg Config, ucxMem, push bool) 
 	b.StopTimer()
 	pull := float64(total) * float64(b.N) / b.Elapsed().Seconds() / 1e9
 
-	// The message mode received in place, without staging, the same
-	// number of times: what the staging costs.
+	// The message mode received in place, without sinks, the same
+	// number of times: what the sinks cost.
 	inPlace := 0.0
 	if !tcfg.OneSided {
 		tcfg.inPlace = true

@@ -7,10 +7,11 @@
 // carries with the TCP transport's hello (am.go, serve.go), then asks for
 // byte ranges, which the exporter checks against that capability and
 // serves from the manager (transfer.Manager.Serve), sending the bytes on
-// an endpoint of its own to the importer; the importer receives them into
-// staging slots of its own and copies them to their destination (pull.go,
-// staging.go), so that nothing UCX does late reaches a destination. It
-// pulls only.
+// an endpoint of its own to the importer. The importer never gives UCX
+// a destination's address: UCX hands it each piece of the data in UCX's
+// own receive memory, and kvbm copies it to its destination only while
+// the pull is under way (a sink, pull.go), so that nothing UCX does late
+// reaches a destination. It pulls only.
 //
 // In its one-sided mode (Config.OneSided, refused by remote.Open unless
 // EnvAcceptLateWrites) it reads and writes (ucp_get_nbx, ucp_put_nbx)
@@ -105,9 +106,9 @@ type Config struct {
 	// unless EnvAcceptLateWrites (ErrLateWrites). Both sides must agree
 	// (EnvOneSided).
 	OneSided bool
-	// inPlace receives a pull's data straight into its destination,
-	// without staging: for the benchmark that measures what staging
-	// costs; a failed pull may then be written late.
+	// inPlace has UCX receive a pull's data straight into its
+	// destination, without a sink: for the benchmark that measures what
+	// the sink costs; a failed pull may then be written late.
 	inPlace bool
 }
 

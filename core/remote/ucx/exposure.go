@@ -28,12 +28,13 @@ import (
 //     the registration cached: the sender's (get_zcopy, get_ppln,
 //     rkey_ptr: the exporter's layouts and staging, read by any importer
 //     that kept the key, its scope or revocation notwithstanding), or the
-//     receiver's staging (put_zcopy, put_ppln: writable later by an
+//     receiver's buffers (put_zcopy, put_ppln: writable later by an
 //     exporter the importer pulled from). "auto" picks get_zcopy where
 //     there is RDMA. UCX 1.13's protocols also register a contiguous
 //     receive buffer and send its key to the sender, whatever the scheme;
-//     so the importer receives into staging as an iov (shim_am.c), which
-//     no version sends a key for. So the message mode takes "am" only: another in
+//     so the importer receives through a datatype of its own (a sink,
+//     shim_am.c), which no version can register or send a key for. So
+//     the message mode takes "am" only: another in
 //     Config.Options is refused, one in UCX_RNDV_SCHEME (which tunes every
 //     UCX of the process) overridden with a warning.
 //
@@ -57,7 +58,7 @@ func (cfg Config) contextOptions(resources func() ([]string, error), settings fu
 		if scheme := opts["RNDV_SCHEME"]; scheme != "" && !strings.EqualFold(scheme, rndvScheme) {
 			return nil, fmt.Errorf("%w: ucx: option RNDV_SCHEME=%s: the message mode takes the %q rendezvous only; a zero-copy one "+
 				"registers memory for a peer's RDMA beyond kvbm's checks (the exporter's for get_zcopy, get_ppln, rkey_ptr "+
-				"and auto; the importer's staging for put_zcopy, put_ppln)", kvbmerr.ErrUnsupported, scheme, rndvScheme)
+				"and auto; the importer's receive buffers for put_zcopy, put_ppln)", kvbmerr.ErrUnsupported, scheme, rndvScheme)
 		}
 		scheme := os.Getenv("UCX_RNDV_SCHEME")
 		if v := ucx["RNDV_SCHEME"]; scheme == "" && v != "auto" {

@@ -28,6 +28,7 @@ type piece struct{ addr, size uint64 }
 type inflight struct {
 	c      *C.kvbm_ucx_req_t
 	cmem   []unsafe.Pointer
+	sink   *C.kvbm_ucx_sink_t // a receive's, released once complete
 	onDone func(err error, length uint64)
 }
 
@@ -193,13 +194,23 @@ func (t *Transport) complete(f *inflight) {
 	C.free(unsafe.Pointer(f.c))
 	f.c, f.cmem = nil, nil
 	f.onDone(err, length)
+	if f.sink != nil {
+		releaseSink(f.sink)
+		f.sink = nil
+	}
 }
+
+// releaseSink drops a reference to s (shim.h); on the progress thread.
+func releaseSink(s *C.kvbm_ucx_sink_t) { C.kvbm_ucx_sink_release(s) }
+
+// sinksLive counts the sinks of the process (pull.go) not yet freed:
+// none once UCX finished every receive.
+func sinksLive() int { return int(C.kvbm_ucx_sinks_live()) }
 
 // freeAfterWorker fails and frees the message mode's state once the
 // worker is destroyed: no callback can run any more, so what is still in
 // flight never completes.
 func (t *Transport) freeAfterWorker() {
-	t.waiting = nil // their descriptors went with the worker; nothing may post them now
 	t.freeMessages()
 	for _, s := range t.closingSessions {
 		if s.state != nil {
@@ -223,6 +234,9 @@ func (t *Transport) freeMessages() {
 	}
 	for _, f := range t.inflight {
 		f.c.status = C.int32_t(ucsErrCanceled)
+		if f.sink != nil {
+			f.sink.refs = 1 // UCX's went with the worker
+		}
 		t.complete(f)
 	}
 	t.inflight = nil

@@ -52,7 +52,7 @@ func TestMessagesBetweenTwoProcesses(t *testing.T) {
 			for _, id := range ids {
 				s.check(t, dst, id, 0x700+uint64(id))
 			}
-			require.Zero(t, s.tr.staging.outstanding())
+			require.Zero(t, sinksLive())
 		})
 	}
 }

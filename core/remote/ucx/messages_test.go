@@ -3,8 +3,10 @@
 package ucx
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"testing"
 	"time"
 	"unsafe"
@@ -22,7 +24,7 @@ import (
 // The message mode between two managers of one process: blocks pulled
 // from the exporter's pinned (G2) and emulated device (G1) layouts of
 // both shapes, every byte checked, blocks not moved unchanged; a push is
-// refused and changes nothing; every staging slot goes back.
+// refused and changes nothing; every sink (pull.go) is freed.
 func TestMessagesPull(t *testing.T) {
 	needUCX(t)
 	for _, tc := range tlsCases {
@@ -51,7 +53,7 @@ func TestMessagesPull(t *testing.T) {
 					require.NoError(t, p.Close())
 				}
 			}
-			require.Zero(t, imp.tr.staging.outstanding())
+			require.Zero(t, sinksLive())
 		})
 	}
 }
@@ -81,37 +83,108 @@ func TestMessagesManyReadsAtOnce(t *testing.T) {
 	}
 }
 
-// A pull larger than what staging may hand out at once waits for slots,
-// message by message: with one slot, each data message is received once
-// the copy out of the last one freed it; every byte arrives.
-func TestMessagesPullThroughOneStagingSlot(t *testing.T) {
+// A pull that ends while one of its data messages is being received
+// (its deadline, here forced on the progress thread the moment part of
+// the message has landed) gets no byte more: UCX goes on receiving the
+// message, its pieces are dropped, and the destination holds exactly
+// what it held when the pull was answered; the sink is freed once UCX is
+// done with it, and the next pull is whole.
+func TestMessagesPullEndedMidMessageLandsNoMore(t *testing.T) {
 	needUCX(t)
-	emu := newEmu(t)
-	exp := newSide(t, emu, 0xE, Config{Options: map[string]string{"TLS": "tcp"}}, 10*time.Second)
-	imp := newSide(t, emu, 0x1, Config{Options: map[string]string{"TLS": "tcp"}}, 10*time.Second)
-	require.NoError(t, imp.tr.do(func() error { imp.tr.staging.budget = 1; return nil }))
-	cfg := smallConfig(256)
-	cfg.InnerDim = 1024 // 64 KiB blocks: 16 MiB, four data messages
-	src := exp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
-	exp.fill(t, src, 0x100)
-	dst := imp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
-	imp.importAll(t, exp)
-	ids := seq(0, 256)
-	for round := 0; round < 3; round++ {
-		imp.fill(t, dst, 0x900)
-		require.NoError(t, move(t, imp.m, src, ids, dst, ids))
-		for _, id := range ids {
-			imp.check(t, dst, id, 0x100+uint64(id))
-		}
+	for _, tc := range tlsCases {
+		t.Run(tc.name, func(t *testing.T) {
+			emu := newEmu(t)
+			exp := newSide(t, emu, 0xE, Config{Options: tc.opts}, 10*time.Second)
+			imp := newSide(t, emu, 0x1, Config{Options: tc.opts}, 10*time.Second)
+			cfg := smallConfig(64)
+			cfg.InnerDim = 1024 // 64 KiB blocks: one data message of 4 MiB
+			src := exp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+			exp.fill(t, src, 0x100)
+			dst := imp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+			imp.importAll(t, exp)
+			ids := seq(0, 64)
+			for round := 0; round < 3; round++ {
+				imp.fill(t, dst, 0x900)
+				cause := errors.New("the deadline (forced)")
+				var (
+					ended            *pull
+					sink             *_Ctype_struct_kvbm_ucx_sink
+					atAnswer, landed []byte
+				)
+				// The progress thread is held from before the pull is asked,
+				// and turned by hand, one progress at a time.
+				driving, started := make(chan error, 1), make(chan struct{})
+				go func() {
+					driving <- imp.tr.do(func() error {
+						close(started)
+						for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+							select {
+							case fn := <-imp.tr.cmds:
+								fn()
+							default:
+							}
+							imp.tr.progress(1)
+							imp.tr.deliver()
+							imp.tr.reapInflight()
+							for _, r := range imp.tr.pulls {
+								for _, s := range r.sinks {
+									if s.landed > 0 && s.landed < s.total {
+										ended, sink = r, s
+									}
+								}
+							}
+							if ended == nil {
+								continue
+							}
+							sink.refs++ // kept, to read its counts once UCX is done with it
+							imp.tr.endPull(ended, cause)
+							for _, l := range ended.local {
+								atAnswer = append(atAnswer, storage.HostBytes(l.addr, l.size)...)
+							}
+							return nil
+						}
+						return errors.New("no data message was seen part-way")
+					})
+				}()
+				<-started
+				errs := make(chan error, 1)
+				go func() { errs <- move(t, imp.m, src, ids, dst, ids) }()
+				require.NoError(t, <-driving)
+				require.ErrorIs(t, <-errs, cause)
+				// UCX receives the rest of the message; it is dropped.
+				require.Eventually(t, func() bool {
+					var done bool
+					require.NoError(t, imp.tr.do(func() error { done = sink.refs == 1; return nil }))
+					return done
+				}, 10*time.Second, 5*time.Millisecond, "UCX finishes the receive")
+				// Read on the progress thread, checked here (a failed require
+				// would end the progress thread).
+				var total, got, dropped uint64
+				require.NoError(t, imp.tr.do(func() error {
+					total, got, dropped = uint64(sink.total), uint64(sink.landed), uint64(sink.dropped)
+					releaseSink(sink)
+					for _, l := range ended.local {
+						landed = append(landed, storage.HostBytes(l.addr, l.size)...)
+					}
+					return nil
+				}))
+				require.Positive(t, dropped, "pieces came after the pull ended")
+				require.Equal(t, total, got+dropped)
+				require.True(t, bytes.Equal(atAnswer, landed), "a byte landed after the pull was answered")
+				require.Zero(t, sinksLive())
+				require.NoError(t, move(t, imp.m, src, ids, dst, ids))
+				for _, id := range ids {
+					imp.check(t, dst, id, 0x100+uint64(id))
+				}
+			}
+		})
 	}
-	require.Zero(t, imp.tr.staging.outstanding())
 }
 
 // A pull whose exporter does not answer within the deadline fails, and
 // the exporter's answer that comes after (its progress thread frozen,
 // then thawed) lands nowhere: the destination blocks hold what they held
-// before, byte for byte, every staging slot is given back once UCX is
-// done with it, and the peer pulls again (a deadline fails the pull, not
+// before, byte for byte, every sink is freed once UCX is done with it, and the peer pulls again (a deadline fails the pull, not
 // the session).
 func TestMessagesLateRepliesLandNowhere(t *testing.T) {
 	needUCX(t)
@@ -139,7 +212,7 @@ func TestMessagesLateRepliesLandNowhere(t *testing.T) {
 					thaw()
 					// The late answer arrives and is dropped.
 					require.Eventually(t, func() bool { return imp.tr.lateDropped.Load() > late }, 5*time.Second, 5*time.Millisecond)
-					require.Eventually(t, func() bool { return imp.tr.staging.outstanding() == 0 }, 5*time.Second, 10*time.Millisecond)
+					require.Eventually(t, func() bool { return sinksLive() == 0 }, 5*time.Second, 10*time.Millisecond)
 					time.Sleep(50 * time.Millisecond)
 					for _, id := range ids {
 						imp.check(t, dst, id, 0x900+uint64(id))

@@ -203,7 +203,7 @@ func (p *Peer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 }
 
 // Read copies each op's bytes from the peer's layout h into local host
-// memory: asked of the exporter and staged (pull.go), or in the one-sided
+// memory: asked of the exporter and copied in through sinks (pull.go), or in the one-sided
 // mode with ucp_get_nbx.
 func (p *Peer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	return p.rma(ctx, h, ops, false)

@@ -3,6 +3,7 @@
 package ucx
 
 /*
+#include <stdlib.h>
 #include "shim.h"
 */
 import "C"
@@ -26,9 +27,9 @@ import (
 )
 
 // The importer's side of the message mode: the hello that opens a
-// session with the exporter, and pulls (Read) whose data messages each
-// land in a staging slot (staging.go) before they are copied to their
-// destination.
+// session with the exporter, and pulls (Read) whose data messages reach
+// their destination through sinks (receiveData): kvbm copies each piece
+// UCX received, only while its pull is under way.
 
 // connecting is a hello under way: the exporter's answers, by conn.
 type connecting struct {
@@ -37,37 +38,20 @@ type connecting struct {
 
 // pull is one Read under way; owned by the progress thread.
 type pull struct {
-	id      uint64
-	peer    *Peer
-	total   uint64
-	local   []piece // the destination, in request order
-	recvd   uint64  // bytes received
-	recvs   int     // receives posted or waiting for a slot, not complete
-	copying int     // staged data messages not yet copied to the destination
-	done    bool    // the exporter's done came
-	status  byte
-	sent    uint64 // what the exporter's done says it sent
-	msg     string
-	err     error      // a receive's failure
-	ended   bool       // answered on ch: no message reaches it any more
-	ch      chan error // buffered: the answer
-}
-
-// waiting is a data message whose receive waits for a staging slot; UCX
-// holds its bytes at the sender meanwhile.
-type waiting struct {
-	r         *pull
-	desc      C.uint64_t
-	off, size uint64
-}
-
-// staged is a data message received whole into a staging slot, waiting
-// in the copy queue to be copied to its destination (copyOut).
-type staged struct {
-	r      *pull
-	s      *slot
-	off, n uint64 // bytes [off, off+n) of r's data are in s
-	copied uint64
+	id     uint64
+	peer   *Peer
+	total  uint64
+	local  []piece              // the destination, in request order
+	recvd  uint64               // bytes received
+	recvs  int                  // receives posted, not complete
+	sinks  []*C.kvbm_ucx_sink_t // of the receives not complete: closed when the pull ends
+	done   bool                 // the exporter's done came
+	status byte
+	sent   uint64 // what the exporter's done says it sent
+	msg    string
+	err    error      // a receive's failure
+	ended  bool       // answered on ch: no message reaches it any more
+	ch     chan error // buffered: the answer
 }
 
 // hello opens a session on p's endpoint with the capability info
@@ -259,8 +243,7 @@ func (t *Transport) pullMessage(m *message) {
 		}
 	case kindData:
 		r := t.pulls[m.h.req]
-		if r == nil || m.h.session != r.peer.session || m.h.offset > r.total || m.size > r.total-m.h.offset ||
-			(m.desc != 0 && m.size > chunkBytes && !t.cfg.inPlace) {
+		if r == nil || m.h.session != r.peer.session || m.h.offset > r.total || m.size > r.total-m.h.offset {
 			// Late (its pull ended), not this session's, or not what
 			// was asked for: it reaches nothing.
 			t.drop(m)
@@ -276,7 +259,7 @@ func (t *Transport) pullMessage(m *message) {
 			return
 		}
 		r.recvs++
-		t.receiveData(waiting{r: r, desc: m.desc, off: m.h.offset, size: m.size})
+		t.receiveData(r, m.desc, m.h.offset, m.size)
 		m.desc = 0
 	case kindDone:
 		r := t.pulls[m.h.req]
@@ -289,68 +272,47 @@ func (t *Transport) pullMessage(m *message) {
 	}
 }
 
-// receiveData receives a data message into a staging slot, copied to its
-// destination once whole; with no slot free it waits (receiveWaiting).
-// A slot goes back to the pool once UCX completed its receive and the
-// slot was copied out, or dropped (a failed receive, a pull that ended):
-// the rendezvous is "am" (exposure.go) and the slot is received as an iov
-// (shim_am.c), so no peer is sent a key to it; only this worker's UCX
-// writes it, and never after it completed the receive.
-func (t *Transport) receiveData(w waiting) {
-	r := w.r
+// receiveData receives a data message through a sink (shim.h): UCX hands
+// kvbm each piece of it as it arrives, in UCX's own receive memory, and
+// kvbm copies it to its destination only while the pull is under way;
+// endPull closes the pull's sinks, on this thread, so no byte of a pull
+// lands after it was answered, whatever UCX still delivers. UCX is never
+// given the destination's address, nor sends any peer a key to it: the
+// rendezvous is "am" (exposure.go), and a datatype of kvbm's cannot be
+// registered.
+func (t *Transport) receiveData(r *pull, desc C.uint64_t, off, size uint64) {
+	dst := pieces(r.local, off, size)
 	if t.cfg.inPlace {
-		t.receive(w.desc, pieces(r.local, w.off, w.size), func(err error, n uint64) {
+		t.receive(desc, dst, func(err error, n uint64) {
 			r.recvs--
 			t.received(r, err, n)
 		})
 		return
 	}
-	s := t.staging.tryGet(w.size)
+	s := C.kvbm_ucx_sink_new(C.uint64_t(len(dst)))
 	if s == nil {
-		t.waiting = append(t.waiting, w)
+		C.kvbm_ucx_am_drop(t.worker, desc)
+		r.recvs--
+		t.received(r, fmt.Errorf("ucx: no memory for a receive of %d pieces", len(dst)), 0)
 		return
 	}
-	t.receive(w.desc, []piece{{s.addr, w.size}}, func(err error, n uint64) {
+	s.total = C.uint64_t(size)
+	ps := unsafe.Slice(C.kvbm_ucx_sink_pieces(s), len(dst))
+	for i, d := range dst {
+		ps[i] = C.kvbm_ucx_iov_t{buffer: C.uint64_t(d.addr), length: C.uint64_t(d.size)}
+	}
+	r.sinks = append(r.sinks, s)
+	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{})))), sink: s}
+	f.onDone = func(err error, n uint64) {
 		r.recvs--
-		if err != nil || r.ended {
-			t.staging.put(s)
-		} else {
-			r.copying++
-			t.copies = append(t.copies, staged{r: r, s: s, off: w.off, n: n})
+		r.sinks = slices.DeleteFunc(r.sinks, func(o *C.kvbm_ucx_sink_t) bool { return o == s })
+		if err == nil && !r.ended && uint64(s.landed) != n {
+			err = fmt.Errorf("ucx: a receive completed with %d of its %d bytes copied", uint64(s.landed), n)
 		}
 		t.received(r, err, n)
-		t.receiveWaiting()
-	})
-}
-
-// copyStep bounds what copyOut copies at a time: about what one turn of
-// the progress loop receives (32 fragments), so receiving and copying
-// take turns.
-const copyStep = 256 << 10
-
-// copyOut copies up to copyStep bytes of the oldest staged data message
-// to its destination, on the progress thread, between its turns at UCX:
-// no goroutine competes with the progress threads for the cores, and a
-// pull that ends drops what it has left to copy (endPull), so no byte of
-// it is copied after it was answered. It reports whether it copied.
-func (t *Transport) copyOut() bool {
-	if len(t.copies) == 0 {
-		return false
 	}
-	c := &t.copies[0]
-	k := min(c.n-c.copied, copyStep)
-	c.r.scatter(c.off+c.copied, c.s.bytes()[c.copied:c.copied+k])
-	c.copied += k
-	if c.copied == c.n {
-		r := c.r
-		t.staging.put(c.s)
-		t.copies[0] = staged{}
-		t.copies = t.copies[1:]
-		r.copying--
-		t.checkPull(r)
-		t.receiveWaiting()
-	}
-	return true
+	C.kvbm_ucx_am_recv_sink(t.worker, desc, s, f.c)
+	t.track(f)
 }
 
 // received accounts for a completed receive of r.
@@ -361,25 +323,6 @@ func (t *Transport) received(r *pull, err error, n uint64) {
 		r.recvd += n
 	}
 	t.checkPull(r)
-}
-
-// receiveWaiting receives the data messages that wait for a slot, in
-// order, as slots come free; those of pulls that ended are dropped.
-func (t *Transport) receiveWaiting() {
-	for len(t.waiting) > 0 {
-		w := t.waiting[0]
-		if w.r.ended {
-			t.waiting = t.waiting[1:]
-			C.kvbm_ucx_am_drop(t.worker, w.desc)
-			w.r.recvs--
-			continue
-		}
-		if !t.staging.available(w.size) {
-			return
-		}
-		t.waiting = t.waiting[1:]
-		t.receiveData(w)
-	}
 }
 
 // scatter copies src, bytes [off, off+len(src)) of r's data, to their
@@ -414,7 +357,7 @@ func pieces(local []piece, off, n uint64) []piece {
 // checkPull answers r once the exporter's done came and every receive
 // completed.
 func (t *Transport) checkPull(r *pull) {
-	if r.ended || !r.done || r.recvs > 0 || (r.copying > 0 && r.err == nil) {
+	if r.ended || !r.done || r.recvs > 0 {
 		return
 	}
 	var err error
@@ -435,24 +378,17 @@ func (t *Transport) checkPull(r *pull) {
 }
 
 // endPull answers r with err once; later messages for it are dropped,
-// and so are those waiting for a slot.
+// and its sinks closed: of the receives under way, nothing lands any more.
 func (t *Transport) endPull(r *pull, err error) {
 	if r.ended {
 		return
 	}
 	r.ended = true
 	delete(t.pulls, r.id)
-	if r.copying > 0 {
-		t.copies = slices.DeleteFunc(t.copies, func(c staged) bool {
-			if c.r == r {
-				t.staging.put(c.s)
-			}
-			return c.r == r
-		})
-		r.copying = 0
+	for _, s := range r.sinks {
+		s.open = 0
 	}
 	r.ch <- err
-	t.receiveWaiting()
 }
 
 // failPulls fails the pulls of p.

@@ -312,8 +312,9 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 	})
 }
 
-// chunkBytes bounds a data message: each is received, then copied out of
-// staging while the next arrives. Pieces under smallPiece (a block's
+// chunkBytes bounds a data message, each a rendezvous of its own: the
+// sends of a read complete message by message, and the importer's sink
+// for one is small. Pieces under smallPiece (a block's
 // fragments) travel together, up to maxPieces a message, so that each
 // does not pay UCX's rendezvous; larger ones alone, contiguous, which
 // UCX can send zero-copy.

@@ -67,6 +67,7 @@ static void load(void) {
 	SYM(am_send_nbx, "ucp_am_send_nbx");
 	SYM(am_recv_data_nbx, "ucp_am_recv_data_nbx");
 	SYM(am_data_release, "ucp_am_data_release");
+	SYM(dt_create_generic, "ucp_dt_create_generic");
 	// The library is never closed: one per process, like libkvbm.so.
 	load_rc = 0;
 }

@@ -137,6 +137,36 @@ typedef struct kvbm_ucx_iov {
 	uint64_t buffer, length;
 } kvbm_ucx_iov_t;
 
+// A sink: where the data of one rendezvous message goes. UCX is never
+// given the destination's address: it hands each piece it received to
+// kvbm (a datatype of kvbm's, shim_am.c), which copies it to the
+// destination only while the sink is open. Closing it (the pull ended)
+// takes effect at once: the pieces UCX hands in later are counted and
+// dropped. Go makes it (refs 1) and releases its reference once the
+// receive completed, or frees it once the worker is gone; UCX holds one
+// from the receive's start until it finishes with it.
+typedef struct kvbm_ucx_sink {
+	int32_t refs;
+	int32_t open;
+	uint64_t total;   // the message's length
+	uint64_t landed;  // bytes copied to the destination
+	uint64_t dropped; // bytes handed in after the sink closed
+	uint64_t cursor, cursor_off; // the piece the last one ended in, and its offset in the message
+	uint64_t n;
+	kvbm_ucx_iov_t pieces[]; // the destination, n pieces, total bytes
+} kvbm_ucx_sink_t;
+
+// kvbm_ucx_sink_new makes an open sink for n pieces (to be filled in);
+// NULL when memory ran out.
+kvbm_ucx_sink_t *kvbm_ucx_sink_new(uint64_t n);
+static inline kvbm_ucx_iov_t *kvbm_ucx_sink_pieces(kvbm_ucx_sink_t *s) { return s->pieces; }
+// kvbm_ucx_sink_release drops a reference; the last frees the sink.
+void kvbm_ucx_sink_release(kvbm_ucx_sink_t *s);
+// kvbm_ucx_sinks_live counts the sinks of the process not freed.
+uint64_t kvbm_ucx_sinks_live(void);
+// kvbm_ucx_am_recv_sink receives a rendezvous message's data through s.
+void kvbm_ucx_am_recv_sink(uint64_t worker, uint64_t desc, kvbm_ucx_sink_t *s, kvbm_ucx_req_t *r);
+
 int32_t kvbm_ucx_am_listen(uint64_t worker, unsigned id, kvbm_ucx_inbox_t *in);
 // kvbm_ucx_am_take returns the messages queued, oldest first (linked by
 // next), and empties the inbox.

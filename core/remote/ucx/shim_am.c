@@ -4,6 +4,7 @@
 #include "shim.h"
 #include "ucxabi.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,4 +141,127 @@ void kvbm_ucx_am_recv(uint64_t worker, uint64_t desc, const kvbm_ucx_iov_t *iov,
 
 void kvbm_ucx_am_drop(uint64_t worker, uint64_t desc) {
 	U.am_data_release((ucp_worker_h)(uintptr_t)worker, (void *)(uintptr_t)desc);
+}
+
+// The sink's datatype. UCX calls these on the progress thread, inside
+// ucp_worker_progress (or ucp_am_recv_data_nbx), as Go closes sinks: so a
+// sink Go closed gets no byte more.
+
+static uint64_t sinks_live; // of every transport of the process
+
+uint64_t kvbm_ucx_sinks_live(void) { return __atomic_load_n(&sinks_live, __ATOMIC_RELAXED); }
+
+kvbm_ucx_sink_t *kvbm_ucx_sink_new(uint64_t n) {
+	kvbm_ucx_sink_t *s = calloc(1, sizeof *s + n * sizeof s->pieces[0]);
+	if (s) {
+		s->refs = 1;
+		s->open = 1;
+		s->n = n;
+		__atomic_add_fetch(&sinks_live, 1, __ATOMIC_RELAXED);
+	}
+	return s;
+}
+
+void kvbm_ucx_sink_release(kvbm_ucx_sink_t *s) {
+	if (--s->refs == 0) {
+		free(s);
+		__atomic_sub_fetch(&sinks_live, 1, __ATOMIC_RELAXED);
+	}
+}
+
+static void *sink_start_unpack(void *context, void *buffer, size_t count) {
+	(void)context;
+	(void)count;
+	kvbm_ucx_sink_t *s = buffer;
+	s->refs++;
+	return s;
+}
+
+static size_t sink_packed_size(void *state) { return ((kvbm_ucx_sink_t *)state)->total; }
+
+static ucs_status_t sink_unpack(void *state, size_t offset, const void *src, size_t length) {
+	kvbm_ucx_sink_t *s = state;
+	if (offset > s->total || length > s->total - offset) {
+		return UCS_ERR_MESSAGE_TRUNCATED;
+	}
+	if (!s->open) {
+		s->dropped += length;
+		return UCS_OK;
+	}
+	// Pieces mostly come in order: start from the piece the last ended in.
+	uint64_t i = s->cursor, at = s->cursor_off;
+	if (offset < at) {
+		i = at = 0;
+	}
+	while (length > 0 && i < s->n) {
+		uint64_t len = s->pieces[i].length;
+		if (offset >= at + len) {
+			at += len;
+			i++;
+			continue;
+		}
+		uint64_t skip = offset - at, k = len - skip < length ? len - skip : length;
+		memcpy((char *)(uintptr_t)s->pieces[i].buffer + skip, src, k);
+		src = (const char *)src + k;
+		offset += k;
+		length -= k;
+		s->landed += k;
+	}
+	s->cursor = i;
+	s->cursor_off = at;
+	return UCS_OK;
+}
+
+static void sink_finish(void *state) { kvbm_ucx_sink_release(state); }
+
+static void *sink_start_pack(void *context, const void *buffer, size_t count) {
+	(void)context;
+	(void)buffer;
+	(void)count;
+	return NULL; // never sent
+}
+
+static size_t sink_pack(void *state, size_t offset, void *dest, size_t max_length) {
+	(void)state;
+	(void)offset;
+	(void)dest;
+	(void)max_length;
+	return 0;
+}
+
+static const ucp_generic_dt_ops_t sink_ops = {
+	.start_pack = sink_start_pack,
+	.start_unpack = sink_start_unpack,
+	.packed_size = sink_packed_size,
+	.pack = sink_pack,
+	.unpack = sink_unpack,
+	.finish = sink_finish,
+};
+
+static pthread_once_t sink_once = PTHREAD_ONCE_INIT;
+static uint64_t sink_dt;
+static ucs_status_t sink_dt_status;
+
+// The datatype is made once per process, as the library is loaded once
+// (shim.c), and never destroyed.
+static void make_sink_dt(void) { sink_dt_status = U.dt_create_generic(&sink_ops, NULL, &sink_dt); }
+
+void kvbm_ucx_am_recv_sink(uint64_t worker, uint64_t desc, kvbm_ucx_sink_t *s, kvbm_ucx_req_t *r) {
+	pthread_once(&sink_once, make_sink_dt);
+	if (sink_dt_status != UCS_OK) {
+		U.am_data_release((ucp_worker_h)(uintptr_t)worker, (void *)(uintptr_t)desc);
+		r->status = sink_dt_status;
+		r->done = 1;
+		return;
+	}
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
+	                 UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
+	p.cb.recv_am = recv_done;
+	p.user_data = r;
+	p.recv_info.length = (size_t *)&r->length;
+	p.memory_type = UCS_MEMORY_TYPE_HOST;
+	p.datatype = sink_dt;
+	req_finish(r, U.am_recv_data_nbx((ucp_worker_h)(uintptr_t)worker, (void *)(uintptr_t)desc, s, 1, &p));
 }

@@ -74,7 +74,6 @@ type Transport struct {
 	// (after its deadline): dropped unread.
 	lateDropped atomic.Uint64
 	nextReq     atomic.Uint64
-	staging     stagingPool    // pulls' data messages land here
 	serves      sync.WaitGroup // reads being served
 
 	// Owned by the progress thread.
@@ -97,8 +96,6 @@ type Transport struct {
 	closingSessions []*session
 	connects        map[uint64]*connecting
 	pulls           map[uint64]*pull
-	waiting         []waiting // data messages waiting for a staging slot
-	copies          []staged  // staged data messages to copy out, oldest first
 	lastSweep       time.Time
 	lastRefusalLog  time.Time
 	lastEvictLog    time.Time
@@ -411,13 +408,10 @@ func (t *Transport) loop(ready chan<- error) {
 		default:
 		}
 		busy := t.postPending()
-		if t.worker != 0 && C.kvbm_ucx_progress(t.worker, 32) > 0 {
+		if t.progress(32) {
 			lastProgress = time.Now()
 		}
 		if t.deliver() {
-			lastProgress = time.Now()
-		}
-		if t.copyOut() {
 			lastProgress = time.Now()
 		}
 		if t.reapInflight() {
@@ -455,6 +449,12 @@ func (t *Transport) loop(ready chan<- error) {
 			}
 		}
 	}
+}
+
+// progress lets UCX make progress, up to max times; it reports whether
+// anything happened.
+func (t *Transport) progress(max int) bool {
+	return t.worker != 0 && C.kvbm_ucx_progress(t.worker, C.int(max)) > 0
 }
 
 // open makes the context, with the entries contextOptions gives; the
@@ -589,7 +589,6 @@ func (t *Transport) shutdown() {
 	}
 	// Reads being served wait for their sends, failed above.
 	t.serves.Wait()
-	t.staging.close()
 	if t.release != nil {
 		t.release()
 	}

@@ -17,6 +17,8 @@ enum {
 	UCS_OK = 0,
 	UCS_INPROGRESS = 1,
 	UCS_ERR_NO_MESSAGE = -2,
+	UCS_ERR_NO_MEMORY = -4,
+	UCS_ERR_MESSAGE_TRUNCATED = -9,
 	UCS_ERR_UNSUPPORTED = -22,
 	UCS_ERR_LAST = -100,
 };
@@ -157,6 +159,16 @@ typedef struct {
 	void *buffer;
 	size_t length;
 } ucp_dt_iov_t;
+// A datatype of the user's (ucp_dt_create_generic): UCX hands each piece
+// of a message it receives to unpack, at its offset in the message.
+typedef struct {
+	void *(*start_pack)(void *context, const void *buffer, size_t count);
+	void *(*start_unpack)(void *context, void *buffer, size_t count);
+	size_t (*packed_size)(void *state);
+	size_t (*pack)(void *state, size_t offset, void *dest, size_t max_length);
+	ucs_status_t (*unpack)(void *state, size_t offset, const void *src, size_t length);
+	void (*finish)(void *state);
+} ucp_generic_dt_ops_t;
 enum { UCP_AM_FLAG_WHOLE_MSG = BIT(0) };
 enum { UCP_AM_SEND_FLAG_REPLY = BIT(0), UCP_AM_SEND_FLAG_EAGER = BIT(1) };
 enum { UCP_AM_RECV_ATTR_FIELD_REPLY_EP = BIT(0), UCP_AM_RECV_ATTR_FLAG_DATA = BIT(16), UCP_AM_RECV_ATTR_FLAG_RNDV = BIT(17) };
@@ -214,6 +226,7 @@ typedef struct {
 	ucs_status_ptr_t (*am_send_nbx)(ucp_ep_h, unsigned, const void *, size_t, const void *, size_t, const ucp_request_param_t *);
 	ucs_status_ptr_t (*am_recv_data_nbx)(ucp_worker_h, void *, void *, size_t, const ucp_request_param_t *);
 	void (*am_data_release)(ucp_worker_h, void *);
+	ucs_status_t (*dt_create_generic)(const ucp_generic_dt_ops_t *, void *, uint64_t *);
 } kvbm_ucx_table_t;
 extern kvbm_ucx_table_t kvbm_ucx_U;
 #define U kvbm_ucx_U
