@@ -22,8 +22,9 @@ one that crashes or hangs takes nothing else down.
 - kvbm over its UCX transport (KVBM_TRANSPORT=ucx), on the UCX transports
   NIXL runs on below (UCX_TLS=sm, UCX_TLS=tcp), with Debian's UCX 1.13
   and with NIXL's generation of it, 1.22 (scripts/ucx-current.sh): its
-  message mode (the default: the exporter answers each read, which lands
-  in a staging slot; it pulls only, so its push rows say so), and its
+  message mode (the default: the exporter answers each read, whose bytes
+  kvbm copies in from UCX's receive memory; it pulls only, so its push
+  rows say so), and its
   one-sided mode (KVBM_UCX_ONE_SIDED=1, accepted with
   KVBM_UCX_ACCEPT_LATE_WRITES=1 for the figures: reads and writes in
   place).
