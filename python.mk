@@ -157,7 +157,7 @@ bench-e2e: lib $(VERSITYGW)
 bench-remote-compare: lib deps-ucx
 	venv=$$(python/bench/remote-compare-venv.sh) && \
 	  KVBM_BENCH_UCX_LIB=$$(scripts/ucx-current.sh) KVBM_LIBRARY=$(abspath $(BUILD)/libkvbm.so) \
-	  "$$venv/bin/python" python/bench/remote_compare.py
+	  "$$venv/bin/python" python/bench/remote_compare.py --rounds 3
 
 install-py: lib
 	$(PY) -m pip install ./python

@@ -43,7 +43,12 @@ same two processes (one connection, TCP_NODELAY, header then the bytes) and
 an in-process copy (numpy) in the initiator. Timings include each
 system's per-call work (kvbm: the transfer call and its wait; NIXL:
 initialize_xfer, transfer, polling, release; Mooncake: the batch call).
-Figures are medians of --runs runs (default 3) after one warm-up run.
+Figures are medians of --runs runs (default 3) after one warm-up run;
+with --rounds R every system runs R times, round after round (each in new
+processes), and the figures are the medians of its R rounds, so that two
+systems' figures span the same stretch of time on a noisy machine. kvbm's
+UCX message mode is then also printed over NIXL on the same UCX
+transport, pull by pull: the median of the rounds' ratios, and each.
 
 A system whose package is missing or cannot run here gets one line with the
 reason; the script fails only when kvbm itself (or the limits) cannot run.
@@ -501,6 +506,8 @@ def missing_note(package):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="every system this many times, round after round; figures are the rounds' medians")
     p.add_argument("--only", default=",".join(SYSTEMS), help="comma-separated: " + ", ".join(SYSTEMS))
     p.add_argument("--timeout", type=float, default=240, help="seconds per system")
     p.add_argument("--server", help=argparse.SUPPRESS)
@@ -516,43 +523,91 @@ def main():
         if n not in SYSTEMS:
             p.error(f"unknown system {n!r} (known: {', '.join(SYSTEMS)})")
     load = os.getloadavg()
-    print(f"two processes on this host, host memory; medians of {a.runs} runs; "
+    rounds = f" in each of {a.rounds} rounds (every system once a round), then the rounds' median" if a.rounds > 1 else ""
+    print(f"two processes on this host, host memory; medians of {a.runs} runs{rounds}; "
           f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     print("each figure GB/s, beside a plain TCP stream (stream) and an in-process copy (memcpy) "
           "of the same bytes in the same run\n")
     head = f"{'system':<32} {'case':<20} {'GB/s':>7} {'stream':>7} {'x stream':>9} {'memcpy':>7} {'x memcpy':>9}"
     rows, notes, failed = [head, "-" * len(head)], [], False
+    # results[name]: one dict per round, case -> medians (None: refused);
+    # skip[name]: why the system gives no figures here.
+    results, skip, took = {n: [] for n in names}, {}, {n: 0.0 for n in names}
     for n in names:
-        lab = label(n)
         reason = why(n)
         if reason:
-            rows.append(f"{lab:<32} skipped: {reason}")
+            skip[n] = f"skipped: {reason}"
+    # Round after round, every system once a round: each system's figures
+    # are taken across the same stretch of time as the others', so that a
+    # ratio between two systems is not the machine's drift between their
+    # turns.
+    for _ in range(a.rounds):
+        for n in names:
+            if n in skip:
+                continue
+            start = time.monotonic()
+            try:
+                r = subprocess.run([sys.executable, __file__, "--client", n, "--runs", str(a.runs)],
+                                   capture_output=True, text=True, timeout=a.timeout, env=system_env(n))
+                res = [ln for ln in r.stdout.splitlines() if ln.startswith("result ")]
+                if r.returncode != 0 or not res:
+                    err = [ln for ln in r.stderr.splitlines() if ln.strip()] or \
+                        [ln for ln in r.stdout.splitlines() if ln.strip()]
+                    raise RuntimeError(f"exit status {r.returncode}: " + (err[-1][:300] if err else "no output"))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                msg = f"did not finish in {a.timeout:.0f} s" if isinstance(e, subprocess.TimeoutExpired) else str(e)
+                skip[n] = f"cannot run here: {msg}"
+                failed |= n == "kvbm-tcp"
+                continue
+            finally:
+                took[n] += time.monotonic() - start
+            results[n].append(json.loads(res[-1][len("result "):]))
+    for n in names:
+        lab = label(n)
+        if n in skip:
+            rows.append(f"{lab:<32} {skip[n]}")
             continue
-        start = time.monotonic()
-        try:
-            r = subprocess.run([sys.executable, __file__, "--client", n, "--runs", str(a.runs)],
-                               capture_output=True, text=True, timeout=a.timeout, env=system_env(n))
-            res = [ln for ln in r.stdout.splitlines() if ln.startswith("result ")]
-            if r.returncode != 0 or not res:
-                err = [ln for ln in r.stderr.splitlines() if ln.strip()] or \
-                    [ln for ln in r.stdout.splitlines() if ln.strip()]
-                raise RuntimeError(f"exit status {r.returncode}: " + (err[-1][:300] if err else "no output"))
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            msg = f"did not finish in {a.timeout:.0f} s" if isinstance(e, subprocess.TimeoutExpired) else str(e)
-            rows.append(f"{lab:<32} cannot run here: {msg}")
-            failed |= n == "kvbm-tcp"
-            continue
-        for cname, m in json.loads(res[-1][len("result "):]).items():
-            if m is None:
+        for cname, _, _ in CASES:
+            per = [r[cname] for r in results[n]]
+            if per[0] is None:
                 rows.append(f"{lab:<32} {cname:<20} refused: pulls only (the receiver pulls)")
                 continue
+            m = {k: statistics.median(x[k] for x in per) for k in ("sys", "stream", "memcpy")}
             rows.append(f"{lab:<32} {cname:<20} {m['sys']:7.2f} {m['stream']:7.2f} "
                         f"{m['sys'] / m['stream']:9.2f} {m['memcpy']:7.2f} {m['sys'] / m['memcpy']:9.2f}")
-        notes.append(f"{lab}: {time.monotonic() - start:.0f} s")
+        notes.append(f"{lab}: {took[n]:.0f} s")
     load = os.getloadavg()
     print("\n".join(rows))
+    versus = head_to_head(names, results, skip)
+    if versus:
+        print(f"\nkvbm's UCX message mode over NIXL on the same UCX transport, the pulls both do: "
+              f"the median of the {a.rounds} rounds' ratios (each round's)")
+        print("\n".join(versus))
     print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at end; " + ", ".join(notes))
     return 1 if failed else 0
+
+
+# kvbm's message-mode rows and the NIXL row on the same UCX transport.
+VERSUS = [("kvbm-ucx-shm", "nixl-ucx-shm"), ("kvbm-ucx122-shm", "nixl-ucx-shm"),
+          ("kvbm-ucx-tcp", "nixl-ucx-tcp"), ("kvbm-ucx122-tcp", "nixl-ucx-tcp")]
+
+
+def head_to_head(names, results, skip):
+    """One line per pull case of each pair in VERSUS that ran: kvbm's GB/s
+    over NIXL's, round by round, and their median."""
+    out = []
+    for k, x in VERSUS:
+        if k not in names or x not in names or k in skip or x in skip:
+            continue
+        for cname, push, _ in CASES:
+            if push:
+                continue
+            ratios = [rk[cname]["sys"] / rx[cname]["sys"] for rk, rx in zip(results[k], results[x])
+                      if rk[cname] is not None and rx[cname] is not None]
+            if ratios:
+                each = " ".join(f"{r:.2f}" for r in ratios)
+                out.append(f"{label(k):<32} {cname:<20} {statistics.median(ratios):5.2f}x  ({each})")
+    return out
 
 
 if __name__ == "__main__":
