@@ -200,13 +200,6 @@ func (t *Transport) complete(f *inflight) {
 	}
 }
 
-// releaseSink drops a reference to s (shim.h); on the progress thread.
-func releaseSink(s *C.kvbm_ucx_sink_t) { C.kvbm_ucx_sink_release(s) }
-
-// sinksLive counts the sinks of the process (pull.go) not yet freed:
-// none once UCX finished every receive.
-func sinksLive() int { return int(C.kvbm_ucx_sinks_live()) }
-
 // freeAfterWorker fails and frees the message mode's state once the
 // worker is destroyed: no callback can run any more, so what is still in
 // flight never completes.

@@ -289,17 +289,12 @@ func (t *Transport) receiveData(r *pull, desc C.uint64_t, off, size uint64) {
 		})
 		return
 	}
-	s := C.kvbm_ucx_sink_new(C.uint64_t(len(dst)))
+	s := newSink(dst, size)
 	if s == nil {
 		C.kvbm_ucx_am_drop(t.worker, desc)
 		r.recvs--
 		t.received(r, fmt.Errorf("ucx: no memory for a receive of %d pieces", len(dst)), 0)
 		return
-	}
-	s.total = C.uint64_t(size)
-	ps := unsafe.Slice(C.kvbm_ucx_sink_pieces(s), len(dst))
-	for i, d := range dst {
-		ps[i] = C.kvbm_ucx_iov_t{buffer: C.uint64_t(d.addr), length: C.uint64_t(d.size)}
 	}
 	r.sinks = append(r.sinks, s)
 	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{})))), sink: s}

@@ -164,6 +164,8 @@ static inline kvbm_ucx_iov_t *kvbm_ucx_sink_pieces(kvbm_ucx_sink_t *s) { return 
 void kvbm_ucx_sink_release(kvbm_ucx_sink_t *s);
 // kvbm_ucx_sinks_live counts the sinks of the process not freed.
 uint64_t kvbm_ucx_sinks_live(void);
+// kvbm_ucx_sink_unpack is what UCX calls for each fragment (for tests).
+void kvbm_ucx_sink_unpack(kvbm_ucx_sink_t *s, uint64_t offset, const void *src, uint64_t length);
 // kvbm_ucx_am_recv_sink receives a rendezvous message's data through s.
 void kvbm_ucx_am_recv_sink(uint64_t worker, uint64_t desc, kvbm_ucx_sink_t *s, kvbm_ucx_req_t *r);
 

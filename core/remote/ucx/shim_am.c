@@ -193,10 +193,13 @@ static ucs_status_t sink_unpack(void *state, size_t offset, const void *src, siz
 		s->dropped += length;
 		return UCS_OK;
 	}
-	// Pieces mostly come in order: start from the piece the last ended in.
+	// Fragments mostly come in order: start from the piece the last one
+	// ended in, stepping back for one that comes out of order (several
+	// lanes, or an exporter's choice: any offset inside the message).
 	uint64_t i = s->cursor, at = s->cursor_off;
-	if (offset < at) {
-		i = at = 0;
+	while (offset < at && i > 0) {
+		i--;
+		at -= s->pieces[i].length;
 	}
 	while (length > 0 && i < s->n) {
 		uint64_t len = s->pieces[i].length;
@@ -218,6 +221,10 @@ static ucs_status_t sink_unpack(void *state, size_t offset, const void *src, siz
 }
 
 static void sink_finish(void *state) { kvbm_ucx_sink_release(state); }
+
+void kvbm_ucx_sink_unpack(kvbm_ucx_sink_t *s, uint64_t offset, const void *src, uint64_t length) {
+	sink_unpack(s, offset, src, length);
+}
 
 static void *sink_start_pack(void *context, const void *buffer, size_t count) {
 	(void)context;
