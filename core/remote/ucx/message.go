@@ -139,6 +139,14 @@ func (t *Transport) receive(desc C.uint64_t, pieces []piece, onDone func(err err
 	t.track(f)
 }
 
+// receiveSink receives a rendezvous message's data through s (sink.go);
+// onDone runs before s is released.
+func (t *Transport) receiveSink(desc C.uint64_t, s *C.kvbm_ucx_sink_t, onDone func(err error, length uint64)) {
+	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{})))), sink: s, onDone: onDone}
+	C.kvbm_ucx_am_recv_sink(t.worker, desc, s, f.c)
+	t.track(f)
+}
+
 // iov makes the C array of pieces, owned by f.
 func (t *Transport) iov(f *inflight, pieces []piece) (*C.kvbm_ucx_iov_t, C.size_t) {
 	if len(pieces) == 0 {

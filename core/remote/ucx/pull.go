@@ -3,7 +3,6 @@
 package ucx
 
 /*
-#include <stdlib.h>
 #include "shim.h"
 */
 import "C"
@@ -297,8 +296,7 @@ func (t *Transport) receiveData(r *pull, desc C.uint64_t, off, size uint64) {
 		return
 	}
 	r.sinks = append(r.sinks, s)
-	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{})))), sink: s}
-	f.onDone = func(err error, n uint64) {
+	t.receiveSink(desc, s, func(err error, n uint64) {
 		// Closed as well: UCX 1.13 never finishes with a sink after some
 		// failures (it stays allocated, a few dozen bytes), and nothing
 		// may land through it once its receive completed.
@@ -309,9 +307,7 @@ func (t *Transport) receiveData(r *pull, desc C.uint64_t, off, size uint64) {
 			err = fmt.Errorf("ucx: a receive completed with %d of its %d bytes copied", uint64(s.landed), n)
 		}
 		t.received(r, err, n)
-	}
-	C.kvbm_ucx_am_recv_sink(t.worker, desc, s, f.c)
-	t.track(f)
+	})
 }
 
 // received accounts for a completed receive of r.
