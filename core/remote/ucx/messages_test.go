@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -419,6 +420,77 @@ func TestMessagesLargePullsAreSeveralReads(t *testing.T) {
 	}
 	// Served counts a read once its status went: the importer may be first.
 	require.Eventually(t, func() bool { return exp.tr.Served() == before+3 }, 5*time.Second, time.Millisecond)
+}
+
+// An exporter that sends a read's bytes again, bytes the read did not ask
+// for, an empty message or more messages than the read allows (a kvbm
+// that breaks the protocol, or one that is not kvbm) fails the pull at
+// the first such message, which reaches nothing and holds no receive of
+// the importer: every sink is freed, and the next pull is whole.
+func TestMessagesAPullTakesOnlyWhatItAskedFor(t *testing.T) {
+	needUCX(t)
+	const blocks = 8
+	cfg := smallConfig(blocks)
+	cfg.InnerDim = 1024 // 64 KiB blocks: 8 ops, sent by rendezvous
+	const total = blocks * 64 << 10
+	cases := []struct {
+		name   string
+		break_ func(cs []dataChunk) []dataChunk
+		err    string
+	}{
+		{"again", func(cs []dataChunk) []dataChunk { return append(cs, cs...) }, "of the read again"},
+		{"beyond", func(cs []dataChunk) []dataChunk {
+			c := cs[len(cs)-1]
+			c.offset += total
+			return append(cs[:len(cs)-1], c)
+		}, "of a read of 524288 bytes"},
+		{"empty", func(cs []dataChunk) []dataChunk {
+			return append([]dataChunk{{offset: 0, pieces: []piece{{cs[0].pieces[0].addr, 0}}}}, cs...)
+		}, "a data message of no bytes"},
+		{"too many", func(cs []dataChunk) []dataChunk {
+			var out []dataChunk // 4 KiB messages: 128, where the read allows 8+2+1
+			for _, c := range cs {
+				for _, p := range c.pieces {
+					for off := uint64(0); off < p.size; off += 4 << 10 {
+						out = append(out, dataChunk{offset: c.offset + off, size: 4 << 10, pieces: []piece{{p.addr + off, 4 << 10}}})
+					}
+				}
+			}
+			return out
+		}, "more than 11 data messages for a read of 524288 bytes"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			emu := newEmu(t)
+			exp := newSide(t, emu, 0xE, Config{}, 5*time.Second)
+			var reads atomic.Int32
+			require.NoError(t, exp.tr.do(func() error {
+				exp.tr.breakChunks = func(cs []dataChunk) []dataChunk {
+					if reads.Add(1) > 1 {
+						return cs // the next read is served as it should be
+					}
+					return tc.break_(cs)
+				}
+				return nil
+			}))
+			imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+			src := exp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+			exp.fill(t, src, 0x100)
+			dst := imp.alloc(t, storage.Pinned, cfg, transfer.FullyContiguous)
+			imp.fill(t, dst, 0x900)
+			imp.importAll(t, exp)
+			ids := seq(0, blocks)
+			err := move(t, imp.m, src, ids, dst, ids)
+			require.ErrorIs(t, err, kvbmerr.ErrIO)
+			require.ErrorContains(t, err, "the exporting worker e sent ")
+			require.ErrorContains(t, err, tc.err)
+			require.Eventually(t, func() bool { return sinksLive() == 0 }, 5*time.Second, 5*time.Millisecond, "%d sinks live", sinksLive())
+			require.NoError(t, move(t, imp.m, src, ids, dst, ids))
+			for _, id := range ids {
+				imp.check(t, dst, id, 0x100+uint64(id))
+			}
+		})
+	}
 }
 
 // A block-scoped endpoint reads its blocks and nothing else: another

@@ -41,6 +41,8 @@ type pull struct {
 	peer   *Peer
 	total  uint64
 	local  []piece              // the destination, in request order
+	took   accepted             // of the data messages
+	most   int                  // data messages accepted at most
 	recvd  uint64               // bytes received
 	recvs  int                  // receives posted, not complete
 	sinks  []*C.kvbm_ucx_sink_t // of the receives not complete: closed when the pull ends
@@ -180,6 +182,7 @@ func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer
 			sent = append(sent, o)
 		}
 	}
+	r.most = maxDataMessages(len(sent), total)
 	hdr, data := readHeader(p.session, r.id, h), appendOps(nil, sent)
 	if !t.post(func() { t.startPull(r, hdr, data) }) {
 		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
@@ -242,11 +245,18 @@ func (t *Transport) pullMessage(m *message) {
 		}
 	case kindData:
 		r := t.pulls[m.h.req]
-		if r == nil || m.h.session != r.peer.session || m.h.offset > r.total || m.size > r.total-m.h.offset {
-			// Late (its pull ended), not this session's, or not what
-			// was asked for: it reaches nothing.
+		if r == nil || m.h.session != r.peer.session {
+			// Late (its pull ended) or not this session's: it reaches
+			// nothing.
 			t.drop(m)
 			t.lateDropped.Add(1)
+			return
+		}
+		if err := r.took.take(m.h.offset, m.size, r.total, r.most); err != nil {
+			// Not what was asked for (accept.go): it reaches nothing, and
+			// the pull fails.
+			t.drop(m)
+			t.endPull(r, fmt.Errorf("%w: ucx: the exporting worker %x sent %w", kvbmerr.ErrIO, r.peer.worker, err))
 			return
 		}
 		if m.desc == 0 {

@@ -289,6 +289,9 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 			for _, c := range chunks {
 				sent += c.size
 			}
+			if t.breakChunks != nil {
+				chunks = t.breakChunks(chunks)
+			}
 			return t.sendAndWait(s, req, chunks)
 		})
 	})

@@ -106,6 +106,9 @@ type Transport struct {
 	servingReads    int      // reads being served, of every session
 	ops             int      // the ops of every session's reads being served or queued
 	maxHeldOps      int      // maxHeldOps when 0 (tests set less)
+	// Tests: the data messages an exporter that breaks the protocol
+	// sends instead of a read's (nil: the read's). Set before any read.
+	breakChunks func([]dataChunk) []dataChunk
 }
 
 type regKey struct {
