@@ -46,6 +46,9 @@ import (
 // and the defaults above; resources lists UCX's resources (Resources),
 // settings gives UCX's own settings (Settings).
 func (cfg Config) contextOptions(resources func() ([]string, error), settings func() (map[string]string, error)) (map[string]string, error) {
+	if err := checkSegSize(); err != nil {
+		return nil, err
+	}
 	opts := make(map[string]string, len(cfg.Options)+2)
 	for k, v := range cfg.Options {
 		opts[k] = v

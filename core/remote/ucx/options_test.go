@@ -25,6 +25,13 @@ func TestContextOptions(t *testing.T) {
 		return o
 	}
 
+	t.Run("a shared-memory segment UCX cannot carry is refused", func(t *testing.T) {
+		t.Setenv("UCX_MM_SEG_SIZE", "65600")
+		_, err := Config{}.contextOptions(resources, settings)
+		require.ErrorIs(t, err, kvbmerr.ErrInvalidArgument)
+		require.ErrorContains(t, err, "UCX_MM_SEG_SIZE=65600 is more than 65535 bytes")
+	})
+
 	t.Run("the message mode's rendezvous copies", func(t *testing.T) {
 		require.Equal(t, "am", opts(t, Config{})["RNDV_SCHEME"])
 		require.Equal(t, "am", opts(t, Config{Options: map[string]string{"RNDV_SCHEME": "am"}})["RNDV_SCHEME"])
