@@ -87,6 +87,8 @@ fuzz: deps fuzz-c
 	$(GO) test -run '^$$' -fuzz FuzzCheckRkeyFrame -fuzztime $(FUZZTIME) ./core/remote/ucx
 	$(GO) test -run '^$$' -fuzz FuzzParseMessage -fuzztime $(FUZZTIME) ./core/remote/ucx
 	$(GO) test -run '^$$' -fuzz FuzzSinkUnpack -fuzztime $(FUZZTIME) ./core/remote/ucx
+	$(GO) test -run '^$$' -fuzz FuzzAcceptedTakes -fuzztime $(FUZZTIME) ./core/remote/ucx
+	$(GO) test -run '^$$' -fuzz FuzzParseMemunits -fuzztime $(FUZZTIME) ./core/remote/ucx
 	$(GO) test -run '^$$' -fuzz FuzzHeadSlice -fuzztime $(FUZZTIME) ./core/layout
 	$(GO) test -run '^$$' -fuzz FuzzJournalReplay -fuzztime $(FUZZTIME) ./core/cache
 

@@ -61,3 +61,45 @@ func TestMaxDataMessages(t *testing.T) {
 	kvbm := 1 + int(total/(2<<20)) + int(total/chunkBytes)
 	require.GreaterOrEqual(t, maxDataMessages(1, total), 4*kvbm)
 }
+
+// Data messages at any offsets and sizes, as an exporter may send them:
+// a pull takes a message only when none of its bytes was taken before and
+// all lie in the read, at most limit of them; the spans it keeps are in
+// order, apart, and cover exactly the bytes taken.
+func FuzzAcceptedTakes(f *testing.F) {
+	f.Add(uint8(64), uint8(4), []byte{0, 16, 16, 16, 0, 16, 48, 16, 32, 16, 60, 8})
+	f.Add(uint8(10), uint8(100), []byte{5, 5, 0, 5, 4, 2, 0, 0, 9, 1})
+	f.Fuzz(func(t *testing.T, total, limit uint8, msgs []byte) {
+		var a accepted
+		taken := make([]bool, total)
+		took := 0
+		for i := 0; i+1 < len(msgs); i += 2 {
+			off, size := uint64(msgs[i]), uint64(msgs[i+1])
+			fits := size > 0 && off+size <= uint64(total) && took < int(limit)
+			for b := off; fits && b < off+size; b++ {
+				fits = !taken[b]
+			}
+			err := a.take(off, size, uint64(total), int(limit))
+			require.Equal(t, fits, err == nil, "[%d, +%d) of %d: %v", off, size, total, err)
+			if err == nil {
+				took++
+				for b := off; b < off+size; b++ {
+					taken[b] = true
+				}
+			}
+		}
+		require.Equal(t, took, a.msgs)
+		covered := make([]bool, total)
+		for i, s := range a.spans {
+			require.Less(t, s.from, s.to)
+			require.LessOrEqual(t, s.to, uint64(total))
+			if i > 0 {
+				require.Less(t, a.spans[i-1].to, s.from, "spans touch or overlap")
+			}
+			for b := s.from; b < s.to; b++ {
+				covered[b] = true
+			}
+		}
+		require.Equal(t, taken, covered)
+	})
+}

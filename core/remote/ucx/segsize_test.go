@@ -1,6 +1,8 @@
 package ucx
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kvbm/kvbm/kvbmerr"
@@ -44,4 +46,22 @@ func TestSegmentsOverSixteenBitsAreRefused(t *testing.T) {
 		})
 	}
 	require.NoError(t, checkSegSize())
+}
+
+// Whatever the environment holds, a size is read without a panic, and a
+// plain number of bytes as the number.
+func FuzzParseMemunits(f *testing.F) {
+	for _, s := range []string{"8256", "64kb", "inf", "auto", "1e", "99999999999999999999", " 7 ", "3KB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, ok := parseMemunits(s)
+		if v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64); err == nil && strings.Trim(strings.TrimSpace(s), "0123456789") == "" {
+			require.True(t, ok)
+			require.Equal(t, v, n)
+		}
+		if !ok {
+			require.Zero(t, n)
+		}
+	})
 }
