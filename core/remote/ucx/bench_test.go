@@ -46,6 +46,11 @@ func benchRemote(b *testing.B, push bool) {
 				b.Run(size.name+"/messages/"+tc.name, func(b *testing.B) {
 					benchMove(b, size.cfg, Config{Options: tc.opts}, false, push)
 				})
+				// From the exporter's G1 (the emulated device): served
+				// through its pinned staging buffer, a device copy first.
+				b.Run(size.name+"/messages-from-g1/"+tc.name, func(b *testing.B) {
+					benchMoveFrom(b, storage.Device, size.cfg, Config{Options: tc.opts}, false, push)
+				})
 			}
 			b.Run(size.name+"/one-sided/"+tc.name, func(b *testing.B) {
 				benchMove(b, size.cfg, Config{OneSided: true, Options: tc.opts}, false, push)
@@ -60,8 +65,12 @@ func benchRemote(b *testing.B, push bool) {
 }
 
 func benchMove(b *testing.B, cfg layout.Config, tcfg Config, ucxMem, push bool) {
+	benchMoveFrom(b, storage.Pinned, cfg, tcfg, ucxMem, push)
+}
+
+func benchMoveFrom(b *testing.B, kind storage.Kind, cfg layout.Config, tcfg Config, ucxMem, push bool) {
 	opts := tcfg.Options
-	h := startHelper(b, helperSpec{OneSided: tcfg.OneSided, Config: cfg, Kind: storage.Pinned, Tag: 0x10000, Options: opts, UCXMemory: ucxMem})
+	h := startHelper(b, helperSpec{OneSided: tcfg.OneSided, Config: cfg, Kind: kind, Tag: 0x10000, Options: opts, UCXMemory: ucxMem})
 	s := newSide(b, newEmu(b), 0x1, tcfg, time.Minute)
 	_, remote := h.connect(b, s)
 	local := s.alloc(b, storage.Pinned, cfg, transfer.FullyContiguous)
