@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kvbm/kvbm/core/remote"
 	"github.com/kvbm/kvbm/core/remote/tcp"
@@ -104,9 +105,31 @@ func ucxLibrary() string {
 	return fmt.Sprintf("library UCX %s, resources %s; %s", ucx.Version(), strings.Join(rs, " "), ucxWorker())
 }
 
-// ucxWorker opens a UCX transport's worker, as its first export or
-// connect would, and names what kvbm set for its context.
+// ucxWorkerWait bounds how long info waits for a UCX worker to open:
+// UCX can block in ucp_init or ucp_worker_create on a host whose RDMA
+// devices are not set up, and info must still answer (the blocked call
+// is left behind; the command exits).
+var ucxWorkerWait = 10 * time.Second
+
+// ucxWorker is openUCXWorker's answer, or why it did not come within
+// ucxWorkerWait.
 func ucxWorker() string {
+	ch := make(chan string, 1)
+	go func() { ch <- openUCXWorker() }()
+	timer := time.NewTimer(ucxWorkerWait)
+	defer timer.Stop()
+	select {
+	case s := <-ch:
+		return s
+	case <-timer.C:
+		return fmt.Sprintf("worker: did not open within %v: UCX blocks opening its devices "+
+			"(check the RDMA devices, or name the ones to use with UCX_NET_DEVICES, UCX_TLS)", ucxWorkerWait)
+	}
+}
+
+// openUCXWorker opens a UCX transport's worker, as its first export or
+// connect would, and names what kvbm set for its context.
+var openUCXWorker = func() string {
 	t, err := ucx.New(ucx.Config{})
 	if err != nil {
 		return "worker: " + err.Error()
