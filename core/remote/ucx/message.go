@@ -113,7 +113,7 @@ const (
 // or, when data is nil, the pieces (host memory that stays valid until
 // onDone).
 func (t *Transport) send(ep C.uint64_t, hdr, data []byte, pieces []piece, flags int, onDone func(error)) {
-	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{}))))}
+	f := &inflight{c: newReq()}
 	f.onDone = func(err error, _ uint64) {
 		if onDone != nil {
 			onDone(err)
@@ -131,9 +131,14 @@ func (t *Transport) send(ep C.uint64_t, hdr, data []byte, pieces []piece, flags 
 	t.track(f)
 }
 
+// newReq is the C state of a request, for UCX's completion to fill.
+func newReq() *C.kvbm_ucx_req_t {
+	return (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{}))))
+}
+
 // receive receives a rendezvous message's data into pieces.
 func (t *Transport) receive(desc C.uint64_t, pieces []piece, onDone func(err error, length uint64)) {
-	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{})))), onDone: onDone}
+	f := &inflight{c: newReq(), onDone: onDone}
 	iov, n := t.iov(f, pieces)
 	C.kvbm_ucx_am_recv(t.worker, desc, iov, n, f.c)
 	t.track(f)
@@ -142,7 +147,7 @@ func (t *Transport) receive(desc C.uint64_t, pieces []piece, onDone func(err err
 // receiveSink receives a rendezvous message's data through s (sink.go);
 // onDone runs before s is released.
 func (t *Transport) receiveSink(desc C.uint64_t, s *C.kvbm_ucx_sink_t, onDone func(err error, length uint64)) {
-	f := &inflight{c: (*C.kvbm_ucx_req_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvbm_ucx_req_t{})))), sink: s, onDone: onDone}
+	f := &inflight{c: newReq(), sink: s, onDone: onDone}
 	C.kvbm_ucx_am_recv_sink(t.worker, desc, s, f.c)
 	t.track(f)
 }

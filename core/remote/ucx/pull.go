@@ -42,7 +42,6 @@ type pull struct {
 	total  uint64
 	local  []piece              // the destination, in request order
 	took   accepted             // of the data messages
-	most   int                  // data messages accepted at most
 	recvd  uint64               // bytes received
 	recvs  int                  // receives posted, not complete
 	sinks  []*C.kvbm_ucx_sink_t // of the receives not complete: closed when the pull ends
@@ -182,7 +181,6 @@ func (p *Peer) pull(ctx context.Context, h transfer.LayoutHandle, ops []transfer
 			sent = append(sent, o)
 		}
 	}
-	r.most = maxDataMessages(len(sent), total)
 	hdr, data := readHeader(p.session, r.id, h), appendOps(nil, sent)
 	if !t.post(func() { t.startPull(r, hdr, data) }) {
 		return fmt.Errorf("%w: ucx: %s: %w", remote.ErrPeerUnavailable, what, errClosed)
@@ -252,7 +250,7 @@ func (t *Transport) pullMessage(m *message) {
 			t.lateDropped.Add(1)
 			return
 		}
-		if err := r.took.take(m.h.offset, m.size, r.total, r.most); err != nil {
+		if err := r.took.take(m.h.offset, m.size, r.total, maxDataMessages(len(r.local), r.total)); err != nil {
 			// Not what was asked for (accept.go): it reaches nothing, and
 			// the pull fails.
 			t.drop(m)
