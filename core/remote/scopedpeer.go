@@ -128,6 +128,15 @@ func (s *ScopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []tr
 	return pick.Read(ctx, h, ops)
 }
 
+// OpBytes is its own peer's (transfer.OpSizer), or the manager's own
+// size when that says none.
+func (s *ScopedPeer) OpBytes() uint64 {
+	if o, ok := s.own.(transfer.OpSizer); ok {
+		return o.OpBytes()
+	}
+	return 0
+}
+
 // Write is refused: a block scope reads only.
 func (s *ScopedPeer) Write(_ context.Context, h transfer.LayoutHandle, _ []transfer.RemoteOp) error {
 	return fmt.Errorf("%w: worker %x's layout %v is reached with request-scoped capabilities, which read only", kvbmerr.ErrUnsupported, s.own.Worker(), h)

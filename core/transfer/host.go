@@ -56,12 +56,17 @@ const chunkBytes = 4 << 20
 // runs fn over each chunk on pool; fn records the indices of blocks that
 // failed, and why, in failed. The result is one blockFailure, or nil.
 func forEachChunk(pool *hostPool, p *plan, fn func(lo, hi int, failed *Failures)) error {
+	return forEachChunkOf(pool, chunkBytes, p, fn)
+}
+
+// forEachChunkOf is forEachChunk with chunks of about size bytes.
+func forEachChunkOf(pool *hostPool, size uint64, p *plan, fn func(lo, hi int, failed *Failures)) error {
 	n := len(p.srcIDs)
 	if n == 0 {
 		return nil
 	}
 	perBlock := max(p.bytes()/uint64(n), 1)
-	blocksPerChunk := int(max(chunkBytes/perBlock, 1))
+	blocksPerChunk := int(max(size/perBlock, 1))
 	chunks := (n + blocksPerChunk - 1) / blocksPerChunk
 	var failed Failures
 	pool.run(chunks, func(c int) {

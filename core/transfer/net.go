@@ -15,7 +15,11 @@ func (m *Manager) moveRemote(p *plan, write bool) error {
 	if write {
 		mem, h = p.dst.remote, p.dst.handle
 	}
-	return forEachChunk(m.net, p, func(lo, hi int, failed *Failures) {
+	size := uint64(chunkBytes)
+	if s, ok := mem.(OpSizer); ok {
+		size = remoteChunkBytes(p.bytes(), m.cfg.NetWorkers, s.OpBytes())
+	}
+	return forEachChunkOf(m.net, size, p, func(lo, hi int, failed *Failures) {
 		ops := make([]RemoteOp, 0, p.blockOps[hi]-p.blockOps[lo])
 		for _, op := range p.ops[p.blockOps[lo]:p.blockOps[hi]] {
 			if write {
@@ -45,4 +49,11 @@ func (m *Manager) moveRemote(p *plan, write bool) error {
 			}
 		}
 	})
+}
+
+// remoteChunkBytes is the size of a transfer's operations on a peer whose
+// operations are best up to most bytes: total spread over the net
+// workers, so that each gets one, within [chunkBytes, most].
+func remoteChunkBytes(total uint64, workers int, most uint64) uint64 {
+	return max(min(total/uint64(max(workers, 1)), most), chunkBytes)
 }

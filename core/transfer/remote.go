@@ -68,6 +68,14 @@ type RemoteMemory interface {
 	Write(ctx context.Context, h LayoutHandle, ops []RemoteOp) error
 }
 
+// OpSizer is a RemoteMemory whose operations cost a fixed amount each
+// (a request and an answer through the peer), so that a transfer moves
+// more in larger ones: OpBytes is the most bytes it wants in one Read or
+// Write (0: no preference). Operations are otherwise about chunkBytes.
+type OpSizer interface {
+	OpBytes() uint64
+}
+
 // Attachment is a remote layout made reachable by a transport: either the
 // exporting manager itself, when it lives in this process and its memory
 // can be used directly, or a RemoteMemory that reaches another process.
