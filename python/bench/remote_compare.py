@@ -15,10 +15,16 @@ one that crashes or hangs takes nothing else down.
   it itself, and its G1 copied by the initiator with process_vm_readv/
   writev) and TCP (the server started with KVBM_SAME_HOST=0). Whole
   blocks are G2 (pinned, fully contiguous) to G2; fragments come from or go
-  to the server's G1 registered layer-separate with the block as the second
+  to the server's G1, host memory (register_g1_host, as an engine whose KV
+  lives in host memory registers it, and as the others register theirs
+  here) registered layer-separate with the block as the second
   dimension ([K|V][block][page][inner] per layer, vLLM's FlashAttention
   shape) and only every other block moved, so each block is 64 separate,
   non-adjacent 32 KiB pieces there (one contiguous 2 MiB G2 block here).
+  kvbm alone also moves the same fragments from and to a G1 of the same
+  shape in device memory (the emulated device here: its copy engine is a
+  memcpy on one of these CPUs, which a GPU's is not), registered by a
+  second worker of the server: the "G1 dev" rows.
 - kvbm over its UCX transport (KVBM_TRANSPORT=ucx), on the UCX transports
   NIXL runs on below (UCX_TLS=sm, UCX_TLS=tcp), with Debian's UCX 1.13
   and with NIXL's generation of it, 1.22 (scripts/ucx-current.sh): its
@@ -81,16 +87,26 @@ FRAG_BLOCKS = 32  # x 64 fragments = 2,048
 FRAG_REGION_BLOCKS = 2 * FRAG_BLOCKS  # every other block of the layer-separate region
 assert LAYERS * OUTER * PAGE * INNER * WIDTH == BLOCK and PAGE * INNER * WIDTH == FRAG
 
-CASES = [  # (name, push, whole)
-    ("pull 256 x 2 MiB", False, True),
-    ("push 256 x 2 MiB", True, True),
-    ("pull 2048 x 32 KiB", False, False),
-    ("push 2048 x 32 KiB", True, False),
+CASES = [  # (name, push, what: whole blocks, fragments, fragments of device memory)
+    ("pull 256 x 2 MiB", False, "whole"),
+    ("push 256 x 2 MiB", True, "whole"),
+    ("pull 2048 x 32 KiB", False, "frag"),
+    ("push 2048 x 32 KiB", True, "frag"),
+    ("pull 2048 x 32 KiB G1 dev", False, "dev"),
+    ("push 2048 x 32 KiB G1 dev", True, "dev"),
 ]
 
 
-def case_bytes(whole):
-    return WHOLE_BLOCKS * BLOCK if whole else FRAG_BLOCKS * BLOCK
+def case_bytes(what):
+    return WHOLE_BLOCKS * BLOCK if what == "whole" else FRAG_BLOCKS * BLOCK
+
+
+def not_run(push, what, pushes):
+    """Why a system gave no figure for a case (pushes: whether it pushed
+    host memory)."""
+    if push and not pushes:
+        return "refused: pulls only (the receiver pulls)"
+    return "not run: registers host memory only here" if what == "dev" else "not run"
 
 
 def addr(a):
@@ -181,10 +197,11 @@ def raw_stream(c, buf, n, push):
 
 # ---- the systems. Each has serve() (in the server: returns what the
 # initiator needs, JSON) and connect(info) (in the initiator: returns a
-# function (push, whole) -> seconds).
+# function (push, what) -> seconds, or None for a case it does not do).
 
 class Kvbm:
     SERVER, CLIENT, INSTANCE = 0xB1, 0xDEC, 1
+    DEVICE_SERVER, DEVICE_INSTANCE = 0xB2, 2  # the server's worker whose G1 is device memory
 
     transport = "tcp"
 
@@ -208,22 +225,29 @@ class Kvbm:
         self.w = Worker(self.SERVER)
         cfg = self.config(FRAG_REGION_BLOCKS, layout="layer_separate", block_dim="second")
         self.g1 = [np.ones(cfg.layer_bytes // WIDTH, dtype=np.uint16) for _ in range(LAYERS)]
-        g1 = self.w.register_g1(cfg, self.g1)
+        g1 = self.w.register_g1_host(cfg, self.g1)
         g2 = self.w.allocate_g2(self.config(WHOLE_BLOCKS))
-        return {"metadata": self.w.export_metadata().hex(), "g1": list(g1), "g2": list(g2)}
+        self.dev = Worker(self.DEVICE_SERVER)
+        self.g1_dev = [np.ones(cfg.layer_bytes // WIDTH, dtype=np.uint16) for _ in range(LAYERS)]
+        dev = self.dev.register_g1(cfg, self.g1_dev)  # device memory: the emulated device here
+        return {"metadata": self.w.export_metadata().hex(), "g1": list(g1), "g2": list(g2),
+                "dev_metadata": self.dev.export_metadata().hex(), "dev": list(dev)}
 
     def connect(self, info):
         from kvbmgo import LayoutHandle, Tier, Worker
         w = self.w = Worker(self.CLIENT)
         w.allocate_g2(self.config(WHOLE_BLOCKS))
         w.connect_remote(self.INSTANCE, bytes.fromhex(info["metadata"]))
-        g1, g2 = LayoutHandle(*info["g1"]), LayoutHandle(*info["g2"])
+        w.connect_remote(self.DEVICE_INSTANCE, bytes.fromhex(info["dev_metadata"]))
         whole = list(range(WHOLE_BLOCKS))
         local_frag = list(range(FRAG_BLOCKS))
         remote_frag = list(range(0, FRAG_REGION_BLOCKS, 2))
+        cases = {"whole": (LayoutHandle(*info["g2"]), whole, whole),
+                 "frag": (LayoutHandle(*info["g1"]), remote_frag, local_frag),
+                 "dev": (LayoutHandle(*info["dev"]), remote_frag, local_frag)}
 
-        def run(push, is_whole):
-            remote, rids, lids = (g2, whole, whole) if is_whole else (g1, remote_frag, local_frag)
+        def run(push, what):
+            remote, rids, lids = cases[what]
             start = time.perf_counter()
             if push:
                 n = w.transfer_to_remote(Tier.G2, lids, remote, rids)
@@ -255,7 +279,7 @@ class KvbmUcx(Kvbm):
         if self.one_sided:
             return run
         # The message mode pulls only: no push row.
-        return lambda push, is_whole: None if push else run(push, is_whole)
+        return lambda push, what: None if push else run(push, what)
 
 
 def _current_ucx():
@@ -296,15 +320,17 @@ class Nixl:
         a.register_memory([(addr(self.local), self.local.nbytes, 0, "")], "DRAM")
         peer = a.add_remote_agent(bytes.fromhex(info["metadata"]))
         lists = {}
-        for is_whole, pairs in ((True, whole_pairs(addr(self.local), info["whole"])),
-                                (False, frag_pairs(addr(self.local), info["frag"]))):
+        for what, pairs in (("whole", whole_pairs(addr(self.local), info["whole"])),
+                            ("frag", frag_pairs(addr(self.local), info["frag"]))):
             arr = np.array(pairs, dtype=np.uint64)
             loc = np.stack([arr[:, 0], arr[:, 2], np.zeros_like(arr[:, 0])], axis=1)
             rem = np.stack([arr[:, 1], arr[:, 2], np.zeros_like(arr[:, 0])], axis=1)
-            lists[is_whole] = (a.get_xfer_descs(loc, "DRAM"), a.get_xfer_descs(rem, "DRAM"))
+            lists[what] = (a.get_xfer_descs(loc, "DRAM"), a.get_xfer_descs(rem, "DRAM"))
 
-        def run(push, is_whole):
-            loc, rem = lists[is_whole]
+        def run(push, what):
+            if what not in lists:
+                return None
+            loc, rem = lists[what]
             start = time.perf_counter()
             h = a.initialize_xfer("WRITE" if push else "READ", loc, rem, peer)
             state = a.transfer(h)
@@ -315,7 +341,7 @@ class Nixl:
                 raise RuntimeError(f"NIXL transfer state {state}")
             return time.perf_counter() - start
 
-        run(False, True)  # a check that bytes moved: the server's whole region is 7s
+        run(False, "whole")  # a check that bytes moved: the server's whole region is 7s
         if self.local[0] != 7 or self.local[-1] != 7:
             raise RuntimeError("NIXL READ completed but the bytes did not arrive")
         return run
@@ -350,11 +376,13 @@ class Mooncake:
         self.register(self.local)
         session = info["session"]
         lists = {w: [list(x) for x in zip(*pairs)] for w, pairs in
-                 ((True, whole_pairs(addr(self.local), info["whole"])),
-                  (False, frag_pairs(addr(self.local), info["frag"])))}
+                 (("whole", whole_pairs(addr(self.local), info["whole"])),
+                  ("frag", frag_pairs(addr(self.local), info["frag"])))}
 
-        def run(push, is_whole):
-            loc, rem, lengths = lists[is_whole]
+        def run(push, what):
+            if what not in lists:
+                return None
+            loc, rem, lengths = lists[what]
             start = time.perf_counter()
             if push:
                 ret = self.e.batch_transfer_sync_write(session, loc, rem, lengths)
@@ -364,7 +392,7 @@ class Mooncake:
                 raise RuntimeError(f"Mooncake batch transfer returned {ret}")
             return time.perf_counter() - start
 
-        run(False, True)
+        run(False, "whole")
         if self.local[0] != 7 or self.local[-1] != 7:
             raise RuntimeError("Mooncake read completed but the bytes did not arrive")
         return run
@@ -427,9 +455,9 @@ def client(name, runs):
         src = filled(WHOLE_BLOCKS * BLOCK, 5)
         times = {c[0]: {"sys": [], "stream": [], "memcpy": []} for c in CASES}
         for i in range(runs + 1):  # the first is the warm-up
-            for cname, push, whole in CASES:
-                n = case_bytes(whole)
-                t_sys = run(push, whole)
+            for cname, push, what in CASES:
+                n = case_bytes(what)
+                t_sys = run(push, what)
                 if t_sys is None:  # the system does not do this case
                     times[cname]["sys"] = None
                     continue
@@ -528,7 +556,7 @@ def main():
           f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     print("each figure GB/s, beside a plain TCP stream (stream) and an in-process copy (memcpy) "
           "of the same bytes in the same run\n")
-    head = f"{'system':<32} {'case':<20} {'GB/s':>7} {'stream':>7} {'x stream':>9} {'memcpy':>7} {'x memcpy':>9}"
+    head = f"{'system':<32} {'case':<25} {'GB/s':>7} {'stream':>7} {'x stream':>9} {'memcpy':>7} {'x memcpy':>9}"
     rows, notes, failed = [head, "-" * len(head)], [], False
     # results[name]: one dict per round, case -> medians (None: refused);
     # skip[name]: why the system gives no figures here.
@@ -567,13 +595,14 @@ def main():
         if n in skip:
             rows.append(f"{lab:<32} {skip[n]}")
             continue
-        for cname, _, _ in CASES:
+        for cname, push, what in CASES:
             per = [r[cname] for r in results[n]]
             if per[0] is None:
-                rows.append(f"{lab:<32} {cname:<20} refused: pulls only (the receiver pulls)")
+                pushes = results[n][0]["push 2048 x 32 KiB"] is not None
+                rows.append(f"{lab:<32} {cname:<25} {not_run(push, what, pushes)}")
                 continue
             m = {k: statistics.median(x[k] for x in per) for k in ("sys", "stream", "memcpy")}
-            rows.append(f"{lab:<32} {cname:<20} {m['sys']:7.2f} {m['stream']:7.2f} "
+            rows.append(f"{lab:<32} {cname:<25} {m['sys']:7.2f} {m['stream']:7.2f} "
                         f"{m['sys'] / m['stream']:9.2f} {m['memcpy']:7.2f} {m['sys'] / m['memcpy']:9.2f}")
         notes.append(f"{lab}: {took[n]:.0f} s")
     load = os.getloadavg()
@@ -606,7 +635,7 @@ def head_to_head(names, results, skip):
                       if rk[cname] is not None and rx[cname] is not None]
             if ratios:
                 each = " ".join(f"{r:.2f}" for r in ratios)
-                out.append(f"{label(k):<32} {cname:<20} {statistics.median(ratios):5.2f}x  ({each})")
+                out.append(f"{label(k):<32} {cname:<25} {statistics.median(ratios):5.2f}x  ({each})")
     return out
 
 
