@@ -3,7 +3,7 @@
 (`make bench-remote-compare`).
 
 Each system moves the same bytes between two processes on this host, host
-memory only: 256 whole blocks of 2 MiB and 2,048 fragments of 32 KiB (32
+memory (and kvbm alone device memory too, below): 256 whole blocks of 2 MiB and 2,048 fragments of 32 KiB (32
 blocks of 64 fragments: 32 layers x K,V), pull (READ: the initiator reads
 the peer's memory) and push (WRITE). The peer ("server") is a second
 process this one starts; each system gets its own pair of processes, so that
@@ -552,7 +552,7 @@ def main():
             p.error(f"unknown system {n!r} (known: {', '.join(SYSTEMS)})")
     load = os.getloadavg()
     rounds = f" in each of {a.rounds} rounds (every system once a round), then the rounds' median" if a.rounds > 1 else ""
-    print(f"two processes on this host, host memory; medians of {a.runs} runs{rounds}; "
+    print(f"two processes on this host, host memory (kvbm's G1 dev rows: device memory); medians of {a.runs} runs{rounds}; "
           f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     print("each figure GB/s, beside a plain TCP stream (stream) and an in-process copy (memcpy) "
           "of the same bytes in the same run\n")
