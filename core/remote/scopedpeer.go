@@ -108,24 +108,70 @@ func (s *ScopedPeer) Attach(d transfer.Descriptor) (transfer.Attachment, error) 
 
 // Read reads through the newest member whose scope covers ops (one that
 // is not broken, if there is one): blocks given to a newer request are
-// read with its capability, the older one's having been revoked.
+// read with its capability, the older one's having been revoked. Ops of
+// more than one request's blocks (a transfer of several requests, whose
+// reads the manager cuts where it likes) are read in runs, each through
+// the member that covers it, one after another.
 func (s *ScopedPeer) Read(ctx context.Context, h transfer.LayoutHandle, ops []transfer.RemoteOp) error {
 	s.mu.Lock()
+	runs := s.runs(h, ops)
+	s.mu.Unlock()
+	if runs == nil {
+		return fmt.Errorf("%w: no request-scoped capability held for worker %x covers these blocks of layout %v (import the metadata the request was given)",
+			kvbmerr.ErrUnsupported, s.own.Worker(), h)
+	}
+	for _, r := range runs {
+		if err := r.member.Read(ctx, h, r.ops); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scopedRun is ops read through one member.
+type scopedRun struct {
+	member ScopeMember
+	ops    []transfer.RemoteOp
+}
+
+// runs routes ops of layout h: one run when a member covers them all,
+// else consecutive ops covered by one member together; nil when an op is
+// covered by none. s.mu is held.
+func (s *ScopedPeer) runs(h transfer.LayoutHandle, ops []transfer.RemoteOp) []scopedRun {
 	l := s.layouts[h]
+	if l == nil {
+		return nil
+	}
+	if m := s.pick(h, l, ops); m != nil {
+		return []scopedRun{{m, ops}}
+	}
+	var runs []scopedRun
+	for i := range ops {
+		m := s.pick(h, l, ops[i:i+1])
+		switch {
+		case m == nil:
+			return nil
+		case len(runs) > 0 && runs[len(runs)-1].member == m:
+			runs[len(runs)-1].ops = ops[i-len(runs[len(runs)-1].ops) : i+1]
+		default:
+			runs = append(runs, scopedRun{m, ops[i : i+1]})
+		}
+	}
+	return runs
+}
+
+// pick is the newest member whose scope covers ops, not broken if one
+// is; nil when none covers them.
+func (s *ScopedPeer) pick(h transfer.LayoutHandle, l *layout.Layout, ops []transfer.RemoteOp) ScopeMember {
 	var pick ScopeMember
 	for _, m := range slices.Backward(s.members) {
-		if l != nil && Covers(&m.scope, nil, h, l, ops) == nil {
+		if Covers(&m.scope, nil, h, l, ops) == nil {
 			if pick = m.own; pick.Broken() == nil {
 				break
 			}
 		}
 	}
-	s.mu.Unlock()
-	if pick == nil {
-		return fmt.Errorf("%w: no request-scoped capability held for worker %x covers these blocks of layout %v (import the metadata the request was given)",
-			kvbmerr.ErrUnsupported, s.own.Worker(), h)
-	}
-	return pick.Read(ctx, h, ops)
+	return pick
 }
 
 // OpBytes is its own peer's (transfer.OpSizer), or the manager's own

@@ -21,13 +21,7 @@ func llamaConfig(blocks int) layout.Config {
 
 const benchBlocks = 256
 
-func benchIDs() []int {
-	ids := make([]int, benchBlocks)
-	for i := range ids {
-		ids[i] = i
-	}
-	return ids
-}
+func benchIDs() []int { return seqIDs(benchBlocks) }
 
 // reportRatio prints the transfer's throughput beside the limit measured in
 // the same run: ratio = limit time / transfer time (1.0 = as fast as the

@@ -57,9 +57,9 @@ func (p sizedPeer) Read(ctx context.Context, h LayoutHandle, ops []RemoteOp) err
 }
 
 // A peer that names the size of its reads (OpSizer) gets reads of that
-// size when the transfer gives every net worker one; a peer that names
-// none, or less than the manager's own size, the manager's 4 MiB; and
-// every byte lands either way.
+// size when the transfer gives every net worker (4, the default) one; a
+// peer that names none, or less than the manager's own size, the
+// manager's 4 MiB; and every byte lands either way.
 func TestReadsTakeThePeersSize(t *testing.T) {
 	const MiB = 1 << 20
 	cfg := layout.Config{NumBlocks: 64, NumLayers: 1, OuterDim: 1, PageSize: 1, InnerDim: 512 << 10, DtypeWidth: 2} // 1 MiB blocks
@@ -72,6 +72,8 @@ func TestReadsTakeThePeersSize(t *testing.T) {
 		{"16 MiB reads", 16 * MiB, 64, slices.Repeat([]uint64{16 * MiB}, 4)},
 		{"spread over the workers", 16 * MiB, 32, slices.Repeat([]uint64{8 * MiB}, 4)},
 		{"no preference", 0, 64, slices.Repeat([]uint64{4 * MiB}, 16)},
+		{"less than the manager's own", 1 * MiB, 64, slices.Repeat([]uint64{4 * MiB}, 16)},
+		{"blocks that do not divide the size", 16 * MiB, 37, []uint64{1 * MiB, 9 * MiB, 9 * MiB, 9 * MiB, 9 * MiB}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			exp, dec := newFixture(t), newFixture(t)
@@ -87,6 +89,7 @@ func TestReadsTakeThePeersSize(t *testing.T) {
 			dec.fill(dst, 500)
 			ids := seqIDs(c.blocks)
 			require.NoError(t, dec.transfer(hs[0], ids, dst, ids, Options{}))
+			slices.Sort(reads) // the net workers read at once
 			require.Equal(t, c.want, reads)
 			for id := range cfg.NumBlocks {
 				tag := uint64(100 + id)
@@ -99,6 +102,7 @@ func TestReadsTakeThePeersSize(t *testing.T) {
 	}
 }
 
+// seqIDs is block ids 0 … n-1.
 func seqIDs(n int) []int {
 	ids := make([]int, n)
 	for i := range ids {

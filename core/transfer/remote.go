@@ -70,8 +70,10 @@ type RemoteMemory interface {
 
 // OpSizer is a RemoteMemory whose operations cost a fixed amount each
 // (a request and an answer through the peer), so that a transfer moves
-// more in larger ones: OpBytes is the most bytes it wants in one Read or
-// Write (0: no preference). Operations are otherwise about chunkBytes.
+// more in larger ones: OpBytes is the size it prefers (0: none). A
+// transfer's operations are then between chunkBytes and OpBytes, sized so
+// that every net worker gets one, and at least a block each; otherwise
+// about chunkBytes.
 type OpSizer interface {
 	OpBytes() uint64
 }

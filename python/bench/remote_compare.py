@@ -106,7 +106,7 @@ def not_run(push, what, pushes):
     host memory)."""
     if push and not pushes:
         return "refused: pulls only (the receiver pulls)"
-    return "not run: registers host memory only here" if what == "dev" else "not run"
+    return "not run: no device memory here" if what == "dev" else "not run"
 
 
 def addr(a):
@@ -227,26 +227,31 @@ class Kvbm:
         self.g1 = [np.ones(cfg.layer_bytes // WIDTH, dtype=np.uint16) for _ in range(LAYERS)]
         g1 = self.w.register_g1_host(cfg, self.g1)
         g2 = self.w.allocate_g2(self.config(WHOLE_BLOCKS))
-        self.dev = Worker(self.DEVICE_SERVER)
-        self.g1_dev = [np.ones(cfg.layer_bytes // WIDTH, dtype=np.uint16) for _ in range(LAYERS)]
-        dev = self.dev.register_g1(cfg, self.g1_dev)  # device memory: the emulated device here
-        return {"metadata": self.w.export_metadata().hex(), "g1": list(g1), "g2": list(g2),
-                "dev_metadata": self.dev.export_metadata().hex(), "dev": list(dev)}
+        info = {"metadata": self.w.export_metadata().hex(), "g1": list(g1), "g2": list(g2)}
+        if kvbmgo.info().device_backend == "emulated":  # the cuda backend's G1 takes CUDA tensors
+            self.dev = Worker(self.DEVICE_SERVER)
+            self.g1_dev = [np.ones(cfg.layer_bytes // WIDTH, dtype=np.uint16) for _ in range(LAYERS)]
+            dev = self.dev.register_g1(cfg, self.g1_dev)  # device memory: the emulated device's
+            info.update(dev_metadata=self.dev.export_metadata().hex(), dev=list(dev))
+        return info
 
     def connect(self, info):
         from kvbmgo import LayoutHandle, Tier, Worker
         w = self.w = Worker(self.CLIENT)
         w.allocate_g2(self.config(WHOLE_BLOCKS))
         w.connect_remote(self.INSTANCE, bytes.fromhex(info["metadata"]))
-        w.connect_remote(self.DEVICE_INSTANCE, bytes.fromhex(info["dev_metadata"]))
         whole = list(range(WHOLE_BLOCKS))
         local_frag = list(range(FRAG_BLOCKS))
         remote_frag = list(range(0, FRAG_REGION_BLOCKS, 2))
         cases = {"whole": (LayoutHandle(*info["g2"]), whole, whole),
-                 "frag": (LayoutHandle(*info["g1"]), remote_frag, local_frag),
-                 "dev": (LayoutHandle(*info["dev"]), remote_frag, local_frag)}
+                 "frag": (LayoutHandle(*info["g1"]), remote_frag, local_frag)}
+        if "dev" in info:
+            w.connect_remote(self.DEVICE_INSTANCE, bytes.fromhex(info["dev_metadata"]))
+            cases["dev"] = (LayoutHandle(*info["dev"]), remote_frag, local_frag)
 
         def run(push, what):
+            if what not in cases:
+                return None
             remote, rids, lids = cases[what]
             start = time.perf_counter()
             if push:
@@ -598,7 +603,7 @@ def main():
         for cname, push, what in CASES:
             per = [r[cname] for r in results[n]]
             if per[0] is None:
-                pushes = results[n][0]["push 2048 x 32 KiB"] is not None
+                pushes = any(results[n][0][c] is not None for c, p, w in CASES if p and w != "dev")
                 rows.append(f"{lab:<32} {cname:<25} {not_run(push, what, pushes)}")
                 continue
             m = {k: statistics.median(x[k] for x in per) for k in ("sys", "stream", "memcpy")}
