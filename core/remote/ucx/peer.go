@@ -202,20 +202,16 @@ func (p *Peer) Attach(d transfer.Descriptor) (transfer.Attachment, error) {
 	return transfer.Attachment{Memory: p}, nil
 }
 
-// OpBytes is the size a transfer's reads should be (transfer.OpSizer): in
-// the message mode each read is a request, a goroutine at the exporter
-// and an answer, which 16 MiB reads pay a quarter as often as the
-// manager's 4 MiB ones (over shared memory on two cores, 20 to 35 % more
-// bytes a second for 2 MiB blocks and 32 KiB fragments of host memory;
-// BenchmarkPull). The one-sided mode's gets and puts have no such round
-// trip: it names none. (kvbm's TCP transport names none either: its four
-// connections stream.)
-func (p *Peer) OpBytes() uint64 {
-	if p.oneSided {
-		return 0
-	}
-	return readBytes
-}
+// OpBytes is the size a transfer's operations should be
+// (transfer.OpSizer): in the message mode each read is a request, a
+// goroutine at the exporter and an answer, which 16 MiB reads pay a
+// quarter as often as the manager's 4 MiB ones (over shared memory on two
+// cores, 20 to 35 % more bytes a second for 2 MiB blocks and 32 KiB
+// fragments of host memory; BenchmarkPull); in the one-sided mode each
+// ends with a flush of the endpoint, a round trip too (pushes 20 to 50 %
+// more; BenchmarkPush). kvbm's TCP transport names none: its four
+// connections stream.
+func (p *Peer) OpBytes() uint64 { return readBytes }
 
 var _ transfer.OpSizer = (*Peer)(nil)
 
