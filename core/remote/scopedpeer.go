@@ -148,12 +148,12 @@ func (s *ScopedPeer) runs(h transfer.LayoutHandle, ops []transfer.RemoteOp) []sc
 	var runs []scopedRun
 	for i := range ops {
 		m := s.pick(h, l, ops[i:i+1])
-		switch {
-		case m == nil:
+		if m == nil {
 			return nil
-		case len(runs) > 0 && runs[len(runs)-1].member == m:
-			runs[len(runs)-1].ops = ops[i-len(runs[len(runs)-1].ops) : i+1]
-		default:
+		}
+		if last := len(runs) - 1; last >= 0 && runs[last].member == m {
+			runs[last].ops = runs[last].ops[:len(runs[last].ops)+1] // ops[i] follows it in ops
+		} else {
 			runs = append(runs, scopedRun{m, ops[i : i+1]})
 		}
 	}

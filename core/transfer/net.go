@@ -15,11 +15,11 @@ func (m *Manager) moveRemote(p *plan, write bool) error {
 	if write {
 		mem, h = p.dst.remote, p.dst.handle
 	}
-	size := uint64(chunkBytes)
+	var most uint64 // the peer's preferred size; 0: none
 	if s, ok := mem.(OpSizer); ok {
-		size = remoteChunkBytes(p.bytes(), m.cfg.NetWorkers, s.OpBytes())
+		most = s.OpBytes()
 	}
-	return forEachChunkOf(m.net, size, p, func(lo, hi int, failed *Failures) {
+	return forEachChunkOf(m.net, remoteChunkBytes(p.bytes(), m.cfg.NetWorkers, most), p, func(lo, hi int, failed *Failures) {
 		ops := make([]RemoteOp, 0, p.blockOps[hi]-p.blockOps[lo])
 		for _, op := range p.ops[p.blockOps[lo]:p.blockOps[hi]] {
 			if write {
@@ -52,8 +52,9 @@ func (m *Manager) moveRemote(p *plan, write bool) error {
 }
 
 // remoteChunkBytes is the size of a transfer's operations on a peer whose
-// operations are best up to most bytes: total spread over the net
-// workers, so that each gets one, within [chunkBytes, most].
+// operations are best up to most bytes (0: no preference): total spread
+// over the net workers, so that each gets one, within [chunkBytes, most];
+// chunkBytes when most is less.
 func remoteChunkBytes(total uint64, workers int, most uint64) uint64 {
 	return max(min(total/uint64(max(workers, 1)), most), chunkBytes)
 }
