@@ -59,7 +59,7 @@ func TestInfo(t *testing.T) {
 	require.Regexp(t, `tcp( \(selected\))?`, stdout)
 	if ucx.Available() == nil {
 		// The worker opened as a first export would, and what kvbm set.
-		require.Regexp(t, `library UCX [0-9.]+, resources [^;]+; kvbm sets [^;]*UCX_RNDV_SCHEME=am; the worker opens`, stdout)
+		require.Regexp(t, `library UCX [0-9.]+, resources [^;]+; kvbm sets UCX_MM_RX_BUFS_GROW=64 UCX_MM_SEG_SIZE=65535 [^;]*UCX_RNDV_SCHEME=am; the worker opens`, stdout)
 	}
 
 	rc, stdout, stderr = kvbm("info", "--json", "-dir", dir)

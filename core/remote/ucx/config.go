@@ -82,9 +82,11 @@ type Config struct {
 	// Options are UCX configuration entries for this transport's context,
 	// named as in the environment without the UCX_ prefix: {"TLS": "tcp"}
 	// restricts it to TCP. They override the UCX_* environment variables,
-	// which apply otherwise. UCX 1.13 applies only its context's own
-	// entries this way (TLS, NET_DEVICES, RNDV_THRESH, …); settings of one
-	// transport (SYSV_*, TCP_*, IB_*) come from the environment only.
+	// which apply otherwise. UCX applies its context's own entries this
+	// way (TLS, NET_DEVICES, RNDV_THRESH, …), and a transport's where its
+	// table names them without the transport's prefix (MM_SEG_SIZE, for
+	// posix, sysv and xpmem); the prefixed names (SYSV_*, TCP_*, IB_*)
+	// come from the environment only.
 	Options map[string]string
 	// Advertise is the host whose interface UCX's tcp transport uses
 	// (default KVBM_TCP_ADVERTISE, else 127.0.0.1; 0.0.0.0: every one),

@@ -15,10 +15,11 @@ import (
 // An endpoint is what a peer needs to reach this transport's worker and
 // the layouts it registered:
 //
-//	magic "KVBMUCX2" | crc32c(body) u32 | body
+//	magic "KVBMUCX3" | crc32c(body) u32 | body
 //	body: address length u32 | ucp worker address
 //	      | boot id length u32 | boot id | pid namespace length u32 | pid namespace
 //	      | pid u32 | process start time u64 (clock ticks after boot)
+//	      | shared-memory segments 3 × u32 (posix, sysv, xpmem; 0: not known)
 //	      | mode u8 (0 messages, 1 one-sided) | worker u64
 //	      | scope u8 | key [32] | descriptor length u32 | descriptor (a block scope's)
 //	      | layouts u32 | layout...
@@ -31,7 +32,7 @@ import (
 // rather than bytes handed to UCX, whose unpacking trusts its input. The
 // key is the capability (a scope's key, capability.Secret) an importer
 // proves in the message mode's hello; the one-sided mode carries none.
-const endpointMagic = "KVBMUCX2"
+const endpointMagic = "KVBMUCX3"
 
 // The modes an endpoint is served in (Config.OneSided).
 const (
@@ -45,6 +46,7 @@ const maxEndpointLen = 64 << 20
 type endpointInfo struct {
 	address []byte
 	proc    procIdentity
+	segs    shmSegs
 	mode    byte
 	worker  uint64
 	scope   capability.Scope
@@ -74,6 +76,9 @@ func (e *endpointInfo) encode() []byte {
 	body = append(body, e.proc.pidNS...)
 	body = binary.LittleEndian.AppendUint32(body, e.proc.pid)
 	body = binary.LittleEndian.AppendUint64(body, e.proc.start)
+	for _, n := range e.segs {
+		body = binary.LittleEndian.AppendUint32(body, n)
+	}
 	body = append(body, e.mode)
 	body = binary.LittleEndian.AppendUint64(body, e.worker)
 	body = append(body, byte(e.scope))
@@ -109,6 +114,8 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 	switch {
 	case len(b) > maxEndpointLen:
 		return nil, bad("endpoint is %d bytes, more than the %d accepted", len(b), maxEndpointLen)
+	case len(b) >= hdr && string(b[:len(endpointMagic)-1]) == endpointMagic[:len(endpointMagic)-1] && string(b[:len(endpointMagic)]) != endpointMagic:
+		return nil, bad("an endpoint of another kvbm version (%q; this one reads %q): run the same kvbm on both sides", b[:len(endpointMagic)], endpointMagic)
 	case len(b) < hdr || string(b[:len(endpointMagic)]) != endpointMagic:
 		return nil, bad("not a UCX transport endpoint (%d bytes, no %q header)", len(b), endpointMagic)
 	}
@@ -125,6 +132,9 @@ func decodeEndpoint(b []byte) (*endpointInfo, error) {
 	e.proc.pidNS = string(d.bytes("pid namespace"))
 	e.proc.pid = d.u32()
 	e.proc.start = d.u64()
+	for i := range e.segs {
+		e.segs[i] = d.u32()
+	}
 	d.capability(e)
 	n := d.count("layouts", 8+2+1+4+4)
 	for i := 0; i < n && d.err == nil; i++ {

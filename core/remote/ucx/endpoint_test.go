@@ -25,6 +25,7 @@ func sampleEndpoint() *endpointInfo {
 	return &endpointInfo{
 		address: []byte("worker-address"),
 		proc:    procIdentity{bootID: "boot", pidNS: "pid:[1]", pid: 42, start: 7},
+		segs:    shmSegs{maxSegSize, ucxSegSize, 0},
 		mode:    modeOneSided,
 		worker:  0xE,
 		layouts: []layoutInfo{
@@ -65,6 +66,12 @@ func TestEndpointRoundTrip(t *testing.T) {
 	e.scope = capability.ScopeReadOnly
 	_, err = decodeEndpoint(e.encode())
 	require.ErrorIs(t, err, remote.ErrBadEndpoint)
+	// Another kvbm's endpoint (the one before segments) is named as such.
+	b := sampleEndpoint().encode()
+	copy(b, "KVBMUCX2")
+	_, err = decodeEndpoint(b)
+	require.ErrorIs(t, err, remote.ErrBadEndpoint)
+	require.ErrorContains(t, err, `an endpoint of another kvbm version ("KVBMUCX2"; this one reads "KVBMUCX3")`)
 }
 
 func testEndpointRoundTrip(t *testing.T, e *endpointInfo) {

@@ -22,6 +22,8 @@ import (
 //     transport listens on every device it uses, and a worker listens on
 //     the interface it advertises, never on every interface, as the TCP
 //     transport does. An unspecified host (0.0.0.0) means every interface.
+//   - Its shared-memory segment: the largest UCX's FIFO carries
+//     (segsize.go).
 //   - In the message mode, the rendezvous: "am", whose data travels in
 //     messages both sides copy. The zero-copy schemes register memory for
 //     the peer's RDMA, beyond kvbm's checks and for as long as UCX keeps
@@ -46,13 +48,14 @@ import (
 // and the defaults above; resources lists UCX's resources (Resources),
 // settings gives UCX's own settings (Settings).
 func (cfg Config) contextOptions(resources func() ([]string, error), settings func() (map[string]string, error)) (map[string]string, error) {
-	if err := checkSegSize(); err != nil {
+	if err := checkSegSize(cfg.Options); err != nil {
 		return nil, err
 	}
-	opts := make(map[string]string, len(cfg.Options)+2)
+	opts := make(map[string]string, len(cfg.Options)+4)
 	for k, v := range cfg.Options {
 		opts[k] = v
 	}
+	addSegDefaults(opts)
 	ucx, err := settings()
 	if err != nil {
 		return nil, err

@@ -280,7 +280,7 @@ func TestMessagesNothingIsServedBeforeAnExport(t *testing.T) {
 		return err
 	}))
 	require.Nil(t, before, "a UCX worker before an export or a connect")
-	info := endpointInfo{address: address, proc: thisProcess(), worker: 0xE, scope: capability.ScopeReadWrite}
+	info := endpointInfo{address: address, proc: thisProcess(), segs: exp.tr.segs, worker: 0xE, scope: capability.ScopeReadWrite}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	_, err := imp.tr.Connect(ctx, info.encode())

@@ -92,6 +92,9 @@ func (t *Transport) Connect(ctx context.Context, endpoint []byte) (remote.Peer, 
 		return nil, fmt.Errorf("%w: ucx: the exporter serves in the %s mode, this transport in the %s mode (%s must be the same on both)",
 			kvbmerr.ErrUnsupported, modeName(info.mode == modeOneSided), modeName(t.cfg.OneSided), EnvOneSided)
 	}
+	if err := checkSegs(info, t.segs); err != nil {
+		return nil, err
+	}
 	p := &Peer{t: t, proc: info.proc, layouts: map[transfer.LayoutHandle]*remoteLayout{}, closed: make(chan struct{}), gone: make(chan struct{}),
 		oneSided: info.mode == modeOneSided, worker: info.worker, server: fmt.Sprintf("%x %x", info.worker, info.address)}
 	var setup error

@@ -65,6 +65,14 @@ func (p procIdentity) sameHost() bool {
 	return p.bootID != "" && p.pidNS != "" && p.bootID == s.bootID && p.pidNS == s.pidNS && p.start != 0
 }
 
+// sameMachine reports whether p may run on this host's kernel, where
+// UCX may join them with shared memory: the same boot, or a boot id that
+// either side cannot tell.
+func (p procIdentity) sameMachine() bool {
+	s := thisProcess()
+	return p.bootID == "" || s.bootID == "" || p.bootID == s.bootID
+}
+
 // gone reports why the process p no longer runs, or "" while it does or
 // when this process cannot tell.
 func (p procIdentity) gone() string {

@@ -14,33 +14,151 @@ import (
 // (mm_iface.h, 1.13 to 1.22), up to the segment size, unchecked: with a
 // segment over 65,535 bytes a fragment's length wraps, and a rendezvous
 // message over shared memory never completes (its pull fails at its
-// deadline). The segment is set only in UCX's environment (or a ucx.conf,
-// which kvbm cannot read back); a transport is refused where the
-// environment sets one too large, naming it.
+// deadline). A transport is refused where the environment, or
+// Config.Options, sets one too large, naming it (a ucx.conf's is not
+// seen).
+//
+// The sender packs a fragment of up to its own segment into a receive
+// descriptor of the receiver's (mm_ep.c, 1.13.1), unchecked too: two
+// processes of one host must run with the same segments. An endpoint
+// carries its context's (shmSegs), and an importer refuses an exporter of
+// its host whose segments differ before it makes a UCX endpoint, so
+// nothing moves between them in either direction (Connect).
 
 // maxSegSize is the largest segment whose fragments' lengths fit 16 bits.
 const maxSegSize = 1<<16 - 1
 
+// ucxSegSize is UCX's own default segment (mm_iface.c, 1.13 to 1.22).
+const ucxSegSize = 8256
+
+// kvbm's own context takes the largest segment the FIFO carries, where
+// neither the environment nor Config.Options sets one: fewer, larger
+// fragments per message (BenchmarkPull over shared memory, 2 MiB blocks:
+// 5.2 -> 6.3 GB/s in one run, docs/data-plane.md). Only MM_SEG_SIZE
+// reaches the shared-memory transports through ucp_config_modify (their
+// tables nest UCX's mm table under "MM_"; SYSV_SEG_SIZE and the like are
+// read from the environment only), and it is applied after the
+// environment, so kvbm sets it only where the environment names none.
+// The receive pool then grows 64 descriptors at a time, not UCX's 512:
+// the same 4 MiB a growth as with UCX's default segment (512 of 8,256
+// bytes), not 32 MiB.
+const (
+	defaultSegSize     = maxSegSize
+	defaultRxBufsGrow  = 64
+	optSegSize         = "MM_SEG_SIZE"
+	optRxBufsGrow      = "MM_RX_BUFS_GROW"
+	envSegSizeTemplate = "UCX_%sSEG_SIZE"
+)
+
+// shmTransports are UCX's shared-memory transports, by the prefix of
+// their environment variables; shmSegs follows this order.
+var shmTransports = [...]string{"POSIX_", "SYSV_", "XPMEM_"}
+
 // segSizeVars are the variables that set the segment: UCX_MM_SEG_SIZE for
-// all three, the others for one (UCX's parser reads both).
+// all three, the others for one (UCX's parser reads both, the one of a
+// transport over UCX_MM_SEG_SIZE).
 var segSizeVars = []string{"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE"}
 
-// checkSegSize refuses a shared-memory segment size in the environment
-// that UCX's FIFO cannot carry.
-func checkSegSize() error {
+// shmSegs are the segment sizes a context's posix, sysv and xpmem
+// transports run with; 0 where kvbm cannot tell (a size UCX reads as
+// something else, such as "auto").
+type shmSegs [len(shmTransports)]uint32
+
+// checkSegSize refuses a shared-memory segment size in the environment or
+// in opts that UCX's FIFO cannot carry.
+func checkSegSize(opts map[string]string) error {
 	for _, name := range segSizeVars {
-		v, ok := os.LookupEnv(name)
-		if !ok {
-			continue
+		if v, ok := os.LookupEnv(name); ok {
+			if err := checkSeg(name, v); err != nil {
+				return err
+			}
 		}
-		n, ok := parseMemunits(v)
-		if ok && n > maxSegSize {
-			return fmt.Errorf("%w: ucx: %s=%s is more than %d bytes: UCX's shared-memory transports keep a fragment's "+
-				"length in 16 bits and do not check, so a rendezvous message over shared memory would never complete; "+
-				"set it to at most %d (UCX's default is 8256), or unset it", kvbmerr.ErrInvalidArgument, name, v, maxSegSize, maxSegSize)
+	}
+	for _, name := range segSizeVars {
+		name = strings.TrimPrefix(name, "UCX_")
+		if v, ok := opts[name]; ok {
+			if err := checkSeg("option "+name, v); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+func checkSeg(name, v string) error {
+	if n, ok := parseMemunits(v); ok && n > maxSegSize {
+		return fmt.Errorf("%w: ucx: %s=%s is more than %d bytes: UCX's shared-memory transports keep a fragment's "+
+			"length in 16 bits and do not check, so a rendezvous message over shared memory would never complete; "+
+			"set it to at most %d (kvbm's default), or unset it", kvbmerr.ErrInvalidArgument, name, v, maxSegSize, maxSegSize)
+	}
+	return nil
+}
+
+// addSegDefaults sets kvbm's segment in opts where neither opts nor the
+// environment sets one.
+func addSegDefaults(opts map[string]string) {
+	if _, ok := opts[optSegSize]; ok {
+		return
+	}
+	for _, name := range segSizeVars {
+		if _, ok := os.LookupEnv(name); ok {
+			return
+		}
+	}
+	opts[optSegSize] = strconv.Itoa(defaultSegSize)
+	if _, ok := opts[optRxBufsGrow]; !ok {
+		opts[optRxBufsGrow] = strconv.Itoa(defaultRxBufsGrow)
+	}
+}
+
+// segsOf gives the segments of a context made with opts: MM_SEG_SIZE in
+// opts for all (applied last), else a transport's own variable, else
+// UCX_MM_SEG_SIZE, else UCX's default.
+func segsOf(opts map[string]string) shmSegs {
+	var s shmSegs
+	for i, tl := range shmTransports {
+		v, ok := opts[optSegSize]
+		if !ok {
+			v, ok = os.LookupEnv(fmt.Sprintf(envSegSizeTemplate, tl))
+		}
+		if !ok {
+			v, ok = os.LookupEnv("UCX_MM_SEG_SIZE")
+		}
+		if !ok {
+			s[i] = ucxSegSize
+			continue
+		}
+		if n, ok := parseMemunits(v); ok && n <= maxSegSize {
+			s[i] = uint32(n)
+		}
+	}
+	return s
+}
+
+// checkSegs refuses an exporter that may share this host's memory with
+// a transport whose segments are own, and runs other segments (Connect,
+// before it makes an endpoint).
+func checkSegs(info *endpointInfo, own shmSegs) error {
+	if info.segs == own || !info.proc.sameMachine() {
+		return nil
+	}
+	return fmt.Errorf("%w: ucx: the exporting worker %x runs on this host with shared-memory segments of %v bytes, "+
+		"this transport with %v: UCX's sender packs a fragment of up to its own segment into the receiver's, unchecked, "+
+		"so both must be the same (set UCX_MM_SEG_SIZE alike for every kvbm process of a host, or leave it unset)",
+		kvbmerr.ErrUnsupported, info.worker, info.segs, own)
+}
+
+// String names the segments as an operator sets them.
+func (s shmSegs) String() string {
+	parts := make([]string, len(s))
+	for i, tl := range shmTransports {
+		v := "unknown"
+		if s[i] != 0 {
+			v = strconv.FormatUint(uint64(s[i]), 10)
+		}
+		parts[i] = strings.ToLower(strings.TrimSuffix(tl, "_")) + " " + v
+	}
+	return strings.Join(parts, ", ")
 }
 
 // parseMemunits reads a size as UCX does (ucs_str_to_memunits): a number

@@ -87,6 +87,7 @@ type Transport struct {
 	peers     map[*Peer]struct{}
 	address   []byte
 	options   map[string]string // the context's entries kvbm set (contextOptions)
+	segs      shmSegs           // the context's shared-memory segments (segsize.go)
 	m         *transfer.Manager // the served manager, as the progress thread sees it
 
 	// The message mode's state (message.go, serve.go, pull.go).
@@ -268,7 +269,7 @@ func (t *Transport) endpointOf(descs []transfer.Descriptor) (*endpointInfo, erro
 			return err
 		}
 		t.exported = true
-		info := endpointInfo{address: t.address, proc: thisProcess(), worker: t.m.WorkerID(), scope: capability.ScopeReadWrite}
+		info := endpointInfo{address: t.address, proc: thisProcess(), segs: t.segs, worker: t.m.WorkerID(), scope: capability.ScopeReadWrite}
 		if t.cfg.OneSided {
 			info.mode = modeOneSided
 		} else {
@@ -487,7 +488,7 @@ func (t *Transport) open() error {
 	if err := status(C.kvbm_ucx_init(&cn[0], &cn[len(keys)], C.int(len(keys)), boolInt(t.cfg.OneSided), &t.context)); err != nil {
 		return fmt.Errorf("ucx: ucp_init (options %v): %w", opts, err)
 	}
-	t.options = opts
+	t.options, t.segs = opts, segsOf(opts)
 	return nil
 }
 

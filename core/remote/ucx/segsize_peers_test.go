@@ -1,0 +1,75 @@
+//go:build cgo
+
+package ucx
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/kvbm/kvbm/core/storage"
+	"github.com/kvbm/kvbm/core/transfer"
+	"github.com/kvbm/kvbm/kvbmerr"
+	"github.com/stretchr/testify/require"
+)
+
+// An importer refuses an exporter of its host that runs other segments,
+// before it makes a UCX endpoint (nothing moves either way); peers with
+// the same segments pull, and an exporter on another boot is not
+// compared: segments matter to shared memory only.
+func TestPeersOfAHostRunTheSameSegments(t *testing.T) {
+	needUCX(t)
+	for _, name := range segSizeVars {
+		t.Setenv(name, "")
+		require.NoError(t, os.Unsetenv(name))
+	}
+	emu := newEmu(t)
+	small := Config{Options: map[string]string{"MM_SEG_SIZE": "16k"}}
+	exp := newSide(t, emu, 0xE, small, 5*time.Second)
+	src := exp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+	exp.fill(t, src, 0x100)
+	ep, err := exp.tr.Endpoint()
+	require.NoError(t, err)
+	d, err := exp.m.Describe(src)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	pull := func(t *testing.T, imp *side, endpoint []byte) error {
+		p, err := imp.tr.Connect(ctx, endpoint)
+		if err != nil {
+			return err
+		}
+		defer func() { require.NoError(t, p.Close()) }()
+		hs, err := imp.m.Import(p, []transfer.Descriptor{d})
+		require.NoError(t, err)
+		dst := imp.alloc(t, storage.Pinned, smallConfig(4), transfer.FullyContiguous)
+		imp.fill(t, dst, 0x900)
+		require.NoError(t, move(t, imp.m, hs[0], seq(0, 4), dst, seq(0, 4)))
+		for id := 0; id < 4; id++ {
+			imp.check(t, dst, id, 0x100+uint64(id))
+		}
+		return nil
+	}
+
+	imp := newSide(t, emu, 0x1, Config{}, 5*time.Second)
+	require.Equal(t, shmSegs{16384, 16384, 16384}, exp.tr.segs)
+	require.Equal(t, shmSegs{maxSegSize, maxSegSize, maxSegSize}, imp.tr.segs)
+	err = pull(t, imp, ep)
+	require.ErrorIs(t, err, kvbmerr.ErrUnsupported)
+	require.ErrorContains(t, err, "runs on this host with shared-memory segments of posix 16384, sysv 16384, xpmem 16384 bytes, "+
+		"this transport with posix 65535, sysv 65535, xpmem 65535")
+	var peers int
+	require.NoError(t, imp.tr.do(func() error { peers = len(imp.tr.peers); return nil }))
+	require.Zero(t, peers, "a UCX endpoint to a peer refused")
+
+	require.NoError(t, pull(t, newSide(t, emu, 0x2, small, 5*time.Second), ep))
+
+	// Another boot's exporter: not compared (here the bytes still go over
+	// shared memory, from the smaller segment into the larger, which is safe).
+	info, err := decodeEndpoint(ep)
+	require.NoError(t, err)
+	info.proc.bootID = "another-boot"
+	require.NoError(t, pull(t, imp, info.encode()))
+}
