@@ -17,6 +17,11 @@ import (
 // times as many, so that an exporter of another version with a smaller
 // stage is not refused.
 
+// chunkBytes bounds a data message, each a rendezvous of its own: the
+// sends of a read complete message by message, and the importer's sink
+// for one is small.
+const chunkBytes = 4 << 20
+
 // msgBytesAllowed is the bytes a pull allows per data message beyond its
 // ops' one each.
 const msgBytesAllowed = 256 << 10

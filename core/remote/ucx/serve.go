@@ -315,14 +315,11 @@ func (t *Transport) serveRead(s *session, req uint64, h transfer.LayoutHandle, o
 	})
 }
 
-// chunkBytes bounds a data message, each a rendezvous of its own: the
-// sends of a read complete message by message, and the importer's sink
-// for one is small. Pieces under smallPiece (a block's
-// fragments) travel together, up to maxPieces a message, so that each
-// does not pay UCX's rendezvous; larger ones alone, contiguous, which
-// UCX can send zero-copy.
+// A data message holds at most chunkBytes (accept.go). Pieces under
+// smallPiece (a block's fragments) travel together, up to maxPieces a
+// message, so that each does not pay UCX's rendezvous; larger ones
+// alone, contiguous, which UCX can send zero-copy.
 const (
-	chunkBytes = 4 << 20
 	smallPiece = 256 << 10
 	maxPieces  = 128
 )
