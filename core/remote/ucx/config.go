@@ -86,7 +86,10 @@ type Config struct {
 	// way (TLS, NET_DEVICES, RNDV_THRESH, …), and a transport's where its
 	// table names them without the transport's prefix (MM_SEG_SIZE, for
 	// posix, sysv and xpmem); the prefixed names (SYSV_*, TCP_*, IB_*)
-	// come from the environment only.
+	// only from UCX 1.17 on (before, from the environment only). So a
+	// prefixed segment size (SYSV_SEG_SIZE) is refused here, as is a
+	// name with a wildcard, which UCX 1.22 matches as a pattern
+	// (segsize.go).
 	Options map[string]string
 	// Advertise is the host whose interface UCX's tcp transport uses
 	// (default KVBM_TCP_ADVERTISE, else 127.0.0.1; 0.0.0.0: every one),

@@ -3,6 +3,7 @@ package ucx
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,8 +16,8 @@ import (
 // segment over 65,535 bytes a fragment's length wraps, and a rendezvous
 // message over shared memory never completes (its pull fails at its
 // deadline). A transport is refused where the environment, or
-// Config.Options, sets one too large, naming it (a ucx.conf's is not
-// seen).
+// Config.Options, sets one too large, or one kvbm cannot read as UCX
+// does, naming it (a ucx.conf's is not seen).
 //
 // The sender packs a fragment of up to its own segment into a receive
 // descriptor of the receiver's (mm_ep.c, 1.13.1), unchecked too: two
@@ -34,24 +35,23 @@ const ucxSegSize = 8256
 // kvbm's own context takes the largest segment the FIFO carries, where
 // neither the environment nor Config.Options sets one: fewer, larger
 // fragments per message (BenchmarkPull over shared memory, 2 MiB blocks:
-// 5.2 -> 6.3 GB/s in one run, docs/data-plane.md). Only MM_SEG_SIZE
-// reaches the shared-memory transports through ucp_config_modify (their
-// tables nest UCX's mm table under "MM_"; SYSV_SEG_SIZE and the like are
-// read from the environment only), and it is applied after the
-// environment, so kvbm sets it only where the environment names none.
-// The receive pool then grows 64 descriptors at a time, not UCX's 512:
-// the same 4 MiB a growth as with UCX's default segment (512 of 8,256
-// bytes), not 32 MiB.
+// 5.78 and 6.02 GB/s against 5.00 and 5.72 with UCX's default,
+// docs/data-plane.md). MM_SEG_SIZE reaches the three transports through
+// ucp_config_modify in every version (their tables nest UCX's mm table
+// under "MM_"), and is applied after the environment, so kvbm sets it
+// only where the environment names none. The receive pool then grows 64
+// descriptors at a time, not UCX's 512: UCX 1.13's 4 MiB a growth with
+// its default segment (512 of 8,256 bytes), not 32 MiB; kvbm leaves the
+// growth to an operator who sets one.
 const (
-	defaultSegSize     = maxSegSize
-	defaultRxBufsGrow  = 64
-	optSegSize         = "MM_SEG_SIZE"
-	optRxBufsGrow      = "MM_RX_BUFS_GROW"
-	envSegSizeTemplate = "UCX_%sSEG_SIZE"
+	defaultSegSize    = maxSegSize
+	defaultRxBufsGrow = 64
+	optSegSize        = "MM_SEG_SIZE"
+	optRxBufsGrow     = "MM_RX_BUFS_GROW"
 )
 
 // shmTransports are UCX's shared-memory transports, by the prefix of
-// their environment variables; shmSegs follows this order.
+// their settings; shmSegs follows this order.
 var shmTransports = [...]string{"POSIX_", "SYSV_", "XPMEM_"}
 
 // segSizeVars are the variables that set the segment: UCX_MM_SEG_SIZE for
@@ -60,12 +60,14 @@ var shmTransports = [...]string{"POSIX_", "SYSV_", "XPMEM_"}
 var segSizeVars = []string{"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE"}
 
 // shmSegs are the segment sizes a context's posix, sysv and xpmem
-// transports run with; 0 where kvbm cannot tell (a size UCX reads as
-// something else, such as "auto").
+// transports run with, in bytes.
 type shmSegs [len(shmTransports)]uint32
 
-// checkSegSize refuses a shared-memory segment size in the environment or
-// in opts that UCX's FIFO cannot carry.
+// checkSegSize refuses a shared-memory segment in the environment or in
+// opts that UCX's FIFO cannot carry, or that kvbm cannot read as UCX
+// does, and options whose effect on the segment depends on UCX's version:
+// a transport's prefixed name (UCX 1.17 and later apply it, earlier ones
+// do not) and a wildcard (UCX 1.22 matches option names as patterns).
 func checkSegSize(opts map[string]string) error {
 	for _, name := range segSizeVars {
 		if v, ok := os.LookupEnv(name); ok {
@@ -74,10 +76,17 @@ func checkSegSize(opts map[string]string) error {
 			}
 		}
 	}
-	for _, name := range segSizeVars {
-		name = strings.TrimPrefix(name, "UCX_")
-		if v, ok := opts[name]; ok {
-			if err := checkSeg("option "+name, v); err != nil {
+	for k, v := range opts {
+		switch {
+		case strings.ContainsAny(k, "*?["):
+			return fmt.Errorf("%w: ucx: option %q: a name with a wildcard, which UCX 1.22 matches against every "+
+				"setting, so kvbm cannot tell what it sets; name each setting", kvbmerr.ErrInvalidArgument, k)
+		case k != optSegSize && slices.Contains(segSizeVars, "UCX_"+k):
+			return fmt.Errorf("%w: ucx: option %s: UCX before 1.17 ignores a transport's prefix in a context's options, later "+
+				"ones apply it, so kvbm cannot tell the segment; set %s in the options (or %s in the environment)",
+				kvbmerr.ErrInvalidArgument, k, optSegSize, "UCX_"+k)
+		case k == optSegSize:
+			if err := checkSeg("option "+k, v); err != nil {
 				return err
 			}
 		}
@@ -86,7 +95,13 @@ func checkSegSize(opts map[string]string) error {
 }
 
 func checkSeg(name, v string) error {
-	if n, ok := parseMemunits(v); ok && n > maxSegSize {
+	n, ok := parseMemunits(v)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: ucx: %s=%q is not a size kvbm reads as UCX does (a number of bytes, with k, m or g "+
+			"and an optional b): peers of a host must run the same segment, and kvbm compares them; "+
+			"set it to at most %d (kvbm's default), or unset it", kvbmerr.ErrInvalidArgument, name, v, maxSegSize)
+	case n > maxSegSize:
 		return fmt.Errorf("%w: ucx: %s=%s is more than %d bytes: UCX's shared-memory transports keep a fragment's "+
 			"length in 16 bits and do not check, so a rendezvous message over shared memory would never complete; "+
 			"set it to at most %d (kvbm's default), or unset it", kvbmerr.ErrInvalidArgument, name, v, maxSegSize, maxSegSize)
@@ -95,7 +110,8 @@ func checkSeg(name, v string) error {
 }
 
 // addSegDefaults sets kvbm's segment in opts where neither opts nor the
-// environment sets one.
+// environment sets one (checkSegSize: opts set it by MM_SEG_SIZE only),
+// and the pool's growth where neither sets that.
 func addSegDefaults(opts map[string]string) {
 	if _, ok := opts[optSegSize]; ok {
 		return
@@ -106,20 +122,27 @@ func addSegDefaults(opts map[string]string) {
 		}
 	}
 	opts[optSegSize] = strconv.Itoa(defaultSegSize)
-	if _, ok := opts[optRxBufsGrow]; !ok {
-		opts[optRxBufsGrow] = strconv.Itoa(defaultRxBufsGrow)
+	for _, tl := range append([]string{"MM_"}, shmTransports[:]...) {
+		name := tl + "RX_BUFS_GROW"
+		if _, ok := opts[name]; ok {
+			return
+		}
+		if _, ok := os.LookupEnv("UCX_" + name); ok {
+			return
+		}
 	}
+	opts[optRxBufsGrow] = strconv.Itoa(defaultRxBufsGrow)
 }
 
-// segsOf gives the segments of a context made with opts: MM_SEG_SIZE in
-// opts for all (applied last), else a transport's own variable, else
-// UCX_MM_SEG_SIZE, else UCX's default.
+// segsOf gives the segments of a context made with opts (checked by
+// checkSegSize): MM_SEG_SIZE in opts for all (applied last), else a
+// transport's own variable, else UCX_MM_SEG_SIZE, else UCX's default.
 func segsOf(opts map[string]string) shmSegs {
 	var s shmSegs
 	for i, tl := range shmTransports {
 		v, ok := opts[optSegSize]
 		if !ok {
-			v, ok = os.LookupEnv(fmt.Sprintf(envSegSizeTemplate, tl))
+			v, ok = os.LookupEnv("UCX_" + tl + "SEG_SIZE")
 		}
 		if !ok {
 			v, ok = os.LookupEnv("UCX_MM_SEG_SIZE")
@@ -129,22 +152,23 @@ func segsOf(opts map[string]string) shmSegs {
 			continue
 		}
 		if n, ok := parseMemunits(v); ok && n <= maxSegSize {
-			s[i] = uint32(n)
+			s[i] = uint32(n) // else 0, which checkSegs never takes as a match
 		}
 	}
 	return s
 }
 
-// checkSegs refuses an exporter that may share this host's memory with
-// a transport whose segments are own, and runs other segments (Connect,
-// before it makes an endpoint).
+// checkSegs refuses an exporter that may share memory with this host
+// (sameMachine) and runs segments other than own, this transport's
+// (Connect, before it makes an endpoint).
 func checkSegs(info *endpointInfo, own shmSegs) error {
-	if info.segs == own || !info.proc.sameMachine() {
+	if !info.proc.sameMachine() || info.segs == own && !slices.Contains(own[:], 0) {
 		return nil
 	}
-	return fmt.Errorf("%w: ucx: the exporting worker %x runs on this host with shared-memory segments of %v bytes, "+
+	return fmt.Errorf("%w: ucx: the exporting worker %x runs on this host with shared-memory segments (bytes) %v, "+
 		"this transport with %v: UCX's sender packs a fragment of up to its own segment into the receiver's, unchecked, "+
-		"so both must be the same (set UCX_MM_SEG_SIZE alike for every kvbm process of a host, or leave it unset)",
+		"so both must be the same (set UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE, UCX_SYSV_SEG_SIZE and UCX_XPMEM_SEG_SIZE, "+
+		"and the transport's MM_SEG_SIZE option, alike for every kvbm process of a host, or leave them unset)",
 		kvbmerr.ErrUnsupported, info.worker, info.segs, own)
 }
 
