@@ -5,6 +5,9 @@ package ucx
 import (
 	"context"
 	"os"
+	"os/exec"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,4 +75,40 @@ func TestPeersOfAHostRunTheSameSegments(t *testing.T) {
 	require.NoError(t, err)
 	info.proc.bootID = "another-boot"
 	require.NoError(t, pull(t, imp, info.encode()))
+}
+
+// UCX itself applies kvbm's segment to its shared-memory transports'
+// settings (its debug log says so, "apply UCT configuration", once per
+// transport it opens), and none where the environment names one. UCX's
+// log goes to the process's stderr, so each case runs in a process of
+// its own (the test binary).
+func TestUCXAppliesTheSegment(t *testing.T) {
+	needUCX(t)
+	if os.Getenv("KVBM_TEST_SEGMENT") != "" {
+		tr, err := New(Config{DeviceIsHost: true})
+		require.NoError(t, err)
+		_, err = tr.Probe() // opens the worker, and with it the transports
+		require.NoError(t, err)
+		require.NoError(t, tr.Close())
+		return
+	}
+	run := func(t *testing.T, env ...string) string {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestUCXAppliesTheSegment$")
+		cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+			return strings.HasPrefix(kv, "UCX_LOG_LEVEL=") || strings.Contains(kv, "SEG_SIZE=") || strings.Contains(kv, "RX_BUFS_GROW=")
+		})
+		cmd.Env = append(cmd.Env, append(env, "KVBM_TEST_SEGMENT=1", "UCX_LOG_LEVEL=debug", "UCX_TLS=sm,self")...)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		if !strings.Contains(string(out), "DEBUG") {
+			t.Skip("this UCX was built without its debug log")
+		}
+		return string(out)
+	}
+	out := run(t)
+	require.GreaterOrEqual(t, strings.Count(out, "apply UCT configuration MM_SEG_SIZE=65535"), 1, "%s", out)
+	require.GreaterOrEqual(t, strings.Count(out, "apply UCT configuration MM_RX_BUFS_GROW=64"), 1)
+	out = run(t, "UCX_MM_SEG_SIZE=16k")
+	require.NotContains(t, out, "apply UCT configuration MM_SEG_SIZE")
+	require.NotContains(t, out, "apply UCT configuration MM_RX_BUFS_GROW")
 }
