@@ -130,13 +130,16 @@ const EnvOneSided = "KVBM_UCX_ONE_SIDED"
 // would install handlers for SIGSEGV, SIGBUS, SIGILL and SIGFPE that take
 // the Go runtime's: a nil dereference would print UCX's backtrace and
 // kill the process instead of panicking.
-// UCX's own log (on stderr, beside ours) follows KVBM_LOG: errors only by
-// default, warnings too when KVBM_LOG asks for warnings or more.
+// UCX's own log goes to stderr, beside ours (UCX writes it to stdout,
+// which an engine, or a process that speaks a protocol there, keeps for
+// its own output), and follows KVBM_LOG: errors only by default, warnings
+// too when KVBM_LOG asks for warnings or more.
 var defaultEnv = map[string]string{
 	"UCX_SYSV_ERROR_HANDLING":  "y",
 	"UCX_POSIX_ERROR_HANDLING": "y",
 	"UCX_ERROR_SIGNALS":        "",
 	"UCX_LOG_LEVEL":            "error",
+	"UCX_LOG_FILE":             "stderr",
 }
 
 // DefaultMaxInFlight is Config.MaxInFlight's default.

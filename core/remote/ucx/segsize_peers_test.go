@@ -80,8 +80,8 @@ func TestPeersOfAHostRunTheSameSegments(t *testing.T) {
 // UCX itself applies kvbm's segment to its shared-memory transports'
 // settings (its debug log says so, "apply UCT configuration", once per
 // transport it opens), and none where the environment names one. UCX's
-// log goes to the process's stderr, so each case runs in a process of
-// its own (the test binary).
+// log goes to the process's stderr (UCX_LOG_FILE), never its stdout, so
+// each case runs in a process of its own (the test binary).
 func TestUCXAppliesTheSegment(t *testing.T) {
 	needUCX(t)
 	if os.Getenv("KVBM_TEST_SEGMENT") != "" {
@@ -95,15 +95,18 @@ func TestUCXAppliesTheSegment(t *testing.T) {
 	run := func(t *testing.T, env ...string) string {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestUCXAppliesTheSegment$")
 		cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-			return strings.HasPrefix(kv, "UCX_LOG_LEVEL=") || strings.Contains(kv, "SEG_SIZE=") || strings.Contains(kv, "RX_BUFS_GROW=")
+			return strings.HasPrefix(kv, "UCX_LOG_") || strings.Contains(kv, "SEG_SIZE=") || strings.Contains(kv, "RX_BUFS_GROW=")
 		})
 		cmd.Env = append(cmd.Env, append(env, "KVBM_TEST_SEGMENT=1", "UCX_LOG_LEVEL=debug", "UCX_TLS=sm,self")...)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		if !strings.Contains(string(out), "DEBUG") {
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		stdout, err := cmd.Output()
+		require.NoError(t, err, "%s%s", stdout, stderr.String())
+		require.NotContains(t, string(stdout), "UCX ", "UCX's log on stdout")
+		if !strings.Contains(stderr.String(), "DEBUG") {
 			t.Skip("this UCX was built without its debug log")
 		}
-		return string(out)
+		return stderr.String()
 	}
 	out := run(t)
 	require.GreaterOrEqual(t, strings.Count(out, "apply UCT configuration MM_SEG_SIZE=65535"), 1, "%s", out)
