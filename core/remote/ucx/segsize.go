@@ -54,10 +54,28 @@ const (
 // their settings; shmSegs follows this order.
 var shmTransports = [...]string{"POSIX_", "SYSV_", "XPMEM_"}
 
-// segSizeVars are the variables that set the segment: UCX_MM_SEG_SIZE for
-// all three, the others for one (UCX's parser reads both, the one of a
-// transport over UCX_MM_SEG_SIZE).
-var segSizeVars = []string{"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE"}
+// shmSettings are the names of a shared-memory transports' setting:
+// MM_<name> for all three, then each transport's own (UCX's parser reads
+// both, the one of a transport over MM_'s).
+func shmSettings(name string) []string {
+	names := []string{"MM_" + name}
+	for _, tl := range shmTransports {
+		names = append(names, tl+name)
+	}
+	return names
+}
+
+// segSizeVars are the variables that set the segment, UCX_MM_SEG_SIZE
+// first.
+var segSizeVars = envNames(shmSettings("SEG_SIZE"))
+
+// envNames are UCX's environment variables for settings.
+func envNames(settings []string) []string {
+	for i, s := range settings {
+		settings[i] = "UCX_" + s
+	}
+	return settings
+}
 
 // shmSegs are the segment sizes a context's posix, sysv and xpmem
 // transports run with, in bytes.
@@ -122,8 +140,7 @@ func addSegDefaults(opts map[string]string) {
 		}
 	}
 	opts[optSegSize] = strconv.Itoa(defaultSegSize)
-	for _, tl := range append([]string{"MM_"}, shmTransports[:]...) {
-		name := tl + "RX_BUFS_GROW"
+	for _, name := range shmSettings("RX_BUFS_GROW") {
 		if _, ok := opts[name]; ok {
 			return
 		}

@@ -23,10 +23,7 @@ import (
 // compared: segments matter to shared memory only.
 func TestPeersOfAHostRunTheSameSegments(t *testing.T) {
 	needUCX(t)
-	for _, name := range segSizeVars {
-		t.Setenv(name, "")
-		require.NoError(t, os.Unsetenv(name))
-	}
+	unsetEnv(t, segSizeVars...)
 	emu := newEmu(t)
 	small := Config{Options: map[string]string{"MM_SEG_SIZE": "16k"}}
 	exp := newSide(t, emu, 0xE, small, 5*time.Second)

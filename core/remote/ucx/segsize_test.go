@@ -100,11 +100,7 @@ func TestSegmentDefaults(t *testing.T) {
 			want: map[string]string{"MM_SEG_SIZE": "65535"}, segs: largest},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, name := range append(slices.Clone(segSizeVars), "UCX_MM_RX_BUFS_GROW", "UCX_POSIX_RX_BUFS_GROW",
-				"UCX_SYSV_RX_BUFS_GROW", "UCX_XPMEM_RX_BUFS_GROW") {
-				t.Setenv(name, "") // registers the restore
-				require.NoError(t, os.Unsetenv(name))
-			}
+			unsetEnv(t, append(slices.Clone(segSizeVars), envNames(shmSettings("RX_BUFS_GROW"))...)...)
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
@@ -174,4 +170,13 @@ func FuzzParseMemunits(f *testing.F) {
 			require.Zero(t, n)
 		}
 	})
+}
+
+// unsetEnv unsets the variables names for the test, restored after it.
+func unsetEnv(t *testing.T, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		t.Setenv(name, "") // registers the restore
+		require.NoError(t, os.Unsetenv(name))
+	}
 }
